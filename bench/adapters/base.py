@@ -1,0 +1,140 @@
+"""The adapter contract (DESIGN §3).
+
+The runner owns the clock. An adapter builds the model and optimizer its framework's way,
+performs whole training steps, and reports what it really did. It never times itself, never
+changes learning rate, batch size or precision, and records its native configuration.
+"""
+from __future__ import annotations
+
+import contextlib
+import resource
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from bench.dims import ParallelDims
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Where this process sits: filled by the launcher before the adapter exists."""
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str          # gloo | nccl
+    precision: str        # fp32 | bf16 | fp16 (the run's; adapters must honour it)
+
+
+@dataclass
+class StepOut:
+    loss: Optional[torch.Tensor]   # this rank's mean loss over its samples (detached); None if
+                                   # the rank holds no loss (e.g. a non-last pipeline stage)
+
+
+@dataclass
+class EvalOut:
+    loss: torch.Tensor
+    correct: torch.Tensor
+    count: int
+
+
+ModelFactory = Callable[[], nn.Module]
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def autocast(ctx: RankContext):
+    """Autocast for the run's precision; fp32 runs have none."""
+    if ctx.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if ctx.precision == "bf16" else torch.float16
+    return torch.autocast(device_type=ctx.device.type, dtype=dtype)
+
+
+def split_micro(batch: dict, n: int) -> list[dict]:
+    """Split a local batch into n equal micro-batches (gradient accumulation)."""
+    if n == 1:
+        return [batch]
+    parts = {k: v.chunk(n) for k, v in batch.items()}
+    return [{k: parts[k][i] for k in batch} for i in range(n)]
+
+
+class Adapter:
+    """Base with working defaults; subclasses implement setup and train_step."""
+
+    name: ClassVar[str] = "base"
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    # ---- class-level checks, run at compose time (no process group yet) ----
+    @classmethod
+    def model_parallel_shape(cls, options) -> tuple[int, int]:
+        """(tp, pp) this variant uses; data parallelism takes the rest of the world."""
+        return 1, 1
+
+    @classmethod
+    def check_config(cls, options, cfg, dims: ParallelDims) -> None:
+        """Raise ConfigError for combinations this framework cannot take."""
+
+    @classmethod
+    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+        """Why this variant cannot run here (missing package, device), or None."""
+        return None
+
+    # ---- per-rank lifecycle ----
+    def __init__(self, options, ctx: RankContext, dims: ParallelDims):
+        self.options = options
+        self.ctx = ctx
+        self.dims = dims
+        self.model: Optional[nn.Module] = None
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+
+    def setup(self, build_model: ModelFactory, build_optimizer: OptimizerFactory) -> None:
+        raise NotImplementedError
+
+    def train_step(self, batch: dict) -> StepOut:
+        raise NotImplementedError
+
+    def eval_step(self, batch: dict) -> EvalOut:
+        model = self.model.module if hasattr(self.model, "module") else self.model
+        was_training = model.training
+        model.eval()
+        with autocast(self.ctx):
+            loss, correct, count = model.evaluate(**batch)
+        model.train(was_training)
+        return EvalOut(loss=loss.detach().float(), correct=correct, count=count)
+
+    def memory_stats(self) -> dict:
+        """Peaks since setup: device allocated/reserved (CUDA), host RSS."""
+        out = {"peak_allocated_bytes": None, "peak_reserved_bytes": None,
+               "peak_rss_bytes": peak_rss_bytes()}
+        if self.ctx.device.type == "cuda":
+            out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
+            out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.ctx.device)
+        return out
+
+    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> Optional[int]:
+        """Theoretical params+grads+optimizer-state bytes per rank for this strategy."""
+        return None
+
+    def comm_stats(self) -> Optional[dict]:
+        """{kind: {'bytes': int, 'calls': int}} since the last call, or None if unknown."""
+        return None
+
+    def describe(self) -> dict:
+        return {"version": torch.__version__, "native_config": {}}
+
+    def teardown(self) -> None:
+        self.model = None
+        self.optimizer = None

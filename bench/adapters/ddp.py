@@ -1,0 +1,180 @@
+"""PyTorch DistributedDataParallel.
+
+Recommended settings (torch docs, "DDP notes"): gradient_as_bucket_view=True saves a copy of
+every gradient; 25 MB buckets; optional communication hooks (fp16/bf16 compression, PowerSGD).
+Mixed precision is autocast on the run's precision; parameters stay fp32.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Literal, Optional
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+
+from bench.adapters.base import Adapter, StepOut, autocast, split_micro
+from bench.errors import ConfigError
+from bench.metrics.comm import CommCounter
+from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+
+
+class DDPOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    bucket_cap_mb: float = Field(25.0, gt=0)
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    broadcast_buffers: bool = True
+    find_unused_parameters: bool = False
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    powersgd_rank: PositiveInt = 1
+    powersgd_start_iter: NonNegativeInt = 2
+
+
+@contextlib.contextmanager
+def _count_all_reduce(counter: CommCounter):
+    """Count torch.distributed.all_reduce calls made by a Python comm hook (PowerSGD issues
+    several per bucket). Scoped to the hook call."""
+    original = dist.all_reduce
+
+    def counted(tensor, *args, **kwargs):
+        counter.add("all_reduce", tensor.numel() * tensor.element_size())
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        yield
+    finally:
+        dist.all_reduce = original
+
+
+class DDPAdapter(Adapter):
+    name = "ddp"
+    Options = DDPOptions
+
+    @classmethod
+    def check_config(cls, options, cfg, dims) -> None:
+        if options.comm_hook == "powersgd" and options.powersgd_start_iter < 2:
+            raise ConfigError("framework.options.powersgd_start_iter must be >= 2 "
+                              "(torch PowerSGD requires vanilla all-reduce for the first steps)")
+
+    def setup(self, build_model, build_optimizer) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        o = self.options
+        model = build_model().to(self.ctx.device)
+        self.params = sum(p.numel() for p in model.parameters())
+        bucket_cap_mb = o.bucket_cap_mb
+        self._forced_single_bucket = None
+        if o.comm_hook == "powersgd" and self.ctx.backend == "gloo":
+            # PowerSGD hangs on gloo with more than one bucket: force one, and record why.
+            model_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+            bucket_cap_mb = max(bucket_cap_mb, model_mb + 1.0)
+            self._forced_single_bucket = "PowerSGD on gloo hangs with >1 gradient bucket"
+        self._bucket_cap_mb = bucket_cap_mb
+        kwargs = dict(bucket_cap_mb=bucket_cap_mb,
+                      gradient_as_bucket_view=o.gradient_as_bucket_view,
+                      static_graph=o.static_graph, find_unused_parameters=o.find_unused_parameters)
+        # torch >= 2.14 renamed broadcast_buffers to forward_sync_buffers
+        sync_key = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+        kwargs[sync_key] = o.broadcast_buffers
+        if self._forced_single_bucket:
+            # DDP's first bucket is capped at 1 MiB unless given explicitly.
+            kwargs["bucket_cap_mb_list"] = [int(bucket_cap_mb) + 1]
+        if self.ctx.device.type == "cuda":
+            kwargs["device_ids"] = [self.ctx.device.index]
+        self.model = DDP(model, **kwargs)
+        self._counter = CommCounter()
+        self._register_hook()
+        self.optimizer = build_optimizer(self.model.parameters())
+        # fp16 needs loss scaling (torch AMP recipe); bf16 and fp32 do not.
+        self.scaler = torch.amp.GradScaler(self.ctx.device.type) if self.ctx.precision == "fp16" else None
+        self._steps_since_stats = 0
+
+    def _register_hook(self) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        o, counter = self.options, self._counter
+        if o.comm_hook == "none":
+            return  # C++ built-in all-reduce (fastest); volume read from the reducer's buckets
+        if o.comm_hook in ("fp16", "bf16"):
+            inner = default_hooks.fp16_compress_hook if o.comm_hook == "fp16" else default_hooks.bf16_compress_hook
+            wire = 2  # bytes per element on the wire
+
+            def hook(state, bucket):
+                counter.add("all_reduce", bucket.buffer().numel() * wire)
+                return inner(state, bucket)
+
+            self.model.register_comm_hook(None, hook)
+            return
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=o.powersgd_rank,
+            start_powerSGD_iter=o.powersgd_start_iter)
+
+        def psgd(state_, bucket):
+            with _count_all_reduce(counter):
+                return powerSGD_hook.powerSGD_hook(state_, bucket)
+
+        self.model.register_comm_hook(state, psgd)
+
+    def train_step(self, batch: dict) -> StepOut:
+        micro = split_micro(batch, self.dims.grad_accum)
+        total = torch.zeros((), device=self.ctx.device)
+        for i, mb in enumerate(micro):
+            last = i == len(micro) - 1
+            sync = contextlib.nullcontext() if last else self.model.no_sync()
+            with sync:
+                with autocast(self.ctx):
+                    loss = self.model(**mb)
+                scaled = loss / len(micro)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            total += loss.detach().float()
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._steps_since_stats += 1
+        return StepOut(loss=total / len(micro))
+
+    def _bucket_bytes(self) -> list[int]:
+        sizes = self.model._get_ddp_logging_data().get("bucket_sizes", "")
+        return [int(s) for s in str(sizes).split(",") if s.strip()]
+
+    def comm_stats(self) -> Optional[dict]:
+        steps, self._steps_since_stats = self._steps_since_stats, 0
+        if self.options.comm_hook != "none":
+            return self._counter.take()
+        if self.ctx.world_size == 1:
+            return {}
+        buckets = self._bucket_bytes()
+        return {"all_reduce": {"bytes": sum(buckets) * steps, "calls": len(buckets) * steps}}
+
+    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
+        return model_state_bytes_per_rank(
+            params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
+            optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum))
+
+    def describe(self) -> dict:
+        o = self.options
+        native = {
+            "class": "torch.nn.parallel.DistributedDataParallel",
+            "bucket_cap_mb": self._bucket_cap_mb,
+            "gradient_as_bucket_view": o.gradient_as_bucket_view,
+            "static_graph": o.static_graph,
+            "broadcast_buffers": o.broadcast_buffers,
+            "find_unused_parameters": o.find_unused_parameters,
+            "comm_hook": o.comm_hook,
+            "mixed_precision": "none" if self.ctx.precision == "fp32" else f"torch.autocast({self.ctx.precision})",
+            "backend": self.ctx.backend,
+            "grad_scaler": self.scaler is not None,
+        }
+        if o.comm_hook == "powersgd":
+            native.update(powersgd_rank=o.powersgd_rank, powersgd_start_iter=o.powersgd_start_iter)
+        if self._forced_single_bucket:
+            native["forced_single_bucket"] = self._forced_single_bucket
+        if self.model is not None:
+            native["bucket_sizes_bytes"] = self._bucket_bytes()
+        return {"version": torch.__version__, "native_config": native}

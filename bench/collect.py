@@ -1,0 +1,111 @@
+"""Turn the per-rank series gathered after the window into the result record (rank 0 only)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import envinfo
+from bench.hardware import peak_flops
+from bench.metrics.comm import per_step, ring_allreduce_wire_bytes
+from bench.metrics.mfu import MfuError, mfu
+from bench.metrics.throughput import throughput
+from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize
+from bench.results import empty_record
+
+
+def _global_losses(gathered: list) -> list[float]:
+    steps = len(gathered[0]["loss"])
+    return [mean_ignoring_missing([g["loss"][i] for g in gathered]) for i in range(steps)]
+
+
+def _comm(gathered: list, steps: int, world: int) -> dict | None:
+    per_rank = [g["comm"] for g in gathered]
+    if any(c is None for c in per_rank):
+        return None
+    rows = [per_step(c, steps) for c in per_rank]
+    kinds = sorted({k for r in rows for k in r})
+    per_step_bytes = {k: max(r.get(k, {}).get("bytes", 0.0) for r in rows) for k in kinds}
+    out = {
+        "per_step_bytes": per_step_bytes,
+        "per_step_calls": {k: max(r.get(k, {}).get("calls", 0.0) for r in rows) for k in kinds},
+        "per_rank": [{"rank": g["rank"], **r} for g, r in zip(gathered, rows)],
+        "note": "payload bytes handed to each collective per step per rank (max over ranks)",
+    }
+    if "all_reduce" in per_step_bytes:
+        out["all_reduce_ring_wire_bytes_per_rank"] = ring_allreduce_wire_bytes(
+            per_step_bytes["all_reduce"], world)
+    return out
+
+
+def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, threads: int,
+                    wall_s: float) -> dict:
+    from models.flops import train_flops_per_sample
+
+    cfg, dims = plan.cfg, plan.dims
+    warmup, measure = cfg.run.warmup_steps, cfg.run.measure_steps
+    record = empty_record(Path(run_dir).name, plan.raw, status="ok")
+    desc = adapter.describe()
+    record["framework"].update(version=desc.get("version"), native_config=desc.get("native_config"))
+
+    step_times = global_step_times([g["step_time_s"] for g in gathered])
+    stats = summarize(step_times)
+    tp = throughput(dims.global_batch, stats["median"], dims.world_size, spec.tokens_per_sample)
+    params = getattr(adapter, "params", None)
+    flops = train_flops_per_sample(spec)
+    peak, peak_source = peak_flops(cfg.hardware, ctx.device, ctx.precision, threads)
+    mfu_value = None
+    if peak:
+        try:
+            mfu_value = mfu(flops["flops"], tp["samples_per_s"], dims.world_size, peak)
+        except MfuError as exc:
+            record["warnings"].append(str(exc))
+    else:
+        record["warnings"].append(f"mfu unavailable: {peak_source}")
+
+    record["model"].update(params=params, tokens_per_sample=spec.tokens_per_sample,
+                           native_config=spec.config)
+    record["parallel"] = dims.as_dict()
+    record["env"] = envinfo.capture(ctx.device, ctx.backend, threads)
+    record["env"]["hostnames"] = sorted({g["hostname"] for g in gathered})
+    record["timing"] = {
+        "warmup_steps": warmup, "measured_steps": measure,
+        "step_time_s": {k: stats[k] for k in ("median", "mean", "p10", "p90", "std", "min", "max")},
+        "series_s": step_times,
+        "per_rank_median_s": [summarize(g["step_time_s"])["median"] for g in gathered],
+        "wall_s": wall_s,
+        "clock": "time.perf_counter at step boundaries" + (
+            ", after torch.cuda.synchronize" if ctx.device.type == "cuda" else ""),
+    }
+    record["throughput"] = tp
+    optim = cfg.optim
+    record["memory"] = {
+        "per_rank": [{"rank": g["rank"], **g["memory"], "baseline_rss_bytes": g["baseline_rss_bytes"]}
+                     for g in gathered],
+        "model_state_bytes_per_rank_theory": adapter.model_state_bytes_theory(
+            params or 0, optim.name, optim.momentum) if params else None,
+        "note": "baseline_rss_bytes = peak RSS after imports, before the model is built",
+    }
+    record["comm"] = _comm(gathered, measure, dims.world_size)
+    record["mfu"] = mfu_value
+    record["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
+                       "palm_train_per_sample": flops["palm_flops"],
+                       "peak_per_device": peak, "peak_source": peak_source}
+    losses = _global_losses(gathered)
+    record["convergence"]["train_loss"] = [[i, l] for i, l in enumerate(losses)]
+    return record
+
+
+def write_metrics_jsonl(run_dir: Path, record: dict, gathered: list) -> None:
+    """One line per step: global step time (max over ranks), global loss, per-rank times."""
+    warmup = record["timing"]["warmup_steps"]
+    gb = record["parallel"]["global_batch"]
+    path = Path(run_dir) / "metrics.jsonl"
+    with open(path, "w") as f:
+        for step, loss in record["convergence"]["train_loss"]:
+            row = {"step": step, "phase": "warmup" if step < warmup else "measure", "loss": loss}
+            if step >= warmup:
+                i = step - warmup
+                t = record["timing"]["series_s"][i]
+                row.update(step_time_s=t, samples_per_s=gb / t,
+                           per_rank_step_time_s=[g["step_time_s"][i] for g in gathered])
+            f.write(json.dumps(row) + "\n")

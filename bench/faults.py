@@ -1,0 +1,38 @@
+"""Fault injection for the reliability tests (conf/debug/fault_*.yaml). Off unless configured.
+
+raise: the rank raises at `step`.  kill: the rank SIGKILLs itself at `step`.
+hang:  the rank sleeps `seconds` once at `step` (its peers block in the next collective).
+sleep: the rank sleeps `seconds` at every step from `step` on (a straggler).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+class FaultInjector:
+    def __init__(self, fault_cfg, rank: int):
+        self.kind = fault_cfg.kind if fault_cfg.rank == rank else "none"
+        self.step = fault_cfg.step
+        self.seconds = fault_cfg.seconds
+
+    @property
+    def active(self) -> bool:
+        return self.kind != "none"
+
+    def at_step(self, step: int) -> None:
+        if self.kind == "sleep" and step >= self.step:
+            time.sleep(self.seconds)
+        if step != self.step:
+            return
+        if self.kind == "raise":
+            raise InjectedFault(f"injected fault at step {step}")
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "hang":
+            time.sleep(self.seconds)

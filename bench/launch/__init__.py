@@ -1,0 +1,1 @@
+"""How ranks are started. local: torch elastic launch API on this machine."""

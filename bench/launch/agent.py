@@ -1,0 +1,84 @@
+"""The elastic agent process: `python -m bench.launch.agent RUN_DIR NPROC THREADS`.
+
+Started by bench.launch.local in its own session (so a timeout can kill the whole tree). Runs
+torch's elastic launch API with torchrun semantics: a static rendezvous on a free loopback port,
+spawned ranks, no restarts. When a rank fails, the agent stops the others and writes
+failure.json (first failure: rank, exit code, signal, message, traceback) for the launcher.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from bench.results import atomic_write_json
+
+FAILURE_FILE = "failure.json"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def describe_failure(exc) -> dict:
+    """ChildFailedError -> {rank, exitcode, signal, message, traceback, ranks_failed}."""
+    rank, failure = exc.get_first_failure()
+    data = failure.error_file_data or {}
+    msg = data.get("message", {}) if isinstance(data, dict) else {}
+    message = msg.get("message") if isinstance(msg, dict) else str(msg)
+    traceback = (msg.get("extraInfo") or {}).get("py_callstack") if isinstance(msg, dict) else None
+    if not message:
+        message = (f"rank {rank} exited with code {failure.exitcode}"
+                   + (f" ({failure.signal_name()})" if failure.exitcode < 0 else ""))
+    return {
+        "rank": rank,
+        "exitcode": failure.exitcode,
+        "signal": failure.signal_name() if failure.exitcode < 0 else None,
+        "message": message,
+        "traceback": traceback[-4000:] if traceback else None,
+        "ranks_failed": sorted(exc.failures),
+    }
+
+
+def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from bench.launch.worker import rank_main
+
+    run_dir, nproc, threads = Path(argv[0]), int(argv[1]), int(argv[2])
+    monitor = float(argv[3]) if len(argv) > 3 else 0.25
+    # The agent's own chatter goes to the run's log, not the user's terminal.
+    handler = logging.FileHandler(run_dir / "agent.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = [handler]
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by each rank's libgomp at import
+    port = free_port()
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_dir.name,
+        rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0},
+        max_restarts=0, monitor_interval=monitor, start_method="spawn",
+        # rank 0 keeps the terminal (progress bar); the others log to files
+        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs"),
+                                    redirects={r: Std.ALL for r in range(1, nproc)}),
+    )
+    try:
+        elastic_launch(config, rank_main)(str(run_dir), threads)
+    except ChildFailedError as exc:
+        atomic_write_json(run_dir / FAILURE_FILE, describe_failure(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,123 @@
+"""Launcher `local`: N ranks on this machine, with a wall-clock bound and a result in every case.
+
+The launcher (this process) never trains. It saves the resolved config, starts the elastic
+agent in a new session, waits at most run.timeout_s, and guarantees exactly one result.json:
+the ranks write it on success; otherwise this process writes failed/timeout/oom/unsupported
+with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.config import Plan
+from bench.envinfo import usable_cores
+from bench.launch.agent import FAILURE_FILE
+from bench.results import RESULT_FILE, atomic_write_json, empty_record, error_info, load_result, write_result
+
+TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "cannot allocate memory")
+
+
+def threads_per_rank(plan: Plan) -> int:
+    return plan.cfg.launcher.threads_per_rank or max(1, usable_cores() // plan.cfg.launcher.nproc)
+
+
+def save_config(plan: Plan, run_dir: Path) -> None:
+    from omegaconf import OmegaConf
+    atomic_write_json(run_dir / "config.json", plan.raw)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.raw)))
+
+
+def classify(failure: dict) -> str:
+    """Status from a rank failure: timeout (collective/watchdog), oom, or failed."""
+    text = f"{failure.get('message', '')} {failure.get('traceback') or ''}".lower()
+    if any(m in text for m in OOM_MARKERS):
+        return "oom"
+    if any(m in text for m in TIMEOUT_MARKERS):
+        return "timeout"
+    return "failed"
+
+
+def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the agent's whole session (agent + ranks), then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            # ranks may outlive the agent briefly; make sure the group is empty
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_local(plan: Plan, run_dir: Path) -> dict:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(plan, run_dir)
+    run_id = run_dir.name
+    cfg = plan.cfg
+
+    reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, _device_type(cfg))
+    if reason:
+        return _finish(run_dir, run_id, plan, "unsupported", error_info("unsupported", reason))
+
+    threads = threads_per_rank(plan)
+    cmd = [sys.executable, "-m", "bench.launch.agent", str(run_dir), str(cfg.launcher.nproc),
+           str(threads), str(cfg.launcher.monitor_interval_s)]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        code = proc.wait(timeout=cfg.run.timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        msg = f"run exceeded run.timeout_s={cfg.run.timeout_s:g} s (wall clock); all ranks killed"
+        return _finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg))
+    except KeyboardInterrupt:
+        _kill_tree(proc)
+        _finish(run_dir, run_id, plan, "failed", error_info("interrupted", "interrupted by the user (Ctrl-C)"))
+        raise
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc)
+    elapsed = time.monotonic() - start
+
+    result_path = run_dir / RESULT_FILE
+    if code == 0 and result_path.exists():
+        return load_result(result_path)
+    failure_path = run_dir / FAILURE_FILE
+    if failure_path.exists():
+        failure = json.loads(failure_path.read_text())
+        status = classify(failure)
+        err = error_info(failure.get("type", "rank_failed"), failure["message"], failure["rank"],
+                         exitcode=failure.get("exitcode"), signal=failure.get("signal"),
+                         traceback=failure.get("traceback"), ranks_failed=failure.get("ranks_failed"))
+        if "UnsupportedError" in (failure.get("traceback") or ""):
+            status = "unsupported"
+        return _finish(run_dir, run_id, plan, status, err)
+    msg = f"elastic agent exited with code {code} after {elapsed:.1f} s without a result; see {run_dir}/agent.log"
+    return _finish(run_dir, run_id, plan, "failed", error_info("agent_failed", msg))
+
+
+def _device_type(cfg) -> str:
+    if cfg.run.device != "auto":
+        return cfg.run.device
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> dict:
+    record = empty_record(run_id, plan.raw, status=status)
+    record["error"] = error
+    record["parallel"] = plan.dims.as_dict()
+    write_result(run_dir, record)
+    return record

@@ -1,0 +1,41 @@
+"""Step-time statistics (DESIGN §5): per step, the global time is the max over ranks."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+
+def global_step_times(per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """per_rank[r][i] = rank r's time for step i -> max over ranks per step."""
+    if not per_rank:
+        raise ValueError("no ranks")
+    n = len(per_rank[0])
+    if any(len(r) != n for r in per_rank):
+        raise ValueError("ranks recorded different numbers of steps")
+    return [max(r[i] for r in per_rank) for i in range(n)]
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
+    if not sorted_values:
+        raise ValueError("empty")
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(times: Sequence[float]) -> dict:
+    """median, mean, p10, p90, std (population), min, max of a series."""
+    if not times:
+        raise ValueError("no measured steps")
+    s = sorted(times)
+    mean = sum(s) / len(s)
+    std = math.sqrt(sum((t - mean) ** 2 for t in s) / len(s))
+    return {"median": percentile(s, 50), "mean": mean, "p10": percentile(s, 10),
+            "p90": percentile(s, 90), "std": std, "min": s[0], "max": s[-1]}
+
+
+def mean_ignoring_missing(values: Sequence[float]) -> float:
+    """Mean over ranks that hold a value (NaN = the rank holds no loss, e.g. a pipeline stage)."""
+    held = [v for v in values if not math.isnan(v)]
+    return sum(held) / len(held) if held else float("nan")

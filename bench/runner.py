@@ -1,0 +1,120 @@
+"""The ONLY timed training loop.
+
+Warm-up steps, then measured steps. Each rank records its own step times (boundary to
+boundary; device-synchronised on GPU) and losses; nothing is communicated inside the window
+beyond what the framework itself does. After the window the per-rank series are gathered once
+and rank 0 writes the result (bench/collect.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import models
+from bench.adapters.base import RankContext
+from bench.collect import build_ok_record, write_metrics_jsonl
+from bench.config import Plan
+from bench.faults import FaultInjector
+from bench.results import write_result
+
+
+def build_optimizer_factory(optim_cfg):
+    def build(params):
+        if optim_cfg.name == "adamw":
+            return torch.optim.AdamW(params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
+                                     eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
+        return torch.optim.SGD(params, lr=optim_cfg.lr, momentum=optim_cfg.momentum,
+                               weight_decay=optim_cfg.weight_decay)
+    return build
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Progress:
+    """tqdm on rank 0: step, loss, samples/s. Refreshes at most ~4 times a second."""
+
+    def __init__(self, enabled: bool, total: int, warmup: int, global_batch: int):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc="train", unit="step", mininterval=0.25, leave=True,
+                            dynamic_ncols=True)
+        self.warmup, self.global_batch, self._last = warmup, global_batch, 0.0
+
+    def update(self, step: int, loss, step_s: float) -> None:
+        if self.bar is None:
+            return
+        self.bar.update(1)
+        now = time.monotonic()
+        if now - self._last > 0.25 and loss is not None:
+            self._last = now
+            phase = "warmup" if step < self.warmup else "measure"
+            self.bar.set_postfix(phase=phase, loss=f"{float(loss):.4f}",
+                                 samples_s=f"{self.global_batch / step_s:.1f}", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
+    cfg, dims = plan.cfg, plan.dims
+    torch.manual_seed(cfg.run.seed)
+    spec = models.build(cfg.model)
+    adapter = plan.adapter_cls(plan.options, ctx, dims)
+    adapter.setup(spec.build, build_optimizer_factory(cfg.optim))
+    data = models.SyntheticData(spec, cfg.run.seed, dims.global_batch, getattr(adapter, "dp_rank", ctx.rank),
+                                dims.local_batch, cfg.data.pool_batches, ctx.device)
+    fault = FaultInjector(cfg.fault, ctx.rank)
+    warmup, measure = cfg.run.warmup_steps, cfg.run.measure_steps
+    total = warmup + measure
+    step_times: list[float] = []
+    losses: list = []
+    progress = _Progress(cfg.run.progress and ctx.rank == 0, total, warmup, dims.global_batch)
+
+    if warmup == 0:
+        adapter.comm_stats()  # start counting at the first measured step
+    _sync(ctx.device)
+    wall0 = t_prev = time.perf_counter()
+    for step in range(total):
+        if fault.active:
+            fault.at_step(step)
+        out = adapter.train_step(data.batch(step))
+        _sync(ctx.device)
+        t = time.perf_counter()
+        if step >= warmup:
+            step_times.append(t - t_prev)
+        losses.append(out.loss)
+        progress.update(step, out.loss, t - t_prev)
+        if step == warmup - 1:
+            adapter.comm_stats()  # reset counters at the window boundary, outside any interval
+            t = time.perf_counter()
+        t_prev = t
+    wall_s = time.perf_counter() - wall0
+    progress.close()
+
+    local = {
+        "rank": ctx.rank,
+        "step_time_s": step_times,
+        "loss": [float("nan") if l is None else float(l) for l in losses],
+        "memory": adapter.memory_stats(),
+        "baseline_rss_bytes": baseline_rss,
+        "comm": adapter.comm_stats(),
+        "hostname": __import__("platform").node(),
+    }
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, local)
+    if ctx.rank == 0:
+        record = build_ok_record(plan, ctx, run_dir, spec, adapter, gathered, threads, wall_s)
+        write_metrics_jsonl(run_dir, record, gathered)
+        write_result(run_dir, record)
+    adapter.teardown()
+    dist.barrier()

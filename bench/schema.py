@@ -1,0 +1,151 @@
+"""Typed schema of the resolved config. Unknown keys and impossible values are errors.
+
+Framework options are validated by the adapter's own `Options` model (bench/adapters), so
+adding a framework does not touch this file.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, NonNegativeInt, model_validator
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FrameworkCfg(Strict):
+    name: str
+    variant: str = "default"
+    adapter: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    options: dict[str, Any] = {}
+
+
+class LanguageModelCfg(Strict):
+    name: str
+    kind: Literal["language"]
+    family: Literal["gpt2"] = "gpt2"
+    n_layer: PositiveInt
+    n_embd: PositiveInt
+    n_head: PositiveInt
+    vocab_size: Annotated[int, Field(ge=2)]
+    seq_len: PositiveInt
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        return self
+
+
+class VitCfg(Strict):
+    patch_size: PositiveInt
+    num_layers: PositiveInt
+    num_heads: PositiveInt
+    hidden_dim: PositiveInt
+    mlp_dim: PositiveInt
+
+
+VISION_ARCHS = ("resnet18", "resnet50", "resnet152", "vgg16", "vit_b_16", "vit")
+
+
+class VisionModelCfg(Strict):
+    name: str
+    kind: Literal["vision"]
+    arch: Literal[VISION_ARCHS]  # type: ignore[valid-type]
+    image_size: Annotated[int, Field(ge=8)]
+    num_classes: Annotated[int, Field(ge=2)]
+    vit: Optional[VitCfg] = None
+
+    @model_validator(mode="after")
+    def _vit_needs_shape(self):
+        if self.arch == "vit" and self.vit is None:
+            raise ValueError("arch 'vit' needs a model.vit block (patch_size, num_layers, ...)")
+        if self.vit is not None and self.image_size % self.vit.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not divisible by patch_size")
+        return self
+
+
+ModelCfg = Annotated[Union[LanguageModelCfg, VisionModelCfg], Field(discriminator="kind")]
+
+
+class DataCfg(Strict):
+    name: Literal["synthetic"]
+    pool_batches: PositiveInt = 4
+
+
+class OptimCfg(Strict):
+    name: Literal["adamw", "sgd"]
+    lr: Annotated[float, Field(gt=0)]
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: Annotated[float, Field(gt=0)] = 1e-8
+    momentum: Annotated[float, Field(ge=0)] = 0.0
+
+
+class LauncherCfg(Strict):
+    name: Literal["local"]
+    nproc: PositiveInt = 1
+    threads_per_rank: Optional[PositiveInt] = None
+    monitor_interval_s: Annotated[float, Field(gt=0, le=5)] = 0.25
+
+
+class LoggerCfg(Strict):
+    name: Literal["wandb", "none"]
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "ddlbench"
+    entity: Optional[str] = None
+    init_timeout_s: Annotated[float, Field(gt=0)] = 30
+
+
+class PeakFlops(Strict):
+    fp32: Annotated[float, Field(gt=0)]
+    tf32: Annotated[float, Field(gt=0)]
+    bf16: Annotated[float, Field(gt=0)]
+    fp16: Annotated[float, Field(gt=0)]
+
+
+class HardwareCfg(Strict):
+    name: str
+    peak_flops: Optional[PeakFlops] = None
+    gpu_table: dict[str, PeakFlops] = {}
+
+
+class RunCfg(Strict):
+    warmup_steps: NonNegativeInt = 3
+    measure_steps: PositiveInt = 10
+    global_batch: PositiveInt = 8
+    micro_batch: Optional[PositiveInt] = None
+    seed: NonNegativeInt = 0
+    precision: Literal[PRECISIONS] = "fp32"  # type: ignore[valid-type]
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    timeout_s: Annotated[float, Field(gt=0)] = 900
+    pg_timeout_s: Annotated[float, Field(gt=0)] = 300
+    dry_run: bool = False
+    epochs: Optional[PositiveInt] = None
+    eval_every: Optional[PositiveInt] = None
+    target: Optional[float] = None
+    progress: bool = True
+    dir: Optional[str] = None
+
+
+class FaultCfg(Strict):
+    kind: Literal["none", "raise", "kill", "hang", "sleep"] = "none"
+    rank: NonNegativeInt = 0
+    step: NonNegativeInt = 0
+    seconds: Annotated[float, Field(ge=0)] = 0.0
+
+
+class BenchCfg(Strict):
+    framework: FrameworkCfg
+    model: ModelCfg
+    data: DataCfg
+    optim: OptimCfg
+    launcher: LauncherCfg
+    logger: LoggerCfg
+    hardware: HardwareCfg
+    run: RunCfg
+    fault: FaultCfg = FaultCfg()

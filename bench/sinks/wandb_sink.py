@@ -1,0 +1,56 @@
+"""Log one finished run to W&B: config, per-step metrics, summary. Offline unless the config
+says online. `python -m bench.sinks.wandb_sink RUN_DIR`."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bench.results import load_result
+
+
+def flat_summary(record: dict) -> dict:
+    t = record.get("timing") or {}
+    tp = record.get("throughput") or {}
+    mem = (record.get("memory") or {}).get("per_rank") or []
+    out = {
+        "status": record["status"],
+        "throughput/samples_per_s": tp.get("samples_per_s"),
+        "throughput/tokens_per_s": tp.get("tokens_per_s"),
+        "throughput/samples_per_s_per_device": tp.get("samples_per_s_per_device"),
+        "mfu": record.get("mfu"),
+        "memory/peak_rss(bytes)": max((m.get("peak_rss_bytes") or 0 for m in mem), default=None),
+        "memory/peak_allocated(bytes)": max((m.get("peak_allocated_bytes") or 0 for m in mem), default=None),
+    }
+    for k, v in (t.get("step_time_s") or {}).items():
+        out[f"step_time/{k}(s)"] = v
+    if record.get("error"):
+        out["error"] = record["error"].get("message")
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def main(run_dir: str) -> int:
+    import wandb
+
+    run_path = Path(run_dir)
+    record = load_result(run_path)
+    lg = record["config"]["logger"]
+    settings = wandb.Settings(init_timeout=float(lg["init_timeout_s"]), console="off", silent=True,
+                              x_disable_stats=True)
+    run = wandb.init(project=lg["project"], entity=lg.get("entity"), mode=lg["mode"],
+                     dir=str(run_path), name=record["run_id"], id=None, config=record["config"],
+                     group=record["model"]["name"], job_type=record["framework"]["name"],
+                     tags=[record["status"]], settings=settings, reinit="finish_previous")
+    metrics = run_path / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=row["step"])
+    run.summary.update(flat_summary(record))
+    run.finish()
+    print(f"W&B ({lg['mode']}): {run.dir if lg['mode'] != 'online' else run.url}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

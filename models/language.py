@@ -1,0 +1,63 @@
+"""Language models: the GPT-2 family through transformers.GPT2Config."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.spec import ModelSpec
+
+
+class CausalLM(nn.Module):
+    """forward(input_ids, labels) -> mean next-token loss. `blocks` are the transformer blocks,
+    the unit of per-block sharding / pipeline splitting."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # The same loss as HF's ForCausalLM (mean over all shifted tokens), computed here so it
+        # also runs on the meta device (HF's loss calls .item()) and under any wrapper.
+        logits = self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+
+    @torch.no_grad()
+    def evaluate(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(mean loss, correct next-token predictions, predictions made)."""
+        logits = self.net(input_ids=input_ids, use_cache=False).logits[:, :-1]
+        target = labels[:, 1:]
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+        return loss, (logits.argmax(-1) == target).sum(), target.numel()
+
+    def blocks(self) -> list[nn.Module]:
+        return list(self.net.transformer.h)
+
+
+def gpt2_config(mc):
+    from transformers import GPT2Config
+    return GPT2Config(
+        n_layer=mc.n_layer, n_embd=mc.n_embd, n_head=mc.n_head, vocab_size=mc.vocab_size,
+        n_positions=mc.seq_len, resid_pdrop=mc.dropout, embd_pdrop=mc.dropout,
+        attn_pdrop=mc.dropout, bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,
+        loss_type="ForCausalLM", attn_implementation="eager",
+    )
+
+
+def gpt2_spec(mc) -> ModelSpec:
+    config = gpt2_config(mc)
+
+    def factory() -> nn.Module:
+        from transformers import GPT2LMHeadModel
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+        # eager attention: deterministic on CPU and identical across frameworks
+        return CausalLM(GPT2LMHeadModel(config))
+
+    def sample(gen: torch.Generator) -> dict:
+        ids = torch.randint(0, mc.vocab_size, (mc.seq_len,), generator=gen)
+        return {"input_ids": ids, "labels": ids}
+
+    return ModelSpec(name=mc.name, kind="language", factory=factory, sample=sample,
+                     tokens_per_sample=mc.seq_len, config=config.to_diff_dict())

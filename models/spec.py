@@ -1,0 +1,34 @@
+"""ModelSpec: what the runner and adapters need to know about a model, nothing framework-specific."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    kind: str                                   # language | vision
+    factory: Callable[[], nn.Module]            # builds a LossModel on the current default device
+    sample: Callable[[torch.Generator], dict]   # one synthetic sample, seeded
+    tokens_per_sample: Optional[int]            # None for vision
+    config: dict                                # the model's native config (GPT2Config, arch...)
+
+    def build(self) -> nn.Module:
+        return self.factory()
+
+
+def count_params(module: nn.Module) -> int:
+    """Unique parameters (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def build(model_cfg) -> ModelSpec:
+    if model_cfg.kind == "language":
+        from models.language import gpt2_spec
+        return gpt2_spec(model_cfg)
+    from models.vision import vision_spec
+    return vision_spec(model_cfg)

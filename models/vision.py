@@ -1,0 +1,61 @@
+"""Vision models from torchvision: ResNet-18/50/152, VGG-16, ViT-B/16 and a tiny ViT."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.spec import ModelSpec
+
+
+class Classifier(nn.Module):
+    """forward(images, labels) -> mean cross-entropy."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.net(images), labels)
+
+    @torch.no_grad()
+    def evaluate(self, images: torch.Tensor, labels: torch.Tensor):
+        logits = self.net(images)
+        return F.cross_entropy(logits, labels), (logits.argmax(-1) == labels).sum(), labels.numel()
+
+    def blocks(self) -> list[nn.Module]:
+        """ResNet stages, ViT encoder layers, VGG features + classifier."""
+        net = self.net
+        if hasattr(net, "layer1"):
+            return [net.layer1, net.layer2, net.layer3, net.layer4]
+        if hasattr(net, "encoder"):
+            return list(net.encoder.layers)
+        return [net.features, net.classifier]
+
+
+def _net(mc) -> nn.Module:
+    import torchvision.models as tvm
+    if mc.arch == "vit":
+        v = mc.vit
+        return tvm.VisionTransformer(image_size=mc.image_size, patch_size=v.patch_size,
+                                     num_layers=v.num_layers, num_heads=v.num_heads,
+                                     hidden_dim=v.hidden_dim, mlp_dim=v.mlp_dim,
+                                     num_classes=mc.num_classes)
+    if mc.arch == "vit_b_16":
+        return tvm.vit_b_16(weights=None, image_size=mc.image_size, num_classes=mc.num_classes)
+    return getattr(tvm, mc.arch)(weights=None, num_classes=mc.num_classes)
+
+
+def vision_spec(mc) -> ModelSpec:
+    def factory() -> nn.Module:
+        return Classifier(_net(mc))
+
+    def sample(gen: torch.Generator) -> dict:
+        label = torch.randint(0, mc.num_classes, (), generator=gen)
+        return {"images": torch.randn(3, mc.image_size, mc.image_size, generator=gen), "labels": label}
+
+    config = {"arch": mc.arch, "image_size": mc.image_size, "num_classes": mc.num_classes}
+    if mc.vit is not None:
+        config["vit"] = mc.vit.model_dump()
+    return ModelSpec(name=mc.name, kind="vision", factory=factory, sample=sample,
+                     tokens_per_sample=None, config=config)
