@@ -1,0 +1,81 @@
+"""Config composition of every group option, and bad input -> exit 2 with one clear line."""
+import pytest
+
+from bench.config import CONF_DIR, GROUPS, group_options, plan_from_overrides
+from bench.errors import ConfigError
+from conftest import bench
+
+ALL_OPTIONS = [(g, o) for g in GROUPS if g != "run" for o in group_options(g)]
+
+
+@pytest.mark.parametrize("group,option", ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
+def test_every_group_option_composes_and_validates(group, option):
+    plan = plan_from_overrides([f"{group}={option}"])
+    assert plan.dims.world_size == plan.cfg.launcher.nproc
+    if group == "framework":
+        assert option.startswith(plan.cfg.framework.name)
+    elif group in ("model", "data", "optim", "launcher", "logger", "hardware"):
+        assert getattr(plan.cfg, group).name == option
+
+
+def test_variants_inherit_from_their_base():
+    plan = plan_from_overrides(["framework=ddp_powersgd"])
+    assert plan.options.comm_hook == "powersgd"
+    assert plan.options.bucket_cap_mb == 25.0  # inherited from ddp.yaml
+    assert plan.cfg.framework.variant == "powersgd"
+
+
+def test_hardware_presets_resolve_peaks():
+    plan = plan_from_overrides(["hardware=a100"])
+    assert plan.cfg.hardware.peak_flops.bf16 == 312e12
+
+
+def test_experiment_and_debug_are_global_packages():
+    plan = plan_from_overrides(["experiment=ddp_tiny_scaling", "debug=fast"])
+    assert plan.cfg.run.measure_steps == 3 and plan.cfg.logger.name == "none"
+    assert plan_from_overrides(["debug=fault_kill"]).cfg.fault.kind == "kill"
+
+
+BAD = [
+    (["launcher.nproc=0"], "launcher.nproc: Input should be greater than 0"),
+    (["launcher.nproc=3"], "run.global_batch 8 is not divisible by dp=3"),
+    (["launcher.nproc=2", "run.micro_batch=3"], "dp ranks x run.micro_batch = 2 x 3"),
+    (["framework=ddpp"], "unknown framework 'ddpp'; did you mean 'ddp'?"),
+    (["model=gpt5"], "unknown model 'gpt5'"),
+    (["run.mesure_steps=3"], "unknown config key 'run.mesure_steps'"),
+    (["run.measure_steps=ten"], "run.measure_steps: Input should be a valid integer"),
+    (["run.precision=fp8"], "run.precision: Input should be 'fp32', 'bf16' or 'fp16'"),
+    (["run.global_batch=-4"], "run.global_batch: Input should be greater than 0"),
+    (["framework.options.comm_hook=zip"], "framework.options.comm_hook: Input should be"),
+    (["framework.options.bucket_cap_mb=0"], "framework.options.bucket_cap_mb: Input should be greater than 0"),
+    (["+framework.options.bucket_size=4"], "framework.options.bucket_size: unknown key"),
+    (["model.n_head=5"], "n_embd 128 is not divisible by n_head 5"),
+    (["hardware=tpu9"], "unknown hardware 'tpu9'"),
+    (["run.timeout_s=0"], "run.timeout_s: Input should be greater than 0"),
+    (["nonsense"], "cannot parse override 'nonsense'"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_config_raises_clear_error(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        plan_from_overrides(overrides)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("overrides,message", BAD[:4], ids=[" ".join(o) for o, _ in BAD[:4]])
+def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path, overrides, message):
+    proc = bench("run", f"run.dir={tmp_path}/r", *overrides)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()  # nothing launched, nothing written
+
+
+def test_dry_run_validates_without_launching(tmp_path):
+    proc = bench("run", "launcher.nproc=2", "run.dry_run=true", f"run.dir={tmp_path}/r")
+    assert proc.returncode == 0, proc.stderr
+    assert '"world_size": 2' in proc.stdout and "nothing launched" in proc.stdout
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,86 @@
+"""Pure metric functions against hand-computed numbers."""
+import math
+
+import pytest
+
+from bench.metrics.comm import CommCounter, per_step, ring_allreduce_wire_bytes
+from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+from bench.metrics.mfu import MfuError, mfu
+from bench.metrics.throughput import scaling_efficiency, scaling_kind, throughput
+from bench.metrics.timing import global_step_times, mean_ignoring_missing, percentile, summarize
+
+
+def test_global_step_time_is_max_over_ranks():
+    assert global_step_times([[1.0, 2.0, 3.0], [1.5, 1.0, 3.5]]) == [1.5, 2.0, 3.5]
+    with pytest.raises(ValueError):
+        global_step_times([[1.0], [1.0, 2.0]])
+
+
+def test_percentiles_and_summary():
+    s = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert percentile(s, 50) == 3.0
+    assert percentile(s, 10) == pytest.approx(1.4)   # pos 0.4 between 1 and 2
+    assert percentile(s, 90) == pytest.approx(4.6)
+    out = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert out["median"] == 3.0 and out["mean"] == 3.0
+    assert out["std"] == pytest.approx(math.sqrt(2.0))  # population std of 1..5
+    assert (out["min"], out["max"]) == (1.0, 5.0)
+
+
+def test_loss_mean_ignores_ranks_without_loss():
+    assert mean_ignoring_missing([2.0, float("nan"), 4.0]) == 3.0
+    assert math.isnan(mean_ignoring_missing([float("nan")]))
+
+
+def test_throughput():
+    t = throughput(global_batch=64, median_step_s=0.5, world_size=4, tokens_per_sample=128)
+    assert t == {"samples_per_s": 128.0, "tokens_per_s": 16384.0, "samples_per_s_per_device": 32.0}
+    assert throughput(8, 0.25, 1)["tokens_per_s"] is None
+
+
+def test_scaling_efficiency():
+    # 100 samples/s on 1 device, 180 on 2 -> (180/2)/(100/1) = 0.9
+    assert scaling_efficiency(180.0, 2, 100.0, 1) == pytest.approx(0.9)
+    # baseline at 2 devices: 300 on 8 vs 100 on 2 -> (300/8)/(100/2) = 0.75
+    assert scaling_efficiency(300.0, 8, 100.0, 2) == pytest.approx(0.75)
+    assert scaling_kind({1: 32, 2: 32, 4: 32}) == "strong"
+    assert scaling_kind({1: 8, 2: 16, 4: 32}) == "weak"
+    assert scaling_kind({1: 8, 2: 12}) == "mixed"
+
+
+def test_mfu_and_its_guard():
+    # 1e9 FLOPs/sample * 100 samples/s / (2 devices * 1e12) = 0.05
+    assert mfu(1e9, 100.0, 2, 1e12) == pytest.approx(0.05)
+    with pytest.raises(MfuError, match="> 100%"):
+        mfu(1e12, 100.0, 1, 1e12)
+
+
+def test_zero_paper_memory():
+    psi = 7_500_000_000  # ZeRO paper Fig. 1: 7.5B params, N = 64, K = 12 (mixed-precision Adam)
+    k = optimizer_state_bytes_per_param("adamw", fp32_master_copy=True)
+    assert k == 12
+    base = model_state_bytes_per_rank(psi, 64, param_bytes=2, grad_bytes=2, optim_bytes=k)
+    assert base == 120e9                                        # (2 + 2 + K) * psi
+    p_os = model_state_bytes_per_rank(psi, 64, param_bytes=2, grad_bytes=2, optim_bytes=k, shard_optim=True)
+    assert p_os == pytest.approx(31.4e9, rel=1e-3)              # 4 psi + K psi / N
+    p_os_g = model_state_bytes_per_rank(psi, 64, param_bytes=2, grad_bytes=2, optim_bytes=k,
+                                        shard_optim=True, shard_grads=True)
+    assert p_os_g == pytest.approx(16.6e9, rel=1e-2)            # 2 psi + 14 psi / N
+    p_all = model_state_bytes_per_rank(psi, 64, param_bytes=2, grad_bytes=2, optim_bytes=k,
+                                       shard_optim=True, shard_grads=True, shard_params=True)
+    assert p_all == pytest.approx(1.875e9)                      # 16 psi / N
+    assert optimizer_state_bytes_per_param("sgd", momentum=0.9) == 4
+    assert optimizer_state_bytes_per_param("sgd") == 0
+
+
+def test_comm_accounting():
+    c = CommCounter()
+    c.add("all_reduce", 100)
+    c.add("all_reduce", 50)
+    c.add("all_gather", 10)
+    totals = c.take()
+    assert totals == {"all_reduce": {"bytes": 150, "calls": 2}, "all_gather": {"bytes": 10, "calls": 1}}
+    assert c.take() == {}
+    assert per_step(totals, 2)["all_reduce"] == {"bytes": 75.0, "calls": 1.0}
+    assert ring_allreduce_wire_bytes(1000, 4) == 1500.0   # 2 * 3/4 * 1000
+    assert ring_allreduce_wire_bytes(1000, 1) == 0.0

@@ -1,0 +1,112 @@
+"""Real runs: DDP at 1 and 2 ranks on CPU/gloo, the equivalence gate, and failures as data."""
+import json
+import time
+
+import pytest
+
+from bench.results import check_record
+from conftest import run_record
+
+FAST = ("run.warmup_steps=1", "run.measure_steps=3")
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_ddp_writes_a_valid_result(run_dir, nproc):
+    proc, rec = run_record(run_dir, "framework=ddp", "model=gpt2_tiny", f"launcher.nproc={nproc}", *FAST)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert check_record(rec) == []
+    assert rec["status"] == "ok" and rec["parallel"]["world_size"] == nproc
+    assert rec["parallel"]["micro_batch"] == 8 // nproc
+    t = rec["timing"]
+    assert t["measured_steps"] == 3 and len(t["series_s"]) == 3
+    assert t["step_time_s"]["p10"] <= t["step_time_s"]["median"] <= t["step_time_s"]["p90"]
+    tp = rec["throughput"]
+    assert tp["samples_per_s"] == pytest.approx(8 / t["step_time_s"]["median"])
+    assert tp["tokens_per_s"] == pytest.approx(tp["samples_per_s"] * 128)
+    assert len(rec["memory"]["per_rank"]) == nproc
+    for m in rec["memory"]["per_rank"]:
+        assert m["peak_rss_bytes"] >= m["baseline_rss_bytes"] > 0
+    assert rec["memory"]["model_state_bytes_per_rank_theory"] == 16 * rec["model"]["params"]  # fp32 AdamW
+    assert 0 < rec["mfu"] <= 1
+    assert rec["env"]["backend"] == "gloo" and rec["env"]["threads_per_rank"] >= 1
+    assert rec["framework"]["native_config"]["gradient_as_bucket_view"] is True
+    assert len(rec["convergence"]["train_loss"]) == 4
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[-1])["phase"] == "measure"
+    if nproc == 2:
+        bucket_bytes = sum(rec["framework"]["native_config"]["bucket_sizes_bytes"])
+        assert bucket_bytes == 4 * rec["model"]["params"]          # every fp32 grad, once
+        assert rec["comm"]["per_step_bytes"]["all_reduce"] == bucket_bytes
+        assert len(json.loads(lines[-1])["per_rank_step_time_s"]) == 2
+    assert "samples/s" in proc.stdout and "result:" in proc.stdout
+
+
+def _losses(rec):
+    return [l for _, l in rec["convergence"]["train_loss"]]
+
+
+def test_equivalence_ddp2_matches_single_process(tmp_path):
+    """DDP at 2 ranks x micro-batch B/2 == 1 rank x B, 10 steps, fp32, rel 1e-5."""
+    steps = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8")
+    _, one = run_record(tmp_path / "n1", "launcher.nproc=1", *steps)
+    _, two = run_record(tmp_path / "n2", "launcher.nproc=2", *steps)
+    _, accum = run_record(tmp_path / "acc", "launcher.nproc=2", "run.micro_batch=2", *steps)
+    assert two["parallel"]["micro_batch"] == 4 and accum["parallel"]["grad_accum"] == 2
+    ref = _losses(one)
+    assert len(ref) == 10 and ref[-1] < ref[0]  # it trains
+    for other in (two, accum):
+        assert _losses(other) == pytest.approx(ref, rel=1e-5)
+
+
+@pytest.mark.parametrize("hook", ["ddp_fp16_hook", "ddp_bf16_hook", "ddp_powersgd"])
+def test_comm_hooks_run_and_count_bytes(run_dir, hook):
+    proc, rec = run_record(run_dir, f"framework={hook}", "launcher.nproc=2", "run.warmup_steps=2",
+                           "run.measure_steps=2")
+    assert rec["status"] == "ok", rec["error"]
+    sent = rec["comm"]["per_step_bytes"]["all_reduce"]
+    fp32_bytes = 4 * rec["model"]["params"]
+    if hook == "ddp_powersgd":
+        assert rec["framework"]["native_config"]["forced_single_bucket"]
+        assert len(rec["framework"]["native_config"]["bucket_sizes_bytes"]) == 1
+        assert 0 < sent < fp32_bytes / 2  # low-rank P, Q plus uncompressed vectors
+    else:
+        assert sent == fp32_bytes / 2     # 16-bit on the wire
+
+
+def test_vision_model_runs(run_dir):
+    proc, rec = run_record(run_dir, "model=resnet18_tiny", "launcher.nproc=2", *FAST)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["throughput"]["tokens_per_s"] is None and rec["model"]["kind"] == "vision"
+
+
+def test_killed_rank_fails_fast(run_dir):
+    t0 = time.monotonic()
+    proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_kill", "run.pg_timeout_s=60")
+    elapsed = time.monotonic() - t0
+    assert rec["status"] == "failed" and proc.returncode == 1
+    assert rec["error"]["rank"] == 1 and rec["error"]["signal"] == "SIGKILL"
+    assert elapsed < 30, elapsed
+    assert check_record(rec) == []
+
+
+def test_raising_rank_reports_its_traceback(run_dir):
+    proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_raise")
+    assert rec["status"] == "failed"
+    assert rec["error"]["rank"] == 1
+    assert "injected fault at step 2" in rec["error"]["message"]
+    assert "faults.py" in rec["error"]["traceback"]
+
+
+def test_hang_becomes_timeout_via_collective_timeout(run_dir):
+    t0 = time.monotonic()
+    proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_hang", "run.pg_timeout_s=5")
+    assert rec["status"] == "timeout", rec["error"]
+    assert time.monotonic() - t0 < 60
+
+
+def test_wall_clock_timeout_kills_everything(run_dir):
+    t0 = time.monotonic()
+    proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_hang", "run.timeout_s=20")
+    assert rec["status"] == "timeout"
+    assert "run.timeout_s=20" in rec["error"]["message"]
+    assert time.monotonic() - t0 < 60
