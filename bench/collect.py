@@ -6,7 +6,7 @@ from pathlib import Path
 
 from bench import envinfo
 from bench.hardware import peak_flops
-from bench.metrics.comm import per_step, ring_allreduce_wire_bytes
+from bench.metrics.comm import analytic_wire_bytes, per_step, ring_wire_bytes
 from bench.metrics.mfu import MfuError, mfu
 from bench.metrics.throughput import throughput
 from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize
@@ -18,22 +18,26 @@ def _global_losses(gathered: list) -> list[float]:
     return [mean_ignoring_missing([g["loss"][i] for g in gathered]) for i in range(steps)]
 
 
-def _comm(gathered: list, steps: int, world: int) -> dict | None:
-    per_rank = [g["comm"] for g in gathered]
+def _comm(gathered: list, world: int, params: int | None, adapter) -> dict | None:
+    per_rank = [g["comm"]["counts"] for g in gathered]
     if any(c is None for c in per_rank):
         return None
-    rows = [per_step(c, steps) for c in per_rank]
+    rows = [per_step(c, 1) for c in per_rank]
     kinds = sorted({k for r in rows for k in r})
     per_step_bytes = {k: max(r.get(k, {}).get("bytes", 0.0) for r in rows) for k in kinds}
     out = {
         "per_step_bytes": per_step_bytes,
         "per_step_calls": {k: max(r.get(k, {}).get("calls", 0.0) for r in rows) for k in kinds},
         "per_rank": [{"rank": g["rank"], **r} for g, r in zip(gathered, rows)],
-        "note": "payload bytes handed to each collective per step per rank (max over ranks)",
+        "source": gathered[0]["comm"]["source"],
+        "note": "payload bytes per collective kind in one untimed step after the window, "
+                "max over ranks (all-gather: gathered size; reduce-scatter: input size)",
     }
-    if "all_reduce" in per_step_bytes:
-        out["all_reduce_ring_wire_bytes_per_rank"] = ring_allreduce_wire_bytes(
-            per_step_bytes["all_reduce"], world)
+    out["wire_bytes_per_rank"] = ring_wire_bytes(per_step_bytes, world)
+    factor = adapter.analytic_comm_psi()
+    out["analytic_wire_bytes_per_rank"] = (
+        analytic_wire_bytes(factor, 4 * params, world) if factor is not None and params else None)
+    out["analytic_formula"] = None if factor is None else f"{factor:g} * Psi * (N-1)/N, Psi = fp32 parameter bytes"
     return out
 
 
@@ -85,7 +89,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
             params or 0, optim.name, optim.momentum) if params else None,
         "note": "baseline_rss_bytes = peak RSS after imports, before the model is built",
     }
-    record["comm"] = _comm(gathered, measure, dims.world_size)
+    record["comm"] = _comm(gathered, dims.world_size, params, adapter)
     record["mfu"] = mfu_value
     record["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
                        "palm_train_per_sample": flops["palm_flops"],

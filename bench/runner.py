@@ -65,6 +65,20 @@ class _Progress:
             self.bar.close()
 
 
+def _probe_comm(adapter, batch, device) -> dict:
+    """One extra, untimed step under the collective counter (outside the window). Adapters
+    whose collectives bypass c10d (Horovod) report their own counts via comm_stats()."""
+    from bench.comm_probe import CollectiveCounter
+
+    adapter.comm_stats()  # reset the adapter's own counters, if it has any
+    probe = CollectiveCounter()
+    with probe:
+        adapter.train_step(batch)
+        _sync(device)
+    own = adapter.comm_stats()
+    return {"source": "adapter", "counts": own} if own is not None else {"source": "c10d_dispatch", "counts": probe.take()}
+
+
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
     cfg, dims = plan.cfg, plan.dims
     torch.manual_seed(cfg.run.seed)
@@ -80,8 +94,6 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     losses: list = []
     progress = _Progress(cfg.run.progress and ctx.rank == 0, total, warmup, dims.global_batch)
 
-    if warmup == 0:
-        adapter.comm_stats()  # start counting at the first measured step
     _sync(ctx.device)
     wall0 = t_prev = time.perf_counter()
     for step in range(total):
@@ -94,20 +106,18 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
             step_times.append(t - t_prev)
         losses.append(out.loss)
         progress.update(step, out.loss, t - t_prev)
-        if step == warmup - 1:
-            adapter.comm_stats()  # reset counters at the window boundary, outside any interval
-            t = time.perf_counter()
         t_prev = t
     wall_s = time.perf_counter() - wall0
     progress.close()
 
+    comm = _probe_comm(adapter, data.batch(total), ctx.device)
     local = {
         "rank": ctx.rank,
         "step_time_s": step_times,
         "loss": [float("nan") if l is None else float(l) for l in losses],
         "memory": adapter.memory_stats(),
         "baseline_rss_bytes": baseline_rss,
-        "comm": adapter.comm_stats(),
+        "comm": comm,
         "hostname": __import__("platform").node(),
     }
     gathered: list = [None] * ctx.world_size

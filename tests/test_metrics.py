@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from bench.metrics.comm import CommCounter, per_step, ring_allreduce_wire_bytes
+from bench.metrics.comm import CommCounter, analytic_wire_bytes, per_step, ring_wire_bytes
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from bench.metrics.mfu import MfuError, mfu
 from bench.metrics.throughput import scaling_efficiency, scaling_kind, throughput
@@ -82,5 +82,10 @@ def test_comm_accounting():
     assert totals == {"all_reduce": {"bytes": 150, "calls": 2}, "all_gather": {"bytes": 10, "calls": 1}}
     assert c.take() == {}
     assert per_step(totals, 2)["all_reduce"] == {"bytes": 75.0, "calls": 1.0}
-    assert ring_allreduce_wire_bytes(1000, 4) == 1500.0   # 2 * 3/4 * 1000
-    assert ring_allreduce_wire_bytes(1000, 1) == 0.0
+    assert ring_wire_bytes({"all_reduce": 1000}, 4) == 1500.0   # 2 * 3/4 * 1000
+    # FSDP full shard: 2 all-gathers + 1 reduce-scatter of 1000 bytes on 4 ranks: 3 * 3/4 * 1000
+    assert ring_wire_bytes({"all_gather": 2000, "reduce_scatter": 1000}, 4) == 2250.0
+    assert ring_wire_bytes({"broadcast": 100}, 2) == 100.0
+    assert ring_wire_bytes({"all_reduce": 1000}, 1) == 0.0
+    assert analytic_wire_bytes(3, 1000, 4) == 2250.0
+    assert analytic_wire_bytes(2, 1000, 1) == 0.0

@@ -37,6 +37,8 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
         bucket_bytes = sum(rec["framework"]["native_config"]["bucket_sizes_bytes"])
         assert bucket_bytes == 4 * rec["model"]["params"]          # every fp32 grad, once
         assert rec["comm"]["per_step_bytes"]["all_reduce"] == bucket_bytes
+        assert rec["comm"]["source"] == "c10d_dispatch"
+        assert rec["comm"]["wire_bytes_per_rank"] == pytest.approx(rec["comm"]["analytic_wire_bytes_per_rank"])
         assert len(json.loads(lines[-1])["per_rank_step_time_s"]) == 2
     assert "samples/s" in proc.stdout and "result:" in proc.stdout
 

@@ -129,7 +129,13 @@ class Adapter:
         return None
 
     def comm_stats(self) -> Optional[dict]:
-        """{kind: {'bytes': int, 'calls': int}} since the last call, or None if unknown."""
+        """{kind: {'bytes': int, 'calls': int}} since the last call, for frameworks whose
+        collectives bypass c10d (Horovod); None = let the runner's c10d probe count them."""
+        return None
+
+    def analytic_comm_psi(self) -> Optional[float]:
+        """Textbook wire volume per step in units of Psi (fp32 parameter bytes): DDP 2,
+        ZeRO-3 / FSDP full shard 3. None if there is no simple formula."""
         return None
 
     def describe(self) -> dict:

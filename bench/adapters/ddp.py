@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from bench.adapters.base import Adapter, StepOut, autocast, split_micro
 from bench.errors import ConfigError
-from bench.metrics.comm import CommCounter
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
@@ -30,23 +29,6 @@ class DDPOptions(BaseModel):
     comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
     powersgd_rank: PositiveInt = 1
     powersgd_start_iter: NonNegativeInt = 2
-
-
-@contextlib.contextmanager
-def _count_all_reduce(counter: CommCounter):
-    """Count torch.distributed.all_reduce calls made by a Python comm hook (PowerSGD issues
-    several per bucket). Scoped to the hook call."""
-    original = dist.all_reduce
-
-    def counted(tensor, *args, **kwargs):
-        counter.add("all_reduce", tensor.numel() * tensor.element_size())
-        return original(tensor, *args, **kwargs)
-
-    dist.all_reduce = counted
-    try:
-        yield
-    finally:
-        dist.all_reduce = original
 
 
 class DDPAdapter(Adapter):
@@ -85,38 +67,25 @@ class DDPAdapter(Adapter):
         if self.ctx.device.type == "cuda":
             kwargs["device_ids"] = [self.ctx.device.index]
         self.model = DDP(model, **kwargs)
-        self._counter = CommCounter()
         self._register_hook()
         self.optimizer = build_optimizer(self.model.parameters())
         # fp16 needs loss scaling (torch AMP recipe); bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler(self.ctx.device.type) if self.ctx.precision == "fp16" else None
-        self._steps_since_stats = 0
 
     def _register_hook(self) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-        o, counter = self.options, self._counter
-        if o.comm_hook == "none":
-            return  # C++ built-in all-reduce (fastest); volume read from the reducer's buckets
-        if o.comm_hook in ("fp16", "bf16"):
-            inner = default_hooks.fp16_compress_hook if o.comm_hook == "fp16" else default_hooks.bf16_compress_hook
-            wire = 2  # bytes per element on the wire
-
-            def hook(state, bucket):
-                counter.add("all_reduce", bucket.buffer().numel() * wire)
-                return inner(state, bucket)
-
-            self.model.register_comm_hook(None, hook)
-            return
-        state = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=o.powersgd_rank,
-            start_powerSGD_iter=o.powersgd_start_iter)
-
-        def psgd(state_, bucket):
-            with _count_all_reduce(counter):
-                return powerSGD_hook.powerSGD_hook(state_, bucket)
-
-        self.model.register_comm_hook(state, psgd)
+        o = self.options
+        if o.comm_hook == "fp16":
+            self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif o.comm_hook == "bf16":
+            self.model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        elif o.comm_hook == "powersgd":
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None, matrix_approximation_rank=o.powersgd_rank,
+                start_powerSGD_iter=o.powersgd_start_iter)
+            self.model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        # none: DDP's C++ built-in all-reduce, the fastest path
 
     def train_step(self, batch: dict) -> StepOut:
         micro = split_micro(batch, self.dims.grad_accum)
@@ -136,21 +105,14 @@ class DDPAdapter(Adapter):
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self._steps_since_stats += 1
         return StepOut(loss=total / len(micro))
 
     def _bucket_bytes(self) -> list[int]:
         sizes = self.model._get_ddp_logging_data().get("bucket_sizes", "")
         return [int(s) for s in str(sizes).split(",") if s.strip()]
 
-    def comm_stats(self) -> Optional[dict]:
-        steps, self._steps_since_stats = self._steps_since_stats, 0
-        if self.options.comm_hook != "none":
-            return self._counter.take()
-        if self.ctx.world_size == 1:
-            return {}
-        buckets = self._bucket_bytes()
-        return {"all_reduce": {"bytes": sum(buckets) * steps, "calls": len(buckets) * steps}}
+    def analytic_comm_psi(self) -> float | None:
+        return 2.0 if self.options.comm_hook == "none" else None
 
     def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
         return model_state_bytes_per_rank(

@@ -29,10 +29,20 @@ def per_step(totals: dict, steps: int) -> dict:
     return {k: {"bytes": v["bytes"] / steps, "calls": v["calls"] / steps} for k, v in totals.items()}
 
 
-def ring_allreduce_wire_bytes(payload_bytes: float, world: int) -> float:
-    """Bytes each rank sends in a ring all-reduce of `payload_bytes`: 2 * (N-1)/N * payload
-    (reduce-scatter + all-gather; Patarasuk & Yuan 2009). DDP per step: payload = 4 * params
-    in fp32, i.e. the design's '2 Psi'."""
+RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+
+
+def ring_wire_bytes(per_step_bytes: dict, world: int) -> float:
+    """Bytes each rank sends per step with ring algorithms: all-reduce 2(N-1)/N x payload,
+    all-gather and reduce-scatter (N-1)/N x full size; other kinds count their payload once."""
     if world <= 1:
         return 0.0
-    return 2.0 * (world - 1) / world * payload_bytes
+    frac = (world - 1) / world
+    return sum(RING_FACTOR.get(k, 1.0 / frac) * frac * b for k, b in per_step_bytes.items())
+
+
+def analytic_wire_bytes(psi_factor: float, psi_bytes: float, world: int) -> float:
+    """The strategy's textbook volume: DDP 2 Psi, ZeRO-3 / FSDP full shard 3 Psi (x (N-1)/N)."""
+    if world <= 1:
+        return 0.0
+    return psi_factor * psi_bytes * (world - 1) / world
