@@ -111,6 +111,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     progress.close()
 
     comm = _probe_comm(adapter, data.batch(total), ctx.device)
+    fingerprint = adapter.param_fingerprint() if cfg.run.param_fingerprint else None
     local = {
         "rank": ctx.rank,
         "step_time_s": step_times,
@@ -124,6 +125,10 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     dist.all_gather_object(gathered, local)
     if ctx.rank == 0:
         record = build_ok_record(plan, ctx, run_dir, spec, adapter, gathered, threads, wall_s)
+        if fingerprint is not None:
+            record["final_params"] = {"fingerprint": fingerprint, "after_steps": total + 1,
+                                      "note": "[sum, sum of squares] per parameter after the "
+                                              "measured window and the comm-probe step"}
         write_metrics_jsonl(run_dir, record, gathered)
         write_result(run_dir, record)
     adapter.teardown()

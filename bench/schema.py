@@ -19,6 +19,7 @@ class Strict(BaseModel):
 class FrameworkCfg(Strict):
     name: str
     variant: str = "default"
+    equivalent_to_ddp: bool = True   # mathematically equal to DDP (the equivalence gate applies)
     adapter: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     options: dict[str, Any] = {}
 
@@ -129,6 +130,7 @@ class RunCfg(Strict):
     eval_every: Optional[PositiveInt] = None
     target: Optional[float] = None
     progress: bool = True
+    param_fingerprint: bool = False   # record [sum, sum^2] of every final parameter (gathers!)
     dir: Optional[str] = None
 
 

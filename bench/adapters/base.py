@@ -71,6 +71,30 @@ def split_micro(batch: dict, n: int) -> list[dict]:
     return [{k: parts[k][i] for k in batch} for i in range(n)]
 
 
+def forward_backward(model, batch: dict, grad_accum: int, ctx: RankContext, no_sync,
+                     scaler=None) -> torch.Tensor:
+    """Forward+backward over `grad_accum` micro-batches; gradients are synchronised only on the
+    last one (`no_sync()` is the framework's context for the others). Returns the mean loss."""
+    micro = split_micro(batch, grad_accum)
+    total = torch.zeros((), device=ctx.device)
+    for i, mb in enumerate(micro):
+        sync = contextlib.nullcontext() if i == len(micro) - 1 else no_sync()
+        with sync:
+            with autocast(ctx):
+                loss = model(**mb)
+            scaled = loss / len(micro)
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        total += loss.detach().float()
+    return total / len(micro)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The LossModel inside framework wrappers (DDP/DeepSpeed `.module`)."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    return model
+
+
 class Adapter:
     """Base with working defaults; subclasses implement setup and train_step."""
 
@@ -107,7 +131,7 @@ class Adapter:
         raise NotImplementedError
 
     def eval_step(self, batch: dict) -> EvalOut:
-        model = self.model.module if hasattr(self.model, "module") else self.model
+        model = unwrap(self.model)
         was_training = model.training
         model.eval()
         with autocast(self.ctx):
@@ -137,6 +161,19 @@ class Adapter:
         """Textbook wire volume per step in units of Psi (fp32 parameter bytes): DDP 2,
         ZeRO-3 / FSDP full shard 3. None if there is no simple formula."""
         return None
+
+    def param_fingerprint(self) -> list[list[float]]:
+        """[sum, sum of squares] of every full parameter (tied weights once), in the model's
+        order: equal across equivalent strategies. Sharded adapters gather (collective: all
+        ranks call it)."""
+        from torch.distributed.tensor import DTensor
+
+        out = []
+        for p in unwrap(self.model).parameters():
+            t = p.full_tensor() if isinstance(p, DTensor) else p
+            t = t.detach().double()
+            out.append([float(t.sum()), float((t * t).sum())])
+        return out
 
     def describe(self) -> dict:
         return {"version": torch.__version__, "native_config": {}}

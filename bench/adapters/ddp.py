@@ -6,7 +6,6 @@ Mixed precision is autocast on the run's precision; parameters stay fp32.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 from typing import Literal
 
@@ -14,7 +13,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, autocast, split_micro
+from bench.adapters.base import Adapter, StepOut, forward_backward
 from bench.errors import ConfigError
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
@@ -88,24 +87,15 @@ class DDPAdapter(Adapter):
         # none: DDP's C++ built-in all-reduce, the fastest path
 
     def train_step(self, batch: dict) -> StepOut:
-        micro = split_micro(batch, self.dims.grad_accum)
-        total = torch.zeros((), device=self.ctx.device)
-        for i, mb in enumerate(micro):
-            last = i == len(micro) - 1
-            sync = contextlib.nullcontext() if last else self.model.no_sync()
-            with sync:
-                with autocast(self.ctx):
-                    loss = self.model(**mb)
-                scaled = loss / len(micro)
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            total += loss.detach().float()
+        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.ctx,
+                                self.model.no_sync, self.scaler)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepOut(loss=total / len(micro))
+        return StepOut(loss=loss)
 
     def _bucket_bytes(self) -> list[int]:
         sizes = self.model._get_ddp_logging_data().get("bucket_sizes", "")

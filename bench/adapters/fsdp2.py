@@ -1,0 +1,135 @@
+"""PyTorch FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+Recommended use (torch FSDP2 docs, torchtitan): shard every transformer block / ResNet stage,
+then the root; mixed precision through MixedPrecisionPolicy (bf16 params, fp32 gradient
+reduction) rather than autocast; `reshard_after_forward=False` is ZeRO-2-like ("shard grad op");
+hybrid sharding uses a 2-D (replicate, shard) DeviceMesh.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Literal, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict, PositiveInt
+
+from bench.adapters.base import Adapter, StepOut, forward_backward
+from bench.errors import ConfigError
+from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+
+
+class FSDP2Options(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    reshard_after_forward: bool = True          # False = shard-grad-op (ZeRO-2-like)
+    hybrid_shard_size: Optional[PositiveInt] = None  # ranks per shard group (e.g. GPUs per node)
+    cpu_offload: bool = False                   # CPUOffloadPolicy: params/grads/optimizer on host
+    reduce_dtype: Literal["fp32", "param"] = "fp32"  # gradient reduction dtype under bf16
+    wrap: Literal["blocks", "root"] = "blocks"  # per-block (recommended) or one unit
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class FSDP2Adapter(Adapter):
+    name = "fsdp2"
+    Options = FSDP2Options
+
+    @classmethod
+    def check_config(cls, options, cfg, dims) -> None:
+        h = options.hybrid_shard_size
+        if h is not None and dims.world_size % h:
+            raise ConfigError(f"framework.options.hybrid_shard_size {h} does not divide the world "
+                              f"size {dims.world_size}")
+
+    @classmethod
+    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+        if cfg.run.precision == "fp16":
+            return ("FSDP2 adapter runs fp32 and bf16 (torch's recommended FSDP2 precision); fp16 "
+                    "needs a sharded gradient scaler, which this adapter does not wire")
+        return None
+
+    def _mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+        h, world = self.options.hybrid_shard_size, self.ctx.world_size
+        if h is None:
+            return init_device_mesh(self.ctx.device.type, (world,), mesh_dim_names=("dp_shard",))
+        return init_device_mesh(self.ctx.device.type, (world // h, h),
+                                mesh_dim_names=("dp_replicate", "dp_shard"))
+
+    def setup(self, build_model, build_optimizer) -> None:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        o = self.options
+        model = build_model().to(self.ctx.device)
+        self.params = sum(p.numel() for p in model.parameters())
+        mp = None
+        if self.ctx.precision != "fp32":
+            dtype = DTYPES[self.ctx.precision]
+            mp = MixedPrecisionPolicy(param_dtype=dtype,
+                                      reduce_dtype=torch.float32 if o.reduce_dtype == "fp32" else dtype)
+        self.mesh = self._mesh()
+        kw = dict(mesh=self.mesh, reshard_after_forward=o.reshard_after_forward)
+        if mp is not None:
+            kw["mp_policy"] = mp
+        if o.cpu_offload:
+            # pinned host memory needs a CUDA driver; on CPU-only ranks the path runs unpinned
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.device.type == "cuda")
+        units = model.blocks() if o.wrap == "blocks" else []
+        for block in units:
+            fully_shard(block, **kw)
+        fully_shard(model, **kw)
+        self.units = len(units) + 1
+        self.model = model
+        self.optimizer = build_optimizer(model.parameters())
+        self._mp = mp
+
+    @contextlib.contextmanager
+    def _no_sync(self):
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+    def train_step(self, batch: dict) -> StepOut:
+        # precision is FSDP2's MixedPrecisionPolicy, so no autocast on top (ctx is fp32 here)
+        loss = forward_backward(self.model, batch, self.dims.grad_accum, self._fp32_ctx(), self._no_sync)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOut(loss=loss)
+
+    def _fp32_ctx(self):
+        from dataclasses import replace
+        return replace(self.ctx, precision="fp32")
+
+    def _shard_world(self) -> int:
+        return self.options.hybrid_shard_size or self.ctx.world_size
+
+    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
+        # At rest FSDP2 keeps fp32 sharded parameters, gradients and optimizer states (bf16
+        # copies exist only transiently for unsharded units).
+        return model_state_bytes_per_rank(
+            params, self._shard_world(), param_bytes=4, grad_bytes=4,
+            optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
+            shard_optim=True, shard_grads=True, shard_params=True)
+
+    def analytic_comm_psi(self) -> Optional[float]:
+        if self.options.hybrid_shard_size is not None or self.ctx.precision != "fp32":
+            return None
+        # all-gather in forward (+ again in backward when resharded) + reduce-scatter of grads
+        return 3.0 if self.options.reshard_after_forward else 2.0
+
+    def describe(self) -> dict:
+        o = self.options
+        native = {
+            "api": "torch.distributed.fsdp.fully_shard (FSDP2)",
+            "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
+            "reshard_after_forward": o.reshard_after_forward,
+            "wrap": o.wrap, "fsdp_units": self.units,
+            "mp_policy": None if self._mp is None else {
+                "param_dtype": str(self._mp.param_dtype), "reduce_dtype": str(self._mp.reduce_dtype)},
+            "offload_policy": ({"class": "CPUOffloadPolicy", "pin_memory": self.ctx.device.type == "cuda"}
+                               if o.cpu_offload else None),
+            "backend": self.ctx.backend,
+        }
+        return {"version": torch.__version__, "native_config": native}
