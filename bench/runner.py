@@ -30,6 +30,7 @@ def build_optimizer_factory(optim_cfg):
                                      eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
         return torch.optim.SGD(params, lr=optim_cfg.lr, momentum=optim_cfg.momentum,
                                weight_decay=optim_cfg.weight_decay)
+    build.optim_cfg = optim_cfg  # adapters that must build the optimizer natively read this
     return build
 
 
@@ -127,7 +128,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         record = build_ok_record(plan, ctx, run_dir, spec, adapter, gathered, threads, wall_s)
         if fingerprint is not None:
             record["final_params"] = {"fingerprint": fingerprint, "after_steps": total + 1,
-                                      "note": "[sum, sum of squares] per parameter after the "
+                                      "note": "[sum, sum of squares, sum of |x|] per parameter after the "
                                               "measured window and the comm-probe step"}
         write_metrics_jsonl(run_dir, record, gathered)
         write_result(run_dir, record)

@@ -20,6 +20,7 @@ class FrameworkCfg(Strict):
     name: str
     variant: str = "default"
     equivalent_to_ddp: bool = True   # mathematically equal to DDP (the equivalence gate applies)
+    loss_rtol_vs_ddp: Annotated[float, Field(gt=0, lt=1)] = 1e-5  # the gate's stated tolerance
     adapter: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     options: dict[str, Any] = {}
 

@@ -163,7 +163,7 @@ class Adapter:
         return None
 
     def param_fingerprint(self) -> list[list[float]]:
-        """[sum, sum of squares] of every full parameter (tied weights once), in the model's
+        """[sum, sum of squares, sum of |x|] of every full parameter (tied weights once), in the model's
         order: equal across equivalent strategies. Sharded adapters gather (collective: all
         ranks call it)."""
         from torch.distributed.tensor import DTensor
@@ -172,7 +172,7 @@ class Adapter:
         for p in unwrap(self.model).parameters():
             t = p.full_tensor() if isinstance(p, DTensor) else p
             t = t.detach().double()
-            out.append([float(t.sum()), float((t * t).sum())])
+            out.append([float(t.sum()), float((t * t).sum()), float(t.abs().sum())])
         return out
 
     def describe(self) -> dict:

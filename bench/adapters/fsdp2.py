@@ -8,6 +8,7 @@ hybrid sharding uses a 2-D (replicate, shard) DeviceMesh.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Literal, Optional
 
 import torch
@@ -21,7 +22,8 @@ from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_byt
 class FSDP2Options(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     reshard_after_forward: bool = True          # False = shard-grad-op (ZeRO-2-like)
-    hybrid_shard_size: Optional[PositiveInt] = None  # ranks per shard group (e.g. GPUs per node)
+    hybrid: bool = False                        # HSDP: shard within groups, replicate across
+    hybrid_shard_size: Optional[PositiveInt] = None  # ranks per shard group; null = ranks per node
     cpu_offload: bool = False                   # CPUOffloadPolicy: params/grads/optimizer on host
     reduce_dtype: Literal["fp32", "param"] = "fp32"  # gradient reduction dtype under bf16
     wrap: Literal["blocks", "root"] = "blocks"  # per-block (recommended) or one unit
@@ -48,10 +50,16 @@ class FSDP2Adapter(Adapter):
                     "needs a sharded gradient scaler, which this adapter does not wire")
         return None
 
+    def _shard_world(self) -> int:
+        o = self.options
+        if not o.hybrid:
+            return self.ctx.world_size
+        return o.hybrid_shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", self.ctx.world_size))
+
     def _mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
-        h, world = self.options.hybrid_shard_size, self.ctx.world_size
-        if h is None:
+        h, world = self._shard_world(), self.ctx.world_size
+        if not self.options.hybrid:
             return init_device_mesh(self.ctx.device.type, (world,), mesh_dim_names=("dp_shard",))
         return init_device_mesh(self.ctx.device.type, (world // h, h),
                                 mesh_dim_names=("dp_replicate", "dp_shard"))
@@ -102,9 +110,6 @@ class FSDP2Adapter(Adapter):
         from dataclasses import replace
         return replace(self.ctx, precision="fp32")
 
-    def _shard_world(self) -> int:
-        return self.options.hybrid_shard_size or self.ctx.world_size
-
     def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
         # At rest FSDP2 keeps fp32 sharded parameters, gradients and optimizer states (bf16
         # copies exist only transiently for unsharded units).
@@ -114,7 +119,7 @@ class FSDP2Adapter(Adapter):
             shard_optim=True, shard_grads=True, shard_params=True)
 
     def analytic_comm_psi(self) -> Optional[float]:
-        if self.options.hybrid_shard_size is not None or self.ctx.precision != "fp32":
+        if self.options.hybrid or self.ctx.precision != "fp32":
             return None
         # all-gather in forward (+ again in backward when resharded) + reduce-scatter of grads
         return 3.0 if self.options.reshard_after_forward else 2.0

@@ -1,0 +1,153 @@
+"""DeepSpeed ZeRO stages 0-3 and ZeRO-3 with optimizer + parameter offload.
+
+The DeepSpeed config JSON is built from Hydra (run.* for batch sizes and precision, options for
+ZeRO) and recorded verbatim in native_config. Recommended settings from the DeepSpeed docs:
+overlap_comm, contiguous_gradients, 5e8-element buckets. The optimizer is the run's torch
+optimizer (same math as every other framework), except with offload, where ZeRO-Offload
+requires DeepSpeedCPUAdam (DeepSpeed's "AdamW" type; cpu_adam JIT-builds once with ninja).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Literal, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from bench.adapters.base import Adapter, StepOut, split_micro, unwrap
+from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+
+
+class DeepSpeedOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    stage: Literal[0, 1, 2, 3] = 2
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    reduce_bucket_size: PositiveInt = 500_000_000
+    allgather_bucket_size: PositiveInt = 500_000_000
+    stage3_prefetch_bucket_size: PositiveInt = 50_000_000
+    stage3_param_persistence_threshold: int = Field(100_000, ge=0)
+    offload_optimizer: Literal["none", "cpu"] = "none"
+    offload_param: Literal["none", "cpu"] = "none"
+    loss_scale: float = Field(0.0, ge=0)      # fp16 only; 0 = dynamic
+    initial_scale_power: int = Field(16, ge=0)
+
+
+class DeepSpeedAdapter(Adapter):
+    name = "deepspeed"
+    Options = DeepSpeedOptions
+
+    @classmethod
+    def check_config(cls, options, cfg, dims) -> None:
+        from bench.errors import ConfigError
+        if options.offload_param != "none" and options.stage != 3:
+            raise ConfigError("framework.options.offload_param needs stage 3 (ZeRO-Infinity)")
+        if options.offload_optimizer != "none" and options.stage == 0:
+            raise ConfigError("framework.options.offload_optimizer needs stage >= 1")
+
+    @classmethod
+    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+        if importlib.util.find_spec("deepspeed") is None:
+            return "deepspeed is not installed (pip install 'ddlbench[deepspeed]')"
+        return None
+
+    def ds_config(self, optim_cfg) -> dict:
+        o, d = self.options, self.dims
+        zero = {"stage": o.stage, "overlap_comm": o.overlap_comm,
+                "contiguous_gradients": o.contiguous_gradients,
+                "reduce_bucket_size": o.reduce_bucket_size,
+                "allgather_bucket_size": o.allgather_bucket_size}
+        if o.stage == 3:
+            zero.update(stage3_prefetch_bucket_size=o.stage3_prefetch_bucket_size,
+                        stage3_param_persistence_threshold=o.stage3_param_persistence_threshold)
+        if o.offload_optimizer != "none":
+            zero["offload_optimizer"] = {"device": o.offload_optimizer, "pin_memory": self.ctx.device.type == "cuda"}
+        if o.offload_param != "none":
+            zero["offload_param"] = {"device": o.offload_param, "pin_memory": self.ctx.device.type == "cuda"}
+        cfg = {
+            "train_batch_size": d.global_batch,
+            "train_micro_batch_size_per_gpu": d.micro_batch,
+            "gradient_accumulation_steps": d.grad_accum,
+            "zero_optimization": zero,
+            "bf16": {"enabled": self.ctx.precision == "bf16"},
+            "fp16": {"enabled": self.ctx.precision == "fp16", "loss_scale": o.loss_scale,
+                     "initial_scale_power": o.initial_scale_power},
+            # DeepSpeed >= 0.18 clips gradients at 1.0 unless told otherwise: a silent change of
+            # the optimizer that the equivalence gate caught. The run declares no clipping.
+            "gradient_clipping": 0.0,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        if self._offload:
+            if optim_cfg.name != "adamw":
+                from bench.errors import UnsupportedError
+                raise UnsupportedError("ZeRO-Offload here uses DeepSpeedCPUAdam; run optim=adamw")
+            cfg["optimizer"] = {"type": "AdamW", "params": {
+                "lr": optim_cfg.lr, "betas": list(optim_cfg.betas), "eps": optim_cfg.eps,
+                "weight_decay": optim_cfg.weight_decay}}
+        return cfg
+
+    @property
+    def _offload(self) -> bool:
+        return self.options.offload_optimizer != "none" or self.options.offload_param != "none"
+
+    def setup(self, build_model, build_optimizer) -> None:
+        import deepspeed
+        from deepspeed.utils import logger as ds_logger
+
+        ds_logger.setLevel(logging.WARNING)
+        deepspeed.init_distributed(dist_backend=self.ctx.backend)  # reuses the launcher's group
+        model = build_model().to(self.ctx.device)
+        self.params = sum(p.numel() for p in model.parameters())
+        self.config = self.ds_config(build_optimizer.optim_cfg)
+        optimizer = None if self._offload else build_optimizer(model.parameters())
+        self.model, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=self.config,
+            model_parameters=model.parameters() if optimizer is None else None)
+        self.version = deepspeed.__version__
+        self._dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.precision)
+
+    def train_step(self, batch: dict) -> StepOut:
+        engine = self.model
+        micro = split_micro(batch, self.dims.grad_accum)
+        total = torch.zeros((), device=self.ctx.device)
+        for mb in micro:
+            if self._dtype is not None:  # DeepSpeed holds low-precision weights; inputs must match
+                mb = {k: v.to(self._dtype) if v.is_floating_point() else v for k, v in mb.items()}
+            loss = engine(**mb)
+            engine.backward(loss)  # scales by 1/grad_accum and the fp16 loss scale itself
+            engine.step()          # applies the update only at the accumulation boundary
+            total += loss.detach().float()
+        return StepOut(loss=total / len(micro))
+
+    def param_fingerprint(self) -> list[list[float]]:
+        if self.options.stage != 3:
+            return super().param_fingerprint()
+        import deepspeed
+        params = list(unwrap(self.model).parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            out = []
+            for p in params:
+                t = p.detach().double()
+                out.append([float(t.sum()), float((t * t).sum()), float(t.abs().sum())])
+            return out
+
+    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
+        s = self.options.stage
+        low = self.ctx.precision in ("bf16", "fp16")
+        return model_state_bytes_per_rank(
+            params, self.ctx.world_size, param_bytes=2 if low else 4, grad_bytes=2 if low else 4,
+            optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum, fp32_master_copy=low),
+            shard_optim=s >= 1, shard_grads=s >= 2, shard_params=s >= 3)
+
+    def analytic_comm_psi(self) -> Optional[float]:
+        if self.ctx.precision != "fp32":
+            return None
+        return 3.0 if self.options.stage == 3 else 2.0
+
+    def describe(self) -> dict:
+        native = {"deepspeed_config": self.config, "backend": self.ctx.backend,
+                  "optimizer": ("DeepSpeedCPUAdam (config type AdamW)" if self._offload
+                                else f"client {type(self.optimizer.optimizer if hasattr(self.optimizer, 'optimizer') else self.optimizer).__name__}")}
+        return {"version": self.version, "native_config": native}

@@ -1,0 +1,87 @@
+"""FairScale: OSS (sharded optimizer state) with ShardedDataParallel (ZeRO-2-like) or with
+plain DDP (ZeRO-1-like). FairScale's FSDP needs CUDA streams: `unsupported` on CPU.
+
+Trap handled here: with torch 2.x's default zero_grad(set_to_none=True), ShardedDDP silently
+diverges from DDP after step 2 (its reduce hooks keep references to the .grad tensors), so this
+adapter zeroes gradients in place (set_to_none=False) and records it.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Literal, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from bench.adapters.base import Adapter, StepOut, forward_backward
+from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+
+
+class FairScaleOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mode: Literal["oss_sdp", "oss_ddp", "fsdp"] = "oss_sdp"
+    broadcast_fp16: bool = False        # OSS: broadcast updated params in fp16 (lossy)
+    reduce_buffer_size: int = 2**23     # ShardedDDP bucket (elements); fairscale default
+
+
+class FairScaleAdapter(Adapter):
+    name = "fairscale"
+    Options = FairScaleOptions
+
+    @classmethod
+    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+        if importlib.util.find_spec("fairscale") is None:
+            return "fairscale is not installed (pip install 'ddlbench[fairscale]')"
+        if options.mode == "fsdp" and device_type != "cuda":
+            return "FairScale FSDP needs CUDA streams; it runs on GPU only"
+        if cfg.run.precision != "fp32":
+            return "FairScale adapter runs fp32 only (ShardedGradScaler wiring not implemented)"
+        return None
+
+    def setup(self, build_model, build_optimizer) -> None:
+        import fairscale
+        from fairscale.optim.oss import OSS
+
+        o = self.options
+        model = build_model().to(self.ctx.device)
+        self.params = sum(p.numel() for p in model.parameters())
+        # OSS calls optim(param_shard, **defaults): the run's optimizer factory fits that shape
+        self.optimizer = OSS(params=model.parameters(), optim=build_optimizer,
+                             broadcast_fp16=o.broadcast_fp16)
+        if o.mode == "oss_sdp":
+            from fairscale.nn.data_parallel import ShardedDataParallel
+            self.model = ShardedDataParallel(model, self.optimizer,
+                                             reduce_buffer_size=o.reduce_buffer_size)
+        else:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            kwargs = {"device_ids": [self.ctx.device.index]} if self.ctx.device.type == "cuda" else {}
+            self.model = DDP(model, gradient_as_bucket_view=True, **kwargs)
+        self.version = fairscale.__version__
+
+    def train_step(self, batch: dict) -> StepOut:
+        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.ctx, self.model.no_sync)
+        self.optimizer.step()
+        self.model.zero_grad(set_to_none=False)  # in place: see the module docstring
+        return StepOut(loss=loss)
+
+    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
+        return model_state_bytes_per_rank(
+            params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
+            optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
+            shard_optim=True, shard_grads=self.options.mode == "oss_sdp")
+
+    def analytic_comm_psi(self) -> Optional[float]:
+        # OSS+DDP: all-reduce (2 Psi) + parameter broadcast (1 Psi); OSS+SDP: reduce + broadcast
+        return 3.0 if self.options.mode == "oss_ddp" else 2.0
+
+    def describe(self) -> dict:
+        o = self.options
+        native = {
+            "optimizer": "fairscale.optim.OSS", "wrapper": {"oss_sdp": "ShardedDataParallel",
+                                                              "oss_ddp": "torch DDP"}[o.mode],
+            "broadcast_fp16": o.broadcast_fp16, "zero_grad_set_to_none": False,
+            "backend": self.ctx.backend,
+        }
+        if o.mode == "oss_sdp":
+            native["reduce_buffer_size"] = o.reduce_buffer_size
+        return {"version": self.version, "native_config": native}
