@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Tested pins. They come from the machine's local wheel store; other torch versions
 # download several GB or do not import together with torchvision.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile scripts/build_horovod.sh | sha1sum | cut -c1-12)
 BENCH_DIR ?= outputs/make-bench
 
 .PHONY: bench test setup clean
@@ -16,7 +16,8 @@ $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PINS)
-	$(BIN)/python -m pip install -q -e '.[dev]' $(TORCH_PINS)
+	$(BIN)/python -m pip install -q -e '.[dev,deepspeed,fairscale]' $(TORCH_PINS)
+	bash scripts/build_horovod.sh $(VENV) cpu   # ~6 min once; CPU + gloo (see the script)
 	touch $@
 
 # Default comparison: DDP on gpt2_tiny at 1 and 2 ranks (CPU/gloo here, NCCL on GPUs).

@@ -47,7 +47,6 @@ export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
 if command -v mpicxx >/dev/null; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
 "$PY" -m pip install -q "cloudpickle" "psutil" "pyyaml" "packaging" "cffi>=1.4.0" "setuptools<81" wheel
 "$PY" -m pip install -q --no-build-isolation --no-deps "$src"
-"$PY" -m pip install -q "horovod==$VERSION" --no-build-isolation 2>/dev/null || true  # records deps only
 "$PY" - <<'PYEOF'
 import horovod.torch as hvd
 hvd.init()

@@ -116,6 +116,11 @@ class Adapter:
         """Why this variant cannot run here (missing package, device), or None."""
         return None
 
+    @classmethod
+    def launch_env(cls, options) -> dict:
+        """Environment variables the framework reads at start-up (set by the launcher)."""
+        return {}
+
     # ---- per-rank lifecycle ----
     def __init__(self, options, ctx: RankContext, dims: ParallelDims):
         self.options = options

@@ -72,10 +72,9 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
         return _finish(run_dir, run_id, plan, "unsupported", error_info("unsupported", reason))
 
     threads = threads_per_rank(plan)
-    cmd = [sys.executable, "-m", "bench.launch.agent", str(run_dir), str(cfg.launcher.nproc),
-           str(threads), str(cfg.launcher.monitor_interval_s)]
+    cmd, env = _command(plan, run_dir, threads)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
     try:
         code = proc.wait(timeout=cfg.run.timeout_s)
     except subprocess.TimeoutExpired:
@@ -94,9 +93,8 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
     result_path = run_dir / RESULT_FILE
     if code == 0 and result_path.exists():
         return load_result(result_path)
-    failure_path = run_dir / FAILURE_FILE
-    if failure_path.exists():
-        failure = json.loads(failure_path.read_text())
+    failure = _first_failure(run_dir)
+    if failure is not None:
         status = classify(failure)
         err = error_info(failure.get("type", "rank_failed"), failure["message"], failure["rank"],
                          exitcode=failure.get("exitcode"), signal=failure.get("signal"),
@@ -106,6 +104,31 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
         return _finish(run_dir, run_id, plan, status, err)
     msg = f"elastic agent exited with code {code} after {elapsed:.1f} s without a result; see {run_dir}/agent.log"
     return _finish(run_dir, run_id, plan, "failed", error_info("agent_failed", msg))
+
+
+def _command(plan: Plan, run_dir: Path, threads: int) -> tuple[list[str], dict]:
+    """The process tree that starts the ranks: torch's elastic agent, or horovodrun for
+    adapters that declare `launch = "horovodrun"`."""
+    cfg, env = plan.cfg, dict(os.environ)
+    nproc = cfg.launcher.nproc
+    if getattr(plan.adapter_cls, "launch", "elastic") == "horovodrun":
+        from bench.launch.agent import free_port
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS=str(threads))
+        env.update(plan.adapter_cls.launch_env(plan.options))
+        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
+        return [horovodrun, "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
+                sys.executable, "-m", "bench.launch.hvd_worker", str(run_dir), str(threads)], env
+    return [sys.executable, "-m", "bench.launch.agent", str(run_dir), str(nproc), str(threads),
+            str(cfg.launcher.monitor_interval_s)], env
+
+
+def _first_failure(run_dir: Path) -> dict | None:
+    """The elastic agent's failure.json, or the earliest per-rank error file (horovodrun)."""
+    path = run_dir / FAILURE_FILE
+    if path.exists():
+        return json.loads(path.read_text())
+    errors = sorted((run_dir / "errors").glob("rank*.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(errors[0].read_text()) if errors else None
 
 
 def _device_type(cfg) -> str:

@@ -1,4 +1,5 @@
-"""Per-rank entry point (started by the elastic agent with torchrun's environment)."""
+"""Per-rank entry points. `rank_main` is started by the elastic agent (torchrun environment);
+`bench.launch.hvd_worker` by horovodrun. Both run `run_rank`."""
 from __future__ import annotations
 
 import json
@@ -17,14 +18,15 @@ def pick_device(requested: str):
     return torch.device("cpu"), "gloo"
 
 
-@record
-def rank_main(run_dir: str, threads: int) -> None:
-    from bench.adapters.base import peak_rss_bytes
+def run_rank(run_dir: str, threads: int) -> None:
+    """Validate the saved config, join the process group (env:// from RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT), run the runner."""
     import torch
     import torch.distributed as dist
-    from bench.config import validate
-    from bench.adapters.base import RankContext
+
     from bench import runner
+    from bench.adapters.base import RankContext, peak_rss_bytes
+    from bench.config import validate
 
     run_dir_p = Path(run_dir)
     plan = validate(json.loads((run_dir_p / "config.json").read_text()))
@@ -41,3 +43,8 @@ def rank_main(run_dir: str, threads: int) -> None:
         runner.run(plan, ctx, run_dir_p, baseline_rss, threads)
     finally:
         dist.destroy_process_group()
+
+
+@record
+def rank_main(run_dir: str, threads: int) -> None:
+    run_rank(run_dir, threads)
