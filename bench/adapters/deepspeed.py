@@ -30,6 +30,9 @@ class DeepSpeedOptions(BaseModel):
     stage3_param_persistence_threshold: int = Field(100_000, ge=0)
     offload_optimizer: Literal["none", "cpu"] = "none"
     offload_param: Literal["none", "cpu"] = "none"
+    # DeepSpeed recommends DeepSpeedCPUAdam with offload (fast, vectorised); "torch" keeps the
+    # run's torch optimizer (zero_force_ds_cpu_optimizer=false): slower, bitwise DDP's math.
+    offload_optimizer_impl: Literal["ds_cpu_adam", "torch"] = "ds_cpu_adam"
     loss_scale: float = Field(0.0, ge=0)      # fp16 only; 0 = dynamic
     initial_scale_power: int = Field(16, ge=0)
 
@@ -76,6 +79,7 @@ class DeepSpeedAdapter(Adapter):
             # DeepSpeed >= 0.18 clips gradients at 1.0 unless told otherwise: a silent change of
             # the optimizer that the equivalence gate caught. The run declares no clipping.
             "gradient_clipping": 0.0,
+            "zero_force_ds_cpu_optimizer": o.offload_optimizer_impl == "ds_cpu_adam",
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
@@ -90,7 +94,9 @@ class DeepSpeedAdapter(Adapter):
 
     @property
     def _offload(self) -> bool:
-        return self.options.offload_optimizer != "none" or self.options.offload_param != "none"
+        """Offload with DeepSpeed's own CPU optimizer (built from the config, not the client)."""
+        o = self.options
+        return (o.offload_optimizer != "none" or o.offload_param != "none") and o.offload_optimizer_impl == "ds_cpu_adam"
 
     def setup(self, build_model, build_optimizer) -> None:
         import deepspeed

@@ -58,7 +58,9 @@ class HorovodAdapter(Adapter):
         self.optimizer = hvd.DistributedOptimizer(
             base, named_parameters=model.named_parameters(), compression=compression,
             backward_passes_per_step=self.dims.grad_accum, op=hvd.Average)
-        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        # No hvd.broadcast_optimizer_state: on a fresh optimizer it initialises the state by
+        # running step() on zero gradients, which advances Adam's step count and changes every
+        # later update (the equivalence gate caught it). A fresh optimizer has nothing to sync.
         self.model = model
         self.scaler = torch.amp.GradScaler(self.ctx.device.type) if self.ctx.precision == "fp16" else None
         self.version = horovod.__version__
