@@ -1,6 +1,8 @@
 """`bench` command line. Bad input: one line on stderr, exit 2, no traceback.
 
   bench run [overrides...]        one measured run (Hydra overrides: framework=ddp model=... )
+  bench run -m [overrides...]     one run per cell of the cross product of comma lists
+                                  (framework=ddp,fsdp_full launcher.nproc=1,2; glob(*) for groups)
   bench table DIR...              a short table of the results under DIRs
 """
 from __future__ import annotations
@@ -53,6 +55,62 @@ def cmd_run(overrides: list[str]) -> int:
     return 0 if record["status"] == "ok" else EXIT_RUN_NOT_OK
 
 
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """Hydra's basic-sweeper semantics: the cross product of comma lists / range(); plus
+    glob(pattern) over a config group's options."""
+    import fnmatch
+    import re as _re
+
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from bench.config import GROUPS, group_options
+
+    expanded = []
+    for ov in overrides:
+        m = _re.fullmatch(r"(\w+)=glob\((.+)\)", ov)
+        if m and m.group(1) in GROUPS:
+            names = [n for n in group_options(m.group(1)) if fnmatch.fnmatch(n, m.group(2))]
+            if not names:
+                raise ConfigError(f"{ov} matches no {m.group(1)} option")
+            ov = f"{m.group(1)}={','.join(names)}"
+        expanded.append(ov)
+    try:
+        parsed = OverridesParser.create().parse_overrides(expanded)
+    except Exception as exc:  # hydra's parser errors are user input errors
+        raise ConfigError(f"cannot parse overrides: {str(exc).splitlines()[0]}") from None
+    return [cell for batch in BasicSweeper.split_arguments(parsed, None) for cell in batch]
+
+
+def cmd_multirun(overrides: list[str]) -> int:
+    from bench.config import plan_from_overrides
+    from bench.launch.local import run_local
+    from bench.sinks import log_to_sinks
+    from bench.table import render, rows
+
+    cells = expand_sweep(overrides)
+    plans = [plan_from_overrides(cell) for cell in cells]  # all valid before anything starts
+    parent = Path(plans[0].cfg.run.dir) if plans[0].cfg.run.dir else (
+        Path("outputs") / "multirun" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    records = []
+    for i, (cell, plan) in enumerate(zip(cells, plans)):
+        label = "_".join(c.split("=", 1)[1] for c in cell if "," not in c and c.split("=", 1)[0] in _swept(overrides))
+        run_dir = parent / f"{i:03d}_{label or 'run'}".replace("/", "-")
+        if (run_dir / "result.json").exists():
+            raise ConfigError(f"{run_dir} already holds a result.json; choose another run.dir")
+        print(f"[{i + 1}/{len(cells)}] {' '.join(cell)}", flush=True)
+        record = run_local(plan, run_dir)
+        log_to_sinks(plan, run_dir, record)
+        records.append(record)
+    print(render(rows(records)))
+    print(f"results under: {parent}")
+    return 0 if all(r["status"] in ("ok", "unsupported") for r in records) else EXIT_RUN_NOT_OK
+
+
+def _swept(overrides: list[str]) -> set[str]:
+    return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "," in o or "glob(" in o or "range(" in o}
+
+
 def cmd_table(paths: list[str]) -> int:
     from bench.table import table_for
     missing = [p for p in paths if not Path(p).exists()]
@@ -67,13 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench", description="Benchmark distributed training frameworks.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="one measured run; args are Hydra overrides (key=value)")
+    p_run.add_argument("-m", "--multirun", action="store_true",
+                       help="sweep: one run per cell of the cross product of comma lists")
     p_run.add_argument("overrides", nargs="*")
     p_table = sub.add_parser("table", help="short table of results under the given dirs")
     p_table.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
     try:
         if args.command == "run":
-            return cmd_run(args.overrides)
+            return cmd_multirun(args.overrides) if args.multirun else cmd_run(args.overrides)
         return cmd_table(args.paths)
     except ConfigError as exc:
         print(f"bench: config error: {exc}", file=sys.stderr)

@@ -3,10 +3,11 @@ series (10 steps, fp32, same seed and global batch, 2 ranks) within 1e-5 relativ
 final parameters, on gpt2_tiny and resnet18_tiny.
 
 Strategies marked non-equivalent in their config (lossy compression, a different optimizer
-implementation) are checked against their stated `loss_rtol_vs_ddp` on gpt2_tiny. On
+implementation) are checked against their stated `loss_rtol_vs_ddp` on gpt2_tiny only: on
 resnet18_tiny (BatchNorm over 4 samples, memorising 4 random batches) tiny per-step differences
-grow chaotically - 1e-7 becomes 8% in 10 steps - so there they must only train: finite losses,
-last below first.)"""
+grow chaotically (1e-7 became 8% in 10 steps for DeepSpeedCPUAdam), so a relative tolerance
+there says nothing.
+"""
 from __future__ import annotations
 
 import math
@@ -38,6 +39,13 @@ VARIANTS = _variants()
 _cache: dict = {}
 
 
+def _params():
+    for model in MODELS:
+        for name, equivalent, rtol in VARIANTS:
+            if equivalent or model == "gpt2_tiny":
+                yield pytest.param(model, name, equivalent, rtol, id=f"{name}-{model}")
+
+
 def _run(tmp_path_factory, model: str, framework: str) -> dict:
     key = (model, framework)
     if key not in _cache:
@@ -59,8 +67,7 @@ def assert_same_params(a: list, b: list, rel: float) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("framework,equivalent,rtol", VARIANTS, ids=[v[0] for v in VARIANTS])
+@pytest.mark.parametrize("model,framework,equivalent,rtol", list(_params()))
 def test_strategy_matches_ddp(tmp_path_factory, model, framework, equivalent, rtol):
     ref = _run(tmp_path_factory, model, "ddp")
     assert ref["status"] == "ok", ref["error"]
@@ -72,9 +79,7 @@ def test_strategy_matches_ddp(tmp_path_factory, model, framework, equivalent, rt
     assert rec["status"] == "ok", rec["error"]
     assert len(_losses(rec)) == 10
     got, want = _losses(rec), _losses(ref)
-    if not equivalent and model != "gpt2_tiny":
-        assert all(math.isfinite(l) for l in got) and got[-1] < got[0]
-        return
+    assert all(math.isfinite(l) for l in got)
     worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
     print(f"{framework} {model}: max relative loss difference vs DDP {worst:.2e} (tolerance {rtol:g})")
     assert got == pytest.approx(want, rel=rtol)

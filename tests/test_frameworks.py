@@ -1,0 +1,82 @@
+"""Framework adapters beyond the gate: unsupported is a result, native configs are recorded,
+sweeps over variants leave one result per cell."""
+import importlib.util
+import json
+
+import pytest
+
+from bench.config import plan_from_overrides
+from conftest import bench, run_record
+
+FAST = ("run.warmup_steps=1", "run.measure_steps=2", "launcher.nproc=2")
+
+
+@pytest.mark.parametrize("framework,package", [("deepspeed_zero2", "deepspeed"),
+                                               ("fairscale_oss", "fairscale"),
+                                               ("horovod", "horovod")])
+def test_missing_package_is_an_unsupported_reason(monkeypatch, framework, package):
+    plan = plan_from_overrides([f"framework={framework}"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
+    reason = plan.adapter_cls.unsupported_reason(plan.options, plan.cfg, "cpu")
+    assert reason and package in reason and ("install" in reason or "build" in reason)
+
+
+def test_unsupported_variant_leaves_a_result_with_the_reason(run_dir):
+    proc, rec = run_record(run_dir, "framework=fairscale_fsdp", *FAST)
+    assert rec["status"] == "unsupported" and proc.returncode == 1
+    assert "CUDA streams" in rec["error"]["message"]
+    assert rec["parallel"]["world_size"] == 2
+
+
+def test_deepspeed_records_its_config_json(run_dir):
+    proc, rec = run_record(run_dir, "framework=deepspeed_zero3", *FAST)
+    assert rec["status"] == "ok", rec["error"]
+    ds = rec["framework"]["native_config"]["deepspeed_config"]
+    assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["overlap_comm"] is True
+    assert ds["train_batch_size"] == 8 and ds["train_micro_batch_size_per_gpu"] == 4
+    assert ds["gradient_clipping"] == 0.0
+    # ZeRO-3: params, grads and Adam states all divided by N = 2 -> 16 bytes/param / 2
+    assert rec["memory"]["model_state_bytes_per_rank_theory"] == 8 * rec["model"]["params"]
+    assert {"all_gather", "reduce_scatter"} <= set(rec["comm"]["per_step_bytes"])
+
+
+def test_fsdp2_counts_its_collectives_against_the_3psi_formula(run_dir):
+    proc, rec = run_record(run_dir, "framework=fsdp_full", *FAST)
+    assert rec["status"] == "ok", rec["error"]
+    c, psi = rec["comm"], 4 * rec["model"]["params"]
+    assert c["source"] == "c10d_dispatch"
+    assert c["per_step_bytes"]["all_gather"] == 2 * psi and c["per_step_bytes"]["reduce_scatter"] == psi
+    assert c["wire_bytes_per_rank"] == pytest.approx(c["analytic_wire_bytes_per_rank"])  # 3 Psi (N-1)/N
+    assert rec["framework"]["native_config"]["fsdp_units"] == 3  # 2 blocks + root
+
+
+def test_horovod_counts_its_own_allreduces_without_lr_scaling(run_dir):
+    proc, rec = run_record(run_dir, "framework=horovod", *FAST)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["comm"]["source"] == "adapter"
+    assert rec["comm"]["per_step_bytes"]["all_reduce"] == 4 * rec["model"]["params"]
+    assert rec["framework"]["native_config"]["lr_scaled_by_world_size"] is False
+
+
+def test_horovod_rank_failure_is_recorded(run_dir):
+    proc, rec = run_record(run_dir, "framework=horovod", "debug=fault_raise", "launcher.nproc=2")
+    assert rec["status"] == "failed"
+    assert rec["error"]["rank"] == 1 and "injected fault" in rec["error"]["message"]
+
+
+def test_multirun_leaves_one_result_per_cell(tmp_path):
+    proc = bench("run", "-m", "framework=ddp,fsdp_grad_op", "launcher.nproc=1,2", "debug=fast",
+                 f"run.dir={tmp_path}/sweep", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = sorted((tmp_path / "sweep").glob("*/result.json"))
+    assert len(results) == 4
+    seen = {(json.loads(p.read_text())["framework"]["name"], json.loads(p.read_text())["parallel"]["world_size"])
+            for p in results}
+    assert seen == {("ddp", 1), ("ddp", 2), ("fsdp2", 1), ("fsdp2", 2)}
+
+
+def test_multirun_validates_every_cell_first(tmp_path):
+    proc = bench("run", "-m", "launcher.nproc=1,3", f"run.dir={tmp_path}/sweep")
+    assert proc.returncode == 2 and "not divisible by dp=3" in proc.stderr
+    assert not (tmp_path / "sweep").exists()
