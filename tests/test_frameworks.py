@@ -80,3 +80,15 @@ def test_multirun_validates_every_cell_first(tmp_path):
     proc = bench("run", "-m", "launcher.nproc=1,3", f"run.dir={tmp_path}/sweep")
     assert proc.returncode == 2 and "not divisible by dp=3" in proc.stderr
     assert not (tmp_path / "sweep").exists()
+
+
+def test_fairscale_oss_sdp_shards_optimizer_and_grads(run_dir):
+    proc, rec = run_record(run_dir, "framework=fairscale_oss", *FAST)
+    assert rec["status"] == "ok", rec["error"]
+    params = rec["model"]["params"]
+    # ZeRO-2-like: 4 B params replicated; 4 B grads and 8 B Adam states divided by N = 2
+    assert rec["memory"]["model_state_bytes_per_rank_theory"] == 4 * params + 12 * params // 2
+    c = rec["comm"]
+    assert set(c["per_step_bytes"]) == {"reduce", "broadcast"}  # grads to owners, params back
+    assert c["wire_bytes_per_rank"] == pytest.approx(c["analytic_wire_bytes_per_rank"])
+    assert rec["framework"]["native_config"]["zero_grad_set_to_none"] is False

@@ -85,7 +85,8 @@ def test_comm_accounting():
     assert ring_wire_bytes({"all_reduce": 1000}, 4) == 1500.0   # 2 * 3/4 * 1000
     # FSDP full shard: 2 all-gathers + 1 reduce-scatter of 1000 bytes on 4 ranks: 3 * 3/4 * 1000
     assert ring_wire_bytes({"all_gather": 2000, "reduce_scatter": 1000}, 4) == 2250.0
-    assert ring_wire_bytes({"broadcast": 100}, 2) == 100.0
+    assert ring_wire_bytes({"broadcast": 100, "reduce": 100}, 2) == 100.0  # (N-1)/N each
+    assert ring_wire_bytes({"send": 100, "recv": 100, "barrier": 0}, 2) == 100.0
     assert ring_wire_bytes({"all_reduce": 1000}, 1) == 0.0
     assert analytic_wire_bytes(3, 1000, 4) == 2250.0
     assert analytic_wire_bytes(2, 1000, 1) == 0.0

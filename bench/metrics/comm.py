@@ -29,16 +29,19 @@ def per_step(totals: dict, steps: int) -> dict:
     return {k: {"bytes": v["bytes"] / steps, "calls": v["calls"] / steps} for k, v in totals.items()}
 
 
-RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "reduce": 1.0,
+               "broadcast": 1.0, "all_to_all": 1.0}
 
 
 def ring_wire_bytes(per_step_bytes: dict, world: int) -> float:
-    """Bytes each rank sends per step with ring algorithms: all-reduce 2(N-1)/N x payload,
-    all-gather and reduce-scatter (N-1)/N x full size; other kinds count their payload once."""
+    """Bytes each rank sends per step with bandwidth-optimal (ring / pipelined) algorithms:
+    all-reduce 2(N-1)/N x payload; all-gather, reduce-scatter, reduce, broadcast and all-to-all
+    (N-1)/N x the full size; point-to-point sends their payload."""
     if world <= 1:
         return 0.0
     frac = (world - 1) / world
-    return sum(RING_FACTOR.get(k, 1.0 / frac) * frac * b for k, b in per_step_bytes.items())
+    return sum(RING_FACTOR[k] * frac * b if k in RING_FACTOR else (b if k == "send" else 0.0)
+               for k, b in per_step_bytes.items())
 
 
 def analytic_wire_bytes(psi_factor: float, psi_bytes: float, world: int) -> float:
