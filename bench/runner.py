@@ -7,8 +7,7 @@ and rank 0 writes the result (bench/collect.py).
 """
 from __future__ import annotations
 
-import json
-import math
+import platform
 import time
 from pathlib import Path
 
@@ -111,16 +110,17 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     wall_s = time.perf_counter() - wall0
     progress.close()
 
+    memory = adapter.memory_stats()  # peaks of the measured window, before the probe step
     comm = _probe_comm(adapter, data.batch(total), ctx.device)
     fingerprint = adapter.param_fingerprint() if cfg.run.param_fingerprint else None
     local = {
         "rank": ctx.rank,
         "step_time_s": step_times,
         "loss": [float("nan") if l is None else float(l) for l in losses],
-        "memory": adapter.memory_stats(),
+        "memory": memory,
         "baseline_rss_bytes": baseline_rss,
         "comm": comm,
-        "hostname": __import__("platform").node(),
+        "hostname": platform.node(),
     }
     gathered: list = [None] * ctx.world_size
     dist.all_gather_object(gathered, local)

@@ -92,3 +92,9 @@ def test_fairscale_oss_sdp_shards_optimizer_and_grads(run_dir):
     assert set(c["per_step_bytes"]) == {"reduce", "broadcast"}  # grads to owners, params back
     assert c["wire_bytes_per_rank"] == pytest.approx(c["analytic_wire_bytes_per_rank"])
     assert rec["framework"]["native_config"]["zero_grad_set_to_none"] is False
+
+
+def test_horovod_killed_rank_is_named_as_the_cause(run_dir):
+    proc, rec = run_record(run_dir, "framework=horovod", "debug=fault_kill", "launcher.nproc=2")
+    assert rec["status"] == "failed"
+    assert rec["error"]["rank"] == 1 and "without an error" in rec["error"]["message"]

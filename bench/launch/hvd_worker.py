@@ -2,7 +2,7 @@
 
 Horovod starts the processes; this maps HOROVOD_* to torch's env:// variables (the runner
 gathers its per-rank series through a torch gloo group after the window) and, like torch
-elastic's @record, writes the first error of each rank to RUN_DIR/errors/rank<N>.json.
+elastic's @record, writes the first error of each rank to RUN_DIR/errors/rank<N>.json (plus started/done markers).
 """
 from __future__ import annotations
 
@@ -19,13 +19,16 @@ def main(run_dir: str, threads: int) -> int:
     os.environ.update(RANK=rank, WORLD_SIZE=os.environ.get("HOROVOD_SIZE", "1"),
                       LOCAL_RANK=os.environ.get("HOROVOD_LOCAL_RANK", "0"),
                       LOCAL_WORLD_SIZE=os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    errors = Path(run_dir) / "errors"
+    errors.mkdir(exist_ok=True)
+    # started/done markers let the launcher name a rank that died without a word (SIGKILL)
+    (errors / f"rank{rank}.started").touch()
     try:
         from bench.launch.worker import run_rank
         run_rank(run_dir, threads)
+        (errors / f"rank{rank}.done").touch()
         return 0
     except BaseException as exc:  # noqa: BLE001 - recorded, then the rank exits non-zero
-        errors = Path(run_dir) / "errors"
-        errors.mkdir(exist_ok=True)
         atomic_write_json(errors / f"rank{rank}.json", {
             "rank": int(rank), "exitcode": 1, "signal": None,
             "message": f"{type(exc).__name__}: {exc}",

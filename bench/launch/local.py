@@ -91,8 +91,15 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
     elapsed = time.monotonic() - start
 
     result_path = run_dir / RESULT_FILE
-    if code == 0 and result_path.exists():
-        return load_result(result_path)
+    if result_path.exists():
+        record = load_result(result_path)
+        if code != 0 and record["status"] == "ok":
+            # the measurement finished and was written; a rank failed afterwards (teardown)
+            failure = _first_failure(run_dir) or {}
+            record["warnings"].append(f"a rank failed after the result was written: "
+                                      f"{failure.get('message', f'exit code {code}')}")
+            write_result(run_dir, record)
+        return record
     failure = _first_failure(run_dir)
     if failure is not None:
         status = classify(failure)
@@ -127,7 +134,17 @@ def _first_failure(run_dir: Path) -> dict | None:
     path = run_dir / FAILURE_FILE
     if path.exists():
         return json.loads(path.read_text())
-    errors = sorted((run_dir / "errors").glob("rank*.json"), key=lambda p: p.stat().st_mtime)
+    err_dir = run_dir / "errors"
+    started = [p.stem for p in err_dir.glob("rank*.started")]  # "rank<N>"
+    silent = sorted(int(r[4:]) for r in started
+                    if not (err_dir / f"{r}.json").exists() and not (err_dir / f"{r}.done").exists())
+    errors = sorted(err_dir.glob("rank*.json"), key=lambda p: p.stat().st_mtime)
+    if silent:  # a rank that died without an error is the cause; the others' errors follow from it
+        return {"rank": silent[0], "exitcode": None, "signal": None,
+                "message": f"rank {silent[0]} exited without an error (killed by a signal?); "
+                           f"{len(errors)} other rank(s) failed after it",
+                "traceback": json.loads(errors[0].read_text()).get("traceback") if errors else None,
+                "ranks_failed": silent}
     return json.loads(errors[0].read_text()) if errors else None
 
 
