@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from bench.config import group_options, plan_from_overrides
 from conftest import run_record
@@ -26,16 +27,25 @@ PARAM_RTOL: dict[str, float] = {}
 
 
 def _variants():
-    out = []
+    """(name, equivalent, rtol) of every variant that can run on this machine; variants that
+    cannot (FairScale FSDP needs CUDA) are listed in UNRUNNABLE and covered by
+    tests/test_frameworks.py::test_unsupported_variant_leaves_a_result_with_the_reason."""
+    out, unrunnable = [], {}
     for name in group_options("framework"):
         if name == "ddp":
             continue
-        fw = plan_from_overrides([f"framework={name}"]).cfg.framework
+        plan = plan_from_overrides([f"framework={name}", "launcher.nproc=2"])
+        reason = plan.adapter_cls.unsupported_reason(plan.options, plan.cfg, DEVICE)
+        if reason:
+            unrunnable[name] = reason
+            continue
+        fw = plan.cfg.framework
         out.append((name, fw.equivalent_to_ddp, fw.loss_rtol_vs_ddp))
-    return out
+    return out, unrunnable
 
 
-VARIANTS = _variants()
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+VARIANTS, UNRUNNABLE = _variants()
 _cache: dict = {}
 
 
@@ -66,16 +76,17 @@ def assert_same_params(a: list, b: list, rel: float) -> None:
         assert abs(sa - sb) <= rel * max(aa, ab), f"param {i}: sum {sa} vs {sb} (sum|x| {aa})"
 
 
+def test_only_gpu_only_variants_are_left_out_of_the_gate():
+    expected = {} if DEVICE == "cuda" else {"fairscale_fsdp"}
+    assert set(UNRUNNABLE) == expected, UNRUNNABLE
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model,framework,equivalent,rtol", list(_params()))
 def test_strategy_matches_ddp(tmp_path_factory, model, framework, equivalent, rtol):
     ref = _run(tmp_path_factory, model, "ddp")
     assert ref["status"] == "ok", ref["error"]
     rec = _run(tmp_path_factory, model, framework)
-    if rec["status"] == "unsupported":
-        # a documented gap on this device, reported with its reason - never silent
-        assert rec["error"]["message"], rec
-        pytest.skip(f"{framework}: unsupported here: {rec['error']['message']}")
     assert rec["status"] == "ok", rec["error"]
     assert len(_losses(rec)) == 10
     got, want = _losses(rec), _losses(ref)
