@@ -3,7 +3,6 @@ cached per machine, thread count and dtype."""
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from pathlib import Path

@@ -10,7 +10,6 @@ import inspect
 from typing import Literal
 
 import torch
-import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from bench.adapters.base import Adapter, StepOut, forward_backward

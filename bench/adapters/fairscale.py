@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal, Optional
 
-import torch
 from pydantic import BaseModel, ConfigDict
 
 from bench.adapters.base import Adapter, StepOut, forward_backward

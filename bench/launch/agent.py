@@ -7,7 +7,6 @@ failure.json (first failure: rank, exit code, signal, message, traceback) for th
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
