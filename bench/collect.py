@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bench import envinfo
 from bench.hardware import peak_flops
+from bench.metrics.convergence import eval_times, first_reached
 from bench.metrics.comm import analytic_wire_bytes, per_step, ring_wire_bytes
 from bench.metrics.mfu import MfuError, mfu
 from bench.metrics.throughput import throughput
@@ -46,7 +47,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     from models.flops import train_flops_per_sample
 
     cfg, dims = plan.cfg, plan.dims
-    warmup, measure = cfg.run.warmup_steps, cfg.run.measure_steps
+    measure = len(gathered[0]["step_time_s"])
+    warmup = len(gathered[0]["all_step_time_s"]) - measure
     record = empty_record(Path(run_dir).name, plan.raw, status="ok")
     desc = adapter.describe()
     record["framework"].update(version=desc.get("version"), native_config=desc.get("native_config"))
@@ -97,6 +99,29 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     losses = _global_losses(gathered)
     record["convergence"]["train_loss"] = [[i, l] for i, l in enumerate(losses)]
     return record
+
+
+def fill_convergence(record: dict, cfg, dataset, steps_per_epoch: int, evals: list[dict],
+                     target, gathered: list) -> None:
+    """Evaluations get `time_s`: training time so far (sum of global step times, i.e. max over
+    ranks per step, warm-up included, evaluation pauses excluded)."""
+    all_steps = global_step_times([g["all_step_time_s"] for g in gathered])
+    for e, t in zip(evals, eval_times(all_steps, [e["step"] for e in evals])):
+        e["time_s"] = t
+    hit = first_reached(evals, target, cfg.run.target_metric)
+    record["convergence"].update(
+        eval=evals, target=target, target_metric=cfg.run.target_metric,
+        target_rule=("run.target x floor.loss" if cfg.run.target_vs_floor else "run.target"),
+        time_to_target_s=hit["time_s"] if hit else None,
+        epochs_to_target=hit["epoch"] if hit else None,
+        steps_to_target=hit["step"] if hit else None,
+        floor=dataset.floor,
+        dataset={"name": dataset.name, "train_samples": dataset.train.size,
+                 "val_samples": dataset.val.size, "steps_per_epoch": steps_per_epoch,
+                 "epochs": cfg.run.epochs, **dataset.info},
+        time_note="time_s = training time: sum of global step times (max over ranks), warm-up "
+                  "included, evaluation excluded; wall_s includes evaluation",
+    )
 
 
 def write_metrics_jsonl(run_dir: Path, record: dict, gathered: list) -> None:

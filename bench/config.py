@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from bench.datacheck import check_data
 from bench.dims import ParallelDims, resolve_dims
 from bench.errors import ConfigError
 from bench.schema import BenchCfg
@@ -113,6 +114,7 @@ def validate(raw: dict[str, Any]) -> Plan:
     tp, pp = adapter_cls.model_parallel_shape(options)
     dims = resolve_dims(cfg.launcher.nproc, cfg.run.global_batch, cfg.run.micro_batch, tp=tp, pp=pp)
     adapter_cls.check_config(options, cfg, dims)  # raises ConfigError for cross-key problems
+    check_data(cfg)
     return Plan(cfg=cfg, raw=raw, dims=dims, adapter_cls=adapter_cls, options=options)
 
 

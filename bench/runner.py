@@ -1,6 +1,7 @@
 """The ONLY timed training loop.
 
-Warm-up steps, then measured steps. Each rank records its own step times (boundary to
+Warm-up steps, then measured steps (or, with run.epochs, whole epochs with evaluations between
+steps: bench/quality.py). Each rank records its own step times (boundary to
 boundary; device-synchronised on GPU) and losses; nothing is communicated inside the window
 beyond what the framework itself does. After the window the per-rank series are gathered once
 and rank 0 writes the result (bench/collect.py).
@@ -16,9 +17,12 @@ import torch.distributed as dist
 
 import models
 from bench.adapters.base import RankContext
-from bench.collect import build_ok_record, write_metrics_jsonl
+from bench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from bench.config import Plan
 from bench.faults import FaultInjector
+from bench.metrics.convergence import reached, resolve_target
+from bench.quality import Evaluator, batch_source
+from models.datasets import build_dataset
 from bench.results import write_result
 
 
@@ -60,6 +64,10 @@ class _Progress:
             self.bar.set_postfix(phase=phase, loss=f"{float(loss):.4f}",
                                  samples_s=f"{self.global_batch / step_s:.1f}", refresh=False)
 
+    def note(self, **values) -> None:
+        if self.bar is not None:
+            self.bar.write("  ".join(f"{k}={v:.4f}" for k, v in values.items()))
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -85,37 +93,59 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     spec = models.build(cfg.model)
     adapter = plan.adapter_cls(plan.options, ctx, dims)
     adapter.setup(spec.build, build_optimizer_factory(cfg.optim))
-    data = models.SyntheticData(spec, cfg.run.seed, dims.global_batch, getattr(adapter, "dp_rank", ctx.rank),
-                                dims.local_batch, cfg.data.pool_batches, ctx.device)
+    dp_rank = getattr(adapter, "dp_rank", ctx.rank)
+    dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
+    batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, dp_rank, ctx.device)
+    warmup, warnings = cfg.run.warmup_steps, []
+    evaluate = None
+    if cfg.run.epochs:  # quality mode: whole epochs, evaluation between steps
+        total = cfg.run.epochs * steps_per_epoch
+        if warmup >= total:
+            warnings.append(f"run.warmup_steps {warmup} >= the {total} training steps; "
+                            f"timing statistics use the last step only")
+            warmup = total - 1
+        evaluate = Evaluator(adapter, dataset, dims, dp_rank, ctx.device, steps_per_epoch, cfg.run.eval_every)
+    else:
+        total = warmup + cfg.run.measure_steps
     fault = FaultInjector(cfg.fault, ctx.rank)
-    warmup, measure = cfg.run.warmup_steps, cfg.run.measure_steps
-    total = warmup + measure
-    step_times: list[float] = []
+    step_s: list[float] = []     # every step, warm-up included (eval pauses excluded)
     losses: list = []
+    evals: list[dict] = []
+    target = resolve_target(cfg.run.target, cfg.run.target_metric, cfg.run.target_vs_floor,
+                            dataset.floor["loss"] if dataset else None)
     progress = _Progress(cfg.run.progress and ctx.rank == 0, total, warmup, dims.global_batch)
 
     _sync(ctx.device)
-    wall0 = t_prev = time.perf_counter()
+    wall0 = time.perf_counter()
+    if evaluate:
+        evals.append({**evaluate(0), "wall_s": 0.0})
+    t_prev = time.perf_counter()
     for step in range(total):
         if fault.active:
             fault.at_step(step)
-        out = adapter.train_step(data.batch(step))
+        out = adapter.train_step(next(batches))
         _sync(ctx.device)
         t = time.perf_counter()
-        if step >= warmup:
-            step_times.append(t - t_prev)
+        step_s.append(t - t_prev)
         losses.append(out.loss)
         progress.update(step, out.loss, t - t_prev)
         t_prev = t
+        if evaluate and evaluate.due(step + 1):
+            evals.append({**evaluate(step + 1), "wall_s": time.perf_counter() - wall0})
+            progress.note(val_loss=evals[-1]["loss"])
+            if cfg.run.stop_at_target and reached(evals[-1][cfg.run.target_metric], target, cfg.run.target_metric):
+                break
+            t_prev = time.perf_counter()  # evaluation is not part of any step
     wall_s = time.perf_counter() - wall0
     progress.close()
 
-    memory = adapter.memory_stats()  # peaks of the measured window, before the probe step
-    comm = _probe_comm(adapter, data.batch(total), ctx.device)
+    memory = adapter.memory_stats()  # peaks of the training loop, before the probe step
+    comm = _probe_comm(adapter, next(batches), ctx.device)
     fingerprint = adapter.param_fingerprint() if cfg.run.param_fingerprint else None
     local = {
         "rank": ctx.rank,
-        "step_time_s": step_times,
+        "step_time_s": step_s[warmup:],
+        "all_step_time_s": step_s,
         "loss": [float("nan") if l is None else float(l) for l in losses],
         "memory": memory,
         "baseline_rss_bytes": baseline_rss,
@@ -126,10 +156,13 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     dist.all_gather_object(gathered, local)
     if ctx.rank == 0:
         record = build_ok_record(plan, ctx, run_dir, spec, adapter, gathered, threads, wall_s)
+        record["warnings"].extend(warnings)
+        if dataset is not None:
+            fill_convergence(record, cfg, dataset, steps_per_epoch, evals, target, gathered)
         if fingerprint is not None:
-            record["final_params"] = {"fingerprint": fingerprint, "after_steps": total + 1,
+            record["final_params"] = {"fingerprint": fingerprint, "after_steps": len(losses) + 1,
                                       "note": "[sum, sum of squares, sum of |x|] per parameter after the "
-                                              "measured window and the comm-probe step"}
+                                              "training loop and the comm-probe step"}
         write_metrics_jsonl(run_dir, record, gathered)
         write_result(run_dir, record)
     adapter.teardown()

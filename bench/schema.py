@@ -74,9 +74,61 @@ class VisionModelCfg(Strict):
 ModelCfg = Annotated[Union[LanguageModelCfg, VisionModelCfg], Field(discriminator="kind")]
 
 
-class DataCfg(Strict):
+class SyntheticDataCfg(Strict):
     name: Literal["synthetic"]
     pool_batches: PositiveInt = 4
+
+
+class MarkovDataCfg(Strict):
+    name: Literal["markov"]
+    states: Annotated[int, Field(ge=2)] = 32
+    concentration: Annotated[float, Field(gt=0)] = 0.1
+    train_samples: PositiveInt = 1024
+    val_samples: PositiveInt = 256
+    seed: NonNegativeInt = 1234      # the task itself; independent of run.seed
+
+
+class BlobsDataCfg(Strict):
+    name: Literal["blobs"]
+    noise: Annotated[float, Field(ge=0)] = 0.5
+    label_noise: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    train_samples: PositiveInt = 1024
+    val_samples: PositiveInt = 256
+    seed: NonNegativeInt = 1234
+
+
+class DigitsDataCfg(Strict):
+    name: Literal["digits"]
+    val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    split_seed: NonNegativeInt = 0
+
+
+class ImageFolderDataCfg(Strict):
+    name: Literal["imagefolder"]
+    path: str
+    train_dir: str = "train"
+    val_dir: str = "val"
+    num_workers: NonNegativeInt = 0
+
+
+class TextDataCfg(Strict):
+    name: Literal["text"]
+    path: str
+    train_file: str = "wiki.train.tokens"
+    val_file: str = "wiki.valid.tokens"
+    tokenizer: Literal["byte", "gpt2"] = "byte"
+    tokenizer_dir: Optional[str] = None
+    num_workers: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _gpt2_needs_files(self):
+        if self.tokenizer == "gpt2" and not self.tokenizer_dir:
+            raise ValueError("tokenizer gpt2 needs data.tokenizer_dir (vocab.json + merges.txt)")
+        return self
+
+
+DataCfg = Annotated[Union[SyntheticDataCfg, MarkovDataCfg, BlobsDataCfg, DigitsDataCfg,
+                          ImageFolderDataCfg, TextDataCfg], Field(discriminator="name")]
 
 
 class OptimCfg(Strict):
@@ -127,9 +179,13 @@ class RunCfg(Strict):
     timeout_s: Annotated[float, Field(gt=0)] = 900
     pg_timeout_s: Annotated[float, Field(gt=0)] = 300
     dry_run: bool = False
-    epochs: Optional[PositiveInt] = None
-    eval_every: Optional[PositiveInt] = None
-    target: Optional[float] = None
+    epochs: Optional[PositiveInt] = None       # set: train whole epochs and evaluate (quality mode)
+    eval_every: Optional[PositiveInt] = None   # steps between evaluations; null = each epoch end
+    target: Optional[float] = None             # quality target for time/epochs-to-target
+    target_metric: Literal["loss", "accuracy"] = "loss"   # validation loss (<=) or accuracy (>=)
+    target_vs_floor: bool = False              # loss target = target x the dataset's known floor
+    stop_at_target: bool = False
+    repeat: NonNegativeInt = 0                 # repeat index: repeats of one cell differ only here
     progress: bool = True
     param_fingerprint: bool = False   # record [sum, sum^2] of every final parameter (gathers!)
     dir: Optional[str] = None

@@ -17,19 +17,21 @@ class CausalLM(nn.Module):
         self.net = net
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None,
+                eval_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean next-token loss; with `eval_weight` (one weight per sequence) the weighted sums
+        [loss, correct predictions, predictions] instead (evaluation, through any wrapper)."""
         # The same loss as HF's ForCausalLM (mean over all shifted tokens), computed here so it
         # also runs on the meta device (HF's loss calls .item()) and under any wrapper.
         logits = self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
-
-    @torch.no_grad()
-    def evaluate(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(mean loss, correct next-token predictions, predictions made)."""
-        logits = self.net(input_ids=input_ids, use_cache=False).logits[:, :-1]
-        target = labels[:, 1:]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
-        return loss, (logits.argmax(-1) == target).sum(), target.numel()
+        if eval_weight is None:
+            return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+        logits, target = logits[:, :-1].float(), labels[:, 1:]
+        per_token = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+        correct = (logits.argmax(-1) == target).float()
+        w = eval_weight.float()
+        return torch.stack([(w * per_token.sum(1)).sum(), (w * correct.sum(1)).sum(),
+                            w.sum() * target.shape[1]])
 
     def blocks(self) -> list[nn.Module]:
         return list(self.net.transformer.h)

@@ -9,19 +9,21 @@ from models.spec import ModelSpec
 
 
 class Classifier(nn.Module):
-    """forward(images, labels) -> mean cross-entropy."""
+    """A torchvision classifier that computes its own loss."""
 
     def __init__(self, net: nn.Module):
         super().__init__()
         self.net = net
 
-    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.net(images), labels)
-
-    @torch.no_grad()
-    def evaluate(self, images: torch.Tensor, labels: torch.Tensor):
+    def forward(self, images: torch.Tensor, labels: torch.Tensor,
+                eval_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean cross-entropy; with `eval_weight` the weighted sums [loss, correct, samples]."""
         logits = self.net(images)
-        return F.cross_entropy(logits, labels), (logits.argmax(-1) == labels).sum(), labels.numel()
+        if eval_weight is None:
+            return F.cross_entropy(logits, labels)
+        w, logits = eval_weight.float(), logits.float()
+        loss = F.cross_entropy(logits, labels, reduction="none")
+        return torch.stack([(w * loss).sum(), (w * (logits.argmax(-1) == labels).float()).sum(), w.sum()])
 
     def blocks(self) -> list[nn.Module]:
         """ResNet stages, ViT encoder layers, VGG features + classifier."""

@@ -39,13 +39,6 @@ class StepOut:
                                    # the rank holds no loss (e.g. a non-last pipeline stage)
 
 
-@dataclass
-class EvalOut:
-    loss: torch.Tensor
-    correct: torch.Tensor
-    count: int
-
-
 ModelFactory = Callable[[], nn.Module]
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
@@ -135,14 +128,23 @@ class Adapter:
     def train_step(self, batch: dict) -> StepOut:
         raise NotImplementedError
 
-    def eval_step(self, batch: dict) -> EvalOut:
-        model = unwrap(self.model)
-        was_training = model.training
-        model.eval()
-        with autocast(self.ctx):
-            loss, correct, count = model.evaluate(**batch)
-        model.train(was_training)
-        return EvalOut(loss=loss.detach().float(), correct=correct, count=count)
+    def eval_step(self, batch: dict) -> torch.Tensor:
+        """Weighted sums [loss, correct, predictions] over this rank's validation batch (it
+        carries `eval_weight`), through the framework's own wrapper, so sharded parameters are
+        gathered as in training. Every rank calls it equally often."""
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.forward_context():
+                return self.model(**self.prepare_inputs(batch)).float()
+        finally:
+            self.model.train()
+
+    def forward_context(self):
+        """Precision context around forward (autocast; none where the framework casts itself)."""
+        return autocast(self.ctx)
+
+    def prepare_inputs(self, batch: dict) -> dict:
+        return batch
 
     def memory_stats(self) -> dict:
         """Peaks since setup: device allocated/reserved (CUDA), host RSS."""

@@ -8,6 +8,8 @@ requires DeepSpeedCPUAdam (DeepSpeed's "AdamW" type; cpu_adam JIT-builds once wi
 """
 from __future__ import annotations
 
+import contextlib
+
 import importlib.util
 import logging
 from typing import Literal, Optional
@@ -119,13 +121,20 @@ class DeepSpeedAdapter(Adapter):
         micro = split_micro(batch, self.dims.grad_accum)
         total = torch.zeros((), device=self.ctx.device)
         for mb in micro:
-            if self._dtype is not None:  # DeepSpeed holds low-precision weights; inputs must match
-                mb = {k: v.to(self._dtype) if v.is_floating_point() else v for k, v in mb.items()}
-            loss = engine(**mb)
+            loss = engine(**self.prepare_inputs(mb))
             engine.backward(loss)  # scales by 1/grad_accum and the fp16 loss scale itself
             engine.step()          # applies the update only at the accumulation boundary
             total += loss.detach().float()
         return StepOut(loss=total / len(micro))
+
+    def prepare_inputs(self, batch: dict) -> dict:
+        if self._dtype is None:
+            return batch
+        # DeepSpeed holds low-precision weights; floating inputs must match
+        return {k: v.to(self._dtype) if v.is_floating_point() else v for k, v in batch.items()}
+
+    def forward_context(self):
+        return contextlib.nullcontext()  # the engine runs in its configured precision
 
     def param_fingerprint(self) -> list[list[float]]:
         if self.options.stage != 3:

@@ -106,6 +106,9 @@ class FSDP2Adapter(Adapter):
         self.optimizer.zero_grad(set_to_none=True)
         return StepOut(loss=loss)
 
+    def forward_context(self):
+        return contextlib.nullcontext()  # MixedPrecisionPolicy casts
+
     def _fp32_ctx(self):
         from dataclasses import replace
         return replace(self.ctx, precision="fp32")

@@ -1,0 +1,54 @@
+"""Quality mode (run.epochs set): the batch source, when to evaluate, and the evaluation itself.
+
+The runner calls these between steps; evaluation time is never part of a step time. Every rank
+evaluates its shard of the validation split through the adapter (so FSDP/ZeRO-3 gather as in
+training) and one all-reduce sums [loss, correct, predictions] over ranks.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from models.data import SyntheticData
+from models.datasets import Dataset
+from models.loader import TrainStream, eval_shards
+
+
+def batch_source(dataset: Optional[Dataset], cfg, spec, dims, dp_rank: int, device) -> tuple[Iterator[dict], Optional[int]]:
+    """(iterator of local batches, steps per epoch or None). Random synthetic data is a pool
+    materialised before the window; datasets are fetched inside the step, as in real training."""
+    if dataset is None:
+        pool = SyntheticData(spec, cfg.run.seed, dims.global_batch, dp_rank, dims.local_batch,
+                             cfg.data.pool_batches, device)
+        return (pool.batch(s) for s in itertools.count()), None
+    stream = TrainStream(dataset.train, cfg.run.seed, dims.global_batch, dp_rank, dims.local_batch,
+                         device, getattr(cfg.data, "num_workers", 0))
+    return stream.forever(), stream.steps_per_epoch
+
+
+class Evaluator:
+    def __init__(self, adapter, dataset: Dataset, dims, dp_rank: int, device: torch.device,
+                 steps_per_epoch: int, eval_every: Optional[int]):
+        self.adapter, self.val, self.device = adapter, dataset.val, device
+        self.shards = eval_shards(dataset.val.size, dims.dp, dp_rank, dims.micro_batch)
+        self.steps_per_epoch, self.eval_every = steps_per_epoch, eval_every
+
+    def due(self, steps_done: int) -> bool:
+        return steps_done % self.steps_per_epoch == 0 or bool(self.eval_every and steps_done % self.eval_every == 0)
+
+    def __call__(self, steps_done: int) -> dict:
+        t0 = time.perf_counter()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        for indices, weights in self.shards:
+            batch = {k: v.to(self.device) for k, v in self.val[indices].items()}
+            batch["eval_weight"] = torch.tensor(weights, device=self.device)
+            sums += self.adapter.eval_step(batch).double()
+        dist.all_reduce(sums)   # all ranks are data-parallel ranks here (no TP/PP adapters yet)
+        loss_sum, correct, count = sums.tolist()
+        return {"step": steps_done, "epoch": steps_done / self.steps_per_epoch,
+                "loss": loss_sum / count, "accuracy": correct / count,
+                "predictions": int(round(count)), "eval_s": time.perf_counter() - t0}
