@@ -4,6 +4,7 @@
   bench run -m [overrides...]     one run per cell of the cross product of comma lists
                                   (framework=ddp,fsdp_full launcher.nproc=1,2; glob(*) for groups)
   bench table DIR...              a short table of the results under DIRs
+  bench report DIR... [-o OUT]    summary.csv, report.md, report.html, PNG plots (--wandb: W&B Report)
 """
 from __future__ import annotations
 
@@ -121,6 +122,30 @@ def cmd_table(paths: list[str]) -> int:
     return 0
 
 
+def cmd_report(paths: list[str], out: str | None, wandb: bool) -> int:
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise ConfigError(f"no such path: {', '.join(missing)}")
+    from bench import report
+
+    out_dir = Path(out) if out else Path(paths[0]) / "report"
+    try:
+        rep = report.build(paths, out_dir, progress=sys.stderr.isatty())
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    n_bad = int((rep.summary["status"] != "ok").sum())
+    print(f"{len(rep.summary)} runs ({n_bad} not ok), {len(rep.cells)} configurations, "
+          f"{sum(1 for d in rep.parity['differs'] if d)} parity flag(s)")
+    for name in ("summary.csv", "report.md", "report.html"):
+        print(f"  {out_dir / name}")
+    for path in rep.plots.values():
+        print(f"  {path}")
+    if wandb:
+        from bench.report.wandb_report import publish
+        print(publish(rep))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench", description="Benchmark distributed training frameworks.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,10 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("overrides", nargs="*")
     p_table = sub.add_parser("table", help="short table of results under the given dirs")
     p_table.add_argument("paths", nargs="+")
+    p_rep = sub.add_parser("report", help="comparison report (csv, md, html, png) of results under dirs")
+    p_rep.add_argument("paths", nargs="+", help="sweep or run directories (searched for result.json)")
+    p_rep.add_argument("-o", "--out", help="output directory (default: <first path>/report)")
+    p_rep.add_argument("--wandb", action="store_true",
+                       help="also build a W&B Report over the runs (saved online; offline: spec file)")
     args = parser.parse_args(argv)
     try:
         if args.command == "run":
             return cmd_multirun(args.overrides) if args.multirun else cmd_run(args.overrides)
+        if args.command == "report":
+            return cmd_report(args.paths, args.out, args.wandb)
         return cmd_table(args.paths)
     except ConfigError as exc:
         print(f"bench: config error: {exc}", file=sys.stderr)

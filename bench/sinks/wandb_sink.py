@@ -24,9 +24,28 @@ def flat_summary(record: dict) -> dict:
     }
     for k, v in (t.get("step_time_s") or {}).items():
         out[f"step_time/{k}(s)"] = v
+    conv = record.get("convergence") or {}
+    for key in ("time_to_target_s", "epochs_to_target"):
+        if conv.get(key) is not None:
+            out[f"quality/{key}"] = conv[key]
     if record.get("error"):
         out["error"] = record["error"].get("message")
     return {k: v for k, v in out.items() if v is not None}
+
+
+def step_rows(run_path: Path, record: dict) -> dict[int, dict]:
+    """Per-step train metrics (metrics.jsonl) merged with the evaluations (val/*) by step, so
+    W&B receives increasing steps only."""
+    rows: dict[int, dict] = {}
+    metrics = run_path / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            rows[row["step"]] = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+    for e in (record.get("convergence") or {}).get("eval") or []:
+        rows.setdefault(e["step"], {}).update(
+            {f"val/{k}": e[k] for k in ("loss", "accuracy", "epoch", "time_s") if e.get(k) is not None})
+    return rows
 
 
 def main(run_dir: str) -> int:
@@ -41,11 +60,8 @@ def main(run_dir: str) -> int:
                      dir=str(run_path), name=record["run_id"], id=None, config=record["config"],
                      group=record["model"]["name"], job_type=record["framework"]["name"],
                      tags=[record["status"]], settings=settings, reinit="finish_previous")
-    metrics = run_path / "metrics.jsonl"
-    if metrics.exists():
-        for line in metrics.read_text().splitlines():
-            row = json.loads(line)
-            run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=row["step"])
+    for step, row in sorted(step_rows(run_path, record).items()):
+        run.log(row, step=step)
     run.summary.update(flat_summary(record))
     run.finish()
     print(f"W&B ({lg['mode']}): {run.dir if lg['mode'] != 'online' else run.url}")

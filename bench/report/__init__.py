@@ -1,0 +1,52 @@
+"""`bench report DIR...`: summary.csv, report.md, a self-contained report.html and PNG plots.
+
+Result files are the source of truth; everything here is a view of them (DESIGN §6).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from bench.report import plots
+from bench.report.frame import SUMMARY_COLUMNS, summary_frame
+from bench.report.load import find_results, load_records
+from bench.report.tables import cells, failures, parity
+
+
+@dataclass
+class Report:
+    out: Path
+    summary: pd.DataFrame
+    cells: pd.DataFrame
+    parity: pd.DataFrame
+    failures: pd.DataFrame
+    plots: dict = field(default_factory=dict)      # name -> Path
+    records: dict = field(default_factory=dict)    # run directory -> record
+
+
+def build(paths: list[str], out: Path, progress: bool = True) -> Report:
+    files = find_results(paths)
+    if not files:
+        raise FileNotFoundError("no result.json found under: " + " ".join(paths))
+    records = load_records(files, progress)
+    df = summary_frame(records, [str(f.parent) for f in files])
+    out.mkdir(parents=True, exist_ok=True)
+    rep = Report(out=out, summary=df, cells=cells(df), parity=parity(df), failures=failures(df),
+                 records={str(f.parent): r for f, r in zip(files, records)})
+    ordered = SUMMARY_COLUMNS + [c for c in df.columns if c not in SUMMARY_COLUMNS]
+    df[ordered].to_csv(out / "summary.csv", index=False)
+    for name, fn in (("throughput", lambda: plots.throughput(rep.cells, out)),
+                     ("scaling", lambda: plots.scaling(rep.cells, out)),
+                     ("convergence", lambda: plots.convergence(df, rep.records, out)),
+                     ("memory", lambda: plots.memory(rep.cells, out)),
+                     ("communication", lambda: plots.communication(rep.cells, out)),
+                     ("mfu", lambda: plots.mfu(rep.cells, out))):
+        path = fn()
+        if path is not None:
+            rep.plots[name] = path
+    from bench.report.render import write_html, write_markdown
+    write_markdown(rep)
+    write_html(rep)
+    return rep

@@ -1,0 +1,122 @@
+"""Result records -> the summary table (one row per run, DESIGN §6 columns first), plus the
+groupings the report needs: repeats of one configuration, and scaling series."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pandas as pd
+
+from bench.metrics.throughput import scaling_efficiency
+
+SUMMARY_COLUMNS = [  # DESIGN §6 contract, in this order; more columns follow
+    "run_id", "status", "framework", "variant", "model", "world_size", "global_batch",
+    "samples_per_s", "tokens_per_s", "step_time_median_s", "peak_memory_bytes", "mfu",
+    "scaling_efficiency", "scaling_kind", "time_to_target_s",
+]
+# Keys that do not change what is measured: left out of the configuration identity.
+VOLATILE = {("run", "dir"), ("run", "progress"), ("run", "repeat"), ("run", "timeout_s"),
+            ("run", "pg_timeout_s"), ("launcher", "monitor_interval_s"), ("logger",)}
+SCALING_FREE = {("launcher", "nproc"), ("run", "global_batch"), ("run", "micro_batch"),
+                ("launcher", "threads_per_rank")}
+
+
+def _strip(config: dict, drop: set) -> dict:
+    out = {}
+    for group, value in config.items():
+        if (group,) in drop:
+            continue
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if (group, k) not in drop}
+        out[group] = value
+    return out
+
+
+def config_id(config: dict, drop: set = frozenset()) -> str:
+    """Hash of the resolved config without volatile keys: repeats of one cell share it."""
+    canon = json.dumps(_strip(config or {}, VOLATILE | set(drop)), sort_keys=True, default=str)
+    return hashlib.sha1(canon.encode()).hexdigest()[:10]
+
+
+def _peak_memory(record: dict):
+    peaks = []
+    for m in (record.get("memory") or {}).get("per_rank") or []:
+        p = m.get("peak_allocated_bytes") or m.get("peak_rss_bytes")
+        if p is not None:
+            peaks.append(p)
+    return max(peaks) if peaks else None
+
+
+def summary_row(record: dict, path: str = "") -> dict:
+    cfg = record.get("config") or {}
+    par = record.get("parallel") or {}
+    tp = record.get("throughput") or {}
+    st = (record.get("timing") or {}).get("step_time_s") or {}
+    conv = record.get("convergence") or {}
+    evals = conv.get("eval") or []
+    comm = record.get("comm") or {}
+    err = record.get("error") or {}
+    optim = cfg.get("optim") or {}
+    run = cfg.get("run") or {}
+    return {
+        "run_id": record.get("run_id"), "status": record.get("status"),
+        "framework": (record.get("framework") or {}).get("name"),
+        "variant": (record.get("framework") or {}).get("variant"),
+        "model": (record.get("model") or {}).get("name"),
+        "world_size": par.get("world_size") or (cfg.get("launcher") or {}).get("nproc"),
+        "global_batch": par.get("global_batch") or run.get("global_batch"),
+        "samples_per_s": tp.get("samples_per_s"), "tokens_per_s": tp.get("tokens_per_s"),
+        "step_time_median_s": st.get("median"),
+        "peak_memory_bytes": _peak_memory(record), "mfu": record.get("mfu"),
+        "scaling_efficiency": None, "scaling_kind": None,
+        "time_to_target_s": conv.get("time_to_target_s"),
+        # ---- beyond the contract ----
+        "epochs_to_target": conv.get("epochs_to_target"),
+        "target": conv.get("target"), "target_metric": conv.get("target_metric"),
+        "final_val_loss": evals[-1].get("loss") if evals else None,
+        "final_val_accuracy": evals[-1].get("accuracy") if evals else None,
+        "loss_floor": (conv.get("floor") or {}).get("loss"),
+        "data": (cfg.get("data") or {}).get("name"),
+        "precision": record.get("precision"), "seed": record.get("seed"),
+        "repeat": run.get("repeat", 0), "optimizer": optim.get("name"), "lr": optim.get("lr"),
+        "weight_decay": optim.get("weight_decay"), "epochs": run.get("epochs"),
+        "micro_batch": par.get("micro_batch"), "dp": par.get("dp"), "tp": par.get("tp"), "pp": par.get("pp"),
+        "samples_per_s_per_device": tp.get("samples_per_s_per_device"),
+        "step_time_p10_s": st.get("p10"), "step_time_p90_s": st.get("p90"),
+        "model_state_bytes_theory": (record.get("memory") or {}).get("model_state_bytes_per_rank_theory"),
+        "comm_bytes_per_step": sum((comm.get("per_step_bytes") or {}).values()) if comm else None,
+        "comm_wire_bytes_per_rank": comm.get("wire_bytes_per_rank") if comm else None,
+        "comm_analytic_wire_bytes_per_rank": comm.get("analytic_wire_bytes_per_rank") if comm else None,
+        "error_type": err.get("type"), "error_rank": err.get("rank"),
+        "error_message": (err.get("message") or "").strip().splitlines()[0][:300] if err.get("message") else None,
+        "config_id": config_id(cfg), "scaling_group": config_id(cfg, SCALING_FREE),
+        "path": path,
+    }
+
+
+def summary_frame(records: list[dict], paths: list[str]) -> pd.DataFrame:
+    df = pd.DataFrame([summary_row(r, p) for r, p in zip(records, paths)])
+    if df.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    df["label"] = df["framework"].astype(str) + df["variant"].map(
+        lambda v: "" if v in (None, "default") else f":{v}")
+    add_scaling(df)
+    return df.sort_values(["model", "label", "world_size", "repeat", "run_id"], kind="stable").reset_index(drop=True)
+
+
+def add_scaling(df: pd.DataFrame) -> None:
+    """Efficiency of each ok run against the median throughput at the smallest world size of its
+    series: runs with the same config except world size, holding either the global batch
+    (strong) or the per-device batch (weak). A run in both kinds of series is labelled strong."""
+    df["scaling_efficiency"] = df["scaling_efficiency"].astype(object)
+    ok = df[(df["status"] == "ok") & df["samples_per_s"].notna()].copy()
+    ok["per_device_batch"] = ok["global_batch"] / ok["world_size"]
+    for kind, held in (("weak", "per_device_batch"), ("strong", "global_batch")):  # strong wins
+        for _, series in ok.groupby(["scaling_group", held]):
+            if series["world_size"].nunique() < 2:
+                continue
+            n0 = int(series["world_size"].min())
+            x0 = float(series[series["world_size"] == n0]["samples_per_s"].median())
+            for i, row in series.iterrows():
+                df.at[i, "scaling_efficiency"] = scaling_efficiency(row["samples_per_s"], int(row["world_size"]), x0, n0)
+                df.at[i, "scaling_kind"] = kind

@@ -1,0 +1,130 @@
+"""PNG plots of a report (matplotlib, Agg backend: no display needed). One function per plot;
+each returns the file it wrote, or None when the data for it is absent."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+MAX_BARS = 60   # larger reports plot the first 60 configurations and say so in the caption
+GiB = 1024 ** 3
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _cell_names(cells: pd.DataFrame) -> list[str]:
+    return [f"{r.label} n={r.world_size}" for r in cells.itertuples()]
+
+
+def throughput(cells: pd.DataFrame, out: Path) -> Optional[Path]:
+    c = cells.dropna(subset=["samples_per_s"])
+    if c.empty:
+        return None
+    sizes = sorted(c["world_size"].unique())
+    labels = sorted(c["label"].unique())
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(sizes) * max(1, len(labels)) / 2), 4))
+    width = 0.8 / len(labels)
+    for j, lab in enumerate(labels):
+        sub = c[c["label"] == lab].groupby("world_size").first()
+        xs = [sizes.index(n) + j * width for n in sub.index]
+        err = np.array([(sub["samples_per_s"] - sub["samples_per_s_ci_low"]).fillna(0),
+                        (sub["samples_per_s_ci_high"] - sub["samples_per_s"]).fillna(0)])
+        ax.bar(xs, sub["samples_per_s"], width, yerr=err, capsize=3, label=lab)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))], [f"{n} rank(s)" for n in sizes])
+    ax.set_ylabel("samples/s (median of repeats)")
+    ax.set_title("Throughput by framework and world size (bars: 95% bootstrap CI)")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "throughput.png")
+
+
+def scaling(cells: pd.DataFrame, out: Path) -> Optional[Path]:
+    c = cells.dropna(subset=["scaling_efficiency"])
+    if c.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (lab, kind), g in c.groupby(["label", "scaling_kind"]):
+        g = g.sort_values("world_size")
+        ax.plot(g["world_size"], g["scaling_efficiency"], marker="o", label=f"{lab} ({kind})")
+    ax.axhline(1.0, color="grey", ls="--", lw=1)
+    ax.set_xlabel("world size (ranks)")
+    ax.set_ylabel("scaling efficiency")
+    ax.set_title("Scaling efficiency: (X_N/N)/(X_N0/N0); kind in the legend")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "scaling.png")
+
+
+def convergence(df: pd.DataFrame, records: dict, out: Path) -> Optional[Path]:
+    ok = df[(df["status"] == "ok")]
+    curves = [(r.label, r.world_size, records[r.path]) for r in ok.itertuples()
+              if (records[r.path].get("convergence") or {}).get("eval")]
+    if not curves:
+        return None
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
+    for label, world, rec in curves[:MAX_BARS]:
+        conv = rec["convergence"]
+        ev = conv["eval"]
+        for row, metric in enumerate(("loss", "accuracy")):
+            for col, x in enumerate(("epoch", "time_s")):
+                axes[row][col].plot([e[x] for e in ev], [e[metric] for e in ev], marker=".",
+                                    label=f"{label} n={world}")
+    floor = curves[0][2]["convergence"].get("floor") or {}
+    target = curves[0][2]["convergence"]
+    for col in range(2):
+        for row, metric in enumerate(("loss", "accuracy")):
+            ax = axes[row][col]
+            if floor.get(metric) is not None:
+                ax.axhline(floor[metric], color="black", ls="--", lw=1, label="dataset floor")
+            if target.get("target") is not None and target.get("target_metric") == metric:
+                ax.axhline(target["target"], color="red", ls=":", lw=1, label="target")
+            ax.set_ylabel(f"validation {metric}")
+            ax.set_xlabel("epoch" if col == 0 else "training time (s, evaluation excluded)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Statistical efficiency: validation metric vs epoch and vs time")
+    return _save(fig, out / "convergence.png")
+
+
+def _bars(cells: pd.DataFrame, series: dict, ylabel: str, title: str, path: Path, scale=1.0) -> Optional[Path]:
+    c = cells.head(MAX_BARS)
+    if all(c[k].isna().all() for k in series):
+        return None
+    x = np.arange(len(c))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(c) * len(series)), 4.2))
+    for j, (key, name) in enumerate(series.items()):
+        ax.bar(x + j * width, pd.to_numeric(c[key], errors="coerce").fillna(0) / scale, width, label=name)
+    ax.set_xticks(x + 0.4 - width / 2, _cell_names(c), rotation=40, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title + (f" (first {MAX_BARS})" if len(cells) > MAX_BARS else ""))
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def memory(cells: pd.DataFrame, out: Path) -> Optional[Path]:
+    return _bars(cells, {"peak_memory_bytes": "measured peak (max over ranks)",
+                         "model_state_bytes_theory": "theory: params+grads+optimizer state per rank"},
+                 "GiB", "Memory per rank: measured vs theory (CPU: host RSS incl. runtime)",
+                 out / "memory.png", scale=GiB)
+
+
+def communication(cells: pd.DataFrame, out: Path) -> Optional[Path]:
+    return _bars(cells, {"comm_bytes_per_step": "payload per step (all kinds)",
+                         "comm_wire_bytes_per_rank": "ring wire bytes per rank",
+                         "comm_analytic_wire_bytes_per_rank": "analytic wire bytes"},
+                 "MiB per step", "Communication volume per step", out / "communication.png", scale=1024 ** 2)
+
+
+def mfu(cells: pd.DataFrame, out: Path) -> Optional[Path]:
+    c = cells.copy()
+    c["mfu_pct"] = pd.to_numeric(c["mfu"], errors="coerce") * 100
+    return _bars(c, {"mfu_pct": "MFU"}, "% of peak", "Model FLOPs utilisation", out / "mfu.png")

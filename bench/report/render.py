@@ -1,0 +1,165 @@
+"""report.md and a self-contained report.html (plots embedded as data URIs, no network).
+Every string from a result file is escaped (Jinja2 autoescape on; Markdown cells escaped)."""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import math
+from pathlib import Path
+
+import jinja2
+
+MAX_RUN_ROWS = 1000   # the per-run table in md/html; summary.csv always has every run
+
+CAPTIONS = {
+    "throughput": "Median samples/s per framework and world size; error bars: 95% bootstrap CI over repeats.",
+    "scaling": "Scaling efficiency against the smallest world size of the same configuration; weak = per-device batch fixed, strong = global batch fixed.",
+    "convergence": "Validation loss and accuracy against epochs and against training time (evaluation excluded). Dashed: the dataset's known floor; dotted: the target.",
+    "memory": "Peak memory per rank (GPU: allocated; CPU: host RSS, which includes the Python/torch runtime) next to the theoretical model-state bytes per rank.",
+    "communication": "Bytes communicated per training step, counted where the collectives are issued, next to the ring wire volume and the textbook formula.",
+    "mfu": "Model FLOPs utilisation: counted FLOPs x samples/s / (devices x peak FLOP/s).",
+}
+
+
+def _num(x, fmt=".1f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, fmt)
+
+
+def _bytes(n) -> str:
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "-"
+
+
+def _ci(med, lo, hi, fmt=".1f") -> str:
+    if med is None or (isinstance(med, float) and math.isnan(med)):
+        return "-"
+    if lo is None or (isinstance(lo, float) and math.isnan(lo)):
+        return _num(med, fmt)
+    return f"{_num(med, fmt)} [{_num(lo, fmt)}, {_num(hi, fmt)}]"
+
+
+def cell_table(rep) -> tuple[list[str], list[list[str]]]:
+    head = ["framework", "model", "ranks", "ok/runs", "samples/s [95% CI]", "scaling", "peak mem",
+            "theory", "comm/step", "MFU", "val loss", "val acc", "time to target (s)"]
+    rows = []
+    for c in rep.cells.itertuples():
+        rows.append([c.label, c.model, str(c.world_size), f"{c.ok}/{c.runs}",
+                     _ci(c.samples_per_s, c.samples_per_s_ci_low, c.samples_per_s_ci_high),
+                     "-" if c.scaling_efficiency is None else f"{c.scaling_efficiency:.2f} ({c.scaling_kind})",
+                     _bytes(c.peak_memory_bytes), _bytes(c.model_state_bytes_theory),
+                     _bytes(c.comm_bytes_per_step), "-" if c.mfu is None else f"{c.mfu:.1%}",
+                     _num(c.final_val_loss, ".4f"), _num(c.final_val_accuracy, ".3f"),
+                     _ci(c.time_to_target_s, c.time_to_target_ci_low, c.time_to_target_ci_high, ".2f")])
+    return head, rows
+
+
+def parity_table(rep) -> tuple[list[str], list[list[str]], list[list[bool]]]:
+    from bench.report.tables import PARITY_FIELDS
+    head = ["model", "ranks", "framework", "run", *PARITY_FIELDS, "parity"]
+    rows, flags = [], []
+    for r in rep.parity.itertuples():
+        diff = set(r.differs)
+        rows.append([r.model, str(r.world_size), r.label, r.run_id,
+                     *[("-" if getattr(r, f) is None or getattr(r, f) != getattr(r, f) else str(getattr(r, f)))
+                       for f in PARITY_FIELDS],
+                     "ok" if not diff else "DIFFERS: " + ", ".join(sorted(diff))])
+        flags.append([False] * 4 + [f in diff for f in PARITY_FIELDS] + [bool(diff)])
+    return head, rows, flags
+
+
+def failure_table(rep) -> tuple[list[str], list[list[str]]]:
+    head = ["run", "framework", "model", "ranks", "status", "error", "rank", "reason"]
+    rows = [[f.run_id, f.label, f.model, _num(f.world_size, ".0f"), f.status, f.error_type or "-",
+             _num(f.error_rank, ".0f"), f.error_message or "-"] for f in rep.failures.itertuples()]
+    return head, rows
+
+
+def run_table(rep) -> tuple[list[str], list[list[str]]]:
+    head = ["run", "status", "framework", "model", "ranks", "global batch", "repeat", "samples/s",
+            "step (ms)", "peak mem", "MFU", "val loss", "time to target (s)"]
+    rows = [[r.run_id, r.status, r.label, r.model, _num(r.world_size, ".0f"), _num(r.global_batch, ".0f"),
+             _num(r.repeat, ".0f"), _num(r.samples_per_s), _num(None if r.step_time_median_s is None else r.step_time_median_s * 1e3),
+             _bytes(r.peak_memory_bytes), "-" if r.mfu is None or r.mfu != r.mfu else f"{r.mfu:.1%}",
+             _num(r.final_val_loss, ".4f"), _num(r.time_to_target_s, ".2f")]
+            for r in rep.summary.head(MAX_RUN_ROWS).itertuples()]
+    return head, rows
+
+
+def context(rep) -> dict:
+    df = rep.summary
+    envs = [r.get("env") or {} for r in rep.records.values()]
+    return {
+        "title": "ddlbench comparison report",
+        "generated": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "n_runs": len(df), "n_ok": int((df["status"] == "ok").sum()),
+        "hosts": sorted({h for e in envs for h in (e.get("hostnames") or [])}),
+        "torch": sorted({str(e.get("torch")) for e in envs if e.get("torch")}),
+        "devices": sorted({str(e.get("device")) for e in envs if e.get("device")}),
+        "cells": cell_table(rep), "parity": parity_table(rep), "failures": failure_table(rep),
+        "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
+        "plots": [(name, path, CAPTIONS[name]) for name, path in rep.plots.items()],
+        "parity_flags": int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0,
+    }
+
+
+def _md_escape(s: str) -> str:
+    return (str(s).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("\n", " "))
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(map(_md_escape, head)) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(_md_escape, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_markdown(rep) -> Path:
+    c = context(rep)
+    parts = [f"# {c['title']}", "",
+             f"Generated {c['generated']} from {c['n_runs']} runs ({c['n_ok']} ok). "
+             f"Devices: {', '.join(c['devices']) or '-'}; torch {', '.join(c['torch']) or '-'}; "
+             f"hosts: {', '.join(c['hosts']) or '-'}.", "",
+             "## Comparison (median over repeats, 95% bootstrap CI)", "", _md_table(*c["cells"]), ""]
+    for name, path, caption in c["plots"]:
+        parts += [f"### {name}", "", f"![{name}]({Path(path).name})", "", caption, ""]
+    parts += ["## Parity (DESIGN §7): runs of one model at one world size must agree", "",
+              f"{c['parity_flags']} run(s) differ from the majority." if c["parity_flags"] else "All compared runs agree.",
+              "", _md_table(*c["parity"][:2]), "", "## Failures", ""]
+    parts += [_md_table(*c["failures"]) if c["failures"][1] else "No failed runs.", ""]
+    parts += ["## All runs", "", _md_table(*c["runs"]), ""]
+    if c["runs_truncated"]:
+        parts += [f"(first {c['max_rows']} runs; summary.csv has all)", ""]
+    parts += [HOW_TO_READ_MD, ""]
+    path = rep.out / "report.md"
+    path.write_text("\n".join(parts))
+    return path
+
+
+HOW_TO_READ_MD = """## How to read this report
+- **samples/s**: global batch / median global step time (a step's global time is the max over ranks).
+- **scaling**: (X_N/N)/(X_N0/N0) against the smallest world size of the same configuration; *strong* holds the global batch, *weak* the per-device batch.
+- **time to target**: training time (sum of step times, evaluation excluded) until the first evaluation that met the target.
+- **theory**: params + grads + optimizer state bytes per rank for the strategy (ZeRO paper accounting).
+- Every number comes from a result.json; summary.csv holds one row per run."""
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+
+
+def write_html(rep) -> Path:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("bench.report", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    c = context(rep)
+    c["plots"] = [(name, _data_uri(path), caption) for name, path, caption in c["plots"]]
+    html = env.get_template("report.html.j2").render(**c)
+    path = rep.out / "report.html"
+    path.write_text(html)
+    return path

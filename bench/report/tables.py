@@ -1,0 +1,83 @@
+"""The report's derived tables: repeats aggregated per configuration, parity, failures."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from bench.metrics.stats import bootstrap_median_ci
+
+# What must be equal between compared runs (DESIGN §7). Compared = same model, same world size.
+PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_decay", "precision", "epochs"]
+
+
+def cells(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration (repeats together): run counts, and the median with a 95%
+    bootstrap interval of throughput and time-to-target over its ok repeats."""
+    out = []
+    for cid, g in df.groupby("config_id", sort=False):
+        ok = g[g["status"] == "ok"]
+        sps = bootstrap_median_ci(ok["samples_per_s"].tolist())
+        ttt = bootstrap_median_ci(ok["time_to_target_s"].dropna().tolist())
+        first = g.iloc[0]
+        out.append({
+            "config_id": cid, "label": first["label"], "model": first["model"],
+            "world_size": first["world_size"], "global_batch": first["global_batch"],
+            "runs": len(g), "ok": len(ok),
+            "samples_per_s": sps[0], "samples_per_s_ci_low": sps[1], "samples_per_s_ci_high": sps[2],
+            "time_to_target_s": ttt[0], "time_to_target_ci_low": ttt[1], "time_to_target_ci_high": ttt[2],
+            "scaling_efficiency": _median(ok["scaling_efficiency"]), "scaling_kind": _first(ok["scaling_kind"]),
+            "peak_memory_bytes": _median(ok["peak_memory_bytes"]),
+            "model_state_bytes_theory": _first(ok["model_state_bytes_theory"]),
+            "comm_bytes_per_step": _median(ok["comm_bytes_per_step"]),
+            "comm_wire_bytes_per_rank": _median(ok["comm_wire_bytes_per_rank"]),
+            "comm_analytic_wire_bytes_per_rank": _first(ok["comm_analytic_wire_bytes_per_rank"]),
+            "mfu": _median(ok["mfu"]), "final_val_loss": _median(ok["final_val_loss"]),
+            "final_val_accuracy": _median(ok["final_val_accuracy"]),
+        })
+    return pd.DataFrame(out)
+
+
+def _median(s: pd.Series):
+    s = pd.to_numeric(s, errors="coerce").dropna()
+    return float(s.median()) if len(s) else None
+
+
+def _first(s: pd.Series):
+    s = s.dropna()
+    return s.iloc[0] if len(s) else None
+
+
+def parity(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs of one model at one world size are compared; each field is checked against the most
+    common value among them, and every run that differs is flagged with the fields."""
+    rows = []
+    for (model, world), g in df.groupby(["model", "world_size"], sort=True):
+        ref = {f: _mode(g[f]) for f in PARITY_FIELDS}
+        for _, r in g.iterrows():
+            diff = [f for f in PARITY_FIELDS if not _same(r[f], ref[f])]
+            rows.append({"model": model, "world_size": world, "label": r["label"], "run_id": r["run_id"],
+                         **{f: r[f] for f in PARITY_FIELDS}, "differs": diff})
+    return pd.DataFrame(rows, columns=["model", "world_size", "label", "run_id", *PARITY_FIELDS, "differs"])
+
+
+def _norm(v):
+    """Comparable form of a cell: None for missing, float for numbers, str otherwise."""
+    if v is None or (isinstance(v, float) and v != v):
+        return None
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        return float(v)
+    return str(v)
+
+
+def _mode(s: pd.Series):
+    vals = [_norm(v) for v in s.tolist()]
+    return max(set(vals), key=lambda v: (vals.count(v), repr(v))) if vals else None
+
+
+def _same(value, ref) -> bool:
+    return _norm(value) == ref
+
+
+def failures(df: pd.DataFrame) -> pd.DataFrame:
+    cols = ["run_id", "label", "model", "world_size", "status", "error_type", "error_rank", "error_message", "path"]
+    return df[df["status"] != "ok"][cols].reset_index(drop=True)
