@@ -84,7 +84,9 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
 
 
 def cmd_multirun(overrides: list[str]) -> int:
-    from bench.config import plan_from_overrides
+    import copy
+
+    from bench.config import plan_from_overrides, validate
     from bench.launch.local import run_local
     from bench.sinks import log_to_sinks
     from bench.table import render, rows
@@ -100,6 +102,9 @@ def cmd_multirun(overrides: list[str]) -> int:
         if (run_dir / "result.json").exists():
             raise ConfigError(f"{run_dir} already holds a result.json; choose another run.dir")
         print(f"[{i + 1}/{len(cells)}] {' '.join(cell)}", flush=True)
+        raw = copy.deepcopy(plan.raw)
+        raw["run"]["dir"] = str(run_dir)   # the saved config names the cell's own directory
+        plan = validate(raw)
         record = run_local(plan, run_dir)
         log_to_sinks(plan, run_dir, record)
         records.append(record)

@@ -56,6 +56,9 @@ def _hydra_message(exc: Exception) -> str:
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
         return f"unknown config key '{m.group(1)}' (misspelt? use +{m.group(1)}=... only for new keys)"
+    m = re.search(r"Missing mandatory value: [\w.]+\s+full_key: ([\w.]+)", text)
+    if m:
+        return f"{m.group(1)} is required: set {m.group(1)}=..."
     m = re.search(r"Key '([^']+)' is not in struct", text)
     if m:
         return f"unknown config key '{m.group(1)}'"
@@ -73,7 +76,7 @@ def compose_raw(overrides: list[str], conf_dir: Path = CONF_DIR) -> dict[str, An
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir), job_name="bench"):
             cfg = compose(config_name="config", overrides=list(overrides))
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_hydra_message(exc)) from None
 
@@ -81,8 +84,9 @@ def compose_raw(overrides: list[str], conf_dir: Path = CONF_DIR) -> dict[str, An
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     lines = []
     for err in exc.errors():
-        # drop discriminator tags ("language"/"vision") from locations
-        loc = [str(p) for p in err["loc"] if p not in ("language", "vision")]
+        # drop discriminator tags (model kind, data name) that pydantic puts after the group
+        raw_loc = [str(p) for p in err["loc"]]
+        loc = [p for i, p in enumerate(raw_loc) if not (i == 1 and raw_loc[0] in ("model", "data"))]
         key = ".".join(([prefix] if prefix else []) + loc)
         if err["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key")

@@ -84,7 +84,8 @@ def inspect_page(path: Path, screenshot: Path, width: int = 1280) -> dict:
         for e in page.events:
             m, p = e.get("method"), e.get("params", {})
             if m == "Runtime.exceptionThrown":
-                errors.append(p["exceptionDetails"].get("text"))
+                d = p["exceptionDetails"]
+                errors.append(f'{d.get("text")} {(d.get("exception") or {}).get("description", "")}')
             elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
                 errors.append(str(p.get("args")))
             elif m == "Log.entryAdded" and p["entry"].get("level") == "error":

@@ -8,9 +8,33 @@ from conftest import bench
 ALL_OPTIONS = [(g, o) for g in GROUPS if g != "run" for o in group_options(g)]
 
 
+@pytest.fixture(scope="module")
+def data_dirs(tmp_path_factory):
+    """Minimal on-disk datasets so path-taking options compose (ImageFolder: 10 classes)."""
+    root = tmp_path_factory.mktemp("data")
+    for split in ("train", "val"):
+        for c in range(10):
+            (root / "images" / split / f"c{c}").mkdir(parents=True)
+    (root / "text").mkdir()
+    for name in ("wiki.train.tokens", "wiki.valid.tokens"):
+        (root / "text" / name).write_text("some text\n")
+    return root
+
+
+def needs(group: str, option: str, data_dirs) -> list[str]:
+    """Companion overrides a group option needs to form a valid config on its own."""
+    vision = ["model=resnet18_tiny"]
+    return {("data", "blobs"): vision, ("data", "digits"): vision,
+            ("data", "imagefolder"): vision + [f"data.path={data_dirs / 'images'}"],
+            ("data", "text"): [f"data.path={data_dirs / 'text'}"],
+            ("experiment", "seed_vgg16_imagenet"): [f"data.path={data_dirs / 'images'}", "model.num_classes=10"],
+            ("experiment", "seed_gpt2_medium_wikitext103"): [f"data.path={data_dirs / 'text'}", "data.tokenizer=byte"],
+            }.get((group, option), [])
+
+
 @pytest.mark.parametrize("group,option", ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
-def test_every_group_option_composes_and_validates(group, option):
-    plan = plan_from_overrides([f"{group}={option}"])
+def test_every_group_option_composes_and_validates(group, option, data_dirs):
+    plan = plan_from_overrides([f"{group}={option}", *needs(group, option, data_dirs)])
     assert plan.dims.world_size == plan.cfg.launcher.nproc
     if group == "framework":  # files are <framework>[_<variant>]; fsdp_* run the fsdp2 adapter
         assert option.startswith(plan.cfg.framework.name.removesuffix("2"))
@@ -53,6 +77,20 @@ BAD = [
     (["hardware=tpu9"], "unknown hardware 'tpu9'"),
     (["run.timeout_s=0"], "run.timeout_s: Input should be greater than 0"),
     (["nonsense"], "cannot parse override 'nonsense'"),
+    (["data=markov", "model=resnet18_tiny"], "data=markov is a language dataset but model=resnet18_tiny is a vision model"),
+    (["data=digits"], "data=digits is an image dataset but model=gpt2_tiny is a language model"),
+    (["run.epochs=2"], "data=synthetic is random noise"),
+    (["data=markov", "run.target=2.0"], "run.eval_every and run.target apply to epoch training: set run.epochs"),
+    (["data=imagefolder", "model=resnet18_tiny"], "data.path is required: set data.path=..."),
+    (["data=imagefolder", "model=resnet18_tiny", "data.path=/no/such/dir"], "data.path: /no/such/dir/train is not a directory"),
+    (["data=text", "data.path=/no/such"], "data.path: /no/such/wiki.train.tokens does not exist"),
+    (["data=text", "data.path=/tmp", "data.tokenizer=gpt2"], "tokenizer gpt2 needs data.tokenizer_dir"),
+    (["data=digits", "model=resnet18_tiny", "run.epochs=1", "run.target=1.1", "run.target_vs_floor=true"],
+     "run.target_vs_floor needs run.target_metric=loss and a dataset with a known floor"),
+    (["data=markov", "data.states=1000"], "data.states 1000 exceeds model.vocab_size 256"),
+    (["data=markov", "data.train_samples=4"], "data.train_samples 4 is smaller than run.global_batch 8"),
+    (["data=markov", "run.epochs=1", "run.target=1.5", "run.target_metric=accuracy"], "an accuracy target must be in (0, 1]"),
+    (["data=markov", "data.concentration=0"], "data.concentration: Input should be greater than 0"),
 ]
 
 

@@ -69,13 +69,20 @@ def _norm(v):
     return str(v)
 
 
+_NO_MAJORITY = object()
+
+
 def _mode(s: pd.Series):
+    """The value most runs share; none if the top count is tied (then every run is flagged)."""
     vals = [_norm(v) for v in s.tolist()]
-    return max(set(vals), key=lambda v: (vals.count(v), repr(v))) if vals else None
+    counts = sorted(((vals.count(v), repr(v), v) for v in set(vals)), reverse=True, key=lambda t: (t[0], t[1]))
+    if not counts or (len(counts) > 1 and counts[0][0] == counts[1][0]):
+        return _NO_MAJORITY
+    return counts[0][2]
 
 
 def _same(value, ref) -> bool:
-    return _norm(value) == ref
+    return ref is not _NO_MAJORITY and _norm(value) == ref
 
 
 def failures(df: pd.DataFrame) -> pd.DataFrame:

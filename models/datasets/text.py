@@ -26,14 +26,16 @@ def byte_tokens(path: Path) -> np.ndarray:
 
 
 def gpt2_tokens(path: Path, tokenizer_dir: str) -> np.ndarray:
-    from transformers import GPT2TokenizerFast
+    """GPT-2's byte-level BPE (the `tokenizers` library, as HF's fast GPT-2 tokenizer uses)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     d = Path(tokenizer_dir)
-    tok = GPT2TokenizerFast(vocab_file=str(d / "vocab.json"), merges_file=str(d / "merges.txt"))
+    tok = Tokenizer(models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt")))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     ids: list[int] = []
     with open(path, encoding="utf-8") as f:
         while chunk := f.readlines(1 << 20):   # ~1 MiB of whole lines at a time
-            ids.extend(tok("".join(chunk))["input_ids"])
+            ids.extend(tok.encode("".join(chunk)).ids)
     return np.asarray(ids, dtype=np.int32)
 
 

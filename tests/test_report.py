@@ -1,0 +1,98 @@
+"""`bench report` on result files with known numbers: arithmetic, parity, failures, escaping."""
+import csv
+import json
+
+import pytest
+
+from bench import report
+from bench.report.frame import SUMMARY_COLUMNS
+from conftest import bench
+from reportdata import make_record, write
+
+
+@pytest.fixture
+def known(tmp_path):
+    root = tmp_path / "runs"
+    for i, sps in enumerate((90.0, 100.0, 110.0)):             # ddp n=1: three repeats
+        write(root, make_record(f"ddp1_r{i}", repeat=i, sps=sps, ttt=10.0 + i))
+    write(root, make_record("ddp2", world=2, sps=150.0, ttt=8.0))           # strong: same global batch
+    write(root, make_record("fsdp1", framework="fsdp2", variant="full", sps=100.0))
+    write(root, make_record("fsdp2", framework="fsdp2", variant="full", world=2, global_batch=16, sps=180.0))  # weak
+    write(root, make_record("ds2", framework="deepspeed", variant="zero2", world=2, sps=140.0, lr=0.01))
+    write(root, make_record("hvd2", framework="horovod", world=2, status="failed", message="rank 1 raised at step 2"))
+    (root / "corrupt").mkdir()
+    (root / "corrupt" / "result.json").write_text('{"schema": "ddlbench.res')   # torn file
+    return root
+
+
+def test_summary_csv_numbers(known, tmp_path):
+    rep = report.build([str(known)], tmp_path / "out", progress=False)
+    with open(tmp_path / "out" / "summary.csv") as f:
+        rows = {r["run_id"]: r for r in csv.DictReader(f)}
+    assert list(rows["ddp2"])[:len(SUMMARY_COLUMNS)] == SUMMARY_COLUMNS
+    # strong: (150/2) / (median(90,100,110)/1) = 0.75
+    assert float(rows["ddp2"]["scaling_efficiency"]) == pytest.approx(0.75)
+    assert rows["ddp2"]["scaling_kind"] == "strong"
+    # weak: global batch 8 -> 16 with 1 -> 2 ranks: (180/2)/(100/1) = 0.9
+    assert float(rows["fsdp2"]["scaling_efficiency"]) == pytest.approx(0.9)
+    assert rows["fsdp2"]["scaling_kind"] == "weak"
+    assert float(rows["ddp1_r0"]["peak_memory_bytes"]) == 1000 and float(rows["ddp2"]["peak_memory_bytes"]) == 1001
+    assert rows["hvd2"]["status"] == "failed" and rows["corrupt"]["status"] == "failed"
+    cell = rep.cells[(rep.cells["label"] == "ddp") & (rep.cells["world_size"] == 1)].iloc[0]
+    assert (cell["runs"], cell["ok"], cell["samples_per_s"]) == (3, 3, 100.0)
+    assert 90 <= cell["samples_per_s_ci_low"] <= 100 <= cell["samples_per_s_ci_high"] <= 110
+    assert cell["time_to_target_s"] == 11.0
+
+
+def test_parity_flags_the_run_that_differs(known, tmp_path):
+    rep = report.build([str(known)], tmp_path / "out", progress=False)
+    flagged = {r.run_id: r.differs for r in rep.parity.itertuples() if r.differs}
+    assert flagged == {"ds2": ["lr"], "fsdp2": ["global_batch"]}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "DIFFERS: lr" in md and "DIFFERS: global_batch" in md
+
+
+def test_failures_table_lists_failed_and_unreadable(known, tmp_path):
+    rep = report.build([str(known)], tmp_path / "out", progress=False)
+    f = rep.failures.set_index("run_id")
+    assert f.loc["hvd2", "error_message"] == "rank 1 raised at step 2" and f.loc["hvd2", "error_rank"] == 1
+    assert f.loc["corrupt", "error_type"] == "unreadable_result"
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "rank 1 raised at step 2" in html and "unreadable_result" in html
+
+
+def test_user_strings_are_escaped(tmp_path):
+    root = tmp_path / "runs"
+    write(root, make_record("x", framework="<script>alert(1)</script>", sps=10.0))
+    write(root, make_record("y", world=1, status="failed", message="a|b <img src=x onerror=alert(2)>"))
+    report.build([str(root)], tmp_path / "out", progress=False)
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<img src=x" not in html
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "a\\|b &lt;img" in md and "<script>" not in md
+
+
+def test_wandb_report_offline_writes_a_valid_spec(known, tmp_path):
+    from bench.report.wandb_report import build_report, publish
+
+    rep = report.build([str(known)], tmp_path / "out", progress=False)
+    message = publish(rep)
+    assert "offline" in message and "no network" in message
+    spec = json.loads((tmp_path / "out" / "wandb_report.json").read_text())
+    assert "ddp1_r0" in spec["runset"]["query"] and not spec["online"]
+    wr = build_report(spec)   # the wandb-workspaces objects build from the spec without network
+    grid = wr.blocks[-1]
+    assert len(grid.panels) == len(spec["panels"]) and grid.runsets[0].query == spec["runset"]["query"]
+    assert {"val/loss", "throughput/samples_per_s"} <= {m for p in spec["panels"] for m in p.get("y", p.get("metrics", []))}
+
+
+def test_cli_report_and_bad_paths(known, tmp_path):
+    proc = bench("report", str(known), "-o", str(tmp_path / "cli"))
+    assert proc.returncode == 0, proc.stderr
+    assert "9 runs (2 not ok)" in proc.stdout and (tmp_path / "cli" / "report.html").exists()
+    proc = bench("report", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and "no such path" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = bench("report", str(tmp_path / "empty"))
+    assert proc.returncode == 2 and "no result.json" in proc.stderr
