@@ -8,8 +8,11 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile scripts/build_horovod.sh | sha1sum | cut -c1-12)
 BENCH_DIR ?= outputs/make-bench
 
-.PHONY: bench test setup clean
+.PHONY: bench test setup system-deps clean
 setup: $(STAMP)
+
+system-deps:   # Chromium for the report test (apt, as root)
+	bash scripts/system_deps.sh
 
 $(STAMP):
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 2; }
@@ -26,8 +29,9 @@ bench: setup
 	$(BIN)/bench run framework=ddp model=gpt2_tiny launcher.nproc=1 run.dir=$(BENCH_DIR)/ddp_n1
 	$(BIN)/bench run framework=ddp model=gpt2_tiny launcher.nproc=2 run.dir=$(BENCH_DIR)/ddp_n2
 	$(BIN)/bench table $(BENCH_DIR)
+	$(BIN)/bench report $(BENCH_DIR) -o $(BENCH_DIR)/report
 
-test: setup
+test: setup system-deps
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -143,3 +143,16 @@ def test_eval_shards_count_every_sample_once(size, dp, batch):
                 counted[i] = counted.get(i, 0) + wi
     assert counted == {i: 1.0 for i in range(size)}
     assert len(n_batches) == 1   # every rank runs the same number of forwards (FSDP/ZeRO-3)
+
+
+def test_dataloader_workers_give_the_same_batches(tmp_path):
+    import torch
+    from models.datasets import tensor_split
+    from models.loader import TrainStream
+
+    split = tensor_split({"x": torch.arange(40).view(20, 2), "y": torch.arange(20)})
+    direct = TrainStream(split, 1, 8, 1, 4, torch.device("cpu"), num_workers=0)
+    workers = TrainStream(split, 1, 8, 1, 4, torch.device("cpu"), num_workers=2)
+    a, b = list(direct.epoch(0)), list(workers.epoch(0))
+    assert len(a) == len(b) == 2
+    assert all(torch.equal(p["y"], q["y"]) and torch.equal(p["x"], q["x"]) for p, q in zip(a, b))

@@ -39,13 +39,13 @@ def build(paths: list[str], out: Path, progress: bool = True) -> Report:
     df[ordered].to_csv(out / "summary.csv", index=False)
     for name, fn in (("throughput", lambda: plots.throughput(rep.cells, out)),
                      ("scaling", lambda: plots.scaling(rep.cells, out)),
-                     ("convergence", lambda: plots.convergence(df, rep.records, out)),
                      ("memory", lambda: plots.memory(rep.cells, out)),
                      ("communication", lambda: plots.communication(rep.cells, out)),
                      ("mfu", lambda: plots.mfu(rep.cells, out))):
         path = fn()
         if path is not None:
             rep.plots[name] = path
+    rep.plots.update(plots.convergence(df, rep.records, out))
     from bench.report.render import write_html, write_markdown
     write_markdown(rep)
     write_html(rep)

@@ -64,34 +64,41 @@ def scaling(cells: pd.DataFrame, out: Path) -> Optional[Path]:
     return _save(fig, out / "scaling.png")
 
 
-def convergence(df: pd.DataFrame, records: dict, out: Path) -> Optional[Path]:
-    ok = df[(df["status"] == "ok")]
-    curves = [(r.label, r.world_size, records[r.path]) for r in ok.itertuples()
-              if (records[r.path].get("convergence") or {}).get("eval")]
-    if not curves:
-        return None
+def convergence(df: pd.DataFrame, records: dict, out: Path) -> dict[str, Path]:
+    """One figure per (model, dataset): validation loss/accuracy vs epoch and vs training time."""
+    ok = df[df["status"] == "ok"]
+    figures = {}
+    for (model, data), group in ok.groupby(["model", "data"], sort=True):
+        curves = [(r.label, r.world_size, r.repeat, records[r.path]) for r in group.itertuples()
+                  if (records[r.path].get("convergence") or {}).get("eval")]
+        if curves:
+            name = f"convergence_{model}_{data}"
+            figures[name] = _convergence_figure(curves, f"{model} on {data}", out / f"{name}.png")
+    return figures
+
+
+def _convergence_figure(curves: list, title: str, path: Path) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
-    for label, world, rec in curves[:MAX_BARS]:
-        conv = rec["convergence"]
-        ev = conv["eval"]
+    for label, world, repeat, rec in curves[:MAX_BARS]:
+        ev = rec["convergence"]["eval"]
         for row, metric in enumerate(("loss", "accuracy")):
             for col, x in enumerate(("epoch", "time_s")):
-                axes[row][col].plot([e[x] for e in ev], [e[metric] for e in ev], marker=".",
-                                    label=f"{label} n={world}")
-    floor = curves[0][2]["convergence"].get("floor") or {}
-    target = curves[0][2]["convergence"]
+                axes[row][col].plot([e[x] for e in ev], [e[metric] for e in ev], marker=".", lw=1.2,
+                                    label=f"{label} n={world}" + (f" r{repeat}" if repeat else ""))
+    conv = curves[0][3]["convergence"]
+    floor = conv.get("floor") or {}
     for col in range(2):
         for row, metric in enumerate(("loss", "accuracy")):
             ax = axes[row][col]
             if floor.get(metric) is not None:
                 ax.axhline(floor[metric], color="black", ls="--", lw=1, label="dataset floor")
-            if target.get("target") is not None and target.get("target_metric") == metric:
-                ax.axhline(target["target"], color="red", ls=":", lw=1, label="target")
+            if conv.get("target") is not None and conv.get("target_metric") == metric:
+                ax.axhline(conv["target"], color="red", ls=":", lw=1, label="target")
             ax.set_ylabel(f"validation {metric}")
             ax.set_xlabel("epoch" if col == 0 else "training time (s, evaluation excluded)")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("Statistical efficiency: validation metric vs epoch and vs time")
-    return _save(fig, out / "convergence.png")
+    axes[0][1].legend(fontsize=7, ncol=2)
+    fig.suptitle(f"Statistical efficiency, {title}: validation metric vs epoch and vs time")
+    return _save(fig, path)
 
 
 def _bars(cells: pd.DataFrame, series: dict, ylabel: str, title: str, path: Path, scale=1.0) -> Optional[Path]:

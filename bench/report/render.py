@@ -62,15 +62,15 @@ def cell_table(rep) -> tuple[list[str], list[list[str]]]:
 
 def parity_table(rep) -> tuple[list[str], list[list[str]], list[list[bool]]]:
     from bench.report.tables import PARITY_FIELDS
-    head = ["model", "ranks", "framework", "run", *PARITY_FIELDS, "parity"]
+    head = ["model", "ranks", "framework", "first run", "runs", *PARITY_FIELDS, "parity"]
     rows, flags = [], []
     for r in rep.parity.itertuples():
         diff = set(r.differs)
-        rows.append([r.model, str(r.world_size), r.label, r.run_id,
+        rows.append([r.model, str(r.world_size), r.label, r.run_id, str(r.runs),
                      *[("-" if getattr(r, f) is None or getattr(r, f) != getattr(r, f) else str(getattr(r, f)))
                        for f in PARITY_FIELDS],
                      "ok" if not diff else "DIFFERS: " + ", ".join(sorted(diff))])
-        flags.append([False] * 4 + [f in diff for f in PARITY_FIELDS] + [bool(diff)])
+        flags.append([False] * 5 + [f in diff for f in PARITY_FIELDS] + [bool(diff)])
     return head, rows, flags
 
 
@@ -104,7 +104,7 @@ def context(rep) -> dict:
         "devices": sorted({str(e.get("device")) for e in envs if e.get("device")}),
         "cells": cell_table(rep), "parity": parity_table(rep), "failures": failure_table(rep),
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
-        "plots": [(name, path, CAPTIONS[name]) for name, path in rep.plots.items()],
+        "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
         "parity_flags": int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0,
     }
 
@@ -129,8 +129,8 @@ def write_markdown(rep) -> Path:
              "## Comparison (median over repeats, 95% bootstrap CI)", "", _md_table(*c["cells"]), ""]
     for name, path, caption in c["plots"]:
         parts += [f"### {name}", "", f"![{name}]({Path(path).name})", "", caption, ""]
-    parts += ["## Parity (DESIGN §7): runs of one model at one world size must agree", "",
-              f"{c['parity_flags']} run(s) differ from the majority." if c["parity_flags"] else "All compared runs agree.",
+    parts += ["## Parity (DESIGN §7): configurations of one model at one world size must agree", "",
+              f"{c['parity_flags']} configuration(s) differ from the majority." if c["parity_flags"] else "All compared configurations agree.",
               "", _md_table(*c["parity"][:2]), "", "## Failures", ""]
     parts += [_md_table(*c["failures"]) if c["failures"][1] else "No failed runs.", ""]
     parts += ["## All runs", "", _md_table(*c["runs"]), ""]

@@ -48,16 +48,19 @@ def _first(s: pd.Series):
 
 
 def parity(df: pd.DataFrame) -> pd.DataFrame:
-    """Runs of one model at one world size are compared; each field is checked against the most
-    common value among them, and every run that differs is flagged with the fields."""
+    """Configurations of one model at one world size are compared (repeats share every parity
+    field, so one row per configuration); each field is checked against the value most of them
+    share, and every configuration that differs is flagged with the fields."""
     rows = []
     for (model, world), g in df.groupby(["model", "world_size"], sort=True):
-        ref = {f: _mode(g[f]) for f in PARITY_FIELDS}
-        for _, r in g.iterrows():
+        configs = g.drop_duplicates("config_id")
+        ref = {f: _mode(configs[f]) for f in PARITY_FIELDS}
+        for _, r in configs.iterrows():
             diff = [f for f in PARITY_FIELDS if not _same(r[f], ref[f])]
             rows.append({"model": model, "world_size": world, "label": r["label"], "run_id": r["run_id"],
+                         "runs": int((g["config_id"] == r["config_id"]).sum()),
                          **{f: r[f] for f in PARITY_FIELDS}, "differs": diff})
-    return pd.DataFrame(rows, columns=["model", "world_size", "label", "run_id", *PARITY_FIELDS, "differs"])
+    return pd.DataFrame(rows, columns=["model", "world_size", "label", "run_id", "runs", *PARITY_FIELDS, "differs"])
 
 
 def _norm(v):

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# System packages the test suite needs: Debian's chromium (report.html is checked in a real
+# headless browser). Installs with apt when run as root; otherwise says what to install.
+set -euo pipefail
+if command -v chromium >/dev/null 2>&1; then
+  exit 0
+fi
+if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing chromium (apt, ~1 min)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends chromium >/dev/null
+else
+  echo "the tests need Chromium: install Debian's 'chromium' package (sudo apt-get install chromium)" >&2
+  exit 2
+fi
