@@ -97,6 +97,22 @@ def load_result(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def find_results(paths: list[str]) -> list[Path]:
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            found.append(p)
+        elif (p / RESULT_FILE).is_file():
+            found.append(p / RESULT_FILE)
+        elif p.is_dir():
+            for root, _dirs, files in os.walk(p):  # faster than rglob on 10k+ directories
+                if RESULT_FILE in files:
+                    found.append(Path(root) / RESULT_FILE)
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory")
+    return sorted(set(found))
+
+
 def check_record(record: dict) -> list[str]:
     """What is wrong with a record (empty list = valid). Used by writers and by tests."""
     problems = [f"missing {k}" for k in REQUIRED if k not in record]

@@ -100,10 +100,6 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     evaluate = None
     if cfg.run.epochs:  # quality mode: whole epochs, evaluation between steps
         total = cfg.run.epochs * steps_per_epoch
-        if warmup >= total:
-            warnings.append(f"run.warmup_steps {warmup} >= the {total} training steps; "
-                            f"timing statistics use the last step only")
-            warmup = total - 1
         evaluate = Evaluator(adapter, dataset, dims, dp_rank, ctx.device, steps_per_epoch, cfg.run.eval_every)
     else:
         total = warmup + cfg.run.measure_steps
@@ -138,6 +134,10 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
             t_prev = time.perf_counter()  # evaluation is not part of any step
     wall_s = time.perf_counter() - wall0
     progress.close()
+    if warmup >= len(step_s):  # quality mode: fewer steps than warm-up (short epochs, early stop)
+        warnings.append(f"run.warmup_steps {warmup} >= the {len(step_s)} steps trained; "
+                        "timing statistics use the last step only")
+        warmup = len(step_s) - 1
 
     memory = adapter.memory_stats()  # peaks of the training loop, before the probe step
     comm = _probe_comm(adapter, next(batches), ctx.device)

@@ -1,22 +1,9 @@
 """A short terminal table of runs (what `make bench` prints). The full report is `bench report`."""
 from __future__ import annotations
 
-from pathlib import Path
 
 from bench.metrics.throughput import scaling_efficiency, scaling_kind
-from bench.results import RESULT_FILE, load_result
-
-
-def find_results(paths: list[str]) -> list[Path]:
-    found: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_file() and p.name == RESULT_FILE:
-            found.append(p)
-        elif (p / RESULT_FILE).exists():
-            found.append(p / RESULT_FILE)
-        elif p.is_dir():
-            found.extend(sorted(p.rglob(RESULT_FILE)))
-    return found
+from bench.results import find_results, load_result
 
 
 def _fmt_bytes(n) -> str:

@@ -42,7 +42,8 @@ def main(template_path: str, n: int = 10_000) -> None:
     from bench import report
     from bench.report import plots
     from bench.report.frame import summary_frame
-    from bench.report.load import find_results, load_records
+    from bench.report.load import load_records
+    from bench.results import find_results
 
     template = json.loads(Path(template_path).read_text())
     rng = random.Random(0)

@@ -11,7 +11,8 @@ import pandas as pd
 
 from bench.report import plots
 from bench.report.frame import SUMMARY_COLUMNS, summary_frame
-from bench.report.load import find_results, load_records
+from bench.report.load import load_records
+from bench.results import find_results
 from bench.report.tables import cells, failures, parity
 
 

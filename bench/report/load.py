@@ -2,26 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from bench.results import RESULT_FILE, SCHEMA
-
-
-def find_results(paths: list[str]) -> list[Path]:
-    found: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_file():
-            found.append(p)
-        elif (p / RESULT_FILE).is_file():
-            found.append(p / RESULT_FILE)
-        elif p.is_dir():
-            for root, _dirs, files in os.walk(p):  # faster than rglob on 10k+ directories
-                if RESULT_FILE in files:
-                    found.append(Path(root) / RESULT_FILE)
-        else:
-            raise FileNotFoundError(f"{p}: no such file or directory")
-    return sorted(set(found))
+from bench.results import SCHEMA
 
 
 def unreadable(path: Path, exc: Exception) -> dict:
