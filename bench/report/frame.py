@@ -47,6 +47,14 @@ def _peak_memory(record: dict):
     return max(peaks) if peaks else None
 
 
+def _rss_above_baseline(record: dict):
+    """CPU runs: max over ranks of peak RSS minus the post-import baseline (what the run added)."""
+    deltas = [m["peak_rss_bytes"] - m["baseline_rss_bytes"]
+              for m in (record.get("memory") or {}).get("per_rank") or []
+              if m.get("peak_allocated_bytes") is None and m.get("peak_rss_bytes") and m.get("baseline_rss_bytes")]
+    return max(deltas) if deltas else None
+
+
 def summary_row(record: dict, path: str = "") -> dict:
     cfg = record.get("config") or {}
     par = record.get("parallel") or {}
@@ -84,6 +92,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         "samples_per_s_per_device": tp.get("samples_per_s_per_device"),
         "step_time_p10_s": st.get("p10"), "step_time_p90_s": st.get("p90"),
         "model_state_bytes_theory": (record.get("memory") or {}).get("model_state_bytes_per_rank_theory"),
+        "rss_above_baseline_bytes": _rss_above_baseline(record),
         "comm_bytes_per_step": sum((comm.get("per_step_bytes") or {}).values()) if comm else None,
         "comm_wire_bytes_per_rank": comm.get("wire_bytes_per_rank") if comm else None,
         "comm_analytic_wire_bytes_per_rank": comm.get("analytic_wire_bytes_per_rank") if comm else None,

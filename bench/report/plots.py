@@ -24,27 +24,36 @@ def _save(fig, path: Path) -> Path:
 
 
 def _cell_names(cells: pd.DataFrame) -> list[str]:
-    return [f"{r.label} n={r.world_size}" for r in cells.itertuples()]
+    many_models = cells["model"].nunique() > 1
+    return [f"{r.label} n={r.world_size}" + (f" ({r.model})" if many_models else "") for r in cells.itertuples()]
+
+
+def _per_model_axes(models: list, width: float, height: float = 4.0):
+    fig, axes = plt.subplots(1, len(models), figsize=(width * len(models), height), squeeze=False)
+    return fig, axes[0]
 
 
 def throughput(cells: pd.DataFrame, out: Path) -> Optional[Path]:
     c = cells.dropna(subset=["samples_per_s"])
     if c.empty:
         return None
-    sizes = sorted(c["world_size"].unique())
-    labels = sorted(c["label"].unique())
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(sizes) * max(1, len(labels)) / 2), 4))
-    width = 0.8 / len(labels)
-    for j, lab in enumerate(labels):
-        sub = c[c["label"] == lab].groupby("world_size").first()
-        xs = [sizes.index(n) + j * width for n in sub.index]
-        err = np.array([(sub["samples_per_s"] - sub["samples_per_s_ci_low"]).fillna(0),
-                        (sub["samples_per_s_ci_high"] - sub["samples_per_s"]).fillna(0)])
-        ax.bar(xs, sub["samples_per_s"], width, yerr=err, capsize=3, label=lab)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))], [f"{n} rank(s)" for n in sizes])
-    ax.set_ylabel("samples/s (median of repeats)")
-    ax.set_title("Throughput by framework and world size (bars: 95% bootstrap CI)")
-    ax.legend(fontsize=8)
+    models = sorted(c["model"].unique())
+    fig, axes = _per_model_axes(models, 6.5)
+    for ax, model in zip(axes, models):
+        m = c[c["model"] == model]
+        sizes, labels = sorted(m["world_size"].unique()), sorted(m["label"].unique())
+        width = 0.8 / len(labels)
+        for j, lab in enumerate(labels):
+            sub = m[m["label"] == lab].groupby("world_size").first()
+            xs = [sizes.index(n) + j * width for n in sub.index]
+            err = np.array([(sub["samples_per_s"] - sub["samples_per_s_ci_low"]).fillna(0),
+                            (sub["samples_per_s_ci_high"] - sub["samples_per_s"]).fillna(0)])
+            ax.bar(xs, sub["samples_per_s"], width, yerr=err, capsize=3, label=lab)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))], [f"{n} rank(s)" for n in sizes])
+        ax.set_ylabel("samples/s (median of repeats)")
+        ax.set_title(model)
+        ax.legend(fontsize=8)
+    fig.suptitle("Throughput by framework and world size (error bars: 95% bootstrap CI)")
     return _save(fig, out / "throughput.png")
 
 
@@ -52,15 +61,18 @@ def scaling(cells: pd.DataFrame, out: Path) -> Optional[Path]:
     c = cells.dropna(subset=["scaling_efficiency"])
     if c.empty:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (lab, kind), g in c.groupby(["label", "scaling_kind"]):
-        g = g.sort_values("world_size")
-        ax.plot(g["world_size"], g["scaling_efficiency"], marker="o", label=f"{lab} ({kind})")
-    ax.axhline(1.0, color="grey", ls="--", lw=1)
-    ax.set_xlabel("world size (ranks)")
-    ax.set_ylabel("scaling efficiency")
-    ax.set_title("Scaling efficiency: (X_N/N)/(X_N0/N0); kind in the legend")
-    ax.legend(fontsize=8)
+    models = sorted(c["model"].unique())
+    fig, axes = _per_model_axes(models, 5.5)
+    for ax, model in zip(axes, models):
+        for (lab, kind), g in c[c["model"] == model].groupby(["label", "scaling_kind"]):
+            g = g.sort_values("world_size")
+            ax.plot(g["world_size"], g["scaling_efficiency"], marker="o", label=f"{lab} ({kind})")
+        ax.axhline(1.0, color="grey", ls="--", lw=1)
+        ax.set_xlabel("world size (ranks)")
+        ax.set_ylabel("scaling efficiency")
+        ax.set_title(model)
+        ax.legend(fontsize=8)
+    fig.suptitle("Scaling efficiency (X_N/N)/(X_N0/N0); weak or strong in the legend")
     return _save(fig, out / "scaling.png")
 
 
@@ -119,6 +131,7 @@ def _bars(cells: pd.DataFrame, series: dict, ylabel: str, title: str, path: Path
 
 def memory(cells: pd.DataFrame, out: Path) -> Optional[Path]:
     return _bars(cells, {"peak_memory_bytes": "measured peak (max over ranks)",
+                         "rss_above_baseline_bytes": "CPU: peak RSS above the post-import baseline",
                          "model_state_bytes_theory": "theory: params+grads+optimizer state per rank"},
                  "GiB", "Memory per rank: measured vs theory (CPU: host RSS incl. runtime)",
                  out / "memory.png", scale=GiB)

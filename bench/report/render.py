@@ -15,7 +15,7 @@ CAPTIONS = {
     "throughput": "Median samples/s per framework and world size; error bars: 95% bootstrap CI over repeats.",
     "scaling": "Scaling efficiency against the smallest world size of the same configuration; weak = per-device batch fixed, strong = global batch fixed.",
     "convergence": "Validation loss and accuracy against epochs and against training time (evaluation excluded). Dashed: the dataset's known floor; dotted: the target.",
-    "memory": "Peak memory per rank (GPU: allocated; CPU: host RSS, which includes the Python/torch runtime) next to the theoretical model-state bytes per rank.",
+    "memory": "Peak memory per rank (GPU: allocated; CPU: host RSS, which includes the Python/torch runtime, and the part above the post-import baseline) next to the theoretical model-state bytes per rank.",
     "communication": "Bytes communicated per training step, counted where the collectives are issued, next to the ring wire volume and the textbook formula.",
     "mfu": "Model FLOPs utilisation: counted FLOPs x samples/s / (devices x peak FLOP/s).",
 }

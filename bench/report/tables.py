@@ -27,6 +27,7 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
             "time_to_target_s": ttt[0], "time_to_target_ci_low": ttt[1], "time_to_target_ci_high": ttt[2],
             "scaling_efficiency": _median(ok["scaling_efficiency"]), "scaling_kind": _first(ok["scaling_kind"]),
             "peak_memory_bytes": _median(ok["peak_memory_bytes"]),
+            "rss_above_baseline_bytes": _median(ok["rss_above_baseline_bytes"]),
             "model_state_bytes_theory": _first(ok["model_state_bytes_theory"]),
             "comm_bytes_per_step": _median(ok["comm_bytes_per_step"]),
             "comm_wire_bytes_per_rank": _median(ok["comm_wire_bytes_per_rank"]),
