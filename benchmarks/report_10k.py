@@ -42,7 +42,7 @@ def main(template_path: str, n: int = 10_000) -> None:
     from bench import report
     from bench.report import plots
     from bench.report.frame import summary_frame
-    from bench.report.load import load_records
+    from bench.report.load import load_records, paused_gc
     from bench.results import find_results
 
     template = json.loads(Path(template_path).read_text())
@@ -58,9 +58,10 @@ def main(template_path: str, n: int = 10_000) -> None:
         t0 = time.perf_counter()
         rep = report.build([str(root)], Path(tmp) / "out", progress=False)
         total = time.perf_counter() - t0
-        t = time.perf_counter(); files = find_results([str(root)]); recs = load_records(files, progress=False)
-        t_load = time.perf_counter() - t
-        t = time.perf_counter(); df = summary_frame(recs, [str(f.parent) for f in files]); t_frame = time.perf_counter() - t
+        with paused_gc():
+            t = time.perf_counter(); files = find_results([str(root)]); recs = load_records(files, progress=False)
+            t_load = time.perf_counter() - t
+            t = time.perf_counter(); df = summary_frame(recs, [str(f.parent) for f in files]); t_frame = time.perf_counter() - t
         t = time.perf_counter(); plots.throughput(rep.cells, Path(tmp) / "out"); t_plot = time.perf_counter() - t
         print(f"bench report: {total:.2f} s total for {len(rep.summary)} runs, {len(rep.cells)} configurations "
               f"(stages, timed again separately: find+load {t_load:.2f} s, summary table {t_frame:.2f} s, "

@@ -11,7 +11,7 @@ import pandas as pd
 
 from bench.report import plots
 from bench.report.frame import SUMMARY_COLUMNS, summary_frame
-from bench.report.load import load_records
+from bench.report.load import load_records, paused_gc
 from bench.results import find_results
 from bench.report.tables import cells, failures, parity
 
@@ -31,22 +31,15 @@ def build(paths: list[str], out: Path, progress: bool = True) -> Report:
     files = find_results(paths)
     if not files:
         raise FileNotFoundError("no result.json found under: " + " ".join(paths))
-    records = load_records(files, progress)
-    df = summary_frame(records, [str(f.parent) for f in files])
+    with paused_gc():
+        records = load_records(files, progress)
+        df = summary_frame(records, [str(f.parent) for f in files])
+        rep = Report(out=out, summary=df, cells=cells(df), parity=parity(df), failures=failures(df),
+                     records={str(f.parent): r for f, r in zip(files, records)})
     out.mkdir(parents=True, exist_ok=True)
-    rep = Report(out=out, summary=df, cells=cells(df), parity=parity(df), failures=failures(df),
-                 records={str(f.parent): r for f, r in zip(files, records)})
     ordered = SUMMARY_COLUMNS + [c for c in df.columns if c not in SUMMARY_COLUMNS]
     df[ordered].to_csv(out / "summary.csv", index=False)
-    for name, fn in (("throughput", lambda: plots.throughput(rep.cells, out)),
-                     ("scaling", lambda: plots.scaling(rep.cells, out)),
-                     ("memory", lambda: plots.memory(rep.cells, out)),
-                     ("communication", lambda: plots.communication(rep.cells, out)),
-                     ("mfu", lambda: plots.mfu(rep.cells, out))):
-        path = fn()
-        if path is not None:
-            rep.plots[name] = path
-    rep.plots.update(plots.convergence(df, rep.records, out))
+    rep.plots = plots.draw_all(rep.cells, plots.convergence_jobs(df, rep.records, out), out)
     from bench.report.render import write_html, write_markdown
     write_markdown(rep)
     write_html(rep)

@@ -7,7 +7,6 @@ import json
 
 import pandas as pd
 
-from bench.metrics.throughput import scaling_efficiency
 
 SUMMARY_COLUMNS = [  # DESIGN §6 contract, in this order; more columns follow
     "run_id", "status", "framework", "variant", "model", "world_size", "global_batch",
@@ -32,10 +31,17 @@ def _strip(config: dict, drop: set) -> dict:
     return out
 
 
+def _canonical(obj) -> bytes:
+    try:
+        import orjson
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    except (ImportError, TypeError):
+        return json.dumps(obj, sort_keys=True, default=str).encode()
+
+
 def config_id(config: dict, drop: set = frozenset()) -> str:
     """Hash of the resolved config without volatile keys: repeats of one cell share it."""
-    canon = json.dumps(_strip(config or {}, VOLATILE | set(drop)), sort_keys=True, default=str)
-    return hashlib.sha1(canon.encode()).hexdigest()[:10]
+    return hashlib.sha1(_canonical(_strip(config or {}, VOLATILE | set(drop)))).hexdigest()[:10]
 
 
 def _peak_memory(record: dict):
@@ -121,11 +127,12 @@ def add_scaling(df: pd.DataFrame) -> None:
     ok = df[(df["status"] == "ok") & df["samples_per_s"].notna()].copy()
     ok["per_device_batch"] = ok["global_batch"] / ok["world_size"]
     for kind, held in (("weak", "per_device_batch"), ("strong", "global_batch")):  # strong wins
-        for _, series in ok.groupby(["scaling_group", held]):
-            if series["world_size"].nunique() < 2:
-                continue
-            n0 = int(series["world_size"].min())
-            x0 = float(series[series["world_size"] == n0]["samples_per_s"].median())
-            for i, row in series.iterrows():
-                df.at[i, "scaling_efficiency"] = scaling_efficiency(row["samples_per_s"], int(row["world_size"]), x0, n0)
-                df.at[i, "scaling_kind"] = kind
+        keys = ok[["scaling_group", held]].astype(str).agg("|".join, axis=1)
+        n0 = ok.groupby(keys)["world_size"].transform("min")
+        sizes = ok.groupby(keys)["world_size"].transform("nunique")
+        base = ok[ok["world_size"] == n0].groupby(keys[ok["world_size"] == n0])["samples_per_s"].median()
+        x0 = keys.map(base)
+        series = sizes >= 2
+        eff = (ok["samples_per_s"] / ok["world_size"]) / (x0 / n0)  # metrics.throughput.scaling_efficiency, vectorised
+        df.loc[eff[series].index, "scaling_efficiency"] = eff[series].astype(float).tolist()
+        df.loc[eff[series].index, "scaling_kind"] = kind

@@ -12,8 +12,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-MAX_BARS = 60   # larger reports plot the first 60 configurations and say so in the caption
+MAX_BARS = 60     # larger reports plot the first 60 configurations and say so in the title
+MAX_CURVES = 24   # convergence figures: the first 24 runs of a model/dataset
 GiB = 1024 ** 3
+
+
+def draw_all(cells: pd.DataFrame, conv_jobs: list[tuple], out: Path) -> dict[str, Path]:
+    """Every plot, drawn by two worker processes (forked: inputs are not re-imported); a
+    10k-run report spends most of its time rendering PNGs."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [("throughput", throughput, (cells, out)), ("scaling", scaling, (cells, out)),
+            ("memory", memory, (cells, out)), ("communication", communication, (cells, out)),
+            ("mfu", mfu, (cells, out))]
+    jobs += [(name, convergence, args) for name, *args in conv_jobs]
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [(name, pool.submit(fn, *args)) for name, fn, args in jobs]
+        done = [(name, f.result()) for name, f in futures]
+    return {name: path for name, path in done if path is not None}
 
 
 def _save(fig, path: Path) -> Path:
@@ -76,28 +93,30 @@ def scaling(cells: pd.DataFrame, out: Path) -> Optional[Path]:
     return _save(fig, out / "scaling.png")
 
 
-def convergence(df: pd.DataFrame, records: dict, out: Path) -> dict[str, Path]:
-    """One figure per (model, dataset): validation loss/accuracy vs epoch and vs training time."""
+def convergence_jobs(df: pd.DataFrame, records: dict, out: Path) -> list[tuple]:
+    """One figure per (model, dataset): (name, curves, title, path) with just the evaluation
+    series, so the drawing can happen in a worker process."""
     ok = df[df["status"] == "ok"]
-    figures = {}
+    jobs = []
     for (model, data), group in ok.groupby(["model", "data"], sort=True):
-        curves = [(r.label, r.world_size, r.repeat, records[r.path]) for r in group.itertuples()
+        curves = [(r.label, r.world_size, r.repeat, records[r.path]["convergence"]) for r in group.itertuples()
                   if (records[r.path].get("convergence") or {}).get("eval")]
         if curves:
             name = f"convergence_{model}_{data}"
-            figures[name] = _convergence_figure(curves, f"{model} on {data}", out / f"{name}.png")
-    return figures
+            jobs.append((name, len(curves), curves[:MAX_CURVES], f"{model} on {data}", out / f"{name}.png"))
+    return jobs
 
 
-def _convergence_figure(curves: list, title: str, path: Path) -> Path:
+def convergence(n_runs: int, curves: list, title: str, path: Path) -> Path:
+    """Validation loss/accuracy vs epoch and vs training time, floor and target drawn."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
-    for label, world, repeat, rec in curves[:MAX_BARS]:
-        ev = rec["convergence"]["eval"]
+    for label, world, repeat, conv in curves:
+        ev = conv["eval"]
         for row, metric in enumerate(("loss", "accuracy")):
             for col, x in enumerate(("epoch", "time_s")):
                 axes[row][col].plot([e[x] for e in ev], [e[metric] for e in ev], marker=".", lw=1.2,
                                     label=f"{label} n={world}" + (f" r{repeat}" if repeat else ""))
-    conv = curves[0][3]["convergence"]
+    conv = curves[0][3]
     floor = conv.get("floor") or {}
     for col in range(2):
         for row, metric in enumerate(("loss", "accuracy")):
@@ -109,7 +128,8 @@ def _convergence_figure(curves: list, title: str, path: Path) -> Path:
             ax.set_ylabel(f"validation {metric}")
             ax.set_xlabel("epoch" if col == 0 else "training time (s, evaluation excluded)")
     axes[0][1].legend(fontsize=7, ncol=2)
-    fig.suptitle(f"Statistical efficiency, {title}: validation metric vs epoch and vs time")
+    more = f" (first {len(curves)} of {n_runs} runs)" if n_runs > len(curves) else ""
+    fig.suptitle(f"Statistical efficiency, {title}: validation metric vs epoch and vs time{more}")
     return _save(fig, path)
 
 
