@@ -81,3 +81,18 @@ def test_launcher_slurm_trains_ddp_under_srun(slurm, tmp_path):
     rec = json.loads((run_dir / "result.json").read_text())
     assert rec["status"] == "ok" and rec["parallel"]["world_size"] == 2
     assert rec["config"]["launcher"]["name"] == "slurm" and len(rec["memory"]["per_rank"]) == 2
+
+
+def test_hydra_submitit_launcher_runs_a_multirun_as_one_job_array(slurm, tmp_path):
+    proc = subprocess.run(
+        ["timeout", "600", str(REPO / ".venv/bin/python"), "-m", "bench.hydra_app", "-m",
+         "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=2",
+         "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={tmp_path / 'multirun'}",
+         "launcher.nproc=1,2", "debug=fast"],
+        capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = sorted((tmp_path / "multirun").rglob("result.json"))
+    assert len(results) == 2
+    recs = [json.loads(p.read_text()) for p in results]
+    assert [r["status"] for r in recs] == ["ok", "ok"]
+    assert sorted(r["parallel"]["world_size"] for r in recs) == [1, 2]
