@@ -5,6 +5,9 @@
                                   (framework=ddp,fsdp_full launcher.nproc=1,2; glob(*) for groups)
   bench table DIR...              a short table of the results under DIRs
   bench report DIR... [-o OUT]    summary.csv, report.md, report.html, PNG plots (--wandb: W&B Report)
+  bench sweep [--backend local|slurm] [--dir D] [--repeats N] overrides...
+                                  cells with stable ids + manifest; Slurm: one job array, returns
+  bench sweep status DIR | bench sweep resume DIR
 """
 from __future__ import annotations
 
@@ -20,8 +23,12 @@ EXIT_RUN_NOT_OK = 1
 
 
 def _run_dir(plan) -> Path:
+    import os
+
     if plan.cfg.run.dir:
         return Path(plan.cfg.run.dir)
+    if plan.cfg.launcher.name == "slurm":  # every srun task must name the same directory
+        return Path("outputs") / "runs" / f"slurm-{os.environ.get('SLURM_JOB_ID', 'nojob')}.{os.environ.get('SLURM_STEP_ID', '0')}"
     stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     name = f"{stamp}_{plan.cfg.framework.name}-{plan.cfg.framework.variant}_{plan.cfg.model.name}_n{plan.dims.world_size}"
     base = Path("outputs") / "runs" / name
@@ -49,7 +56,13 @@ def cmd_run(overrides: list[str]) -> int:
     from bench.sinks import log_to_sinks
     from bench.table import render, rows
 
-    record = run_local(plan, run_dir)
+    if plan.cfg.launcher.name == "slurm":
+        from bench.launch.slurm import run_slurm
+        record = run_slurm(plan, run_dir)
+        if record is None:  # ranks other than 0: the result is rank 0's to report
+            return 0
+    else:
+        record = run_local(plan, run_dir)
     log_to_sinks(plan, run_dir, record)
     print(render(rows([record])))
     print(f"result: {run_dir / 'result.json'}")
@@ -165,8 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     p_rep.add_argument("-o", "--out", help="output directory (default: <first path>/report)")
     p_rep.add_argument("--wandb", action="store_true",
                        help="also build a W&B Report over the runs (saved online; offline: spec file)")
+    p_sweep = sub.add_parser("sweep", help="a sweep: `sweep [opts] overrides`, `sweep status DIR`, `sweep resume DIR`")
+    p_sweep.add_argument("--backend", choices=("local", "slurm"), default="local")
+    p_sweep.add_argument("--dir", help="sweep directory (default outputs/sweeps/<time>)")
+    p_sweep.add_argument("--repeats", type=int, default=1, help="repeats per cell (run.repeat=0..N-1)")
+    p_sweep.add_argument("--throttle", type=int, default=None, help="Slurm: at most N array tasks at once")
+    p_sweep.add_argument("--cpus-per-rank", type=int, default=1, help="Slurm: CPUs reserved per rank")
+    p_sweep.add_argument("--job-name", default="ddlbench")
+    p_sweep.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     try:
+        if args.command == "sweep":
+            from bench.sweep import commands
+            if args.overrides[:1] in (["status"], ["resume"]):
+                if len(args.overrides) != 2:
+                    raise ConfigError(f"usage: bench sweep {args.overrides[0]} SWEEP_DIR")
+                fn = commands.show_status if args.overrides[0] == "status" else commands.resume
+                return fn(Path(args.overrides[1]))
+            return commands.start(args)
         if args.command == "run":
             return cmd_multirun(args.overrides) if args.multirun else cmd_run(args.overrides)
         if args.command == "report":
@@ -175,6 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"bench: config error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def entry() -> int:
+    """Console entry: a closed stdout (`bench ... | head`) ends quietly."""
+    try:
+        return main()
+    except BrokenPipeError:
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -105,7 +105,8 @@ def find_results(paths: list[str]) -> list[Path]:
         elif (p / RESULT_FILE).is_file():
             found.append(p / RESULT_FILE)
         elif p.is_dir():
-            for root, _dirs, files in os.walk(p):  # faster than rglob on 10k+ directories
+            for root, dirs, files in os.walk(p):  # faster than rglob on 10k+ directories
+                dirs[:] = [d for d in dirs if not d.startswith(".")]  # e.g. a sweep's .attempts/
                 if RESULT_FILE in files:
                     found.append(Path(root) / RESULT_FILE)
         else:

@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
 # System packages the test suite needs: Debian's chromium (report.html is checked in a real
-# headless browser). Installs with apt when run as root; otherwise says what to install.
+# headless browser) and Slurm + munge (sweeps run through a real single-node Slurm,
+# scripts/slurm_local.sh). Installs with apt when run as root; otherwise says what to install.
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+if ! command -v slurmctld >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing slurm + munge (apt)"
+    bash "$HERE/slurm_local.sh" install
+  else
+    echo "the tests need Slurm: sudo apt-get install slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins libpmix2" >&2
+    exit 2
+  fi
+fi
 if command -v chromium >/dev/null 2>&1; then
   exit 0
 fi

@@ -18,7 +18,7 @@ def pick_device(requested: str):
     return torch.device("cpu"), "gloo"
 
 
-def run_rank(run_dir: str, threads: int) -> None:
+def run_rank(run_dir: str, threads: int, plan=None) -> None:
     """Validate the saved config, join the process group (env:// from RANK, WORLD_SIZE,
     MASTER_ADDR/PORT), run the runner."""
     import torch
@@ -29,7 +29,8 @@ def run_rank(run_dir: str, threads: int) -> None:
     from bench.config import validate
 
     run_dir_p = Path(run_dir)
-    plan = validate(json.loads((run_dir_p / "config.json").read_text()))
+    if plan is None:
+        plan = validate(json.loads((run_dir_p / "config.json").read_text()))
     torch.set_num_threads(threads)
     device, backend = pick_device(plan.cfg.run.device)
     if device.type == "cuda":

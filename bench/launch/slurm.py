@@ -1,0 +1,93 @@
+"""Launcher `slurm`: the process `srun` started IS a rank (one task per GPU / per CPU rank).
+
+    srun --ntasks=8 --kill-on-bad-exit=1 bench run launcher=slurm framework=ddp run.dir=...
+
+Rank, world size and local rank come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; the
+master address is the first host of SLURM_JOB_NODELIST; the port is derived from the job and
+step ids, so array tasks sharing a node never clash. Rank 0 saves the config and writes the
+result; a rank that fails writes a `failed` result naming itself (unless an ok one exists).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import traceback
+from pathlib import Path
+
+from bench.config import Plan
+from bench.errors import ConfigError
+from bench.results import RESULT_FILE, empty_record, error_info, load_result, write_result
+
+
+def first_host(nodelist: str) -> str:
+    """First hostname of a Slurm node list ('gpu[03-05,09],cpu1' -> 'gpu03')."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=10, stdin=subprocess.DEVNULL)
+        if out.returncode == 0 and out.stdout.split():
+            return out.stdout.split()[0]
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        pass
+    m = re.match(r"([^,\[]+)(?:\[(\d+))?", nodelist)
+    if not m:
+        raise ConfigError(f"cannot parse SLURM_JOB_NODELIST {nodelist!r}")
+    return m.group(1) + (m.group(2) or "")
+
+
+def master_port(job_id: int, step_id: int) -> int:
+    """A port in [20000, 40000) from the job and step: distinct for array tasks on one node."""
+    return 20000 + (job_id * 31 + step_id) % 20000
+
+
+def rank_env(environ=os.environ) -> dict:
+    missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_JOB_NODELIST") if k not in environ]
+    if missing:
+        raise ConfigError(f"launcher=slurm must run under srun (missing {', '.join(missing)})")
+    step = environ.get("SLURM_STEP_ID", "0")
+    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_NTASKS"],
+            "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": first_host(environ["SLURM_JOB_NODELIST"]),
+            "MASTER_PORT": str(master_port(int(environ["SLURM_JOB_ID"]), int(step) if step.isdigit() else 0))}
+
+
+def task_threads(environ=os.environ) -> int:
+    """SLURM_CPUS_PER_TASK if set; else this task's CPUs shared by the tasks on this node (without
+    task binding every task sees all cores)."""
+    if environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return int(environ["SLURM_CPUS_PER_TASK"])
+    m = re.match(r"(\d+)", environ.get("SLURM_TASKS_PER_NODE", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // int(m.group(1) if m else 1))
+
+
+def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
+    """Run this task's rank; rank 0 returns the record."""
+    from bench.launch.local import save_config
+    from bench.launch.worker import run_rank
+
+    env = rank_env()
+    if int(env["WORLD_SIZE"]) != plan.dims.world_size:
+        raise ConfigError(f"launcher.nproc={plan.dims.world_size} but srun started {env['WORLD_SIZE']} tasks")
+    os.environ.update(env)
+    rank = int(env["RANK"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        save_config(plan, run_dir)
+    threads = plan.cfg.launcher.threads_per_rank or task_threads()
+    try:
+        run_rank(str(run_dir), threads, plan=plan)
+    except BaseException as exc:
+        _record_failure(plan, run_dir, rank, exc)
+        raise
+    return load_result(run_dir / RESULT_FILE) if rank == 0 else None
+
+
+def _record_failure(plan: Plan, run_dir: Path, rank: int, exc: BaseException) -> None:
+    path = run_dir / RESULT_FILE
+    if path.exists() and load_result(path).get("status") == "ok":
+        return
+    record = empty_record(run_dir.name, plan.raw, status="failed")
+    record["error"] = error_info(type(exc).__name__, str(exc) or type(exc).__name__, rank,
+                                 traceback="".join(traceback.format_exception(exc))[-4000:])
+    record["parallel"] = plan.dims.as_dict()
+    write_result(run_dir, record)

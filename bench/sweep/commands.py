@@ -1,0 +1,99 @@
+"""`bench sweep [options] overrides...`, `bench sweep status DIR`, `bench sweep resume DIR`."""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from pathlib import Path
+
+from bench.errors import ConfigError
+from bench.results import atomic_write_json
+from bench.sweep import manifest, status
+from bench.sweep.cells import expand
+
+SAFE_DIR = re.compile(r"[\w./-]+")   # run.dir is passed as a Hydra override: keep it unambiguous
+
+
+def _slurm_shape(cells, cpus_per_rank: int) -> tuple[int, int]:
+    """(cpus per array task, minutes): the largest cell's ranks x cpus_per_rank; the longest
+    wall-clock bound among cells plus 5 minutes for start-up and the result."""
+    from bench.config import plan_from_overrides
+    plans = [plan_from_overrides(c.overrides) for c in cells]
+    cpus = max(p.cfg.launcher.nproc for p in plans) * cpus_per_rank
+    minutes = math.ceil(max(p.cfg.run.timeout_s for p in plans) / 60) + 5
+    return cpus, minutes
+
+
+def start(args) -> int:
+    sweep_dir = Path(args.dir or Path("outputs") / "sweeps" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    if not SAFE_DIR.fullmatch(str(sweep_dir)):
+        raise ConfigError(f"--dir {str(sweep_dir)!r}: use letters, digits, '_', '-', '.', '/' only")
+    cells = expand(args.overrides, args.repeats)
+    meta = {"created": _dt.datetime.now().astimezone().isoformat(), "overrides": args.overrides,
+            "repeats": args.repeats, "backend": args.backend, "jobs": []}
+    if args.backend == "slurm":
+        cpus, minutes = _slurm_shape(cells, args.cpus_per_rank)
+        meta["slurm"] = {"cpus_per_task": cpus, "time_limit_min": minutes, "throttle": args.throttle,
+                         "job_name": args.job_name}
+    try:
+        manifest.create(sweep_dir, cells, meta)
+    except FileExistsError as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"sweep: {len(cells)} cells in {sweep_dir} (manifest.jsonl)")
+    return _launch(sweep_dir, meta, [c.index for c in cells])
+
+
+def _launch(sweep_dir: Path, meta: dict, indices: list[int]) -> int:
+    if meta["backend"] == "local":
+        from bench.sweep import local
+        codes = local.run(sweep_dir, indices)
+        print(status.render(status.cell_states(sweep_dir)))
+        return 0 if all(c == 0 for c in codes.values()) else 1
+    from bench.sweep import slurm
+    s = meta["slurm"]
+    try:
+        job = slurm.submit(sweep_dir, indices, cpus_per_task=s["cpus_per_task"], time_limit_min=s["time_limit_min"],
+                           throttle=s["throttle"], job_name=s["job_name"])
+    except slurm.SlurmError as exc:
+        raise ConfigError(str(exc)) from None
+    meta["jobs"].append(job)
+    atomic_write_json(sweep_dir / manifest.META, meta)
+    print(f"submitted job array {job} ({len(indices)} tasks); follow with: bench sweep status {sweep_dir}")
+    return 0
+
+
+def _queued_ids(sweep_dir: Path, meta: dict) -> set[str]:
+    if meta.get("backend") != "slurm" or not meta.get("jobs"):
+        return set()
+    from bench.sweep import slurm
+    cells = manifest.read(sweep_dir)
+    try:
+        return {cells[i].id for i in slurm.queued(meta["jobs"]) if i < len(cells)}
+    except slurm.SlurmError as exc:
+        print(f"bench: warning: {exc}; queue state unknown")
+        return set()
+
+
+def show_status(sweep_dir: Path) -> int:
+    meta = _meta(sweep_dir)
+    rows = status.cell_states(sweep_dir, _queued_ids(sweep_dir, meta))
+    print(status.render(rows))
+    return 0
+
+
+def resume(sweep_dir: Path) -> int:
+    meta = _meta(sweep_dir)
+    rows = status.cell_states(sweep_dir, _queued_ids(sweep_dir, meta))
+    todo = [r["index"] for r in rows if r["state"] not in ("ok", "running")]
+    if not todo:
+        print("nothing to resume: every cell has an ok result or is queued")
+        return 0
+    print(f"resuming {len(todo)} of {len(rows)} cells")
+    return _launch(sweep_dir, meta, todo)
+
+
+def _meta(sweep_dir: Path) -> dict:
+    try:
+        return manifest.meta(sweep_dir)
+    except FileNotFoundError:
+        raise ConfigError(f"{sweep_dir}: not a sweep directory (no {manifest.META})") from None

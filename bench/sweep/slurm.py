@@ -1,0 +1,77 @@
+"""Slurm back end: one job array, one array task per cell, submitted without blocking.
+
+Every client call has a timeout (they block while slurmctld is down) and an argument list (no
+shell); values substituted into the job script are shell-quoted."""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.errors import ConfigError
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "array.sbatch"
+TIMEOUT_S = 30
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+def _call(cmd: list[str]) -> str:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError(f"{cmd[0]} not found: is this a Slurm login node?") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{cmd[0]} did not answer within {TIMEOUT_S} s (is slurmctld up?)") from None
+    if proc.returncode != 0:
+        raise SlurmError(f"{' '.join(cmd[:2])}: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+def array_spec(indices: list[int], throttle: int | None) -> str:
+    """`0-3`, `1,4,7`; `%N` runs at most N tasks at once."""
+    if not indices:
+        raise ValueError("no cells to submit")
+    if indices == list(range(indices[0], indices[-1] + 1)):
+        spec = f"{indices[0]}-{indices[-1]}" if len(indices) > 1 else str(indices[0])
+    else:
+        spec = ",".join(map(str, indices))
+    return spec + (f"%{throttle}" if throttle else "")
+
+
+def write_script(sweep_dir: Path, workdir: Path) -> Path:
+    text = TEMPLATE.read_text()
+    for key, value in (("@WORKDIR@", workdir), ("@PYTHON@", sys.executable), ("@SWEEP_DIR@", sweep_dir.resolve())):
+        text = text.replace(key, shlex.quote(str(value)))
+    path = sweep_dir / "array.sbatch"
+    path.write_text(text)
+    return path
+
+
+def submit(sweep_dir: Path, indices: list[int], *, cpus_per_task: int, time_limit_min: int,
+           throttle: int | None, job_name: str, extra: list[str] = ()) -> str:
+    if not re.fullmatch(r"[\w.-]{1,64}", job_name):
+        raise ConfigError(f"--job-name {job_name!r}: use letters, digits, '.', '_' or '-'")
+    script = write_script(sweep_dir, Path.cwd())
+    (sweep_dir / "logs").mkdir(exist_ok=True)
+    cmd = ["sbatch", "--parsable", f"--array={array_spec(indices, throttle)}", f"--job-name={job_name}",
+           f"--output={sweep_dir.resolve()}/logs/%A_%a.out", f"--cpus-per-task={cpus_per_task}",
+           f"--time={time_limit_min}", *extra, str(script)]
+    return _call(cmd).strip().split(";")[0]
+
+
+def queued(job_ids: list[str]) -> dict[int, str]:
+    """Array index -> Slurm state (PENDING, RUNNING, ...) of the tasks still in the queue."""
+    if not job_ids:
+        return {}
+    out = _call(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%K %T"])
+    states = {}
+    for line in out.splitlines():
+        idx, _, state = line.strip().partition(" ")
+        if idx.isdigit():
+            states[int(idx)] = state
+    return states

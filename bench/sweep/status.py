@@ -1,0 +1,38 @@
+"""Where every cell of a sweep stands: its result's status, running (Slurm), or missing."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from bench.sweep import manifest
+
+
+def cell_states(sweep_dir: Path, running_ids: set[str] = frozenset()) -> list[dict]:
+    rows = []
+    for cell in manifest.read(sweep_dir):
+        rec = manifest.cell_result(sweep_dir, cell)
+        if rec is not None:
+            state = rec.get("status", "unreadable")
+            reason = (rec.get("error") or {}).get("message")
+        elif cell.id in running_ids:
+            state, reason = "running", None
+        else:
+            state, reason = "missing", None
+        rows.append({"index": cell.index, "id": cell.id, "state": state,
+                     "reason": (reason or "").strip().splitlines()[0][:160] if reason else None,
+                     "overrides": " ".join(cell.overrides)})
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    counts = Counter(r["state"] for r in rows)
+    lines = [f"{len(rows)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
+    for r in rows:
+        line = f"  [{r['index']:>3}] {r['id']}  {r['state']:<11} {r['overrides']}"
+        lines.append(line + (f"\n        {r['reason']}" if r["reason"] else ""))
+    return "\n".join(lines)
+
+
+def unfinished(rows: list[dict]) -> list[int]:
+    """Indices of cells without an ok result (what resume runs again)."""
+    return [r["index"] for r in rows if r["state"] != "ok"]

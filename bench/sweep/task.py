@@ -1,0 +1,47 @@
+"""Run one cell: `python -m bench.sweep.task SWEEP_DIR [INDEX]` (INDEX defaults to
+SLURM_ARRAY_TASK_ID). Skips a cell that already has an ok result; a previous non-ok attempt is
+kept under <sweep>/.attempts/<cell>/<n>/ and the cell runs again. `bench run` is started with an
+argument list (no shell), so override values reach it literally."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.sweep import manifest
+
+
+def archive_attempt(sweep_dir: Path, run_dir: Path) -> None:
+    """Move a previous attempt aside (<sweep>/.attempts/<cell>/<n>/; hidden, so reports do not
+    count it) so the cell's directory holds exactly one result."""
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return
+    attempts = Path(sweep_dir) / ".attempts" / run_dir.name
+    attempts.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(run_dir), attempts / str(len(list(attempts.iterdir())) + 1))
+
+
+def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
+    cells = manifest.read(sweep_dir)
+    cell = cells[index]
+    done = manifest.cell_result(sweep_dir, cell)
+    if done is not None and done.get("status") == "ok":
+        print(f"cell {cell.id}: already ok, skipped")
+        return 0
+    run_dir = manifest.cell_dir(sweep_dir, cell)
+    archive_attempt(sweep_dir, run_dir)
+    cmd = [sys.executable, "-m", "bench.cli", "run", *cell.overrides, f"run.dir={run_dir}", "run.progress=false"]
+    env = {**os.environ, **(extra_env or {})}
+    return subprocess.run(cmd, stdin=subprocess.DEVNULL, env=env).returncode
+
+
+def main(argv: list[str]) -> int:
+    sweep_dir = Path(argv[0])
+    index = int(argv[1]) if len(argv) > 1 else int(os.environ["SLURM_ARRAY_TASK_ID"])
+    return run_cell(sweep_dir, index)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

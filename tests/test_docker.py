@@ -1,0 +1,45 @@
+"""The project's images: Dockerfiles lint clean (hadolint), run as a non-root user, pin what
+they install, and copy only files that exist. Building them needs an engine (see
+docker/build_cpu_podman.sh for a build without one)."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+DOCKERFILES = sorted((REPO / "docker").glob("Dockerfile.*"))
+
+
+def test_there_is_a_cpu_and_a_gpu_image():
+    assert {p.name for p in DOCKERFILES} == {"Dockerfile.cpu", "Dockerfile.gpu"}
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_clean(path):
+    hadolint = Path(sys.executable).parent / "hadolint"
+    proc = subprocess.run([str(hadolint), "--config", str(REPO / ".hadolint.yaml"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_non_root_pinned_and_copies_exist(path):
+    text = path.read_text()
+    final_stage = text.rsplit("\nFROM ", 1)[1]
+    assert re.search(r"^USER [1-9]\d*:\d+$", final_stage, re.M), "final stage must run as non-root"
+    assert "torch==2.14.1" in text and "deepspeed==0.19.8" in text
+    for src in re.findall(r"^COPY (?!--from)(?:--chown=\S+ )?(.+) \S+$", text, re.M):
+        for item in src.split():
+            assert (REPO / item).exists(), f"{path.name} copies {item}, which does not exist"
+    for line in (REPO / "docker" / "requirements.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            assert re.fullmatch(r"[\w.-]+==[\w.]+", line), line
+
+
+def test_slurm_templates_are_valid_bash():
+    for script in sorted((REPO / "slurm").glob("*.sbatch")):
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{script.name}: {proc.stderr}"

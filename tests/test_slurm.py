@@ -1,0 +1,98 @@
+"""Sweeps through a real single-node Slurm (scripts/slurm_local.sh: munged, slurmctld,
+slurmd on localhost) and `launcher=slurm` under srun."""
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.sweep import manifest, status
+from bench.sweep.commands import _queued_ids
+from conftest import REPO, bench
+
+pytestmark = pytest.mark.slow
+SCRIPT = REPO / "scripts" / "slurm_local.sh"
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    was_up = subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 0
+    proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    yield
+    if not was_up:  # stop only what this test started
+        subprocess.run(["bash", str(SCRIPT), "stop"], timeout=60)
+
+
+def wait_done(sweep: Path, timeout_s: float = 600) -> dict:
+    """Poll like a user would (status from result files + squeue) until no cell is queued."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        rows = status.cell_states(sweep, _queued_ids(sweep, manifest.meta(sweep)))
+        if all(r["state"] not in ("running", "missing") for r in rows):
+            return {r["index"]: r["state"] for r in rows}
+        time.sleep(2)
+    raise TimeoutError(status.render(rows))
+
+
+def test_job_array_sweep_status_and_resume(slurm, tmp_path):
+    sweep = tmp_path / "sweep"
+    t0 = time.monotonic()
+    proc = bench("sweep", "--backend", "slurm", "--dir", str(sweep), "framework=ddp,fsdp_full",
+                 "launcher.nproc=1,2", "debug=fast")
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - t0 < 60 and "submitted job array" in proc.stdout   # non-blocking
+    assert wait_done(sweep) == {0: "ok", 1: "ok", 2: "ok", 3: "ok"}
+    cells = manifest.read(sweep)
+    for c in cells:
+        rec = json.loads((sweep / c.id / "result.json").read_text())
+        assert rec["status"] == "ok" and rec["config"]["run"]["dir"] == str(sweep / c.id)
+    assert len(list((sweep / "logs").glob("*_*.out"))) == 4
+
+    # resume after deleting one result reruns exactly that cell
+    kept = {c.id: (sweep / c.id / "result.json").stat().st_mtime_ns for c in cells if c.index != 2}
+    subprocess.run(["rm", "-rf", str(sweep / cells[2].id)], check=True)
+    proc = bench("sweep", "resume", str(sweep))
+    assert "resuming 1 of 4 cells" in proc.stdout, proc.stdout + proc.stderr
+    assert wait_done(sweep) == {0: "ok", 1: "ok", 2: "ok", 3: "ok"}
+    assert {cid: (sweep / cid / "result.json").stat().st_mtime_ns for cid in kept} == kept
+    assert len(json.loads((sweep / "sweep.json").read_text())["jobs"]) == 2
+
+
+def test_a_failing_cell_is_recorded_and_the_rest_succeed(slurm, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = bench("sweep", "--backend", "slurm", "--dir", str(sweep), "launcher.nproc=2",
+                 "debug=fast,fault_raise", "logger=none")
+    assert proc.returncode == 0, proc.stderr
+    states = wait_done(sweep)
+    assert sorted(states.values()) == ["failed", "ok"]
+    rows = status.cell_states(sweep)
+    failed = next(r for r in rows if r["state"] == "failed")
+    assert "injected fault" in failed["reason"] and "fault_raise" in failed["overrides"]
+
+
+def test_launcher_slurm_trains_ddp_under_srun(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(["timeout", "300", "srun", "--ntasks=2", "--kill-on-bad-exit=1", str(REPO / ".venv/bin/bench"),
+                           "run", "launcher=slurm", "debug=fast", f"run.dir={run_dir}"],
+                          capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "ok" and rec["parallel"]["world_size"] == 2
+    assert rec["config"]["launcher"]["name"] == "slurm" and len(rec["memory"]["per_rank"]) == 2
+
+
+def test_hydra_submitit_launcher_runs_a_multirun_as_one_job_array(slurm, tmp_path):
+    proc = subprocess.run(
+        ["timeout", "600", str(REPO / ".venv/bin/python"), "-m", "bench.hydra_app", "-m",
+         "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=2",
+         "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={tmp_path / 'multirun'}",
+         "launcher.nproc=1,2", "debug=fast"],
+        capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = sorted((tmp_path / "multirun").rglob("result.json"))
+    assert len(results) == 2
+    recs = [json.loads(p.read_text()) for p in results]
+    assert [r["status"] for r in recs] == ["ok", "ok"]
+    assert sorted(r["parallel"]["world_size"] for r in recs) == [1, 2]

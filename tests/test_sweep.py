@@ -1,0 +1,76 @@
+"""Sweeps: stable cell ids, manifest, local back end, status and resume; Slurm helpers."""
+import json
+
+import pytest
+
+from bench.errors import ConfigError
+from bench.launch.slurm import first_host, master_port, rank_env, task_threads
+from bench.sweep import manifest, status
+from bench.sweep.cells import expand
+from bench.sweep.slurm import array_spec
+from conftest import bench
+
+
+def test_cell_ids_are_stable_and_distinct():
+    a = expand(["framework=ddp,fsdp_full", "launcher.nproc=1,2", "debug=fast"])
+    b = expand(["framework=ddp,fsdp_full", "launcher.nproc=1,2", "debug=fast"])
+    assert [c.id for c in a] == [c.id for c in b] and len({c.id for c in a}) == 4
+    assert [c.index for c in a] == [0, 1, 2, 3]
+    reps = expand(["framework=ddp", "debug=fast"], repeats=3)
+    assert [c.repeat for c in reps] == [0, 1, 2] and len({c.id for c in reps}) == 3
+    # two spellings of one configuration are one cell
+    assert len(expand(["launcher.nproc=2,2", "debug=fast"])) == 1
+
+
+def test_bad_sweeps_fail_before_anything_is_written():
+    with pytest.raises(ConfigError, match="unknown framework"):
+        expand(["framework=ddp,nope"])
+    with pytest.raises(ConfigError, match="run.dir is set per cell"):
+        expand(["run.dir=/tmp/x"])
+
+
+def test_array_spec():
+    assert array_spec([0, 1, 2, 3], None) == "0-3"
+    assert array_spec([1, 4, 7], 2) == "1,4,7%2"
+    assert array_spec([5], None) == "5"
+
+
+def test_slurm_rank_environment():
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "1234",
+           "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[03-05,09]"}
+    out = rank_env(env)
+    assert (out["RANK"], out["WORLD_SIZE"], out["LOCAL_RANK"]) == ("1", "2", "1")
+    assert out["MASTER_ADDR"] == "gpu03"
+    assert master_port(1234, 0) != master_port(1235, 0)          # array tasks on one node
+    assert 20000 <= master_port(10 ** 7, 3) < 40000
+    assert first_host("node7,node8") == "node7"
+    with pytest.raises(ConfigError, match="must run under srun"):
+        rank_env({})
+    assert task_threads({"SLURM_CPUS_PER_TASK": "6"}) == 6
+
+
+def test_local_sweep_status_and_resume(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = bench("sweep", "--dir", str(sweep), "framework=ddp", "launcher.nproc=2", "debug=fast,fault_raise",
+                 "logger=none", timeout=400)
+    assert proc.returncode == 1, proc.stderr[-2000:]          # one cell failed
+    cells = manifest.read(sweep)
+    rows = {r["index"]: r for r in status.cell_states(sweep)}
+    assert rows[0]["state"] == "ok" and rows[1]["state"] == "failed"
+    assert "injected fault" in rows[1]["reason"]
+    ok_result = sweep / cells[0].id / "result.json"
+    before = ok_result.stat().st_mtime_ns
+    proc = bench("sweep", "resume", str(sweep), timeout=400)
+    assert "resuming 1 of 2 cells" in proc.stdout
+    assert ok_result.stat().st_mtime_ns == before             # the ok cell was not rerun
+    assert (sweep / ".attempts" / cells[1].id / "1" / "result.json").exists()   # old attempt kept aside
+    proc = bench("sweep", "status", str(sweep))
+    assert proc.returncode == 0 and "2 cells: 1 failed, 1 ok" in proc.stdout
+    assert json.loads((sweep / "sweep.json").read_text())["backend"] == "local"
+
+
+def test_sweep_cli_errors(tmp_path):
+    proc = bench("sweep", "status", str(tmp_path))
+    assert proc.returncode == 2 and "not a sweep directory" in proc.stderr
+    proc = bench("sweep", "--dir", "out dir;x", "debug=fast")
+    assert proc.returncode == 2 and "use letters" in proc.stderr
