@@ -42,9 +42,18 @@ start() {
 }
 
 stop() {
+  # cancel what is still queued or finishing (e.g. an srun that outlives its task), let it end,
+  # then stop the daemons and any step daemon left behind: no orphan processes
+  if pgrep -x slurmctld >/dev/null; then
+    t scancel --full --user="$(id -un)" >/dev/null 2>&1 || true
+    timeout 15 bash -c 'while [ -n "$(timeout 5 squeue -h 2>/dev/null)" ]; do sleep 1; done' || true
+  fi
   pkill -x slurmd || true
   pkill -x slurmctld || true
   pkill -x munged || true
+  pkill -f '^slurmstepd' || true
+  sleep 1
+  pkill -9 -f '^slurmstepd' || true
 }
 
 case "${1:-start}" in
