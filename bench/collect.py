@@ -92,6 +92,9 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
         "note": "baseline_rss_bytes = peak RSS after imports, before the model is built",
     }
     record["comm"] = _comm(gathered, dims.world_size, params, adapter)
+    if any(g.get("adapter_stats") for g in gathered):
+        record["model_parallel"] = adapter.summarize_rank_stats(
+            [g["adapter_stats"] for g in gathered], record["timing"]["per_rank_median_s"])
     record["mfu"] = mfu_value
     record["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
                        "palm_train_per_sample": flops["palm_flops"],

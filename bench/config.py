@@ -115,8 +115,8 @@ def validate(raw: dict[str, Any]) -> Plan:
         options = adapter_cls.Options.model_validate(cfg.framework.options)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "framework.options")) from None
-    tp, pp = adapter_cls.model_parallel_shape(options)
-    dims = resolve_dims(cfg.launcher.nproc, cfg.run.global_batch, cfg.run.micro_batch, tp=tp, pp=pp)
+    dims = resolve_dims(cfg.launcher.nproc, cfg.run.global_batch, cfg.run.micro_batch,
+                        **adapter_cls.parallel_shape(options, cfg))
     adapter_cls.check_config(options, cfg, dims)  # raises ConfigError for cross-key problems
     check_data(cfg)
     return Plan(cfg=cfg, raw=raw, dims=dims, adapter_cls=adapter_cls, options=options)

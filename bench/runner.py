@@ -142,6 +142,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     memory = adapter.memory_stats()  # peaks of the training loop, before the probe step
     comm = _probe_comm(adapter, next(batches), ctx.device)
     fingerprint = adapter.param_fingerprint() if cfg.run.param_fingerprint else None
+    adapter_stats = adapter.rank_stats()
     local = {
         "rank": ctx.rank,
         "step_time_s": step_s[warmup:],
@@ -150,6 +151,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         "memory": memory,
         "baseline_rss_bytes": baseline_rss,
         "comm": comm,
+        "adapter_stats": adapter_stats,
         "hostname": platform.node(),
     }
     gathered: list = [None] * ctx.world_size

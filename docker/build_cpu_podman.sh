@@ -25,6 +25,21 @@ if ! podman image exists "$BASE"; then
 fi
 # TORCH_INDEX: PyPI here (download.pytorch.org is not reachable from this machine); the
 # Dockerfile's default is the CPU wheel index, which keeps the image small elsewhere.
-buildah bud --isolation=chroot --layers --build-arg BASE="$BASE" \
+# A machine with a local wheel mirror (pip's extra-index-url under /opt) lends it to the build
+# read-only, so torch comes from disk instead of the network.
+mirror=()
+extra=$(pip config get global.extra-index-url 2>/dev/null || true)
+if [ -n "$extra" ]; then
+  for dir in /opt/pypi /opt/pypi-more /opt/wheels; do
+    [ -d "$dir" ] && mirror+=(--volume "$dir:$dir:ro")
+  done
+  mirror+=(--build-arg "PIP_EXTRA_INDEX_URL=$extra")
+fi
+# A TLS-intercepting proxy's CA (pip's cert bundle: $PIP_CERT or pip config) is lent to the build too.
+cert=${PIP_CERT:-$(pip config get global.cert 2>/dev/null || true)}
+if [ -n "$cert" ] && [ -f "$cert" ]; then
+  mirror+=(--volume "$cert:/etc/host-ca.crt:ro" --build-arg PIP_CERT=/etc/host-ca.crt)
+fi
+buildah bud --isolation=chroot --layers --format docker --build-arg BASE="$BASE" "${mirror[@]}" \
   --build-arg TORCH_INDEX=https://pypi.org/simple -f docker/Dockerfile.cpu -t "$IMAGE" .
 podman run --rm --network=host "$IMAGE" bench run debug=fast logger=none launcher.nproc=2 run.dir=/tmp/run

@@ -8,6 +8,20 @@ from torch import nn
 from models.spec import ModelSpec
 
 
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
+            eval_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy (HF ForCausalLM's loss); with `eval_weight` (one weight per
+    sequence) the weighted sums [loss, correct predictions, predictions] (evaluation)."""
+    if eval_weight is None:
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+    logits, target = logits[:, :-1].float(), labels[:, 1:]
+    per_token = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    correct = (logits.argmax(-1) == target).float()
+    w = eval_weight.float()
+    return torch.stack([(w * per_token.sum(1)).sum(), (w * correct.sum(1)).sum(),
+                        w.sum() * target.shape[1]])
+
+
 class CausalLM(nn.Module):
     """forward(input_ids, labels) -> mean next-token loss. `blocks` are the transformer blocks,
     the unit of per-block sharding / pipeline splitting."""
@@ -24,14 +38,7 @@ class CausalLM(nn.Module):
         # The same loss as HF's ForCausalLM (mean over all shifted tokens), computed here so it
         # also runs on the meta device (HF's loss calls .item()) and under any wrapper.
         logits = self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        if eval_weight is None:
-            return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
-        logits, target = logits[:, :-1].float(), labels[:, 1:]
-        per_token = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
-        correct = (logits.argmax(-1) == target).float()
-        w = eval_weight.float()
-        return torch.stack([(w * per_token.sum(1)).sum(), (w * correct.sum(1)).sum(),
-                            w.sum() * target.shape[1]])
+        return lm_loss(logits, labels, eval_weight)
 
     def blocks(self) -> list[nn.Module]:
         return list(self.net.transformer.h)

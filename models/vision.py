@@ -8,6 +8,16 @@ from torch import nn
 from models.spec import ModelSpec
 
 
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor,
+                        eval_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy; with `eval_weight` the weighted sums [loss, correct, samples]."""
+    if eval_weight is None:
+        return F.cross_entropy(logits, labels)
+    w, logits = eval_weight.float(), logits.float()
+    loss = F.cross_entropy(logits, labels, reduction="none")
+    return torch.stack([(w * loss).sum(), (w * (logits.argmax(-1) == labels).float()).sum(), w.sum()])
+
+
 class Classifier(nn.Module):
     """A torchvision classifier that computes its own loss."""
 
@@ -18,12 +28,7 @@ class Classifier(nn.Module):
     def forward(self, images: torch.Tensor, labels: torch.Tensor,
                 eval_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Mean cross-entropy; with `eval_weight` the weighted sums [loss, correct, samples]."""
-        logits = self.net(images)
-        if eval_weight is None:
-            return F.cross_entropy(logits, labels)
-        w, logits = eval_weight.float(), logits.float()
-        loss = F.cross_entropy(logits, labels, reduction="none")
-        return torch.stack([(w * loss).sum(), (w * (logits.argmax(-1) == labels).float()).sum(), w.sum()])
+        return classification_loss(self.net(images), labels, eval_weight)
 
     def blocks(self) -> list[nn.Module]:
         """ResNet stages, ViT encoder layers, VGG features + classifier."""

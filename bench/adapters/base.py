@@ -96,9 +96,10 @@ class Adapter:
 
     # ---- class-level checks, run at compose time (no process group yet) ----
     @classmethod
-    def model_parallel_shape(cls, options) -> tuple[int, int]:
-        """(tp, pp) this variant uses; data parallelism takes the rest of the world."""
-        return 1, 1
+    def parallel_shape(cls, options, cfg) -> dict:
+        """Keyword arguments for bench.dims.resolve_dims: the tp, pp, dp_shard (and pipeline
+        n_microbatches) this variant uses; data parallelism (dp_replicate) takes the rest."""
+        return {}
 
     @classmethod
     def check_config(cls, options, cfg, dims: ParallelDims) -> None:
@@ -181,6 +182,15 @@ class Adapter:
             t = t.detach().double()
             out.append([float(t.sum()), float((t * t).sum()), float(t.abs().sum())])
         return out
+
+    def rank_stats(self) -> dict:
+        """Per-rank facts gathered after the window (model-parallel adapters: stages, params,
+        busy time); {} = none. Called on every rank, after the comm probe."""
+        return {}
+
+    def summarize_rank_stats(self, stats: list[dict], per_rank_median_s: list[float]) -> Optional[dict]:
+        """Rank 0: the record's `model_parallel` section from every rank's rank_stats()."""
+        return None
 
     def describe(self) -> dict:
         return {"version": torch.__version__, "native_config": {}}
