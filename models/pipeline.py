@@ -55,7 +55,7 @@ class _LMHead(nn.Module):
 class _VitEmbed(nn.Module):
     def __init__(self, vit: nn.Module):
         super().__init__()
-        self.conv_proj, self.class_token = vit.conv_proj, vit.class_token
+        self.class_token, self.conv_proj = vit.class_token, vit.conv_proj  # the model's order
         self.pos_embedding, self.dropout = vit.encoder.pos_embedding, vit.encoder.dropout
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -120,7 +120,6 @@ class PipelineAdapter(Adapter):
         full = build_model()
         self.params = count_params(full)
         self.loss = loss_function(full)
-        index = {id(p): i for i, p in enumerate({id(p): p for p in full.parameters()}.values())}
         piece_list = pieces(full)
         n_stages = dims.pp * v
         self.ranges = partition(len(piece_list), n_stages)
@@ -132,12 +131,15 @@ class PipelineAdapter(Adapter):
             from models.tensor_parallel import apply_tensor_parallel
             for module in self.stage_modules:
                 apply_tensor_parallel(module, self.mesh["tp"])
-        self._copy_of: dict[int, int] = {}   # id(copy of a tied parameter) -> id(original)
+        self._copies: set[int] = set()   # ids of the extra copies of tied parameters
         self._tied = self._untie(piece_list, tied_parameters(piece_list))
         self.model = nn.ModuleList(self.stage_modules)
         local = {id(p): p for m in self.stage_modules for p in m.parameters()}
         self.local_params = list(local.values())
-        self.param_index = [index[self._copy_of.get(k, k)] for k in local]
+        # fingerprint order = the model's parameter order: stages in order, each in its own order
+        self._ordered = [((s, j), p) for m, s in zip(self.stage_modules, self.local_ids)
+                         for j, p in enumerate({id(q): q for q in m.parameters()}.values())
+                         if id(p) not in self._copies]
         self.local_param_count = sum(_local_numel(p) for p in self.local_params)
         del full, piece_list
 
@@ -185,7 +187,7 @@ class PipelineAdapter(Adapter):
                         if p is param:
                             if copy is None:
                                 copy = nn.Parameter(param.detach().clone())
-                                self._copy_of[id(copy)] = id(param)
+                                self._copies.add(id(copy))
                             sub._parameters[name] = copy
                 if copy is not None and all(copy is not c for c in copies):
                     copies.append(copy)
@@ -323,9 +325,9 @@ class PipelineAdapter(Adapter):
 
     def param_fingerprint(self) -> list[list[float]]:
         mine = []
-        for idx, p in zip(self.param_index, self.local_params):
+        for key, p in self._ordered:
             t = _full(p).detach().double()
-            mine.append((idx, [float(t.sum()), float((t * t).sum()), float(t.abs().sum())]))
+            mine.append((key, [float(t.sum()), float((t * t).sum()), float(t.abs().sum())]))
         gathered: list = [None] * self.ctx.world_size
         dist.all_gather_object(gathered, mine)
         merged = dict(item for rank_items in gathered for item in rank_items)

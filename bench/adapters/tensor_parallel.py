@@ -1,0 +1,130 @@
+"""Tensor parallelism (DTensor, Megatron-style plan: models/tensor_parallel.py), optionally
+x FSDP2 over the data-parallel ranks (2-D, torchtitan's layout) on one named DeviceMesh
+("pp", "dp_replicate", "dp_shard", "tp"; tp innermost = adjacent ranks).
+
+Order of application (fixed, as torchtitan): tensor parallel plan -> activation checkpointing
+(optional, per block) -> FSDP2 `fully_shard` per block and at the root over the "dp_shard"
+sub-mesh. Precision: fp32, or bf16 through autocast (pure TP) / FSDP2's MixedPrecisionPolicy
+(with dp_shard > 1).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.adapters.base import Adapter, StepOut, autocast, forward_backward
+from bench.dims import MESH_ORDER, model_fit_errors
+from bench.errors import ConfigError
+from bench.metrics.memory import optimizer_state_bytes_per_param
+
+
+class TPOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tp: int = Field(-1, ge=-1)           # tensor-parallel ranks; -1 = world / dp_shard
+    dp_shard: int = Field(1, ge=-1)      # FSDP2 shard ranks (2-D); -1 = world / tp
+    activation_checkpointing: bool = False
+
+
+class TensorParallelAdapter(Adapter):
+    name = "tensor_parallel"
+    Options = TPOptions
+
+    @classmethod
+    def parallel_shape(cls, options, cfg) -> dict:
+        return {"tp": options.tp, "dp_shard": options.dp_shard, "dp_replicate": 1}
+
+    @classmethod
+    def check_config(cls, options, cfg, dims) -> None:
+        errors = model_fit_errors(dims, cfg.model, 1)
+        if errors:
+            raise ConfigError("; ".join(errors))
+
+    @classmethod
+    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+        if cfg.run.precision == "fp16":
+            return "tensor-parallel adapter runs fp32 and bf16 (fp16 needs a sharded GradScaler, not wired)"
+        return None
+
+    def setup(self, build_model, build_optimizer) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from models.spec import count_params
+        from models.tensor_parallel import apply_tensor_parallel
+
+        dims, ctx = self.dims, self.ctx
+        self.mesh = init_device_mesh(ctx.device.type, tuple(dims.mesh_shape().values()), mesh_dim_names=MESH_ORDER)
+        coords = dims.coords(ctx.rank)
+        self.tp_rank, self.dp_rank = coords["tp"], dims.dp_rank(ctx.rank)
+        model = build_model().to(ctx.device)
+        self.params = count_params(model)
+        self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"])
+        blocks = model.blocks()
+        if self.options.activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+            ids = {id(b) for b in blocks}
+            apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
+        self._mp = None
+        if dims.dp_shard > 1:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            kw = {"mesh": self.mesh["dp_shard"]}
+            if ctx.precision == "bf16":
+                self._mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                kw["mp_policy"] = self._mp
+            for block in blocks:
+                fully_shard(block, **kw)
+            fully_shard(model, **kw)
+        self.model = model
+        self.optimizer = build_optimizer(model.parameters())
+
+    @contextlib.contextmanager
+    def _no_sync(self):
+        if self.dims.dp_shard == 1:
+            yield
+            return
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+    def _ctx(self):
+        from dataclasses import replace
+        return replace(self.ctx, precision="fp32") if self._mp is not None else self.ctx
+
+    def train_step(self, batch: dict) -> StepOut:
+        loss = forward_backward(self.model, batch, self.dims.grad_accum, self._ctx(), self._no_sync)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOut(loss=loss)
+
+    def forward_context(self):
+        return contextlib.nullcontext() if self._mp is not None else autocast(self.ctx)
+
+    def eval_step(self, batch: dict) -> torch.Tensor:
+        """Every tp rank computes the same sums; only tp rank 0 contributes to the evaluator's sum."""
+        sums = super().eval_step(batch)
+        return sums if self.tp_rank == 0 else torch.zeros_like(sums)
+
+    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
+        """This rank's parameter shards (TP and FSDP together) x (param + grad + optimizer) bytes."""
+        from torch.distributed.tensor import DTensor
+        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.model.parameters())
+        return local * (4 + 4 + optimizer_state_bytes_per_param(optimizer, momentum))
+
+    def describe(self) -> dict:
+        from models.tensor_parallel import PLAN_DESCRIPTION
+        native = {
+            "api": "torch.distributed.tensor.parallel.parallelize_module (DTensor)"
+                   + (" + torch.distributed.fsdp.fully_shard over dp_shard" if self.dims.dp_shard > 1 else ""),
+            "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
+            "plan": PLAN_DESCRIPTION, "tp_blocks": self.tp_blocks,
+            "order": "tensor parallel -> activation checkpointing -> FSDP2",
+            "activation_checkpointing": self.options.activation_checkpointing,
+            "mp_policy": None if self._mp is None else {"param_dtype": str(self._mp.param_dtype),
+                                                        "reduce_dtype": str(self._mp.reduce_dtype)},
+            "backend": self.ctx.backend,
+        }
+        return {"version": torch.__version__, "native_config": native}
