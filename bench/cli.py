@@ -45,8 +45,9 @@ def cmd_run(overrides: list[str]) -> int:
     plan = plan_from_overrides(overrides)
     if plan.cfg.run.dry_run:
         import json
-        print(json.dumps({"parallel": plan.dims.as_dict(), "framework": plan.cfg.framework.model_dump(),
-                          "model": plan.cfg.model.model_dump()}, indent=2))
+        print(json.dumps({"parallel": plan.dims.as_dict(), "mesh": plan.dims.mesh_shape(),
+                          "framework": plan.cfg.framework.model_dump(), "model": plan.cfg.model.model_dump(),
+                          **plan.adapter_cls.dry_run_info(plan.options, plan.cfg, plan.dims)}, indent=2))
         print("dry run: config is valid; nothing launched")
         return 0
     run_dir = _run_dir(plan)

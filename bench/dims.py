@@ -8,13 +8,24 @@ global_batch / dp samples per optimizer step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Annotated, Optional
+
+from pydantic import AfterValidator
 
 from bench.errors import ConfigError
 
 # Mesh dimension names, outermost first (rank = ((pp * R + r) * S + s) * T + t): tensor
 # parallel ranks are adjacent (same node, fastest link), pipeline stages furthest apart.
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "tp")
+
+
+def _size(value: int) -> int:
+    if value == 0 or value < -1:
+        raise ValueError("must be >= 1, or -1 to infer it from the world size")
+    return value
+
+
+ParallelSize = Annotated[int, AfterValidator(_size)]   # for adapters' options: >= 1 or -1
 
 
 @dataclass(frozen=True)

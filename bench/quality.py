@@ -47,7 +47,9 @@ class Evaluator:
             batch = {k: v.to(self.device) for k, v in self.val[indices].items()}
             batch["eval_weight"] = torch.tensor(weights, device=self.device)
             sums += self.adapter.eval_step(batch).double()
-        dist.all_reduce(sums)   # all ranks are data-parallel ranks here (no TP/PP adapters yet)
+        # sum over all ranks: model-parallel adapters return zeros except on one rank per
+        # data-parallel replica (pipeline: last stage; tensor parallel: tp rank 0)
+        dist.all_reduce(sums)
         loss_sum, correct, count = sums.tolist()
         return {"step": steps_done, "epoch": steps_done / self.steps_per_epoch,
                 "loss": loss_sum / count, "accuracy": correct / count,

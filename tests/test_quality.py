@@ -127,3 +127,15 @@ def test_stop_at_target_ends_training_early(tmp_path):
     assert rec["status"] == "ok" and conv["steps_to_target"] is not None
     assert conv["eval"][-1]["step"] == conv["steps_to_target"] < 32
     assert len(rec["convergence"]["train_loss"]) == conv["steps_to_target"]
+
+
+def test_model_parallel_evaluates_like_ddp(sweep, tmp_path):
+    """Pipeline (loss on the last stage only) and tensor parallel (every tp rank computes the
+    sums; one contributes) give DDP's validation losses: nothing counted twice or dropped."""
+    ddp = next(r for r in _ok_records(sweep) if r["framework"]["name"] == "ddp")
+    for fw in ("pipeline_interleaved", "tensor_parallel"):
+        _, rec = run_record(tmp_path / fw, *TASK, f"framework={fw}", "launcher.nproc=2", timeout=400)
+        assert rec["status"] == "ok", rec.get("error")
+        ev = rec["convergence"]["eval"]
+        assert [e["loss"] for e in ev] == pytest.approx([e["loss"] for e in ddp["convergence"]["eval"]], rel=1e-5)
+        assert all(e["predictions"] == 64 * 127 for e in ev)

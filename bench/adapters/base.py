@@ -111,6 +111,11 @@ class Adapter:
         return None
 
     @classmethod
+    def dry_run_info(cls, options, cfg, dims: ParallelDims) -> dict:
+        """What `run.dry_run=true` prints beyond the dims (one CPU process, no process group)."""
+        return {}
+
+    @classmethod
     def launch_env(cls, options) -> dict:
         """Environment variables the framework reads at start-up (set by the launcher)."""
         return {}

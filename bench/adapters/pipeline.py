@@ -25,11 +25,11 @@ from typing import Literal, Optional
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
 from bench.adapters.base import Adapter, StepOut, autocast
-from bench.dims import MESH_ORDER, model_fit_errors
+from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
 from bench.metrics.pipeline import analytic_bubble, measured_idle
@@ -44,8 +44,8 @@ MULTI = ("interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble")
 class PipelineOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble"] = "1f1b"
-    pp: int = Field(-1, ge=-1)                 # pipeline ranks; -1 = world / (dp * tp)
-    dp: int = Field(1, ge=-1)                  # data-parallel replicas of the pipeline
+    pp: ParallelSize = -1                # pipeline ranks; -1 = world / (dp * tp)
+    dp: ParallelSize = 1                 # data-parallel replicas of the pipeline
     tp: PositiveInt = 1                        # tensor parallel inside every stage (3-D)
     stages_per_rank: PositiveInt = 1           # > 1 only for the multi-stage schedules
     n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
@@ -91,6 +91,23 @@ class PipelineAdapter(Adapter):
         errors = model_fit_errors(dims, cfg.model, dims.pp * v, options.schedule)
         if errors:
             raise ConfigError("; ".join(errors))
+
+    @classmethod
+    def dry_run_info(cls, options, cfg, dims) -> dict:
+        """Stage layout and parameters per stage, from the model built on the meta device."""
+        import models
+        from models.pipeline import partition, pieces
+        from models.spec import count_params
+        with torch.device("meta"):
+            piece_list = pieces(models.build(cfg.model).build())
+        v = cls.stages_per_rank(options)
+        ranges = partition(len(piece_list), dims.pp * v)
+        owners = stage_owners(options.schedule, dims.pp, v)
+        stages = [{"stage": s, "pp_rank": owners[s], "pieces": [r.start, r.stop - 1],
+                   "params": count_params(nn.ModuleList(piece_list[i] for i in r))} for s, r in enumerate(ranges)]
+        return {"pipeline": {"schedule": options.schedule, "n_microbatches": dims.grad_accum,
+                             "micro_batch": dims.micro_batch, "pieces": len(piece_list), "stages": stages,
+                             "bubble_fraction_analytic": analytic_bubble(options.schedule, dims.pp, dims.grad_accum, v)}}
 
     @classmethod
     def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:

@@ -13,18 +13,18 @@ import contextlib
 from typing import Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from bench.adapters.base import Adapter, StepOut, autocast, forward_backward
-from bench.dims import MESH_ORDER, model_fit_errors
+from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
 
 
 class TPOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    tp: int = Field(-1, ge=-1)           # tensor-parallel ranks; -1 = world / dp_shard
-    dp_shard: int = Field(1, ge=-1)      # FSDP2 shard ranks (2-D); -1 = world / tp
+    tp: ParallelSize = -1           # tensor-parallel ranks; -1 = world / dp_shard
+    dp_shard: ParallelSize = 1      # FSDP2 shard ranks (2-D); -1 = world / tp
     activation_checkpointing: bool = False
 
 

@@ -1,0 +1,194 @@
+"""Model parallelism: ParallelDims arithmetic and validation, the model split into pipeline
+pieces, the TP weight layout, bubble arithmetic (hand-computed), dry runs at 512 ranks, and the
+2-D / 3-D combinations at 4 ranks against a single-process reference (5 steps, fp32, 1e-5).
+The 2-rank variants are in the equivalence gate (tests/test_equivalence.py)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import models
+from bench.adapters.pipeline import stage_owners
+from bench.config import plan_from_overrides
+from bench.dims import ParallelDims, infer_sizes, resolve_dims
+from bench.errors import ConfigError
+from bench.metrics.pipeline import analytic_bubble, measured_idle
+from conftest import bench, run_record
+from models.pipeline import loss_function, partition, piece_count, pieces, tied_parameters
+from models.tensor_parallel import qkv_permutation
+
+
+# ---- arithmetic ----
+def test_infer_sizes_fills_the_one_free_dimension():
+    assert infer_sizes(8, {"dp_replicate": -1, "dp_shard": 1, "tp": 2, "pp": 2}) == \
+        {"dp_replicate": 2, "dp_shard": 1, "tp": 2, "pp": 2}
+    assert infer_sizes(512, {"dp_replicate": 1, "dp_shard": -1, "tp": 8, "pp": 4})["dp_shard"] == 16
+    with pytest.raises(ConfigError, match="only one parallel size may be -1"):
+        infer_sizes(8, {"dp_replicate": -1, "dp_shard": -1, "tp": 2, "pp": 1})
+    with pytest.raises(ConfigError, match="multiply to 8, not the world size 4"):
+        infer_sizes(4, {"dp_replicate": 2, "dp_shard": 1, "tp": 2, "pp": 2})
+    with pytest.raises(ConfigError, match="must be >= 1 or -1"):
+        infer_sizes(4, {"dp_replicate": 0, "dp_shard": 1, "tp": 1, "pp": 1})
+
+
+def test_mesh_coordinates_put_tp_innermost_and_pp_outermost():
+    d = resolve_dims(8, 8, None, tp=2, pp=2)   # pp x dp_replicate x dp_shard x tp = 2 x 2 x 1 x 2
+    assert d.mesh_shape() == {"pp": 2, "dp_replicate": 2, "dp_shard": 1, "tp": 2}
+    assert d.coords(0) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 0}
+    assert d.coords(1) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 1}
+    assert d.coords(2) == {"pp": 0, "dp_replicate": 1, "dp_shard": 0, "tp": 0}
+    assert d.coords(7) == {"pp": 1, "dp_replicate": 1, "dp_shard": 0, "tp": 1}
+    assert [d.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert d.as_dict()["dp"] == 2 and d.local_batch == 4
+
+
+def test_pipeline_micro_batches_set_grad_accum():
+    d = resolve_dims(2, 8, None, pp=2, n_microbatches=4)
+    assert (d.dp, d.micro_batch, d.grad_accum) == (1, 2, 4)
+    with pytest.raises(ConfigError, match="not divisible by 3 micro-batches"):
+        resolve_dims(2, 8, None, pp=2, n_microbatches=3)
+
+
+def test_qkv_permutation_groups_each_ranks_heads():
+    # width 4 (q rows 0-3, k rows 4-7, v rows 8-11), tp 2: rank 0 gets q0 q1 k0 k1 v0 v1
+    assert qkv_permutation(4, 2).tolist() == [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]
+    assert qkv_permutation(3, 1).tolist() == list(range(9))
+
+
+def test_partition_puts_embedding_and_head_with_the_body():
+    # 2 body pieces + embed + head over 2 stages: [E b1 | b2 H]
+    assert partition(4, 2) == [range(0, 2), range(2, 4)]
+    # 10 pieces (8 body) over 3 stages: body 3,3,2 -> [0..3] [4..6] [7..9]
+    assert partition(10, 3) == [range(0, 4), range(4, 7), range(7, 10)]
+    # fewer body pieces than stages: every piece spread evenly
+    assert partition(4, 4) == [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
+    with pytest.raises(ValueError):
+        partition(3, 4)
+
+
+def test_stage_placement_loop_and_v():
+    assert stage_owners("1f1b", 4, 1) == [0, 1, 2, 3]
+    assert stage_owners("interleaved_1f1b", 2, 2) == [0, 1, 0, 1]
+    assert stage_owners("zbv_zero_bubble", 2, 2) == [0, 1, 1, 0]
+
+
+def test_bubble_fractions_by_hand():
+    assert analytic_bubble("gpipe", 4, 8) == pytest.approx(3 / 11)
+    assert analytic_bubble("1f1b", 2, 2) == pytest.approx(1 / 3)
+    assert analytic_bubble("interleaved_1f1b", 4, 8, 2) == pytest.approx(3 / 19)
+    assert analytic_bubble("zbv_zero_bubble", 2, 4, 2) is None
+    assert analytic_bubble("gpipe", 1, 4) == 0.0
+    assert measured_idle(0.100, 0.075) == pytest.approx(0.25)
+    assert measured_idle(0.100, 0.150) == 0.0   # busy estimate above the step: clamped, not negative
+    with pytest.raises(ValueError):
+        analytic_bubble("gpipe", 0, 4)
+
+
+# ---- the split ----
+@pytest.mark.parametrize("model", ["gpt2_tiny", "resnet18_tiny", "vgg16_tiny", "vit_tiny"])
+def test_pieces_compute_the_models_own_forward(model):
+    cfg = plan_from_overrides([f"model={model}"]).cfg.model
+    spec = models.build(cfg)
+    torch.manual_seed(0)
+    net = spec.build().eval()
+    gen = torch.Generator().manual_seed(1)
+    samples = [spec.sample(gen) for _ in range(3)]
+    batch = {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
+    with torch.no_grad():
+        want = net(**batch)
+        x = batch["input_ids" if "input_ids" in batch else "images"]
+        for piece in pieces(net):
+            x = piece(x)
+        got = loss_function(net)(x, batch["labels"])
+    assert torch.equal(got, want)
+    assert piece_count(cfg) == len(pieces(net))
+    tied = tied_parameters(pieces(net))
+    assert len(tied) == (1 if model == "gpt2_tiny" else 0)   # GPT-2: wte = lm_head
+    if tied:
+        assert tied[0][1] == [0, len(pieces(net)) - 1]
+
+
+# ---- validation and dry runs ----
+@pytest.mark.parametrize("overrides,msg", [
+    (["framework=tensor_parallel", "launcher.nproc=3", "run.global_batch=6"], "model.n_head = 4 is not divisible by tp = 3"),
+    (["framework=tensor_parallel", "model=resnet18_tiny"], "plan for GPT-2 and ViT only"),
+    (["framework=pipeline_interleaved", "launcher.nproc=4"], "splits into 4 pipeline pieces, fewer than the 8 stages"),
+    (["framework=pipeline_1f1b", "framework.options.n_microbatches=1"], "needs micro-batches >= pipeline ranks: 1 < pp 2"),
+    (["framework=pipeline_gpipe", "framework.options.stages_per_rank=2"], "runs one stage per rank"),
+    (["framework=pipeline_1f1b", "framework.options.dp=3", "launcher.nproc=4"], "not divisible"),
+    (["framework=pipeline_1f1b", "framework.options.pp=2", "framework.options.dp=2"], "multiply to 4, not the world size 2"),
+    (["framework=fsdp_tp", "launcher.nproc=4", "framework.options.dp_shard=0"], "framework.options.dp_shard"),
+    (["framework=pipeline_1f1b", "framework.options.n_microbatches=3"], "not divisible by 3 micro-batches"),
+])
+def test_bad_parallel_dims_fail_before_launch(overrides, msg):
+    with pytest.raises(ConfigError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        plan_from_overrides(["launcher.nproc=2", *overrides])
+
+
+def test_bad_dims_exit_2_with_one_line(tmp_path):
+    proc = bench("run", "framework=fsdp_tp", "model=gpt2_xl", "launcher.nproc=512", "framework.options.tp=8",
+                 "run.global_batch=512", f"run.dir={tmp_path}/r")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "bench: config error: model.n_head = 25 is not divisible by tp = 8"
+    assert not (tmp_path / "r").exists()
+
+
+def test_dry_run_checks_512_ranks_in_one_process(tmp_path):
+    proc = bench("run", "framework=pipeline_interleaved", "model=gpt2_large", "launcher.nproc=512",
+                 "framework.options.dp=32", "framework.options.tp=4", "framework.options.stages_per_rank=3",
+                 "run.global_batch=2048", "run.micro_batch=8", "run.dry_run=true", f"run.dir={tmp_path}/r")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout[: proc.stdout.rindex("}") + 1])
+    assert out["mesh"] == {"pp": 4, "dp_replicate": 32, "dp_shard": 1, "tp": 4}
+    assert out["parallel"]["grad_accum"] == 8 and out["parallel"]["micro_batch"] == 8
+    stages = out["pipeline"]["stages"]
+    assert len(stages) == 12 and [s["pp_rank"] for s in stages[:5]] == [0, 1, 2, 3, 0]
+    assert stages[0]["pieces"] == [0, 3] and stages[-1]["pieces"] == [34, 37]   # 36 blocks + embed + head
+    assert out["pipeline"]["bubble_fraction_analytic"] == pytest.approx(3 / (3 * 8 + 3))
+    assert not (tmp_path / "r").exists()
+
+
+# ---- real runs: 2-D and 3-D at 4 ranks vs one process ----
+STEPS = ("model=gpt2_tiny", "run.warmup_steps=1", "run.measure_steps=4", "run.global_batch=8", "logger=none",
+         "run.progress=false")
+COMBOS = {
+    "fsdp2_x_tp": ("framework=fsdp_tp",),                                               # dp_shard 2 x tp 2
+    "dp_x_pp_gpipe": ("framework=pipeline_gpipe", "framework.options.dp=2"),             # dp 2 x pp 2
+    "pp_x_tp_1f1b": ("framework=pipeline_1f1b", "framework.options.tp=2"),               # pp 2 x tp 2
+    "dp_x_pp_interleaved": ("framework=pipeline_interleaved", "framework.options.dp=2"),  # dp 2 x pp 2 x 2 stages
+}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> dict:
+    _, rec = run_record(tmp_path_factory.mktemp("single") / "r", "framework=ddp", "launcher.nproc=1", *STEPS)
+    assert rec["status"] == "ok", rec.get("error")
+    return rec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("combo", list(COMBOS))
+def test_combination_at_4_ranks_matches_one_process(single, tmp_path, combo):
+    _, rec = run_record(tmp_path / "r", *COMBOS[combo], "launcher.nproc=4", *STEPS, timeout=400)
+    assert rec["status"] == "ok", rec.get("error")
+    want = [l for _, l in single["convergence"]["train_loss"]]
+    got = [l for _, l in rec["convergence"]["train_loss"]]
+    assert len(got) == 5 and all(math.isfinite(l) for l in got)
+    assert got == pytest.approx(want, rel=1e-5)
+    par = rec["parallel"]
+    assert par["world_size"] == 4 and par["dp"] * par["tp"] * par["pp"] == 4
+    kinds = rec["comm"]["per_step_bytes"]
+    if par["tp"] > 1:
+        assert kinds["all_reduce"] > 0                       # row-parallel outputs / input grads
+    if par["pp"] > 1:
+        mp = rec["model_parallel"]
+        assert kinds["send"] > 0 and kinds["recv"] > 0      # activations and gradients between stages
+        ranks = mp["per_rank"]
+        assert len(ranks) == 4 and {r["pp_rank"] for r in ranks} == {0, 1}
+        assert all(r["params"] > 0 and r["model_state_bytes_theory"] > 0 for r in ranks)
+        assert all(0.0 <= r["idle_fraction_measured"] <= 1.0 for r in ranks)
+        assert mp["bubble_fraction_analytic"] == analytic_bubble(mp["schedule"], 2, 2, mp["stages_per_rank"])
+        assert all(m["peak_rss_bytes"] > 0 for m in rec["memory"]["per_rank"])
