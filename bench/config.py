@@ -115,8 +115,11 @@ def validate(raw: dict[str, Any]) -> Plan:
         options = adapter_cls.Options.model_validate(cfg.framework.options)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "framework.options")) from None
+    if cfg.launcher.name == "local" and cfg.launcher.nodes != 1:
+        raise ConfigError(f"launcher.nodes {cfg.launcher.nodes}: the local launcher runs on one node "
+                          "(use launcher=slurm across nodes)")
     dims = resolve_dims(cfg.launcher.nproc, cfg.run.global_batch, cfg.run.micro_batch,
-                        **adapter_cls.parallel_shape(options, cfg))
+                        nodes=cfg.launcher.nodes, **adapter_cls.parallel_shape(options, cfg))
     adapter_cls.check_config(options, cfg, dims)  # raises ConfigError for cross-key problems
     check_data(cfg)
     return Plan(cfg=cfg, raw=raw, dims=dims, adapter_cls=adapter_cls, options=options)

@@ -144,6 +144,7 @@ class OptimCfg(Strict):
 class LauncherCfg(Strict):
     name: Literal["local", "slurm"]
     nproc: PositiveInt = 1
+    nodes: PositiveInt = 1     # slurm: SLURM_NNODES (recorded as parallel.nodes); local: 1
     threads_per_rank: Optional[PositiveInt] = None
     monitor_interval_s: Annotated[float, Field(gt=0, le=5)] = 0.25
 

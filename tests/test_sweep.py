@@ -49,8 +49,20 @@ def test_slurm_rank_environment():
     assert task_threads({"SLURM_CPUS_PER_TASK": "6"}) == 6
 
 
+def test_slurm_launcher_records_nodes_from_slurm(monkeypatch):
+    from bench.config import plan_from_overrides
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    plan = plan_from_overrides(["launcher=slurm", "framework=fsdp_hybrid"])
+    assert plan.dims.as_dict()["nodes"] == 2 and plan.dims.world_size == 8
+    monkeypatch.delenv("SLURM_NNODES")
+    assert plan_from_overrides(["launcher=slurm"]).dims.nodes == 1
+    with pytest.raises(ConfigError, match="local launcher runs on one node"):
+        plan_from_overrides(["launcher.nodes=2"])
+
+
 def test_local_sweep_status_and_resume(tmp_path):
-    sweep = tmp_path / "sweep"
+    sweep = tmp_path / "my sweep, it's v2"   # a space, a comma (a Hydra list) and a quote
     proc = bench("sweep", "--dir", str(sweep), "framework=ddp", "launcher.nproc=2", "debug=fast,fault_raise",
                  "logger=none", timeout=400)
     assert proc.returncode == 1, proc.stderr[-2000:]          # one cell failed
@@ -72,5 +84,6 @@ def test_local_sweep_status_and_resume(tmp_path):
 def test_sweep_cli_errors(tmp_path):
     proc = bench("sweep", "status", str(tmp_path))
     assert proc.returncode == 2 and "not a sweep directory" in proc.stderr
-    proc = bench("sweep", "--dir", "out dir;x", "debug=fast")
-    assert proc.returncode == 2 and "use letters" in proc.stderr
+    proc = bench("sweep", "--dir", str(tmp_path / "logs_%A"), "debug=fast")
+    assert proc.returncode == 2 and "'%' is not allowed in a sweep directory" in proc.stderr
+    assert not (tmp_path / "logs_%A").exists()

@@ -11,7 +11,9 @@ from bench.results import atomic_write_json
 from bench.sweep import manifest, status
 from bench.sweep.cells import expand
 
-SAFE_DIR = re.compile(r"[\w./-]+")   # run.dir is passed as a Hydra override: keep it unambiguous
+# Cells get run.dir as a quoted Hydra override (spaces, commas, quotes are fine); what stays out:
+# '%' (Slurm expands it in --output file names), '${' (OmegaConf interpolation), control characters.
+UNSAFE_DIR = re.compile(r"[%\x00-\x1f\x7f]|\$\{")
 
 
 def _slurm_shape(cells, cpus_per_rank: int) -> tuple[int, int]:
@@ -26,8 +28,10 @@ def _slurm_shape(cells, cpus_per_rank: int) -> tuple[int, int]:
 
 def start(args) -> int:
     sweep_dir = Path(args.dir or Path("outputs") / "sweeps" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
-    if not SAFE_DIR.fullmatch(str(sweep_dir)):
-        raise ConfigError(f"--dir {str(sweep_dir)!r}: use letters, digits, '_', '-', '.', '/' only")
+    bad = UNSAFE_DIR.search(str(sweep_dir))
+    if bad:
+        raise ConfigError(f"--dir {str(sweep_dir)!r}: {bad.group()!r} is not allowed in a sweep directory "
+                          "('%' is a Slurm file-name pattern, '${' an interpolation)")
     cells = expand(args.overrides, args.repeats)
     meta = {"created": _dt.datetime.now().astimezone().isoformat(), "overrides": args.overrides,
             "repeats": args.repeats, "backend": args.backend, "jobs": []}

@@ -5,6 +5,7 @@ argument list (no shell), so override values reach it literally."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,15 @@ def archive_attempt(sweep_dir: Path, run_dir: Path) -> None:
     shutil.move(str(run_dir), attempts / str(len(list(attempts.iterdir())) + 1))
 
 
+def quoted_override(key: str, value: str) -> str:
+    """key='value' in Hydra's override grammar: a path with spaces, commas (a sweep list
+    otherwise), brackets or quotes reaches the config as one literal string."""
+    # Hydra reads backslashes literally except a run of them before a quote (or the closing
+    # quote), which it halves: double exactly those runs, then escape the quotes.
+    escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
+    return f"{key}='{escaped}'"
+
+
 def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
     cells = manifest.read(sweep_dir)
     cell = cells[index]
@@ -32,7 +42,8 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
         return 0
     run_dir = manifest.cell_dir(sweep_dir, cell)
     archive_attempt(sweep_dir, run_dir)
-    cmd = [sys.executable, "-m", "bench.cli", "run", *cell.overrides, f"run.dir={run_dir}", "run.progress=false"]
+    cmd = [sys.executable, "-m", "bench.cli", "run", *cell.overrides, quoted_override("run.dir", str(run_dir)),
+           "run.progress=false"]
     env = {**os.environ, **(extra_env or {})}
     return subprocess.run(cmd, stdin=subprocess.DEVNULL, env=env).returncode
 
