@@ -83,6 +83,19 @@ def test_launcher_slurm_trains_ddp_under_srun(slurm, tmp_path):
     assert rec["config"]["launcher"]["name"] == "slurm" and len(rec["memory"]["per_rank"]) == 2
 
 
+def test_horovod_under_srun_without_horovodrun(slurm, tmp_path):
+    """srun starts the ranks; bench serves Horovod's gloo rendezvous from rank 0."""
+    pytest.importorskip("horovod.torch")
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(["timeout", "300", "srun", "--ntasks=2", "--kill-on-bad-exit=1", str(REPO / ".venv/bin/bench"),
+                           "run", "launcher=slurm", "framework=horovod", "debug=fast", "logger=none", f"run.dir={run_dir}"],
+                          capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "ok" and rec["parallel"]["world_size"] == 2
+    assert rec["comm"]["source"] == "adapter" and rec["comm"]["per_step_calls"]["all_reduce"] >= 1
+
+
 def test_hydra_submitit_launcher_runs_a_multirun_as_one_job_array(slurm, tmp_path):
     proc = subprocess.run(
         ["timeout", "600", str(REPO / ".venv/bin/python"), "-m", "bench.hydra_app", "-m",

@@ -49,6 +49,22 @@ def test_slurm_rank_environment():
     assert task_threads({"SLURM_CPUS_PER_TASK": "6"}) == 6
 
 
+def test_horovod_slots_from_slurm():
+    from bench.launch.hvd_slurm import horovod_env, slots, tasks_per_node
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    table = slots([2, 1])
+    assert [(s["rank"], s["node"], s["local_rank"], s["local_size"]) for s in table] == [(0, 0, 0, 2), (1, 0, 1, 2), (2, 1, 0, 1)]
+    # local rank 1 exists on node 0 only: cross size 1; local rank 0 on both nodes
+    assert [(s["cross_rank"], s["cross_size"]) for s in table] == [(0, 2), (0, 1), (1, 2)]
+    env = {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+           "SLURM_TASKS_PER_NODE": "2,1", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "HOROVOD_GLOO_IFACE": "eth0"}
+    h = horovod_env(env, "gpu01")
+    assert (h["HOROVOD_RANK"], h["HOROVOD_LOCAL_RANK"], h["HOROVOD_CROSS_RANK"], h["HOROVOD_SIZE"]) == ("2", "0", "1", "3")
+    assert 40000 <= int(h["HOROVOD_GLOO_RENDEZVOUS_PORT"]) < 60000 and h["HOROVOD_GLOO_IFACE"] == "eth0"
+    with pytest.raises(ConfigError, match="block task distribution"):
+        horovod_env({**env, "SLURM_NODEID": "0"}, "gpu01")          # cyclic placement
+
+
 def test_slurm_launcher_records_nodes_from_slurm(monkeypatch):
     from bench.config import plan_from_overrides
     monkeypatch.setenv("SLURM_NTASKS", "8")

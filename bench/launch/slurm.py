@@ -2,6 +2,7 @@
 
     srun --ntasks=8 --kill-on-bad-exit=1 bench run launcher=slurm framework=ddp run.dir=...
 
+Horovod adapters get horovodrun's slots and rendezvous from bench/launch/hvd_slurm.py.
 Rank, world size and local rank come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; the
 master address is the first host of SLURM_JOB_NODELIST; the port is derived from the job and
 step ids, so array tasks sharing a node never clash. Rank 0 saves the config and writes the
@@ -68,6 +69,11 @@ def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
     env = rank_env()
     if int(env["WORLD_SIZE"]) != plan.dims.world_size:
         raise ConfigError(f"launcher.nproc={plan.dims.world_size} but srun started {env['WORLD_SIZE']} tasks")
+    rendezvous = None
+    if getattr(plan.adapter_cls, "launch", "elastic") == "horovodrun":  # Horovod without horovodrun
+        from bench.launch.hvd_slurm import Rendezvous, horovod_env
+        env.update(horovod_env(os.environ, env["MASTER_ADDR"]), **plan.adapter_cls.launch_env(plan.options))
+        env["LOCAL_WORLD_SIZE"] = env["HOROVOD_LOCAL_SIZE"]
     os.environ.update(env)
     rank = int(env["RANK"])
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -75,10 +81,15 @@ def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
         save_config(plan, run_dir)
     threads = plan.cfg.launcher.threads_per_rank or task_threads()
     try:
+        if "HOROVOD_RANK" in env:
+            rendezvous = Rendezvous(env)
         run_rank(str(run_dir), threads, plan=plan)
     except BaseException as exc:
         _record_failure(plan, run_dir, rank, exc)
         raise
+    finally:
+        if rendezvous is not None:
+            rendezvous.close()
     return load_result(run_dir / RESULT_FILE) if rank == 0 else None
 
 
