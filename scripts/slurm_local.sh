@@ -1,18 +1,42 @@
 #!/usr/bin/env bash
 # A real single-node Slurm on localhost for the tests: `install` (apt, as root), `start`
 # (idempotent; installs if needed) or `stop`. Needs root and Debian's slurmctld slurmd slurm-client munge
-# slurm-wlm-basic-plugins libpmix2 (installed here with apt when missing).
+# slurm-wlm-basic-plugins libpmix2, and for accounting (sacct) slurmdbd + mariadb-server
+# (installed here with apt when missing). Daemons are started by hand (no systemd):
+# munged -> mariadbd -> slurmdbd -> slurmctld -> slurmd.
 set -euo pipefail
 STATE=${SLURM_LOCAL_STATE:-/var/tmp/ddlbench-slurm}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 t() { timeout 10 "$@"; }   # Slurm clients block while slurmctld is down
 
 install() {
-  command -v slurmctld >/dev/null && command -v munged >/dev/null && return
+  command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v slurmdbd >/dev/null \
+    && command -v mariadbd >/dev/null && return
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge \
-    slurm-wlm-basic-plugins libpmix2 libpmix-dev >/dev/null
+    slurm-wlm-basic-plugins libpmix2 libpmix-dev slurmdbd mariadb-server >/dev/null
+}
+
+accounting() {
+  # MariaDB on 127.0.0.1, a database user for slurmdbd (password kept in the state dir, 0600)
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+  if ! pgrep -x mariadbd >/dev/null; then
+    mariadbd --user=mysql --bind-address=127.0.0.1 >"$STATE/mariadb.log" 2>&1 &
+  fi
+  for _ in $(seq 1 30); do timeout 5 mariadb -e "select 1" >/dev/null 2>&1 && break; sleep 1; done
+  [ -s "$STATE/dbpass" ] || { (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$STATE/dbpass"); }
+  local pass
+  pass=$(cat "$STATE/dbpass")
+  timeout 10 mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pass';
+    ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$pass';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
+  (umask 077; sed -e "s#@STATE@#$STATE#g" -e "s#@DBPASS@#$pass#g" \
+    "$HERE/slurm/local/slurmdbd.conf.in" > /etc/slurm/slurmdbd.conf)
+  chmod 600 /etc/slurm/slurmdbd.conf
+  pgrep -x slurmdbd >/dev/null || slurmdbd
+  for _ in $(seq 1 30); do t sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 1; done
+  t sacctmgr -n list cluster format=cluster | grep -qw ddlbench || t sacctmgr -i add cluster ddlbench >/dev/null
 }
 
 start() {
@@ -27,6 +51,7 @@ start() {
   mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
   sed -e "s#@STATE@#$STATE#g" -e "s#@CPUS@#$cpus#g" -e "s#@MEM@#$mem#g" \
     "$HERE/slurm/local/slurm.conf.in" > /etc/slurm/slurm.conf
+  accounting
   pgrep -x slurmctld >/dev/null || slurmctld -i
   pgrep -x slurmd >/dev/null || slurmd -N localhost
   for _ in $(seq 1 60); do
@@ -50,6 +75,8 @@ stop() {
   fi
   pkill -x slurmd || true
   pkill -x slurmctld || true
+  pkill -x slurmdbd || true
+  pkill -x mariadbd || true
   pkill -x munged || true
   pkill -f '^slurmstepd' || true
   sleep 1

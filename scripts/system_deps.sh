@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # System packages the test suite needs: Debian's chromium (report.html is checked in a real
-# headless browser) and Slurm + munge (sweeps run through a real single-node Slurm,
-# scripts/slurm_local.sh). Installs with apt when run as root; otherwise says what to install.
+# headless browser) and Slurm + munge + slurmdbd + MariaDB (sweeps run through a real
+# single-node Slurm with job accounting, scripts/slurm_local.sh). Installs with apt when run as root; otherwise says what to install.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-if ! command -v slurmctld >/dev/null 2>&1; then
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmdbd >/dev/null 2>&1 || ! command -v mariadbd >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing slurm + munge (apt)"
+    echo "installing slurm + munge + slurmdbd + mariadb (apt)"
     bash "$HERE/slurm_local.sh" install
   else
-    echo "the tests need Slurm: sudo apt-get install slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins libpmix2" >&2
+    echo "the tests need Slurm: sudo apt-get install slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins libpmix2 slurmdbd mariadb-server" >&2
     exit 2
   fi
 fi

@@ -1,5 +1,5 @@
-"""Sweeps through a real single-node Slurm (scripts/slurm_local.sh: munged, slurmctld,
-slurmd on localhost) and `launcher=slurm` under srun."""
+"""Sweeps through a real single-node Slurm (scripts/slurm_local.sh: munged, MariaDB, slurmdbd,
+slurmctld, slurmd on localhost) and `launcher=slurm` under srun."""
 import json
 import subprocess
 import time
@@ -70,6 +70,31 @@ def test_a_failing_cell_is_recorded_and_the_rest_succeed(slurm, tmp_path):
     rows = status.cell_states(sweep)
     failed = next(r for r in rows if r["state"] == "failed")
     assert "injected fault" in failed["reason"] and "fault_raise" in failed["overrides"]
+
+
+def test_a_cancelled_cell_shows_slurms_state_from_sacct(slurm, tmp_path):
+    """scancel kills the task before it can write a result: status reads the state from the
+    accounting database (slurmdbd + MariaDB), and resume would run the cell again."""
+    sweep = tmp_path / "sweep"
+    proc = bench("sweep", "--backend", "slurm", "--dir", str(sweep), "framework=ddp", "launcher.nproc=1",
+                 "debug=fast", "logger=none", "run.measure_steps=100000", "run.progress=false")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    job = manifest.meta(sweep)["jobs"][0]
+    deadline = time.monotonic() + 120
+    while "running" not in bench("sweep", "status", str(sweep)).stdout:    # started
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    time.sleep(3)
+    subprocess.run(["timeout", "10", "scancel", f"{job}_0"], check=True)
+    deadline = time.monotonic() + 60
+    while True:
+        out = bench("sweep", "status", str(sweep)).stdout
+        if "cancelled" in out or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert "1 cells: 1 cancelled" in out and f"Slurm job {job}_0: CANCELLED" in out, out
+    assert not (sweep / manifest.read(sweep)[0].id / "result.json").exists()
+    assert not subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True).stdout   # no orphan ranks
 
 
 def test_launcher_slurm_trains_ddp_under_srun(slurm, tmp_path):

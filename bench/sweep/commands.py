@@ -78,16 +78,23 @@ def _queued_ids(sweep_dir: Path, meta: dict) -> set[str]:
         return set()
 
 
+def _accounting(meta: dict) -> dict[int, dict]:
+    if meta.get("backend") != "slurm" or not meta.get("jobs"):
+        return {}
+    from bench.sweep import slurm
+    return slurm.accounted(meta["jobs"])
+
+
 def show_status(sweep_dir: Path) -> int:
     meta = _meta(sweep_dir)
-    rows = status.cell_states(sweep_dir, _queued_ids(sweep_dir, meta))
+    rows = status.cell_states(sweep_dir, _queued_ids(sweep_dir, meta), _accounting(meta))
     print(status.render(rows))
     return 0
 
 
 def resume(sweep_dir: Path) -> int:
     meta = _meta(sweep_dir)
-    rows = status.cell_states(sweep_dir, _queued_ids(sweep_dir, meta))
+    rows = status.cell_states(sweep_dir, _queued_ids(sweep_dir, meta), _accounting(meta))
     todo = [r["index"] for r in rows if r["state"] not in ("ok", "running")]
     if not todo:
         print("nothing to resume: every cell has an ok result or is queued")

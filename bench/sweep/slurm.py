@@ -75,3 +75,29 @@ def queued(job_ids: list[str]) -> dict[int, str]:
         if idx.isdigit():
             states[int(idx)] = state
     return states
+
+
+def accounted(job_ids: list[str]) -> dict[int, dict]:
+    """Array index -> the accounting record (sacct) of its latest attempt: state (CANCELLED,
+    TIMEOUT, OUT_OF_MEMORY, FAILED, NODE_FAIL, COMPLETED...), exit code, job id. {} when the
+    cluster keeps no accounting (sacct then fails); sacct lags squeue by a second or two."""
+    if not job_ids:
+        return {}
+    try:
+        out = _call(["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", "JobID,State,ExitCode"])
+    except SlurmError:
+        return {}
+    order = {job: i for i, job in enumerate(job_ids)}
+    found: dict[int, dict] = {}
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3:
+            continue
+        job, _, index = parts[0].partition("_")
+        if not index.isdigit() or job not in order:
+            continue
+        row = {"job": parts[0], "state": parts[1].split()[0], "detail": parts[1], "exit_code": parts[2],
+               "attempt": order[job]}
+        if int(index) not in found or row["attempt"] >= found[int(index)]["attempt"]:
+            found[int(index)] = row
+    return found

@@ -7,7 +7,11 @@ from pathlib import Path
 from bench.sweep import manifest
 
 
-def cell_states(sweep_dir: Path, running_ids: set[str] = frozenset()) -> list[dict]:
+def cell_states(sweep_dir: Path, running_ids: set[str] = frozenset(),
+                accounting: dict[int, dict] | None = None) -> list[dict]:
+    """One row per cell. A cell without a result takes its state from Slurm's accounting
+    (`accounting`: array index -> sacct row) when there is one: cancelled, timeout,
+    out_of_memory, node_fail... (a task killed that way could not write its result)."""
     rows = []
     for cell in manifest.read(sweep_dir):
         rec = manifest.cell_result(sweep_dir, cell)
@@ -16,6 +20,11 @@ def cell_states(sweep_dir: Path, running_ids: set[str] = frozenset()) -> list[di
             reason = (rec.get("error") or {}).get("message")
         elif cell.id in running_ids:
             state, reason = "running", None
+        elif accounting and cell.index in accounting and accounting[cell.index]["state"] not in ("PENDING", "RUNNING"):
+            acct = accounting[cell.index]
+            state = "missing" if acct["state"] == "COMPLETED" else acct["state"].lower()
+            reason = (f"Slurm job {acct['job']}: {acct['detail']}, exit code {acct['exit_code']}"
+                      + (" (ended without writing a result)" if acct["state"] == "COMPLETED" else ""))
         else:
             state, reason = "missing", None
         rows.append({"index": cell.index, "id": cell.id, "state": state,
