@@ -61,6 +61,29 @@ def test_failures_table_lists_failed_and_unreadable(known, tmp_path):
     assert "rank 1 raised at step 2" in html and "unreadable_result" in html
 
 
+def test_pipeline_stages_are_listed_per_rank(tmp_path):
+    root = tmp_path / "runs"
+    rec = make_record("pp2", framework="pipeline", variant="1f1b", world=2)
+    rec["parallel"].update(dp=1, pp=2)
+    rec["model_parallel"] = {
+        "kind": "pipeline", "schedule": "1f1b", "pp": 2, "stages_per_rank": 1, "n_microbatches": 4,
+        "bubble_fraction_analytic": 0.2, "idle_fraction_measured_mean": 0.3,
+        "per_rank": [{"pp_rank": 0, "stages": [0], "params": 247424, "model_state_bytes_theory": 3958784,
+                      "idle_fraction_measured": 0.25},
+                     {"pp_rank": 1, "stages": [1], "params": 231296, "model_state_bytes_theory": 3700736,
+                      "idle_fraction_measured": 0.35}]}
+    write(root, rec)
+    write(root, make_record("ddp1"))
+    report.build([str(root)], tmp_path / "out", progress=False)
+    md = (tmp_path / "out" / "report.md").read_text()
+    section = md.split("## Model parallelism: per rank / pipeline stage")[1].split("## All runs")[0]
+    rows = [l for l in section.splitlines() if l.startswith("| pp2 ")]
+    assert len(rows) == 2                        # one per rank; the DDP run has none
+    assert "| 1 x 1 x 2 | 1f1b | 4 | 0.200 | 0 | 0 | 247,424 | 3.8 MiB | 1000 B | 0.250 |" in rows[0]
+    assert "| 1 | 1 | 231,296 | 3.5 MiB | 1001 B | 0.350 |" in rows[1]
+    assert "Model parallelism: per rank / pipeline stage" in (tmp_path / "out" / "report.html").read_text()
+
+
 def test_user_strings_are_escaped(tmp_path):
     root = tmp_path / "runs"
     write(root, make_record("x", framework="<script>alert(1)</script>", sps=10.0))

@@ -81,6 +81,30 @@ def failure_table(rep) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def model_parallel_table(rep) -> tuple[list[str], list[list[str]]]:
+    """One row per rank of every pipeline run: its stages, parameters, model-state theory, peak
+    memory and idle fraction, so stage imbalance is visible (result.json `model_parallel`)."""
+    head = ["run", "framework", "dp x tp x pp", "schedule", "micro-batches", "bubble (analytic)",
+            "rank", "stages", "params", "model state (theory)", "peak mem", "idle (measured)"]
+    rows = []
+    for run_id, rec in rep.records.items():
+        mp, par = rec.get("model_parallel") or {}, rec.get("parallel") or {}
+        if rec.get("status") != "ok" or not mp:
+            continue
+        mem = {m.get("rank"): m for m in (rec.get("memory") or {}).get("per_rank") or []}
+        fw = rec.get("framework") or {}
+        for rank, st in enumerate(mp.get("per_rank") or []):
+            m = mem.get(rank) or {}
+            rows.append([str(rec.get("run_id", run_id)), f"{fw.get('name')}:{fw.get('variant')}",
+                         f"{par.get('dp')} x {par.get('tp')} x {par.get('pp')}", str(mp.get("schedule")),
+                         str(mp.get("n_microbatches")), _num(mp.get("bubble_fraction_analytic"), ".3f"), str(rank),
+                         ",".join(map(str, st.get("stages") or [])), f"{st.get('params', 0):,}",
+                         _bytes(st.get("model_state_bytes_theory")),
+                         _bytes(m.get("peak_allocated_bytes") or m.get("peak_rss_bytes")),
+                         _num(st.get("idle_fraction_measured"), ".3f")])
+    return head, rows[:MAX_RUN_ROWS]
+
+
 def run_table(rep) -> tuple[list[str], list[list[str]]]:
     head = ["run", "status", "framework", "model", "ranks", "global batch", "repeat", "samples/s",
             "step (ms)", "peak mem", "MFU", "val loss", "time to target (s)"]
@@ -103,10 +127,16 @@ def context(rep) -> dict:
         "torch": sorted({str(e.get("torch")) for e in envs if e.get("torch")}),
         "devices": sorted({str(e.get("device")) for e in envs if e.get("device")}),
         "cells": cell_table(rep), "parity": parity_table(rep), "failures": failure_table(rep),
+        "model_parallel": model_parallel_table(rep),
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
         "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
         "parity_flags": int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0,
     }
+
+
+MODEL_PARALLEL_NOTE = ("Pipeline runs, one row per rank: its stages, parameters and model-state bytes "
+                      "(stage imbalance), peak memory, and the idle fraction measured as 1 - busy/step "
+                      "next to the schedule's analytic bubble.")
 
 
 def _md_escape(s: str) -> str:
@@ -133,6 +163,9 @@ def write_markdown(rep) -> Path:
               f"{c['parity_flags']} configuration(s) differ from the majority." if c["parity_flags"] else "All compared configurations agree.",
               "", _md_table(*c["parity"][:2]), "", "## Failures", ""]
     parts += [_md_table(*c["failures"]) if c["failures"][1] else "No failed runs.", ""]
+    if c["model_parallel"][1]:
+        parts += ["## Model parallelism: per rank / pipeline stage", "", MODEL_PARALLEL_NOTE, "",
+                  _md_table(*c["model_parallel"]), ""]
     parts += ["## All runs", "", _md_table(*c["runs"]), ""]
     if c["runs_truncated"]:
         parts += [f"(first {c['max_rows']} runs; summary.csv has all)", ""]
@@ -159,6 +192,7 @@ def write_html(rep) -> Path:
                              autoescape=True, undefined=jinja2.StrictUndefined)
     c = context(rep)
     c["plots"] = [(name, _data_uri(path), caption) for name, path, caption in c["plots"]]
+    c["model_parallel_note"] = MODEL_PARALLEL_NOTE
     html = env.get_template("report.html.j2").render(**c)
     path = rep.out / "report.html"
     path.write_text(html)
