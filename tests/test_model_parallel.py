@@ -192,3 +192,18 @@ def test_combination_at_4_ranks_matches_one_process(single, tmp_path, combo):
         assert all(0.0 <= r["idle_fraction_measured"] <= 1.0 for r in ranks)
         assert mp["bubble_fraction_analytic"] == analytic_bubble(mp["schedule"], 2, 2, mp["stages_per_rank"])
         assert all(m["peak_rss_bytes"] > 0 for m in rec["memory"]["per_rank"])
+
+
+@pytest.mark.slow
+def test_vit_tensor_parallel_matches_one_process(tmp_path):
+    """The ViT plan (MultiheadAttention -> LocalHeadsAttention with per-rank QKV rows, MLP
+    column/row) at 2 ranks gives the single-process losses."""
+    common = ("model=vit_tiny", "run.warmup_steps=1", "run.measure_steps=4", "run.global_batch=8", "logger=none",
+              "run.progress=false")
+    _, ref = run_record(tmp_path / "one", "framework=ddp", "launcher.nproc=1", *common)
+    _, rec = run_record(tmp_path / "tp", "framework=tensor_parallel", "launcher.nproc=2", *common, timeout=400)
+    assert ref["status"] == "ok" and rec["status"] == "ok", rec.get("error")
+    assert [l for _, l in rec["convergence"]["train_loss"]] == pytest.approx(
+        [l for _, l in ref["convergence"]["train_loss"]], rel=1e-5)
+    assert rec["framework"]["native_config"]["tp_blocks"] == 2
+    assert rec["comm"]["per_step_calls"]["all_reduce"] == 8   # 2 blocks x (2 forward + 2 backward)
