@@ -97,12 +97,24 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     return "; ".join(lines)
 
 
+ADAPTER_PACKAGE = "bench.adapters."
+
+
 def load_adapter_class(path: str) -> type:
+    """Only the project's own adapters: a module under bench.adapters and a subclass of
+    Adapter. Anything else (e.g. 'os:system') is refused before it is imported."""
     module, _, name = path.partition(":")
+    if not module.startswith(ADAPTER_PACKAGE) or not module[len(ADAPTER_PACKAGE):].isidentifier():
+        raise ConfigError(f"framework.adapter '{path}': only adapters in {ADAPTER_PACKAGE.rstrip('.')} "
+                          "may be named (module:Class)")
     try:
-        return getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"framework.adapter: cannot load '{path}': {exc}") from None
+    from bench.adapters.base import Adapter
+    if not (isinstance(cls, type) and issubclass(cls, Adapter)):
+        raise ConfigError(f"framework.adapter '{path}' is not an Adapter")
+    return cls
 
 
 def validate(raw: dict[str, Any]) -> Plan:
