@@ -54,8 +54,11 @@ def main(run_dir: str) -> int:
     run_path = Path(run_dir)
     record = load_result(run_path)
     lg = record["config"]["logger"]
+    # No system metadata (it holds the command line and host details), no code, git or
+    # requirements capture: what W&B stores is the record's config and metrics, nothing else.
     settings = wandb.Settings(init_timeout=float(lg["init_timeout_s"]), console="off", silent=True,
-                              x_disable_stats=True)
+                              x_disable_stats=True, x_disable_meta=True, save_code=False, disable_code=True,
+                              disable_git=True, disable_job_creation=True, x_save_requirements=False)
     run = wandb.init(project=lg["project"], entity=lg.get("entity"), mode=lg["mode"],
                      dir=str(run_path), name=record["run_id"], id=None, config=record["config"],
                      group=record["model"]["name"], job_type=record["framework"]["name"],

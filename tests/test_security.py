@@ -1,0 +1,64 @@
+"""Secrets and hostile strings (issue 8): planted canary tokens never reach a result, log, W&B
+file or report; override values with shell metacharacters reach the run literally and execute
+nothing; sweep folders are private."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+import pytest
+
+from conftest import REPO, bench
+
+CANARIES = {"WANDB_API_KEY": "canaryWANDB7f3a9", "HF_TOKEN": "canaryHF51c2e",
+            "MY_SERVICE_TOKEN": "canaryTOKENd81b", "DB_SECRET": "canarySECRET0c4f"}
+
+
+def _leaks(root, texts=()) -> list[str]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            found += [f"{path.relative_to(root)}: {k}" for k, v in CANARIES.items() if v.encode() in data]
+    for name, text in texts:
+        found += [f"{name}: {k}" for k, v in CANARIES.items() if v in text]
+    return found
+
+
+@pytest.mark.slow
+def test_secrets_in_the_environment_reach_no_file(tmp_path):
+    env = {**os.environ, **CANARIES, "WANDB_MODE": "offline"}
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([str(REPO / ".venv/bin/bench"), "run", "debug=fast", "launcher.nproc=2", "logger=wandb",
+                           f"run.dir={run_dir}"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(run_dir.rglob("wandb-summary.json")) or list(run_dir.rglob("*.wandb")), "W&B wrote nothing"
+    rep = subprocess.run([str(REPO / ".venv/bin/bench"), "report", str(run_dir), "-o", str(tmp_path / "report"),
+                          "--wandb"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                         stdin=subprocess.DEVNULL)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert _leaks(tmp_path, [("stdout", proc.stdout + rep.stdout), ("stderr", proc.stderr + rep.stderr)]) == []
+
+
+def test_a_secret_in_an_unknown_override_is_refused_without_echo(tmp_path):
+    proc = bench("run", f"+api_token={CANARIES['MY_SERVICE_TOKEN']}", f"run.dir={tmp_path}/r")
+    assert proc.returncode == 2
+    assert CANARIES["MY_SERVICE_TOKEN"] not in proc.stdout + proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_shell_metacharacters_reach_the_run_literally(tmp_path):
+    value = "x;touch PWNED && echo $(id) `id` | cat > PWNED2"
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([str(REPO / ".venv/bin/bench"), "sweep", "--dir", str(sweep), "debug=fast",
+                           f"logger.project='{value}'", "logger=none"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = list(sweep.rglob("result.json"))
+    assert len(results) == 1
+    import json
+    assert json.loads(results[0].read_text())["config"]["logger"]["project"] == value
+    assert not list(tmp_path.rglob("PWNED*")) and not list(REPO.glob("PWNED*"))
+    assert stat.S_IMODE(sweep.stat().st_mode) == 0o700
