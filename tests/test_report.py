@@ -84,6 +84,20 @@ def test_pipeline_stages_are_listed_per_rank(tmp_path):
     assert "Model parallelism: per rank / pipeline stage" in (tmp_path / "out" / "report.html").read_text()
 
 
+def test_a_sweeps_cells_without_result_are_listed_as_missing(tmp_path):
+    from bench.sweep import manifest
+    from bench.sweep.cells import Cell
+    sweep = tmp_path / "sweep"
+    cells = [Cell(index=i, id=f"cell{i}", overrides=[f"run.seed={i}"], repeat=0) for i in range(3)]
+    manifest.create(sweep, cells, {"backend": "local", "jobs": []})
+    write(sweep, make_record("cell0"))                        # one ran; two never wrote a result
+    rep = report.build([str(sweep)], tmp_path / "out", progress=False)
+    assert sorted(rep.summary["run_id"]) == ["cell0", "cell1", "cell2"]
+    missing = rep.failures.set_index("run_id")
+    assert list(missing.loc[["cell1", "cell2"], "status"]) == ["missing", "missing"]
+    assert "expected cell has no result.json" in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_user_strings_are_escaped(tmp_path):
     root = tmp_path / "runs"
     write(root, make_record("x", framework="<script>alert(1)</script>", sps=10.0))

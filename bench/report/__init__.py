@@ -11,7 +11,7 @@ import pandas as pd
 
 from bench.report import plots
 from bench.report.frame import SUMMARY_COLUMNS, summary_frame
-from bench.report.load import load_records, paused_gc
+from bench.report.load import load_records, missing_cells, paused_gc
 from bench.results import find_results
 from bench.report.tables import cells, failures, parity
 
@@ -29,13 +29,15 @@ class Report:
 
 def build(paths: list[str], out: Path, progress: bool = True) -> Report:
     files = find_results(paths)
-    if not files:
+    missing = missing_cells(paths)
+    if not files and not missing:
         raise FileNotFoundError("no result.json found under: " + " ".join(paths))
     with paused_gc():
-        records = load_records(files, progress)
-        df = summary_frame(records, [str(f.parent) for f in files])
+        records = load_records(files, progress) + [r for _, r in missing]
+        dirs = [str(f.parent) for f in files] + [str(d) for d, _ in missing]
+        df = summary_frame(records, dirs)
         rep = Report(out=out, summary=df, cells=cells(df), parity=parity(df), failures=failures(df),
-                     records={str(f.parent): r for f, r in zip(files, records)})
+                     records=dict(zip(dirs, records)))
     out.mkdir(parents=True, exist_ok=True)
     ordered = SUMMARY_COLUMNS + [c for c in df.columns if c not in SUMMARY_COLUMNS]
     df[ordered].to_csv(out / "summary.csv", index=False)

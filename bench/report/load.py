@@ -16,6 +16,26 @@ def unreadable(path: Path, exc: Exception) -> dict:
             "framework": {"name": "?", "variant": None}, "model": {"name": "?"}, "config": {}}
 
 
+def missing_cells(paths: list[str]) -> list[tuple[Path, dict]]:
+    """Cells of every sweep among `paths` (a directory with manifest.jsonl) that have no result
+    file: stand-in records with status `missing`, so the report accounts for every expected cell."""
+    from bench.sweep import manifest
+    out = []
+    for p in map(Path, paths):
+        if not (p / manifest.MANIFEST).is_file():
+            continue
+        for cell in manifest.read(p):
+            d = manifest.cell_dir(p, cell)
+            if not (d / "result.json").exists():
+                out.append((d, {"schema": SCHEMA, "run_id": cell.id, "status": "missing",
+                                "error": {"type": "no_result", "rank": None,
+                                          "message": "expected cell has no result.json (not run, still running, "
+                                                     "or killed before it could write one: see bench sweep status)"},
+                                "framework": {"name": "?", "variant": None}, "model": {"name": "?"},
+                                "config": {}, "overrides": " ".join(cell.overrides)}))
+    return out
+
+
 def parse_json(data: bytes):
     """orjson (several times faster on 10k files); the stdlib for what strict JSON rejects
     (NaN, written for losses a rank does not hold)."""

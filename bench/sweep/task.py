@@ -4,6 +4,7 @@ kept under <sweep>/.attempts/<cell>/<n>/ and the cell runs again. `bench run` is
 argument list (no shell), so override values reach it literally."""
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -33,19 +34,36 @@ def quoted_override(key: str, value: str) -> str:
     return f"{key}='{escaped}'"
 
 
+def cell_lock(sweep_dir: Path, cell_id: str):
+    """An exclusive flock on <sweep>/.locks/<cell>.lock, waited for if another process holds it
+    (a resume while an interrupted sweep's cell still runs). The `bench run` child inherits the
+    locked descriptor, so the lock lives exactly as long as the cell's run, even if this
+    process is killed."""
+    locks = Path(sweep_dir) / ".locks"
+    locks.mkdir(exist_ok=True)
+    f = open(locks / f"{cell_id}.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"cell {cell_id}: another process is running it; waiting for it to finish", flush=True)
+        fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
 def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
     cells = manifest.read(sweep_dir)
     cell = cells[index]
-    done = manifest.cell_result(sweep_dir, cell)
-    if done is not None and done.get("status") == "ok":
-        print(f"cell {cell.id}: already ok, skipped")
-        return 0
-    run_dir = manifest.cell_dir(sweep_dir, cell)
-    archive_attempt(sweep_dir, run_dir)
-    cmd = [sys.executable, "-m", "bench.cli", "run", *cell.overrides, quoted_override("run.dir", str(run_dir)),
-           "run.progress=false"]
-    env = {**os.environ, **(extra_env or {})}
-    return subprocess.run(cmd, stdin=subprocess.DEVNULL, env=env).returncode
+    with cell_lock(sweep_dir, cell.id) as lock:
+        done = manifest.cell_result(sweep_dir, cell)
+        if done is not None and done.get("status") == "ok":
+            print(f"cell {cell.id}: already ok, skipped")
+            return 0
+        run_dir = manifest.cell_dir(sweep_dir, cell)
+        archive_attempt(sweep_dir, run_dir)
+        cmd = [sys.executable, "-m", "bench.cli", "run", *cell.overrides, quoted_override("run.dir", str(run_dir)),
+               "run.progress=false"]
+        env = {**os.environ, **(extra_env or {})}
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL, env=env, pass_fds=(lock.fileno(),)).returncode
 
 
 def main(argv: list[str]) -> int:

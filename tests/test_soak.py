@@ -1,0 +1,20 @@
+"""The sweep soak at CI size (benchmarks/soak_sweep.py --cells 200 is the by-hand version): 20
+tiny cells, half made to fail, the sweep killed with SIGKILL at a random moment and resumed:
+exactly 20 results with the right statuses, a report row for each, no process left behind."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def test_interrupted_sweep_resumes_to_the_full_set(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak_sweep.py"), "--cells", "20",
+                           "--dir", str(tmp_path / "sweep")], capture_output=True, text=True, timeout=1200,
+                          stdin=subprocess.DEVNULL)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "result files 20: 10 ok, 10 failed; report rows 20; leftover processes 0" in proc.stdout
