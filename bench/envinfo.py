@@ -15,7 +15,7 @@ import torch
 ENV_ALLOWLIST = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG",
                  "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SLURM_JOB_ID",
                  "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_NNODES", "SLURM_NTASKS",
-                 "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME")
+                 "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME", "SLURM_RESTART_COUNT")
 PACKAGES = ("torch", "torchvision", "transformers", "hydra-core", "deepspeed", "horovod",
             "fairscale", "wandb", "numpy")
 REPO = Path(__file__).resolve().parents[1]

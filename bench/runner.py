@@ -20,6 +20,7 @@ from bench.adapters.base import RankContext
 from bench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from bench.config import Plan
 from bench.faults import FaultInjector
+from bench.launch import stop
 from bench.metrics.convergence import reached, resolve_target
 from bench.quality import Evaluator, batch_source
 from models.datasets import build_dataset
@@ -110,6 +111,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     target = resolve_target(cfg.run.target, cfg.run.target_metric, cfg.run.target_vs_floor,
                             dataset.floor["loss"] if dataset else None)
     progress = _Progress(cfg.run.progress and ctx.rank == 0, total, warmup, dims.global_batch)
+    stop.expose(step_s, losses, warmup)   # what a SIGUSR1 stop saves (bench/launch/stop.py)
 
     _sync(ctx.device)
     wall0 = time.perf_counter()

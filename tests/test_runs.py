@@ -112,3 +112,35 @@ def test_wall_clock_timeout_kills_everything(run_dir):
     assert rec["status"] == "timeout"
     assert "run.timeout_s=20" in rec["error"]["message"]
     assert time.monotonic() - t0 < 60
+
+
+def test_sigusr1_stops_cleanly_with_partial_measurements(run_dir):
+    """Slurm's time-limit warning (SIGUSR1) reaches every rank through the launcher (torch
+    elastic does not forward it); the run ends as `timeout` with the steps it measured."""
+    import signal
+    import subprocess
+    from conftest import REPO
+    proc = subprocess.Popen([str(REPO / ".venv/bin/bench"), "run", "debug=fast", "launcher.nproc=2", "logger=none",
+                             "run.measure_steps=100000", f"run.dir={run_dir}"], cwd=REPO,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "partial").glob("*")) and not (run_dir / "metrics.jsonl").exists():
+        # ranks install their handler after joining the group (partial/ is created then)
+        assert time.monotonic() < deadline and proc.poll() is None
+        if (run_dir / "partial").is_dir():
+            break
+        time.sleep(0.5)
+    time.sleep(8)                               # some steps
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    detect_s = time.monotonic() - t0
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "timeout" and rec["error"]["signal"] == "SIGUSR1", rec["error"]
+    part = rec["partial"]
+    assert part["ranks_reporting"] == 2 and part["measured_steps"] >= 1
+    assert rec["throughput"]["samples_per_s"] > 0 and len(rec["timing"]["series_s"]) == part["measured_steps"]
+    assert len(rec["convergence"]["train_loss"]) == part["steps_completed"]
+    assert detect_s < 30, detect_s
+    leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
+    assert not leftover, leftover

@@ -97,6 +97,41 @@ def test_a_cancelled_cell_shows_slurms_state_from_sacct(slurm, tmp_path):
     assert not subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True).stdout   # no orphan ranks
 
 
+def test_time_limit_warning_stops_cleanly_and_requeue_reruns_the_cell(slurm, tmp_path):
+    """The array template asks for SIGUSR1 before the limit (sent here by hand): the long cell
+    ends as `timeout` with partial measurements. `scontrol requeue` of the other (failed) cell
+    reruns it: the earlier attempt is archived, the new result records the restart count, and
+    there is still one result per cell."""
+    sweep = tmp_path / "sweep"
+    proc = bench("sweep", "--backend", "slurm", "--dir", str(sweep), "framework=ddp", "launcher.nproc=1",
+                 "debug=fast", "logger=none", "run.measure_steps=3000", "fault.kind=none,raise")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    job, cells = manifest.meta(sweep)["jobs"][0], manifest.read(sweep)
+    long_result, short_result = (sweep / c.id / "result.json" for c in cells)
+    deadline = time.monotonic() + 120
+    while not (sweep / cells[0].id / "partial").is_dir():       # ranks are up and measuring
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    time.sleep(15)                                              # model built, some steps done
+    subprocess.run(["timeout", "10", "scancel", "--batch", "--signal=USR1", f"{job}_0"], check=True)
+    assert wait_done(sweep) == {0: "timeout", 1: "failed"}
+    first = json.loads(long_result.read_text())
+    assert first["error"]["signal"] == "SIGUSR1" and first["partial"]["measured_steps"] >= 1, first["error"]
+    assert first["throughput"]["samples_per_s"] > 0
+
+    subprocess.run(["timeout", "10", "scontrol", "requeue", f"{job}_1"], check=True)
+    deadline = time.monotonic() + 240
+    while True:
+        rec = json.loads(short_result.read_text()) if short_result.exists() else {}
+        if rec.get("env", {}).get("env_vars", {}).get("SLURM_RESTART_COUNT") == "1":
+            break
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    assert rec["status"] == "failed" and "injected fault" in rec["error"]["message"]
+    assert [p.name for p in (sweep / ".attempts" / cells[1].id).iterdir()] == ["1"]
+    assert len(list(sweep.glob("*/result.json"))) == 2
+
+
 def test_launcher_slurm_trains_ddp_under_srun(slurm, tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(["timeout", "300", "srun", "--ntasks=2", "--kill-on-bad-exit=1", str(REPO / ".venv/bin/bench"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from bench.config import Plan
 from bench.envinfo import usable_cores
 from bench.launch.agent import FAILURE_FILE
+from bench.launch.stop import ForwardUsr1, partial_timing
 from bench.results import RESULT_FILE, atomic_write_json, empty_record, error_info, load_result, write_result
 
 TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
@@ -75,8 +76,10 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
     cmd, env = _command(plan, run_dir, threads)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+    usr1 = ForwardUsr1(proc, group=True)   # Slurm's time-limit warning -> every rank
     try:
-        code = proc.wait(timeout=cfg.run.timeout_s)
+        with usr1:
+            code = proc.wait(timeout=cfg.run.timeout_s)
     except subprocess.TimeoutExpired:
         _kill_tree(proc)
         msg = f"run exceeded run.timeout_s={cfg.run.timeout_s:g} s (wall clock); all ranks killed"
@@ -100,6 +103,8 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
                                       f"{failure.get('message', f'exit code {code}')}")
             write_result(run_dir, record)
         return record
+    if usr1.received:
+        return _stopped(run_dir, run_id, plan, elapsed)
     failure = _first_failure(run_dir)
     if failure is not None:
         status = classify(failure)
@@ -155,9 +160,33 @@ def _device_type(cfg) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _stopped(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> dict:
+    """SIGUSR1 (time-limit warning): a `timeout` result with what the ranks measured so far."""
+    import models
+    spec = models.build(plan.cfg.model)
+    part = partial_timing(run_dir, plan.dims.world_size, plan.dims.global_batch, spec.tokens_per_sample)
+    done = part["steps_completed"] if part else 0
+    record = _finish(run_dir, run_id, plan, "timeout", error_info(
+        "stopped", f"stopped by SIGUSR1 (time-limit warning) after {elapsed:.1f} s and {done} steps; "
+                   "partial measurements kept", signal="SIGUSR1"))
+    if part:
+        record["partial"] = part
+        if "throughput" in part:
+            record["throughput"] = part["throughput"]
+            record["timing"] = {"warmup_steps": part["warmup_steps"], "measured_steps": part["measured_steps"],
+                                "step_time_s": part["step_time_s"], "series_s": part["series_s"],
+                                "clock": "time.perf_counter at step boundaries (partial: stopped early)"}
+        record["convergence"]["train_loss"] = part["train_loss"]
+        write_result(run_dir, record)
+    return record
+
+
 def _finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> dict:
+    from bench.envinfo import ENV_ALLOWLIST
     record = empty_record(run_id, plan.raw, status=status)
     record["error"] = error
     record["parallel"] = plan.dims.as_dict()
+    record.setdefault("env", {})
+    record["env"] = {**(record["env"] or {}), "env_vars": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}}
     write_result(run_dir, record)
     return record

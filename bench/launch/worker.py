@@ -37,6 +37,8 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
         torch.cuda.set_device(device)
     baseline_rss = peak_rss_bytes()
     dist.init_process_group(backend, timeout=timedelta(seconds=plan.cfg.run.pg_timeout_s))
+    from bench.launch.stop import install_rank_handler
+    install_rank_handler(run_dir, dist.get_rank())   # SIGUSR1: save the series so far, exit
     try:
         ctx = RankContext(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
                           world_size=dist.get_world_size(), device=device, backend=backend,

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.launch.stop import ForwardUsr1
 from bench.sweep import manifest
 
 
@@ -63,7 +64,9 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
         cmd = [sys.executable, "-m", "bench.cli", "run", *cell.overrides, quoted_override("run.dir", str(run_dir)),
                "run.progress=false"]
         env = {**os.environ, **(extra_env or {})}
-        return subprocess.run(cmd, stdin=subprocess.DEVNULL, env=env, pass_fds=(lock.fileno(),)).returncode
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env, pass_fds=(lock.fileno(),))
+        with ForwardUsr1(proc, group=False):   # `#SBATCH --signal=B:USR1@...` reaches this process
+            return proc.wait()
 
 
 def main(argv: list[str]) -> int:
