@@ -23,7 +23,7 @@ CASES = [
     ("tensor_parallel", 2, []),
     ("ddp", 4, []), ("pipeline_1f1b", 4, ["framework.options.n_microbatches=8"]),
     ("pipeline_gpipe", 4, ["framework.options.dp=2", "framework.options.n_microbatches=4"]),
-    ("fsdp_tp", 4, []), ("pipeline_1f1b", 4, ["framework.options.tp=2", "framework.options.n_microbatches=4"]),
+    ("tensor_parallel_fsdp", 4, []), ("pipeline_1f1b", 4, ["framework.options.tp=2", "framework.options.n_microbatches=4"]),
 ]
 
 

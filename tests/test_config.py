@@ -29,6 +29,7 @@ def needs(group: str, option: str, data_dirs) -> list[str]:
             ("data", "text"): [f"data.path={data_dirs / 'text'}"],
             ("experiment", "seed_vgg16_imagenet"): [f"data.path={data_dirs / 'images'}", "model.num_classes=10"],
             ("experiment", "seed_gpt2_medium_wikitext103"): [f"data.path={data_dirs / 'text'}", "data.tokenizer=byte"],
+            ("framework", "tensor_parallel_fsdp"): ["launcher.nproc=4"],   # tp 2 x dp_shard 2
             }.get((group, option), [])
 
 

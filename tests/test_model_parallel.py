@@ -120,7 +120,7 @@ def test_pieces_compute_the_models_own_forward(model):
     (["framework=pipeline_gpipe", "framework.options.stages_per_rank=2"], "runs one stage per rank"),
     (["framework=pipeline_1f1b", "framework.options.dp=3", "launcher.nproc=4"], "not divisible"),
     (["framework=pipeline_1f1b", "framework.options.pp=2", "framework.options.dp=2"], "multiply to 4, not the world size 2"),
-    (["framework=fsdp_tp", "launcher.nproc=4", "framework.options.dp_shard=0"], "framework.options.dp_shard"),
+    (["framework=tensor_parallel_fsdp", "launcher.nproc=4", "framework.options.dp_shard=0"], "framework.options.dp_shard"),
     (["framework=pipeline_1f1b", "framework.options.n_microbatches=3"], "not divisible by 3 micro-batches"),
 ])
 def test_bad_parallel_dims_fail_before_launch(overrides, msg):
@@ -129,7 +129,7 @@ def test_bad_parallel_dims_fail_before_launch(overrides, msg):
 
 
 def test_bad_dims_exit_2_with_one_line(tmp_path):
-    proc = bench("run", "framework=fsdp_tp", "model=gpt2_xl", "launcher.nproc=512", "framework.options.tp=8",
+    proc = bench("run", "framework=tensor_parallel_fsdp", "model=gpt2_xl", "launcher.nproc=512", "framework.options.tp=8",
                  "run.global_batch=512", f"run.dir={tmp_path}/r")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "bench: config error: model.n_head = 25 is not divisible by tp = 8"
@@ -155,7 +155,7 @@ def test_dry_run_checks_512_ranks_in_one_process(tmp_path):
 STEPS = ("model=gpt2_tiny", "run.warmup_steps=1", "run.measure_steps=4", "run.global_batch=8", "logger=none",
          "run.progress=false")
 COMBOS = {
-    "fsdp2_x_tp": ("framework=fsdp_tp",),                                               # dp_shard 2 x tp 2
+    "fsdp2_x_tp": ("framework=tensor_parallel_fsdp",),                                               # dp_shard 2 x tp 2
     "dp_x_pp_gpipe": ("framework=pipeline_gpipe", "framework.options.dp=2"),             # dp 2 x pp 2
     "pp_x_tp_1f1b": ("framework=pipeline_1f1b", "framework.options.tp=2"),               # pp 2 x tp 2
     "dp_x_pp_interleaved": ("framework=pipeline_interleaved", "framework.options.dp=2"),  # dp 2 x pp 2 x 2 stages
