@@ -207,3 +207,16 @@ def test_vit_tensor_parallel_matches_one_process(tmp_path):
         [l for _, l in ref["convergence"]["train_loss"]], rel=1e-5)
     assert rec["framework"]["native_config"]["tp_blocks"] == 2
     assert rec["comm"]["per_step_calls"]["all_reduce"] == 8   # 2 blocks x (2 forward + 2 backward)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [
+    ("framework=pipeline_interleaved", "framework.options.schedule=interleaved_zero_bubble"),
+    ("framework=tensor_parallel", "framework.options.activation_checkpointing=true"),
+], ids=["interleaved_zero_bubble", "tp_activation_checkpointing"])
+def test_other_options_match_one_process(single, tmp_path, overrides):
+    """The schedule and option without a config file of their own: same losses as one process."""
+    _, rec = run_record(tmp_path / "r", *overrides, "launcher.nproc=2", *STEPS, timeout=400)
+    assert rec["status"] == "ok", rec.get("error")
+    assert [l for _, l in rec["convergence"]["train_loss"]] == pytest.approx(
+        [l for _, l in single["convergence"]["train_loss"]], rel=1e-5)
