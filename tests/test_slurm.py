@@ -97,6 +97,7 @@ def test_a_cancelled_cell_shows_slurms_state_from_sacct(slurm, tmp_path):
     assert not subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True).stdout   # no orphan ranks
 
 
+@pytest.mark.timeout(600)
 def test_time_limit_warning_stops_cleanly_and_requeue_reruns_the_cell(slurm, tmp_path):
     """The array template asks for SIGUSR1 before the limit (sent here by hand): the long cell
     ends as `timeout` with partial measurements. `scontrol requeue` of the other (failed) cell
