@@ -24,8 +24,10 @@ BENCH = [sys.executable, "-m", "bench.cli"]
 
 
 def _leftovers(sweep: Path) -> list[str]:
+    """Processes whose command line names the sweep directory, other than this script."""
     out = subprocess.run(["pgrep", "-af", str(sweep)], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
+    return [line for line in out.splitlines()
+            if "pgrep" not in line and line.split()[0] != str(os.getpid())]
 
 
 def main() -> int:

@@ -11,7 +11,7 @@ from conftest import REPO
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(900)   # 20 cells one after another (~8 s each here) + resume + report
+@pytest.mark.timeout(900)   # 20 cells one after another (~14 s each here) + resume + report
 def test_interrupted_sweep_resumes_to_the_full_set(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak_sweep.py"), "--cells", "20",
                            "--dir", str(tmp_path / "sweep")], capture_output=True, text=True, timeout=1200,
