@@ -81,6 +81,16 @@ def forward_backward(model, batch: dict, grad_accum: int, ctx: RankContext, no_s
     return total / len(micro)
 
 
+@contextlib.contextmanager
+def fsdp2_no_sync(model: nn.Module):
+    """FSDP2's no_sync: no gradient reduce-scatter for the micro-batches inside the block."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The LossModel inside framework wrappers (DDP/DeepSpeed `.module`)."""
     while hasattr(model, "module") and isinstance(model.module, nn.Module):

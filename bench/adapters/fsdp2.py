@@ -14,7 +14,7 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, forward_backward
+from bench.adapters.base import Adapter, StepOut, forward_backward, fsdp2_no_sync
 from bench.errors import ConfigError
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
@@ -91,13 +91,8 @@ class FSDP2Adapter(Adapter):
         self.optimizer = build_optimizer(model.parameters())
         self._mp = mp
 
-    @contextlib.contextmanager
     def _no_sync(self):
-        self.model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            self.model.set_requires_gradient_sync(True)
+        return fsdp2_no_sync(self.model)
 
     def train_step(self, batch: dict) -> StepOut:
         # precision is FSDP2's MixedPrecisionPolicy, so no autocast on top (ctx is fp32 here)

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from bench.adapters.base import Adapter, StepOut, autocast, forward_backward
+from bench.adapters.base import Adapter, StepOut, autocast, forward_backward, fsdp2_no_sync
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
@@ -79,16 +79,8 @@ class TensorParallelAdapter(Adapter):
         self.model = model
         self.optimizer = build_optimizer(model.parameters())
 
-    @contextlib.contextmanager
     def _no_sync(self):
-        if self.dims.dp_shard == 1:
-            yield
-            return
-        self.model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            self.model.set_requires_gradient_sync(True)
+        return fsdp2_no_sync(self.model) if self.dims.dp_shard > 1 else contextlib.nullcontext()
 
     def _ctx(self):
         from dataclasses import replace
