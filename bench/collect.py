@@ -9,6 +9,7 @@ from bench.hardware import peak_flops
 from bench.metrics.convergence import eval_times, first_reached
 from bench.metrics.comm import analytic_wire_bytes, per_step, ring_wire_bytes
 from bench.metrics.mfu import MfuError, mfu
+from bench.metrics.stragglers import describe as describe_stragglers, find_stragglers
 from bench.metrics.throughput import throughput
 from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize
 from bench.results import empty_record
@@ -82,6 +83,10 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
         "clock": "time.perf_counter at step boundaries" + (
             ", after torch.cuda.synchronize" if ctx.device.type == "cuda" else ""),
     }
+    if all("host_time_s" in g for g in gathered):
+        record["timing"]["per_rank_host_median_s"] = [summarize(g["host_time_s"])["median"] for g in gathered]
+        record["stragglers"] = find_stragglers([g["host_time_s"] for g in gathered], stats["median"])
+        record["warnings"].extend(describe_stragglers(record["stragglers"]))
     record["throughput"] = tp
     optim = cfg.optim
     record["memory"] = {

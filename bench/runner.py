@@ -106,6 +106,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         total = warmup + cfg.run.measure_steps
     fault = FaultInjector(cfg.fault, ctx.rank)
     step_s: list[float] = []     # every step, warm-up included (eval pauses excluded)
+    host_s: list[float] = []     # per step: previous step's end -> this rank calls train_step
     losses: list = []
     evals: list[dict] = []
     target = resolve_target(cfg.run.target, cfg.run.target_metric, cfg.run.target_vs_floor,
@@ -121,7 +122,9 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     for step in range(total):
         if fault.active:
             fault.at_step(step)
-        out = adapter.train_step(next(batches))
+        batch = next(batches)
+        host_s.append(time.perf_counter() - t_prev)
+        out = adapter.train_step(batch)
         _sync(ctx.device)
         t = time.perf_counter()
         step_s.append(t - t_prev)
@@ -149,6 +152,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         "rank": ctx.rank,
         "step_time_s": step_s[warmup:],
         "all_step_time_s": step_s,
+        "host_time_s": host_s[warmup:],
         "loss": [float("nan") if l is None else float(l) for l in losses],
         "memory": memory,
         "baseline_rss_bytes": baseline_rss,

@@ -90,3 +90,20 @@ def test_comm_accounting():
     assert ring_wire_bytes({"all_reduce": 1000}, 1) == 0.0
     assert analytic_wire_bytes(3, 1000, 4) == 2250.0
     assert analytic_wire_bytes(2, 1000, 1) == 0.0
+
+
+def test_stragglers_from_host_time():
+    from bench.metrics.stragglers import describe, find_stragglers, lateness
+
+    # 3 ranks, 3 steps; rank 2 is 0.05 s late in every step, rank 1 only once
+    host = [[0.01, 0.02, 0.01], [0.01, 0.12, 0.01], [0.06, 0.07, 0.06]]
+    assert [pytest.approx(r) for r in lateness(host)] == [[0, 0, 0], [0, 0.10, 0], [0.05, 0.05, 0.05]]
+    found = find_stragglers(host, step_median_s=0.25)
+    assert found["late_median_s"] == pytest.approx([0.0, 0.0, 0.05])
+    assert found["late_fraction"] == pytest.approx([0.0, 0.0, 0.2])
+    assert found["flagged"] == [2]
+    assert describe(found) == ["straggler: rank 2 joins each step 50 ms after the fastest rank "
+                               "(median; 20% of the step), so its peers wait for it"]
+    assert find_stragglers(host, step_median_s=1.0)["flagged"] == []      # 5% < 10%
+    with pytest.raises(ValueError):
+        lateness([[0.1], [0.1, 0.2]])

@@ -99,6 +99,25 @@ def test_raising_rank_reports_its_traceback(run_dir):
     assert "faults.py" in rec["error"]["traceback"]
 
 
+def test_slow_rank_is_named_as_straggler_in_result_and_report(run_dir):
+    """Rank 1 sleeps 0.2 s before every step from step 2 (debug=fault_sleep): every rank's step
+    time grows, and the result and the report name rank 1 from its late arrival."""
+    from conftest import bench
+    proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_sleep")
+    assert rec["status"] == "ok", rec.get("error")
+    st = rec["stragglers"]
+    assert st["flagged"] == [1]
+    assert 0.18 < st["late_median_s"][1] < 0.4 and st["late_median_s"][0] == 0
+    assert min(rec["timing"]["per_rank_median_s"]) > 0.2          # both ranks' steps show the delay
+    assert any(w.startswith("straggler: rank 1 ") for w in rec["warnings"])
+    out = bench("report", str(run_dir), "-o", str(run_dir / "rep"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    html = (run_dir / "rep" / "report.html").read_text()
+    assert "<h2>Stragglers</h2>" in html and "status-bad\">1</td>" in html
+    assert "## Stragglers" in (run_dir / "rep" / "report.md").read_text()
+    assert "stragglers" in (run_dir / "rep" / "summary.csv").read_text().splitlines()[0]
+
+
 def test_hang_becomes_timeout_via_collective_timeout(run_dir):
     t0 = time.monotonic()
     proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_hang", "run.pg_timeout_s=5")

@@ -102,6 +102,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         "comm_bytes_per_step": sum((comm.get("per_step_bytes") or {}).values()) if comm else None,
         "comm_wire_bytes_per_rank": comm.get("wire_bytes_per_rank") if comm else None,
         "comm_analytic_wire_bytes_per_rank": comm.get("analytic_wire_bytes_per_rank") if comm else None,
+        "stragglers": ",".join(map(str, (record.get("stragglers") or {}).get("flagged") or [])) or None,
         "error_type": err.get("type"), "error_rank": err.get("rank"),
         "error_message": (err.get("message") or "").strip().splitlines()[0][:300] if err.get("message") else None,
         "config_id": config_id(cfg), "scaling_group": config_id(cfg, SCALING_FREE),

@@ -105,6 +105,29 @@ def model_parallel_table(rep) -> tuple[list[str], list[list[str]]]:
     return head, rows[:MAX_RUN_ROWS]
 
 
+def straggler_table(rep) -> tuple[list[str], list[list[str]]]:
+    """One row per flagged rank (result.json `stragglers`): how late it joins each step."""
+    head = ["run", "framework", "model", "ranks", "rank", "late per step (ms, median)", "share of step",
+            "host time per rank (ms, median)"]
+    rows = []
+    for run_id, rec in rep.records.items():
+        st = rec.get("stragglers") or {}
+        host = (rec.get("timing") or {}).get("per_rank_host_median_s") or []
+        fw = rec.get("framework") or {}
+        for r in st.get("flagged") or []:
+            rows.append([str(rec.get("run_id", run_id)), f"{fw.get('name')}:{fw.get('variant')}",
+                         str((rec.get("model") or {}).get("name")), str(len(host)), str(r),
+                         _num(st["late_median_s"][r] * 1e3, ".0f"), f"{st['late_fraction'][r]:.0%}",
+                         " ".join(_num(h * 1e3, ".0f") for h in host)])
+    return head, rows[:MAX_RUN_ROWS]
+
+
+STRAGGLER_NOTE = ("Ranks that join their steps late: per step, a rank's host time (previous step's end to "
+                  "the framework's step call: batch fetch and host work) minus the fastest rank's; flagged "
+                  "when the median is at least 10% of the median step time. A synchronous step lasts as long "
+                  "as its slowest rank, so every rank's step time shows the delay; this names the rank.")
+
+
 def run_table(rep) -> tuple[list[str], list[list[str]]]:
     head = ["run", "status", "framework", "model", "ranks", "global batch", "repeat", "samples/s",
             "step (ms)", "peak mem", "MFU", "val loss", "time to target (s)"]
@@ -127,7 +150,8 @@ def context(rep) -> dict:
         "torch": sorted({str(e.get("torch")) for e in envs if e.get("torch")}),
         "devices": sorted({str(e.get("device")) for e in envs if e.get("device")}),
         "cells": cell_table(rep), "parity": parity_table(rep), "failures": failure_table(rep),
-        "model_parallel": model_parallel_table(rep),
+        "model_parallel": model_parallel_table(rep), "stragglers": straggler_table(rep),
+        "straggler_note": STRAGGLER_NOTE,
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
         "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
         "parity_flags": int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0,
@@ -166,6 +190,8 @@ def write_markdown(rep) -> Path:
     if c["model_parallel"][1]:
         parts += ["## Model parallelism: per rank / pipeline stage", "", MODEL_PARALLEL_NOTE, "",
                   _md_table(*c["model_parallel"]), ""]
+    if c["stragglers"][1]:
+        parts += ["## Stragglers", "", STRAGGLER_NOTE, "", _md_table(*c["stragglers"]), ""]
     parts += ["## All runs", "", _md_table(*c["runs"]), ""]
     if c["runs_truncated"]:
         parts += [f"(first {c['max_rows']} runs; summary.csv has all)", ""]
