@@ -48,12 +48,12 @@ def step_rows(run_path: Path, record: dict) -> dict[int, dict]:
     return rows
 
 
-def main(run_dir: str) -> int:
+def main(run_dir: str, mode: str | None = None) -> int:
     import wandb
 
     run_path = Path(run_dir)
     record = load_result(run_path)
-    lg = record["config"]["logger"]
+    lg = {**record["config"]["logger"], **({"mode": mode} if mode else {})}
     # No system metadata (it holds the command line and host details), no code, git or
     # requirements capture: what W&B stores is the record's config and metrics, nothing else.
     settings = wandb.Settings(init_timeout=float(lg["init_timeout_s"]), console="off", silent=True,
@@ -72,4 +72,4 @@ def main(run_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))
