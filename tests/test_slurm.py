@@ -144,6 +144,33 @@ def test_launcher_slurm_trains_ddp_under_srun(slurm, tmp_path):
     assert rec["config"]["launcher"]["name"] == "slurm" and len(rec["memory"]["per_rank"]) == 2
 
 
+def test_time_limit_warning_under_srun_writes_a_timeout_result(slurm, tmp_path):
+    """launcher=slurm (`#SBATCH --signal=USR1@120`, no B:, reaches every task): each rank saves
+    its series, rank 0 gathers them and writes the `timeout` result with partial measurements."""
+    run_dir, name = tmp_path / "run", f"usr1-{tmp_path.name}"
+    proc = subprocess.Popen(["timeout", "300", "srun", "--ntasks=2", "--kill-on-bad-exit=1", f"--job-name={name}",
+                             str(REPO / ".venv/bin/bench"), "run", "launcher=slurm", "debug=fast",
+                             "run.measure_steps=100000", f"run.dir={run_dir}"],
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "partial").is_dir():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    time.sleep(20)                                              # model built, some steps done
+    job = subprocess.run(["squeue", "-h", "-o", "%i", "-n", name], capture_output=True, text=True).stdout.split()
+    assert len(job) == 1, job
+    t0 = time.monotonic()
+    subprocess.run(["timeout", "10", "scancel", "--signal=USR1", job[0]], check=True)
+    out, err = proc.communicate(timeout=90)
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "timeout" and rec["error"]["signal"] == "SIGUSR1", (out[-1000:], err[-2000:])
+    assert rec["partial"]["ranks_reporting"] == 2 and rec["partial"]["measured_steps"] >= 1
+    assert rec["throughput"]["samples_per_s"] > 0
+    print(f"srun SIGUSR1 -> timeout result in {time.monotonic() - t0:.1f} s, "
+          f"{rec['partial']['steps_completed']} steps kept")
+    assert time.monotonic() - t0 < 60
+
+
 def test_horovod_under_srun_without_horovodrun(slurm, tmp_path):
     """srun starts the ranks; bench serves Horovod's gloo rendezvous from rank 0."""
     pytest.importorskip("horovod.torch")

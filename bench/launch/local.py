@@ -104,7 +104,7 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
             write_result(run_dir, record)
         return record
     if usr1.received:
-        return _stopped(run_dir, run_id, plan, elapsed)
+        return stopped_result(run_dir, run_id, plan, elapsed)
     failure = _first_failure(run_dir)
     if failure is not None:
         status = classify(failure)
@@ -160,7 +160,7 @@ def _device_type(cfg) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _stopped(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> dict:
+def stopped_result(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> dict:
     """SIGUSR1 (time-limit warning): a `timeout` result with what the ranks measured so far."""
     import models
     spec = models.build(plan.cfg.model)

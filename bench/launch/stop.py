@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 from bench.metrics.throughput import throughput
@@ -27,16 +28,30 @@ def expose(step_s: list, losses: list, warmup: int) -> None:
     _live.update(step_s=step_s, losses=losses, warmup=warmup)
 
 
-def install_rank_handler(run_dir: str, rank: int) -> None:
+def install_rank_handler(run_dir: str, rank: int, on_stop=None) -> None:
+    """`on_stop()` runs after this rank saved its series (launcher=slurm: rank 0 writes the
+    result there, as no launcher process sits above the ranks)."""
     def handler(signum, _frame):
         step_s = list(_live.get("step_s", []))
         losses = [None if l is None else float(l) for l in _live.get("losses", [])][: len(step_s)]
         atomic_write_json(Path(run_dir) / PARTIAL / f"rank{rank}.json",
                           {"rank": rank, "signal": signal.Signals(signum).name, "all_step_time_s": step_s,
                            "loss": losses, "warmup": _live.get("warmup", 0)})
+        if on_stop is not None:
+            on_stop()
         os._exit(128 + signum)
     (Path(run_dir) / PARTIAL).mkdir(exist_ok=True)
     signal.signal(signal.SIGUSR1, handler)
+
+
+def wait_for_partials(run_dir: Path, world_size: int, bound_s: float = 15.0) -> int:
+    """Rank 0 under srun: wait (bounded) until every rank saved its series; how many did."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        n = len(list((Path(run_dir) / PARTIAL).glob("rank*.json")))
+        if n >= world_size or time.monotonic() > deadline:
+            return n
+        time.sleep(0.2)
 
 
 def partial_timing(run_dir: Path, world_size: int, global_batch: int, tokens_per_sample=None) -> dict | None:

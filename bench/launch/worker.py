@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     baseline_rss = peak_rss_bytes()
     dist.init_process_group(backend, timeout=timedelta(seconds=plan.cfg.run.pg_timeout_s))
     from bench.launch.stop import install_rank_handler
-    install_rank_handler(run_dir, dist.get_rank())   # SIGUSR1: save the series so far, exit
+    install_rank_handler(run_dir, dist.get_rank(), _srun_stop(plan, run_dir_p, dist.get_rank()))
+    # SIGUSR1: save the series so far, exit
     try:
         ctx = RankContext(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
                           world_size=dist.get_world_size(), device=device, backend=backend,
@@ -46,6 +48,21 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
         runner.run(plan, ctx, run_dir_p, baseline_rss, threads)
     finally:
         dist.destroy_process_group()
+
+
+def _srun_stop(plan, run_dir: Path, rank: int):
+    """launcher=slurm has no launcher process above the ranks: on SIGUSR1 rank 0 gathers the
+    ranks' saved series itself (bounded wait) and writes the `timeout` result."""
+    if plan.cfg.launcher.name != "slurm" or rank != 0:
+        return None
+    started = time.monotonic()
+
+    def write_timeout_result():
+        from bench.launch.local import stopped_result
+        from bench.launch.stop import wait_for_partials
+        wait_for_partials(run_dir, plan.dims.world_size)
+        stopped_result(run_dir, run_dir.name, plan, time.monotonic() - started)
+    return write_timeout_result
 
 
 @record
