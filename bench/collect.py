@@ -7,7 +7,7 @@ from pathlib import Path
 from bench import envinfo
 from bench.hardware import peak_flops
 from bench.metrics.convergence import eval_times, first_reached
-from bench.metrics.comm import analytic_wire_bytes, per_step, ring_wire_bytes
+from bench.metrics.comm import analytic_wire_bytes, group_wire_bytes, per_step, ring_wire_bytes
 from bench.metrics.mfu import MfuError, mfu
 from bench.metrics.stragglers import describe as describe_stragglers, find_stragglers
 from bench.metrics.throughput import throughput
@@ -24,18 +24,30 @@ def _comm(gathered: list, world: int, params: int | None, adapter) -> dict | Non
     per_rank = [g["comm"]["counts"] for g in gathered]
     if any(c is None for c in per_rank):
         return None
-    rows = [per_step(c, 1) for c in per_rank]
+    steps = gathered[0]["comm"].get("steps", 1)
+    rows = [per_step(c, steps) for c in per_rank]
     kinds = sorted({k for r in rows for k in r})
     per_step_bytes = {k: max(r.get(k, {}).get("bytes", 0.0) for r in rows) for k in kinds}
     out = {
         "per_step_bytes": per_step_bytes,
         "per_step_calls": {k: max(r.get(k, {}).get("calls", 0.0) for r in rows) for k in kinds},
         "per_rank": [{"rank": g["rank"], **r} for g, r in zip(gathered, rows)],
-        "source": gathered[0]["comm"]["source"],
-        "note": "payload bytes per collective kind in one untimed step after the window, "
-                "max over ranks (all-gather: gathered size; reduce-scatter: input size)",
+        "source": gathered[0]["comm"]["source"], "probe_steps": steps,
+        "note": "payload bytes per collective kind per step, over untimed steps after the window "
+                "(probe_steps: one period of the strategy), max over ranks (all-gather: gathered "
+                "size; reduce-scatter: input size)",
     }
-    out["wire_bytes_per_rank"] = ring_wire_bytes(per_step_bytes, world)
+    wire = [group_wire_bytes({k: v["group_bytes"] for k, v in r.items() if "group_bytes" in v}, world)
+            + ring_wire_bytes({k: v["bytes"] for k, v in r.items() if "group_bytes" not in v}, world)
+            for r in rows]
+    out["wire_bytes_per_rank"] = max(wire)
+    grouped = {k: {} for k in kinds}
+    for r in rows:
+        for k, v in r.items():
+            for size, b in (v.get("group_bytes") or {}).items():
+                grouped[k][size] = max(grouped[k].get(size, 0.0), b)
+    if any(grouped.values()):
+        out["per_step_bytes_by_group_size"] = {k: v for k, v in grouped.items() if v}
     factor = adapter.analytic_comm_psi()
     out["analytic_wire_bytes_per_rank"] = (
         analytic_wire_bytes(factor, 4 * params, world) if factor is not None and params else None)
@@ -52,7 +64,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     warmup = len(gathered[0]["all_step_time_s"]) - measure
     record = empty_record(Path(run_dir).name, plan.raw, status="ok")
     desc = adapter.describe()
-    record["framework"].update(version=desc.get("version"), native_config=desc.get("native_config"))
+    record["framework"].update(version=desc.get("version"), native_config=desc.get("native_config"),
+                               taxonomy=plan.adapter_cls.taxonomy(plan.options))
 
     step_times = global_step_times([g["step_time_s"] for g in gathered])
     stats = summarize(step_times)

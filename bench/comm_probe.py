@@ -47,6 +47,29 @@ def payload_bytes(name: str, args) -> int:
     return max((_arg_bytes(a) for a in args), default=0)
 
 
+def group_size(name: str, args):
+    """Size of the process group a c10d op runs in (None if it cannot be told)."""
+    import torch.distributed as dist
+    try:
+        for a in args:
+            if isinstance(a, torch.ScriptObject):
+                return dist.ProcessGroup.unbox(a).size()
+        if name in FUNCTIONAL_GROUP_ARG and len(args) > FUNCTIONAL_GROUP_ARG[name]:
+            from torch.distributed.distributed_c10d import _resolve_process_group
+            return _resolve_process_group(args[FUNCTIONAL_GROUP_ARG[name]]).size()
+    except Exception:   # an op layout this torch does not have: counted without a group size
+        return None
+    return None
+
+
+# _c10d_functional ops name their group by string, at this argument position
+FUNCTIONAL_GROUP_ARG = {"all_reduce": 2, "all_reduce_": 2, "all_reduce_coalesced": 2,
+                        "all_gather_into_tensor": 2, "all_gather_into_tensor_out": 2,
+                        "all_gather_into_tensor_coalesced": 2, "reduce_scatter_tensor": 3,
+                        "reduce_scatter_tensor_coalesced": 3, "all_to_all_single": 3, "broadcast": 2,
+                        "broadcast_": 2}
+
+
 class CollectiveCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
@@ -57,7 +80,7 @@ class CollectiveCounter(TorchDispatchMode):
             name = func._schema.name.split("::")[-1]
             kind = op_kind(name)
             if kind and not name.startswith(SKIP):
-                self.counter.add(kind, payload_bytes(name, args))
+                self.counter.add(kind, payload_bytes(name, args), group_size=group_size(name, args))
         return func(*args, **(kwargs or {}))
 
     def take(self) -> dict:

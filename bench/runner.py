@@ -74,18 +74,22 @@ class _Progress:
             self.bar.close()
 
 
-def _probe_comm(adapter, batch, device) -> dict:
-    """One extra, untimed step under the collective counter (outside the window). Adapters
+def _probe_comm(adapter, batches, device) -> dict:
+    """Extra, untimed steps under the collective counter (outside the window): one, or one
+    period of a strategy that communicates every k steps (adapter.comm_period()). Adapters
     whose collectives bypass c10d (Horovod) report their own counts via comm_stats()."""
     from bench.comm_probe import CollectiveCounter
 
+    steps = adapter.comm_period()
     adapter.comm_stats()  # reset the adapter's own counters, if it has any
     probe = CollectiveCounter()
     with probe:
-        adapter.train_step(batch)
+        for _ in range(steps):
+            adapter.train_step(next(batches))
         _sync(device)
     own = adapter.comm_stats()
-    return {"source": "adapter", "counts": own} if own is not None else {"source": "c10d_dispatch", "counts": probe.take()}
+    return {"source": "adapter" if own is not None else "c10d_dispatch",
+            "counts": own if own is not None else probe.take(), "steps": steps}
 
 
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
@@ -145,7 +149,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         warmup = len(step_s) - 1
 
     memory = adapter.memory_stats()  # peaks of the training loop, before the probe step
-    comm = _probe_comm(adapter, next(batches), ctx.device)
+    comm = _probe_comm(adapter, batches, ctx.device)
     fingerprint = adapter.param_fingerprint() if cfg.run.param_fingerprint else None
     adapter_stats = adapter.rank_stats()
     local = {

@@ -107,3 +107,17 @@ def test_stragglers_from_host_time():
     assert find_stragglers(host, step_median_s=1.0)["flagged"] == []      # 5% < 10%
     with pytest.raises(ValueError):
         lateness([[0.1], [0.1, 0.2]])
+
+
+def test_comm_by_group_size():
+    from bench.metrics.comm import group_wire_bytes
+    c = CommCounter()
+    c.add("all_reduce", 1000, group_size=4)
+    c.add("all_reduce", 200, group_size=2)
+    c.add("broadcast", 100)
+    taken = c.take()
+    assert taken["all_reduce"] == {"bytes": 1200, "calls": 2, "group_bytes": {"2": 200, "4": 1000}}
+    assert "group_bytes" not in taken["broadcast"]
+    assert per_step(taken, 4)["all_reduce"]["group_bytes"] == {"2": 50.0, "4": 250.0}
+    # 2 * 3/4 * 1000 + 2 * 1/2 * 200 ; a group of one sends nothing
+    assert group_wire_bytes({"all_reduce": {"4": 1000, "2": 200, "1": 999}}, 8) == 1700.0

@@ -98,6 +98,12 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def taxonomy_labels(parallelism: str, sync: str, pattern: str, sharding: str = "none",
+                    compression: str = "none") -> dict:
+    return {"parallelism": parallelism, "synchronisation": sync, "communication": pattern,
+            "sharding": sharding, "compression": compression}
+
+
 class Adapter:
     """Base with working defaults; subclasses implement setup and train_step."""
 
@@ -114,6 +120,14 @@ class Adapter:
     @classmethod
     def check_config(cls, options, cfg, dims: ParallelDims) -> None:
         """Raise ConfigError for combinations this framework cannot take."""
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        """Labels from the survey's taxonomy, shown in the report: parallelism (data, pipeline,
+        tensor, hybrid), synchronisation (sync, periodic, stale, async), communication pattern
+        (all-reduce, all-gather/reduce-scatter, broadcast, parameter-server, p2p), sharding, and
+        compression of what is communicated."""
+        return taxonomy_labels(parallelism="data", sync="sync", pattern="all-reduce")
 
     @classmethod
     def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
@@ -179,6 +193,11 @@ class Adapter:
         """{kind: {'bytes': int, 'calls': int}} since the last call, for frameworks whose
         collectives bypass c10d (Horovod); None = let the runner's c10d probe count them."""
         return None
+
+    def comm_period(self) -> int:
+        """Steps after which the communication pattern repeats (local SGD, DASO: the global
+        sync interval); the runner's comm probe measures that many steps and averages."""
+        return 1
 
     def analytic_comm_psi(self) -> Optional[float]:
         """Textbook wire volume per step in units of Psi (fp32 parameter bytes): DDP 2,

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, forward_backward
+from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
 from bench.errors import ConfigError
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
@@ -32,6 +32,14 @@ class DDPOptions(BaseModel):
 class DDPAdapter(Adapter):
     name = "ddp"
     Options = DDPOptions
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        hook = options.comm_hook
+        if hook == "post_local_sgd":
+            return taxonomy_labels("data", "periodic (post-local SGD)", "all-reduce (gradients, then model averaging)")
+        return taxonomy_labels("data", "sync", "all-reduce", compression={
+            "none": "none", "fp16": "fp16", "bf16": "bf16", "powersgd": f"low-rank (PowerSGD r={options.powersgd_rank})"}[hook])
 
     @classmethod
     def check_config(cls, options, cfg, dims) -> None:

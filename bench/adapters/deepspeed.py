@@ -17,7 +17,7 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, split_micro, unwrap
+from bench.adapters.base import Adapter, StepOut, split_micro, taxonomy_labels, unwrap
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
@@ -42,6 +42,16 @@ class DeepSpeedOptions(BaseModel):
 class DeepSpeedAdapter(Adapter):
     name = "deepspeed"
     Options = DeepSpeedOptions
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        shard = {0: "none", 1: "optimizer state", 2: "gradients + optimizer state",
+                 3: "parameters + gradients + optimizer state"}[options.stage]
+        if "cpu" in (options.offload_optimizer, options.offload_param):
+            shard += ", offloaded to CPU"
+        pattern = {0: "all-reduce", 1: "all-reduce + all-gather", 2: "reduce-scatter + all-gather",
+                   3: "all-gather + reduce-scatter"}[options.stage]
+        return taxonomy_labels("data (ZeRO)" if options.stage else "data", "sync", pattern, shard)
 
     @classmethod
     def check_config(cls, options, cfg, dims) -> None:

@@ -12,7 +12,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.adapters.base import Adapter, StepOut, forward_backward
+from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
@@ -26,6 +26,16 @@ class FairScaleOptions(BaseModel):
 class FairScaleAdapter(Adapter):
     name = "fairscale"
     Options = FairScaleOptions
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        if options.mode == "fsdp":
+            return taxonomy_labels("data (sharded)", "sync", "all-gather + reduce-scatter",
+                                   "parameters + gradients + optimizer state")
+        pattern = "reduce + broadcast" if options.mode == "oss_sdp" else "all-reduce + broadcast"
+        shard = "gradients + optimizer state" if options.mode == "oss_sdp" else "optimizer state"
+        return taxonomy_labels("data (ZeRO)", "sync", pattern, shard,
+                               "fp16 (parameter broadcast)" if options.broadcast_fp16 else "none")
 
     @classmethod
     def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:

@@ -14,7 +14,7 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, forward_backward, fsdp2_no_sync
+from bench.adapters.base import Adapter, StepOut, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.errors import ConfigError
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
@@ -35,6 +35,16 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 class FSDP2Adapter(Adapter):
     name = "fsdp2"
     Options = FSDP2Options
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        shard = ("parameters + gradients + optimizer state" if options.reshard_after_forward
+                 else "gradients + optimizer state (parameters kept after forward)")
+        if options.hybrid:
+            shard += ", within shard groups (replicated across)"
+        if options.cpu_offload:
+            shard += ", offloaded to CPU"
+        return taxonomy_labels("data (sharded)", "sync", "all-gather + reduce-scatter", shard)
 
     @classmethod
     def check_config(cls, options, cfg, dims) -> None:

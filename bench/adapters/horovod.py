@@ -13,7 +13,7 @@ from typing import ClassVar, Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from bench.adapters.base import Adapter, StepOut, autocast, split_micro
+from bench.adapters.base import Adapter, StepOut, autocast, split_micro, taxonomy_labels
 from bench.metrics.comm import CommCounter
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
@@ -28,6 +28,11 @@ class HorovodAdapter(Adapter):
     name = "horovod"
     Options = HorovodOptions
     launch: ClassVar[str] = "horovodrun"
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        return taxonomy_labels("data", "sync", "all-reduce (ring, tensor fusion)",
+                               compression="fp16" if options.fp16_compression else "none")
 
     @classmethod
     def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:

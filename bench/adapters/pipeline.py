@@ -28,7 +28,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
-from bench.adapters.base import Adapter, StepOut, autocast
+from bench.adapters.base import Adapter, StepOut, autocast, taxonomy_labels
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
@@ -61,6 +61,12 @@ def stage_owners(schedule: str, pp: int, v: int) -> list[int]:
 class PipelineAdapter(Adapter):
     name = "pipeline"
     Options = PipelineOptions
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        kinds = ["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["data"] if options.dp != 1 else [])
+        return taxonomy_labels(" + ".join(kinds), "sync", "p2p" + (" + all-reduce" if len(kinds) > 1 else ""),
+                               "layers across stages")
 
     @classmethod
     def parallel_shape(cls, options, cfg) -> dict:

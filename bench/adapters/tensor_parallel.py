@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from bench.adapters.base import Adapter, StepOut, autocast, forward_backward, fsdp2_no_sync
+from bench.adapters.base import Adapter, StepOut, autocast, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
@@ -31,6 +31,13 @@ class TPOptions(BaseModel):
 class TensorParallelAdapter(Adapter):
     name = "tensor_parallel"
     Options = TPOptions
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        sharded = options.dp_shard != 1
+        return taxonomy_labels("tensor" + (" + data (sharded)" if sharded else ""), "sync",
+                               "all-reduce (activations)" + (" + all-gather + reduce-scatter" if sharded else ""),
+                               "weights by tensor rank" + (" + FSDP2 over data ranks" if sharded else ""))
 
     @classmethod
     def parallel_shape(cls, options, cfg) -> dict:

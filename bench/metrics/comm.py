@@ -5,28 +5,41 @@ from collections import defaultdict
 
 
 class CommCounter:
-    """Bytes and calls per collective kind, since the last `take()`."""
+    """Bytes and calls per collective kind since the last `take()`; with the group size when
+    known, bytes per group size too (`group_bytes`: {size: bytes}; a collective among 2 of 8
+    ranks costs differently from one among all 8)."""
 
     def __init__(self) -> None:
         self._bytes: dict[str, int] = defaultdict(int)
         self._calls: dict[str, int] = defaultdict(int)
+        self._groups: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
 
-    def add(self, kind: str, nbytes: int, calls: int = 1) -> None:
+    def add(self, kind: str, nbytes: int, calls: int = 1, group_size: int | None = None) -> None:
         self._bytes[kind] += int(nbytes)
         self._calls[kind] += calls
+        if group_size is not None:
+            self._groups[kind][int(group_size)] += int(nbytes)
 
     def take(self) -> dict:
         out = {k: {"bytes": self._bytes[k], "calls": self._calls[k]} for k in self._bytes}
+        for k, groups in self._groups.items():
+            out[k]["group_bytes"] = {str(g): b for g, b in sorted(groups.items())}
         self._bytes.clear()
         self._calls.clear()
+        self._groups.clear()
         return out
 
 
 def per_step(totals: dict, steps: int) -> dict:
-    """{kind: {'bytes', 'calls'}} over `steps` -> per-step floats."""
+    """{kind: {'bytes', 'calls'[, 'group_bytes']}} over `steps` -> per-step floats."""
     if steps <= 0:
         raise ValueError("steps must be positive")
-    return {k: {"bytes": v["bytes"] / steps, "calls": v["calls"] / steps} for k, v in totals.items()}
+    out = {}
+    for k, v in totals.items():
+        out[k] = {"bytes": v["bytes"] / steps, "calls": v["calls"] / steps}
+        if "group_bytes" in v:
+            out[k]["group_bytes"] = {g: b / steps for g, b in v["group_bytes"].items()}
+    return out
 
 
 RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "reduce": 1.0,
@@ -42,6 +55,16 @@ def ring_wire_bytes(per_step_bytes: dict, world: int) -> float:
     frac = (world - 1) / world
     return sum(RING_FACTOR[k] * frac * b if k in RING_FACTOR else (b if k == "send" else 0.0)
                for k, b in per_step_bytes.items())
+
+
+def group_wire_bytes(group_bytes: dict[str, dict], world: int) -> float:
+    """Like ring_wire_bytes, with each kind's bytes split by the size of the group it ran in
+    ({kind: {group_size: bytes}}); kinds without a split count as world-sized."""
+    total = 0.0
+    for kind, by_size in group_bytes.items():
+        for size, b in by_size.items():
+            total += ring_wire_bytes({kind: b}, int(size)) if kind != "send" else b
+    return total
 
 
 def analytic_wire_bytes(psi_factor: float, psi_bytes: float, world: int) -> float:
