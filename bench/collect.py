@@ -37,7 +37,7 @@ def _comm(gathered: list, world: int, params: int | None, adapter) -> dict | Non
                 "(probe_steps: one period of the strategy), max over ranks (all-gather: gathered "
                 "size; reduce-scatter: input size)",
     }
-    wire = [group_wire_bytes({k: v["group_bytes"] for k, v in r.items() if "group_bytes" in v}, world)
+    wire = [group_wire_bytes({k: v["group_bytes"] for k, v in r.items() if "group_bytes" in v})
             + ring_wire_bytes({k: v["bytes"] for k, v in r.items() if "group_bytes" not in v}, world)
             for r in rows]
     out["wire_bytes_per_rank"] = max(wire)
@@ -47,7 +47,8 @@ def _comm(gathered: list, world: int, params: int | None, adapter) -> dict | Non
             for size, b in (v.get("group_bytes") or {}).items():
                 grouped[k][size] = max(grouped[k].get(size, 0.0), b)
     if any(grouped.values()):
-        out["per_step_bytes_by_group_size"] = {k: v for k, v in grouped.items() if v}
+        out["per_step_bytes_by_group"] = {k: v for k, v in grouped.items() if v}
+        out["group_note"] = "'<ranks>@<nodes>': bytes per step in groups of that many ranks spanning that many nodes"
     factor = adapter.analytic_comm_psi()
     out["analytic_wire_bytes_per_rank"] = (
         analytic_wire_bytes(factor, 4 * params, world) if factor is not None and params else None)

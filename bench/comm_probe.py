@@ -47,19 +47,25 @@ def payload_bytes(name: str, args) -> int:
     return max((_arg_bytes(a) for a in args), default=0)
 
 
-def group_size(name: str, args):
-    """Size of the process group a c10d op runs in (None if it cannot be told)."""
+def group_key(name: str, args, ranks_per_node: int):
+    """'<ranks>@<nodes>' of the process group a c10d op runs in: its size and how many nodes
+    (blocks of `ranks_per_node` consecutive ranks) it spans. None if it cannot be told."""
     import torch.distributed as dist
     try:
+        pg = None
         for a in args:
             if isinstance(a, torch.ScriptObject):
-                return dist.ProcessGroup.unbox(a).size()
-        if name in FUNCTIONAL_GROUP_ARG and len(args) > FUNCTIONAL_GROUP_ARG[name]:
+                pg = dist.ProcessGroup.unbox(a)
+                break
+        if pg is None and name in FUNCTIONAL_GROUP_ARG and len(args) > FUNCTIONAL_GROUP_ARG[name]:
             from torch.distributed.distributed_c10d import _resolve_process_group
-            return _resolve_process_group(args[FUNCTIONAL_GROUP_ARG[name]]).size()
-    except Exception:   # an op layout this torch does not have: counted without a group size
+            pg = _resolve_process_group(args[FUNCTIONAL_GROUP_ARG[name]])
+        if pg is None:
+            return None
+        ranks = dist.get_process_group_ranks(pg)
+        return f"{len(ranks)}@{len({r // ranks_per_node for r in ranks})}"
+    except Exception:   # an op layout this torch does not have: counted without a group
         return None
-    return None
 
 
 # _c10d_functional ops name their group by string, at this argument position
@@ -71,16 +77,17 @@ FUNCTIONAL_GROUP_ARG = {"all_reduce": 2, "all_reduce_": 2, "all_reduce_coalesced
 
 
 class CollectiveCounter(TorchDispatchMode):
-    def __init__(self) -> None:
+    def __init__(self, ranks_per_node: int = 1 << 30) -> None:
         super().__init__()
         self.counter = CommCounter()
+        self.ranks_per_node = ranks_per_node
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace in NAMESPACES:
             name = func._schema.name.split("::")[-1]
             kind = op_kind(name)
             if kind and not name.startswith(SKIP):
-                self.counter.add(kind, payload_bytes(name, args), group_size=group_size(name, args))
+                self.counter.add(kind, payload_bytes(name, args), group=group_key(name, args, self.ranks_per_node))
         return func(*args, **(kwargs or {}))
 
     def take(self) -> dict:

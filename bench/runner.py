@@ -8,6 +8,7 @@ and rank 0 writes the result (bench/collect.py).
 """
 from __future__ import annotations
 
+import os
 import platform
 import time
 from pathlib import Path
@@ -76,13 +77,14 @@ class _Progress:
 
 def _probe_comm(adapter, batches, device) -> dict:
     """Extra, untimed steps under the collective counter (outside the window): one, or one
-    period of a strategy that communicates every k steps (adapter.comm_period()). Adapters
+    period of a strategy that communicates every k steps (adapter.comm_probe_steps()). Adapters
     whose collectives bypass c10d (Horovod) report their own counts via comm_stats()."""
     from bench.comm_probe import CollectiveCounter
 
-    steps = adapter.comm_period()
+    steps = adapter.comm_probe_steps()
     adapter.comm_stats()  # reset the adapter's own counters, if it has any
-    probe = CollectiveCounter()
+    world = dist.get_world_size()
+    probe = CollectiveCounter(getattr(adapter, "per_node", None) or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     with probe:
         for _ in range(steps):
             adapter.train_step(next(batches))
@@ -108,6 +110,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         evaluate = Evaluator(adapter, dataset, dims, dp_rank, ctx.device, steps_per_epoch, cfg.run.eval_every)
     else:
         total = warmup + cfg.run.measure_steps
+    adapter.plan_steps(total, steps_per_epoch if cfg.run.epochs else None)
     fault = FaultInjector(cfg.fault, ctx.rank)
     step_s: list[float] = []     # every step, warm-up included (eval pauses excluded)
     host_s: list[float] = []     # per step: previous step's end -> this rank calls train_step

@@ -112,12 +112,12 @@ def test_stragglers_from_host_time():
 def test_comm_by_group_size():
     from bench.metrics.comm import group_wire_bytes
     c = CommCounter()
-    c.add("all_reduce", 1000, group_size=4)
-    c.add("all_reduce", 200, group_size=2)
+    c.add("all_reduce", 1000, group="4@2")
+    c.add("all_reduce", 200, group="2@1")
     c.add("broadcast", 100)
     taken = c.take()
-    assert taken["all_reduce"] == {"bytes": 1200, "calls": 2, "group_bytes": {"2": 200, "4": 1000}}
+    assert taken["all_reduce"] == {"bytes": 1200, "calls": 2, "group_bytes": {"2@1": 200, "4@2": 1000}}
     assert "group_bytes" not in taken["broadcast"]
-    assert per_step(taken, 4)["all_reduce"]["group_bytes"] == {"2": 50.0, "4": 250.0}
+    assert per_step(taken, 4)["all_reduce"]["group_bytes"] == {"2@1": 50.0, "4@2": 250.0}
     # 2 * 3/4 * 1000 + 2 * 1/2 * 200 ; a group of one sends nothing
-    assert group_wire_bytes({"all_reduce": {"4": 1000, "2": 200, "1": 999}}, 8) == 1700.0
+    assert group_wire_bytes({"all_reduce": {"4@2": 1000, "2@1": 200, "1@1": 999}}) == 1700.0

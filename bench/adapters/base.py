@@ -158,6 +158,10 @@ class Adapter:
     def train_step(self, batch: dict) -> StepOut:
         raise NotImplementedError
 
+    def plan_steps(self, total: int, steps_per_epoch: Optional[int]) -> None:
+        """Told once before the loop: how many training steps the run takes (schedules with
+        phases, e.g. DASO's cool-down, need it)."""
+
     def eval_step(self, batch: dict) -> torch.Tensor:
         """Weighted sums [loss, correct, predictions] over this rank's validation batch (it
         carries `eval_weight`), through the framework's own wrapper, so sharded parameters are
@@ -194,9 +198,10 @@ class Adapter:
         collectives bypass c10d (Horovod); None = let the runner's c10d probe count them."""
         return None
 
-    def comm_period(self) -> int:
-        """Steps after which the communication pattern repeats (local SGD, DASO: the global
-        sync interval); the runner's comm probe measures that many steps and averages."""
+    def comm_probe_steps(self) -> int:
+        """Called once, right before the runner's comm probe: how many steps to measure — one
+        period of a strategy that communicates every k steps (local SGD, DASO). An adapter with
+        phases may switch to its steady state here (DASO leaves its cool-down)."""
         return 1
 
     def analytic_comm_psi(self) -> Optional[float]:

@@ -1,7 +1,8 @@
 """PyTorch DistributedDataParallel.
 
 Recommended settings (torch docs, "DDP notes"): gradient_as_bucket_view=True saves a copy of
-every gradient; 25 MB buckets; optional communication hooks (fp16/bf16 compression, PowerSGD).
+every gradient; 25 MB buckets; optional communication hooks (fp16/bf16 compression, PowerSGD,
+post-local SGD with periodic model averaging).
 Mixed precision is autocast on the run's precision; parameters stay fp32.
 """
 from __future__ import annotations
@@ -24,9 +25,15 @@ class DDPOptions(BaseModel):
     static_graph: bool = False
     broadcast_buffers: bool = True
     find_unused_parameters: bool = False
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd", "post_local_sgd"] = "none"
     powersgd_rank: PositiveInt = 1
     powersgd_start_iter: NonNegativeInt = 2
+    # post-local SGD (torch's PostLocalSGDState + PeriodicModelAverager): all-reduce gradients
+    # over the world for local_sgd_warmup_steps, then only inside groups of local_sgd_group_size
+    # ranks (1 = plain local SGD), and average the models over the world every local_sgd_period steps.
+    local_sgd_period: PositiveInt = 4
+    local_sgd_warmup_steps: NonNegativeInt = 2
+    local_sgd_group_size: PositiveInt = 1
 
 
 class DDPAdapter(Adapter):
@@ -46,6 +53,9 @@ class DDPAdapter(Adapter):
         if options.comm_hook == "powersgd" and options.powersgd_start_iter < 2:
             raise ConfigError("framework.options.powersgd_start_iter must be >= 2 "
                               "(torch PowerSGD requires vanilla all-reduce for the first steps)")
+        if options.comm_hook == "post_local_sgd" and dims.world_size % options.local_sgd_group_size:
+            raise ConfigError(f"framework.options.local_sgd_group_size={options.local_sgd_group_size} must divide "
+                              f"the world size {dims.world_size}")
 
     def setup(self, build_model, build_optimizer) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -75,6 +85,11 @@ class DDPAdapter(Adapter):
         self.model = DDP(model, **kwargs)
         self._register_hook()
         self.optimizer = build_optimizer(self.model.parameters())
+        if o.comm_hook == "post_local_sgd":
+            from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+            from torch.distributed.optim import PostLocalSGDOptimizer
+            self.optimizer = PostLocalSGDOptimizer(self.optimizer, PeriodicModelAverager(
+                period=o.local_sgd_period, warmup_steps=o.local_sgd_warmup_steps))
         # fp16 needs loss scaling (torch AMP recipe); bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler(self.ctx.device.type) if self.ctx.precision == "fp16" else None
 
@@ -91,6 +106,13 @@ class DDPAdapter(Adapter):
                 process_group=None, matrix_approximation_rank=o.powersgd_rank,
                 start_powerSGD_iter=o.powersgd_start_iter)
             self.model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        elif o.comm_hook == "post_local_sgd":
+            import torch.distributed as dist
+            from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as pl
+            subgroup, _ = dist.new_subgroups(group_size=o.local_sgd_group_size)
+            state = pl.PostLocalSGDState(process_group=None, subgroup=subgroup,
+                                         start_localSGD_iter=o.local_sgd_warmup_steps)
+            self.model.register_comm_hook(state, pl.post_localSGD_hook)
         # none: DDP's C++ built-in all-reduce, the fastest path
 
     def train_step(self, batch: dict) -> StepOut:
@@ -107,6 +129,9 @@ class DDPAdapter(Adapter):
     def _bucket_bytes(self) -> list[int]:
         sizes = self.model._get_ddp_logging_data().get("bucket_sizes", "")
         return [int(s) for s in str(sizes).split(",") if s.strip()]
+
+    def comm_probe_steps(self) -> int:
+        return self.options.local_sgd_period if self.options.comm_hook == "post_local_sgd" else 1
 
     def analytic_comm_psi(self) -> float | None:
         return 2.0 if self.options.comm_hook == "none" else None
@@ -132,6 +157,10 @@ class DDPAdapter(Adapter):
         }
         if o.comm_hook == "powersgd":
             native.update(powersgd_rank=o.powersgd_rank, powersgd_start_iter=o.powersgd_start_iter)
+        if o.comm_hook == "post_local_sgd":
+            native.update(hook="torch post_localSGD_hook + PostLocalSGDOptimizer(PeriodicModelAverager)",
+                          period=o.local_sgd_period, warmup_steps=o.local_sgd_warmup_steps,
+                          gradient_allreduce_group_size=o.local_sgd_group_size)
         if self._forced_single_bucket:
             native["forced_single_bucket"] = self._forced_single_bucket
         if self.model is not None:

@@ -5,25 +5,25 @@ from collections import defaultdict
 
 
 class CommCounter:
-    """Bytes and calls per collective kind since the last `take()`; with the group size when
-    known, bytes per group size too (`group_bytes`: {size: bytes}; a collective among 2 of 8
-    ranks costs differently from one among all 8)."""
+    """Bytes and calls per collective kind since the last `take()`; with the group when known,
+    bytes per group too (`group_bytes`: {'<ranks>@<nodes>': bytes}; a collective among 2 ranks
+    of one node costs differently from one among all 8 ranks of 4 nodes)."""
 
     def __init__(self) -> None:
         self._bytes: dict[str, int] = defaultdict(int)
         self._calls: dict[str, int] = defaultdict(int)
-        self._groups: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        self._groups: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
-    def add(self, kind: str, nbytes: int, calls: int = 1, group_size: int | None = None) -> None:
+    def add(self, kind: str, nbytes: int, calls: int = 1, group: str | None = None) -> None:
         self._bytes[kind] += int(nbytes)
         self._calls[kind] += calls
-        if group_size is not None:
-            self._groups[kind][int(group_size)] += int(nbytes)
+        if group is not None:
+            self._groups[kind][str(group)] += int(nbytes)
 
     def take(self) -> dict:
         out = {k: {"bytes": self._bytes[k], "calls": self._calls[k]} for k in self._bytes}
         for k, groups in self._groups.items():
-            out[k]["group_bytes"] = {str(g): b for g, b in sorted(groups.items())}
+            out[k]["group_bytes"] = dict(sorted(groups.items()))
         self._bytes.clear()
         self._calls.clear()
         self._groups.clear()
@@ -57,13 +57,18 @@ def ring_wire_bytes(per_step_bytes: dict, world: int) -> float:
                for k, b in per_step_bytes.items())
 
 
-def group_wire_bytes(group_bytes: dict[str, dict], world: int) -> float:
-    """Like ring_wire_bytes, with each kind's bytes split by the size of the group it ran in
-    ({kind: {group_size: bytes}}); kinds without a split count as world-sized."""
+def group_size(key: str) -> int:
+    """'4@2' (4 ranks on 2 nodes) -> 4."""
+    return int(str(key).split("@")[0])
+
+
+def group_wire_bytes(group_bytes: dict[str, dict]) -> float:
+    """Like ring_wire_bytes, with each kind's bytes split by the group it ran in
+    ({kind: {'<ranks>@<nodes>': bytes}})."""
     total = 0.0
-    for kind, by_size in group_bytes.items():
-        for size, b in by_size.items():
-            total += ring_wire_bytes({kind: b}, int(size)) if kind != "send" else b
+    for kind, by_group in group_bytes.items():
+        for key, b in by_group.items():
+            total += ring_wire_bytes({kind: b}, group_size(key)) if kind != "send" else b
     return total
 
 
