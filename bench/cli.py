@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p_rep.add_argument("-o", "--out", help="output directory (default: <first path>/report)")
     p_rep.add_argument("--wandb", action="store_true",
                        help="also build a W&B Report over the runs (saved online; offline: spec file)")
+    p_proj = sub.add_parser("project", help="project a result to other world sizes on a modelled network: "
+                                            "`project RESULT network=NAME [world_sizes=[...]] [allocate=...]`")
+    p_proj.add_argument("args", nargs="+")
     p_sweep = sub.add_parser("sweep", help="a sweep: `sweep [opts] overrides`, `sweep status DIR`, `sweep resume DIR`")
     p_sweep.add_argument("--backend", choices=("local", "slurm"), default="local")
     p_sweep.add_argument("--dir", help="sweep directory (default outputs/sweeps/<time>)")
@@ -199,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             return commands.start(args)
         if args.command == "run":
             return cmd_multirun(args.overrides) if args.multirun else cmd_run(args.overrides)
+        if args.command == "project":
+            from bench.network.cli import run as project
+            return project(args.args)
         if args.command == "report":
             return cmd_report(args.paths, args.out, args.wandb)
         return cmd_table(args.paths)

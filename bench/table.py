@@ -61,6 +61,13 @@ def _add_scaling(out: list[dict]) -> None:
             m["scaling_kind"] = kind
 
 
+def text_table(headers: list[str], lines: list[list[str]]) -> str:
+    """Left-aligned columns under a dashed rule."""
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(headers)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(l) for l in lines])
+
+
 def render(table_rows: list[dict]) -> str:
     headers = ["framework", "model", "ranks", "status", "samples/s", "tokens/s", "step (ms)",
                "peak mem", "MFU", "scaling"]
@@ -72,9 +79,7 @@ def render(table_rows: list[dict]) -> str:
                       _num(None if r["step_time_median_s"] is None else r["step_time_median_s"] * 1e3, ".1f"),
                       _fmt_bytes(r["peak_memory_bytes"]),
                       "-" if r["mfu"] is None else f"{r['mfu']:.1%}", scaling])
-    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(headers)]
-    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-    out = [fmt(headers), fmt(["-" * w for w in widths])] + [fmt(l) for l in lines]
+    out = [text_table(headers, lines)]
     for r in table_rows:
         if r["status"] != "ok":
             out.append(f"  {r['run_id']}: {r['status']}: {r['error']}")

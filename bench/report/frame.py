@@ -102,6 +102,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         "comm_bytes_per_step": sum((comm.get("per_step_bytes") or {}).values()) if comm else None,
         "comm_wire_bytes_per_rank": comm.get("wire_bytes_per_rank") if comm else None,
         "comm_analytic_wire_bytes_per_rank": comm.get("analytic_wire_bytes_per_rank") if comm else None,
+        **{f"tax_{k}": v for k, v in ((record.get("framework") or {}).get("taxonomy") or {}).items()},
         "stragglers": ",".join(map(str, (record.get("stragglers") or {}).get("flagged") or [])) or None,
         "error_type": err.get("type"), "error_rank": err.get("rank"),
         "error_message": (err.get("message") or "").strip().splitlines()[0][:300] if err.get("message") else None,

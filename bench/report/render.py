@@ -105,6 +105,25 @@ def model_parallel_table(rep) -> tuple[list[str], list[list[str]]]:
     return head, rows[:MAX_RUN_ROWS]
 
 
+def strategy_table(rep) -> tuple[list[str], list[list[str]]]:
+    from bench.report.tables import strategies
+    head = ["model", "ranks", "framework", "parallelism", "synchronisation", "communication", "sharding",
+            "compression", "sent per rank per step", "vs DDP", "time to target (s)", "vs DDP"]
+    if rep.cells.empty:
+        return head, []
+    rows = [[str(r.model), _num(r.world_size, ".0f"), str(r.label), *(str(x or "-") for x in (
+        r.tax_parallelism, r.tax_synchronisation, r.tax_communication, r.tax_sharding, r.tax_compression)),
+        _bytes(r.wire_bytes_per_rank), _num(r.wire_vs_ddp, ".2f"), _num(r.time_to_target_s, ".2f"),
+        _num(r.time_to_target_vs_ddp, ".2f")] for r in strategies(rep.cells).itertuples()]
+    return head, rows[:MAX_RUN_ROWS]
+
+
+STRATEGY_NOTE = ("Each configuration's place in the taxonomy of distributed training (parallelism, "
+                 "synchronisation, communication pattern, sharding, compression), the bytes each rank sends "
+                 "per step (ring/tree volume of the measured collectives, averaged over one period of periodic "
+                 "strategies) and its time to target, both relative to DDP at the same model and world size.")
+
+
 def straggler_table(rep) -> tuple[list[str], list[list[str]]]:
     """One row per flagged rank (result.json `stragglers`): how late it joins each step."""
     head = ["run", "framework", "model", "ranks", "rank", "late per step (ms, median)", "share of step",
@@ -151,6 +170,7 @@ def context(rep) -> dict:
         "devices": sorted({str(e.get("device")) for e in envs if e.get("device")}),
         "cells": cell_table(rep), "parity": parity_table(rep), "failures": failure_table(rep),
         "model_parallel": model_parallel_table(rep), "stragglers": straggler_table(rep),
+        "strategies": strategy_table(rep), "strategy_note": STRATEGY_NOTE,
         "straggler_note": STRAGGLER_NOTE,
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
         "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
@@ -183,6 +203,9 @@ def write_markdown(rep) -> Path:
              "## Comparison (median over repeats, 95% bootstrap CI)", "", _md_table(*c["cells"]), ""]
     for name, path, caption in c["plots"]:
         parts += [f"### {name}", "", f"![{name}]({Path(path).name})", "", caption, ""]
+    if c["strategies"][1]:
+        parts += ["## Strategies: taxonomy, communication, time to target", "", STRATEGY_NOTE, "",
+                  _md_table(*c["strategies"]), ""]
     parts += ["## Parity (DESIGN §7): configurations of one model at one world size must agree", "",
               f"{c['parity_flags']} configuration(s) differ from the majority." if c["parity_flags"] else "All compared configurations agree.",
               "", _md_table(*c["parity"][:2]), "", "## Failures", ""]

@@ -33,9 +33,36 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
             "comm_wire_bytes_per_rank": _median(ok["comm_wire_bytes_per_rank"]),
             "comm_analytic_wire_bytes_per_rank": _first(ok["comm_analytic_wire_bytes_per_rank"]),
             "mfu": _median(ok["mfu"]), "final_val_loss": _median(ok["final_val_loss"]),
+            **{c: _first(g[c]) if c in g else None for c in TAXONOMY_COLUMNS},
             "final_val_accuracy": _median(ok["final_val_accuracy"]),
         })
     return pd.DataFrame(out)
+
+
+TAXONOMY_COLUMNS = ["tax_parallelism", "tax_synchronisation", "tax_communication", "tax_sharding", "tax_compression"]
+
+
+def strategies(cells_df: pd.DataFrame) -> pd.DataFrame:
+    """Per model and world size: each configuration's taxonomy, the bytes each rank sends per
+    step and its time to target, both relative to DDP's (the default variant) where it ran."""
+    rows = []
+    for (model, world), g in cells_df.groupby(["model", "world_size"], sort=True):
+        ref = g[g["label"] == "ddp"]
+        ref_wire = _first(ref["comm_wire_bytes_per_rank"]) if len(ref) else None
+        ref_ttt = _first(ref["time_to_target_s"]) if len(ref) else None
+        for _, r in g.iterrows():
+            wire, ttt = r["comm_wire_bytes_per_rank"], r["time_to_target_s"]
+            rows.append({"model": model, "world_size": world, "label": r["label"],
+                         **{c: r.get(c) for c in TAXONOMY_COLUMNS},
+                         "wire_bytes_per_rank": wire,
+                         "wire_vs_ddp": wire / ref_wire if _num_ok(wire) and _num_ok(ref_wire) and ref_wire else None,
+                         "time_to_target_s": ttt,
+                         "time_to_target_vs_ddp": ttt / ref_ttt if _num_ok(ttt) and _num_ok(ref_ttt) and ref_ttt else None})
+    return pd.DataFrame(rows)
+
+
+def _num_ok(x) -> bool:
+    return x is not None and not (isinstance(x, float) and x != x)
 
 
 def _median(s: pd.Series):

@@ -1,0 +1,33 @@
+"""Projection validation on the machine the runs were measured on: each run's step time
+predicted from a 1-rank run of the same configuration (its compute) and the run's own
+collectives priced on the calibrated local network, next to the measured step time.
+
+On a CPU host, ranks share cores: the 1-rank compute is scaled by the oversubscription
+max(1, ranks x threads_per_rank / usable_cores) — this machine's effect, stated in the output.
+"""
+from __future__ import annotations
+
+from bench.network.model import Network
+from bench.network.project import comm_time
+from bench.network.workload import from_record
+
+
+def oversubscription(rec: dict) -> float:
+    env = rec.get("env") or {}
+    world = (rec.get("parallel") or {}).get("world_size") or 1
+    cores, threads = env.get("usable_cores"), env.get("threads_per_rank")
+    return max(1.0, world * threads / cores) if cores and threads else 1.0
+
+
+def predict(rec: dict, single: dict, network: Network, algorithm: str = "best") -> dict:
+    """Predicted vs measured step of `rec` (ok, world >= 1) from the 1-rank run `single`."""
+    work, one = from_record(rec), from_record(single)
+    if one.world != 1:
+        raise ValueError("the reference must be a 1-rank run")
+    compute = one.step_s * (work.per_device_batch / one.per_device_batch) * oversubscription(rec) / oversubscription(single)
+    comm, parts = comm_time(work, network, work.world, algorithm, measured_groups=True)
+    predicted = compute + comm
+    return {"strategy": work.label, "world": work.world, "measured_step_s": work.step_s,
+            "predicted_step_s": predicted, "compute_s": compute, "comm_s": comm, "comm_parts_s": parts,
+            "oversubscription": oversubscription(rec),
+            "relative_error": (predicted - work.step_s) / work.step_s}

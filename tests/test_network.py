@@ -1,0 +1,138 @@
+"""The network model, projection and bandwidth allocation against hand-computed values, the
+`bench project` command, and predicted vs measured step times on this machine."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.network import model as m
+from bench.network.allocate import allocate, closed_form_split
+from bench.network.project import compute_seconds, project, spans_for
+from bench.network.workload import Collective, Workload, from_record, scope_of
+from conftest import bench, run_record
+
+D1 = m.Dimension("nvlink", 8, 100e9, 1e-6, 1.0)
+D2 = m.Dimension("nic", 4, 10e9, 1e-5, 4.0)
+NET = m.Network("two", (D1, D2))
+
+
+def test_single_dimension_costs():
+    assert m.ring_allreduce(1e6, 4, 1e-6, 1e9) == pytest.approx(6e-6 + 1.5e-3)
+    assert m.tree_allreduce(1e6, 4, 1e-6, 1e9) == pytest.approx(4e-6 + 2e-3)
+    assert m.ring_gather(1e6, 4, 1e-6, 1e9) == pytest.approx(3e-6 + 0.75e-3)
+    assert m.broadcast(1e6, 5, 1e-6, 1e9) == pytest.approx(3e-6 + 1e-3)     # ceil(log2 5) = 3
+    assert m.p2p(1e6, 1e-6, 1e9) == pytest.approx(1e-6 + 1e-3)
+    assert m.ring_allreduce(1e6, 1, 1e-6, 1e9) == 0.0
+
+
+def test_layout_fills_the_innermost_dimension_first():
+    assert m.layout(NET, 1) == [1, 1]
+    assert m.layout(NET, 8) == [8, 1]
+    assert m.layout(NET, 9) == [8, 2]          # whole units: 9 devices occupy 2 nodes
+    assert m.layout(NET, 32) == [8, 4]
+    with pytest.raises(ValueError):
+        m.layout(NET, 33)
+
+
+def test_hierarchical_and_flat_all_reduce_over_two_dimensions():
+    spans = [(8, D1), (4, D2)]
+    # dim 1: 2 [7 us + 7/8 * 8e6 / 100e9]; dim 2 on 1e6 bytes: 2 [3 * 10 us + 3/4 * 1e6 / 10e9]
+    hier = 2 * (7e-6 + 7e-5) + 2 * (3e-5 + 7.5e-5)
+    assert m.hierarchical("all_reduce", 8e6, spans) == pytest.approx(hier)
+    ring = 2 * 31 * 1e-5 + 2 * 31 / 32 * 8e6 / 10e9      # slowest link, highest latency
+    assert m.flat("all_reduce", "ring", 8e6, spans) == pytest.approx(ring)
+    assert m.collective_time("all_reduce", 8e6, spans) == (pytest.approx(hier), "hierarchical")
+    assert m.collective_time("all_reduce", 8e6, spans, "ring") == (pytest.approx(ring), "ring")
+    assert m.collective_time("send", 1e6, spans) == (pytest.approx(1e-5 + 1e-4), "p2p")
+
+
+def test_scopes_of_measured_groups_and_their_spans():
+    assert scope_of("4@1", 4) == "world" and scope_of("2@1", 4) == "node" and scope_of("2@2", 4) == "across"
+    assert scope_of("1@1", 2) is None
+    assert spans_for("world", NET, 32) == [(8, D1), (4, D2)]
+    assert spans_for("node", NET, 32) == [(8, D1)]
+    assert spans_for("across", NET, 32) == [(1, D1), (4, D2)]
+
+
+WORK = Workload("ddp", world=2, per_device_batch=4, step_s=0.1011,
+                collectives=(Collective("all_reduce", 1e6, "world", 2),))
+FLAT = m.Network("flat", (m.Dimension("host", 64, 1e9, 0.0),))
+
+
+def test_projection_weak_and_strong_by_hand():
+    rows = project(WORK, FLAT, [2, 4], compute_s=0.1)
+    # 2 devices: ring 2 * 1/2 * 1e6 / 1e9 = 1 ms (tree: 2 ms)
+    assert rows[0]["comm_s"] == pytest.approx(1e-3) and rows[0]["step_s"] == pytest.approx(0.101)
+    assert rows[0]["samples_per_s"] == pytest.approx(8 / 0.101)
+    assert rows[0]["scaling_efficiency"] == pytest.approx(0.1 / 0.101)
+    assert rows[1]["comm_s"] == pytest.approx(1.5e-3) and rows[1]["global_batch"] == 16
+    strong = project(WORK, FLAT, [4], compute_s=0.1, scaling="strong", overlap=0.5)[0]
+    assert strong["per_device_batch"] == 2 and strong["compute_s"] == pytest.approx(0.05)
+    assert strong["step_s"] == pytest.approx(0.05 + 0.5 * 1.5e-3)
+    # compute = measured step - modelled comm on the measured network
+    assert compute_seconds(WORK, FLAT)[0] == pytest.approx(0.1011 - 1e-3)
+
+
+def test_allocation_matches_the_closed_form():
+    """One world all-reduce, hierarchical, no latency: dimension i carries D_i bytes;
+    min sum D_i / bw_i under sum c_i bw_i = budget has bw_i ~ sqrt(D_i / c_i)."""
+    net = m.Network("z", (m.Dimension("a", 8, 50e9, 0.0, 1.0), m.Dimension("b", 4, 50e9, 0.0, 4.0)))
+    work = Workload("ddp", 32, 1, 1.0, (Collective("all_reduce", 8e6, "world", 32),))
+    carried = [2 * 7 / 8 * 8e6, 2 * 3 / 4 * 1e6]
+    for kwargs, costs, budget in (({"budget_GBps": 100.0}, [1, 1], 100.0), ({"budget_cost": 100.0}, [1, 4], 100.0)):
+        got = allocate(work, net, 32, compute_s=0.01, objective="time", **kwargs)
+        want = closed_form_split(carried, costs, budget)
+        assert got["converged"], got["message"]
+        assert got["bandwidth_GBps"] == pytest.approx(want, rel=0.01)
+    ppc = allocate(work, net, 32, compute_s=0.01, objective="perf_per_cost", min_GBps=1, max_GBps=400)
+    assert ppc["converged"] and ppc["cost"] < ppc["cost_current"]
+
+
+def test_data_parallel_only_and_ok_only():
+    from bench.errors import ConfigError
+    with pytest.raises(ConfigError, match="data-parallel"):
+        from_record({"status": "ok", "parallel": {"world_size": 4, "tp": 2, "pp": 1}})
+    with pytest.raises(ConfigError, match="failed"):
+        from_record({"status": "failed", "run_id": "x"})
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["network=nope"], "unknown network"),
+    (["network=dgx_a100_fat_tree", "world_sizes=[8,1000000]"], "exceed network"),
+    (["network=dgx_a100_fat_tree", "colour=blue"], "unknown option"),
+    (["network=dgx_a100_fat_tree", "overlap=2"], "overlap"),
+    (["network=dgx_a100_fat_tree", "allocate=time"], "exactly one of"),
+])
+def test_bad_project_arguments_exit_2(tmp_path, args, needle):
+    run_dir = _ddp2(tmp_path)
+    proc = bench("project", str(run_dir), *args)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+_RUNS: dict = {}
+
+
+def _ddp2(tmp_path_factory_or_path) -> "Path":
+    if "ddp2" not in _RUNS:
+        d = tmp_path_factory_or_path / "ddp2"
+        proc, rec = run_record(d, "launcher.nproc=2", "run.warmup_steps=1", "run.measure_steps=4")
+        assert rec["status"] == "ok"
+        _RUNS["ddp2"] = d
+    return _RUNS["ddp2"]
+
+
+def test_bench_project_writes_table_json_csv_and_plot(tmp_path):
+    run_dir = _ddp2(tmp_path)
+    proc = bench("project", str(run_dir), "network=dgx_a100_fat_tree", "world_sizes=[8,512,100000]",
+                 "allocate=time", "budget_GBps=200", f"out={tmp_path / 'p'}")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "p" / "projection.json").read_text())
+    assert [r["devices"] for r in doc["rows"]] == [8, 512, 100000]
+    assert doc["collectives"] == [{"kind": "all_reduce", "bytes_per_step": pytest.approx(doc["collectives"][0]["bytes_per_step"]),
+                                   "scope": "world", "measured_group": 2}]
+    assert all(0 < r["scaling_efficiency"] <= 1 for r in doc["rows"])
+    assert doc["rows"][-1]["comm_s"] > doc["rows"][0]["comm_s"]
+    assert sum(doc["allocation"]["bandwidth_GBps"]) == pytest.approx(200, rel=1e-3)
+    assert (tmp_path / "p" / "projection.png").stat().st_size > 10_000
+    assert "100000" in proc.stdout and "allocation (time" in proc.stdout
