@@ -35,6 +35,9 @@ class DeepSpeedOptions(BaseModel):
     # DeepSpeed recommends DeepSpeedCPUAdam with offload (fast, vectorised); "torch" keeps the
     # run's torch optimizer (zero_force_ds_cpu_optimizer=false): slower, bitwise DDP's math.
     offload_optimizer_impl: Literal["ds_cpu_adam", "torch"] = "ds_cpu_adam"
+    # DeepSpeed's gradient communication dtype ("communication_data_type"): fp16/bf16 halve the
+    # bytes (lossy); null = DeepSpeed's default (the training dtype)
+    communication_data_type: Optional[Literal["fp16", "bf16", "fp32"]] = None
     loss_scale: float = Field(0.0, ge=0)      # fp16 only; 0 = dynamic
     initial_scale_power: int = Field(16, ge=0)
 
@@ -51,7 +54,8 @@ class DeepSpeedAdapter(Adapter):
             shard += ", offloaded to CPU"
         pattern = {0: "all-reduce", 1: "all-reduce + all-gather", 2: "reduce-scatter + all-gather",
                    3: "all-gather + reduce-scatter"}[options.stage]
-        return taxonomy_labels("data (ZeRO)" if options.stage else "data", "sync", pattern, shard)
+        return taxonomy_labels("data (ZeRO)" if options.stage else "data", "sync", pattern, shard,
+                               options.communication_data_type if options.communication_data_type in ("fp16", "bf16") else "none")
 
     @classmethod
     def check_config(cls, options, cfg, dims) -> None:
@@ -95,6 +99,8 @@ class DeepSpeedAdapter(Adapter):
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
+        if o.communication_data_type:
+            cfg["communication_data_type"] = o.communication_data_type
         if self._offload:
             if optim_cfg.name != "adamw":
                 from bench.errors import UnsupportedError
