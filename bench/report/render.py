@@ -124,6 +124,42 @@ STRATEGY_NOTE = ("Each configuration's place in the taxonomy of distributed trai
                  "strategies) and its time to target, both relative to DDP at the same model and world size.")
 
 
+def projection_check_table(rep) -> tuple[list[str], list[list[str]]]:
+    """CPU/gloo runs at > 1 rank with a 1-rank run of the same configuration (weak scaling):
+    the step time `bench project`'s model predicts (1-rank compute + the run's collectives on
+    conf/network/local_gloo.yaml) next to the measured one."""
+    from bench.network.model import load
+    from bench.network.validate import predict
+    head = ["framework", "model", "ranks", "measured step (ms)", "predicted (ms)", "error", "compute (ms)",
+            "comm (ms)", "core oversubscription"]
+    df = rep.summary
+    if df.empty or "scaling_group" not in df:
+        return head, []
+    ok = df[(df["status"] == "ok") & df["step_time_median_s"].notna()]
+    singles = {g: p for g, p in zip(ok[ok["world_size"] == 1]["scaling_group"], ok[ok["world_size"] == 1]["path"])}
+    rows, net = [], None
+    for r in ok[ok["world_size"] > 1].itertuples():
+        rec, one = rep.records.get(r.path), rep.records.get(singles.get(r.scaling_group))
+        if one is None or (rec.get("env") or {}).get("backend") != "gloo" or (rec.get("parallel") or {}).get("tp", 1) > 1 \
+                or (rec.get("parallel") or {}).get("pp", 1) > 1:
+            continue
+        net = net or load("local_gloo")
+        try:
+            p = predict(rec, one, net)
+        except Exception:      # a result the model cannot price: left out of the check
+            continue
+        rows.append([r.label, r.model, _num(r.world_size, ".0f"), _num(p["measured_step_s"] * 1e3, ".2f"),
+                     _num(p["predicted_step_s"] * 1e3, ".2f"), f"{p['relative_error']:+.1%}",
+                     _num(p["compute_s"] * 1e3, ".2f"), _num(p["comm_s"] * 1e3, ".2f"), _num(p["oversubscription"], ".1f")])
+    return head, rows[:MAX_RUN_ROWS]
+
+
+PROJECTION_NOTE = ("How far to trust `bench project`: for CPU/gloo runs with a 1-rank run of the same "
+                   "configuration, the model's step time (the 1-rank compute, scaled by core "
+                   "oversubscription, + the run's measured collectives priced on conf/network/local_gloo.yaml) "
+                   "next to the measured one. The error is the model's, on this machine.")
+
+
 def straggler_table(rep) -> tuple[list[str], list[list[str]]]:
     """One row per flagged rank (result.json `stragglers`): how late it joins each step."""
     head = ["run", "framework", "model", "ranks", "rank", "late per step (ms, median)", "share of step",
@@ -171,6 +207,7 @@ def context(rep) -> dict:
         "cells": cell_table(rep), "parity": parity_table(rep), "failures": failure_table(rep),
         "model_parallel": model_parallel_table(rep), "stragglers": straggler_table(rep),
         "strategies": strategy_table(rep), "strategy_note": STRATEGY_NOTE,
+        "projection_check": projection_check_table(rep), "projection_note": PROJECTION_NOTE,
         "straggler_note": STRAGGLER_NOTE,
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
         "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
@@ -213,6 +250,9 @@ def write_markdown(rep) -> Path:
     if c["model_parallel"][1]:
         parts += ["## Model parallelism: per rank / pipeline stage", "", MODEL_PARALLEL_NOTE, "",
                   _md_table(*c["model_parallel"]), ""]
+    if c["projection_check"][1]:
+        parts += ["## Projection check: predicted vs measured step time", "", PROJECTION_NOTE, "",
+                  _md_table(*c["projection_check"]), ""]
     if c["stragglers"][1]:
         parts += ["## Stragglers", "", STRAGGLER_NOTE, "", _md_table(*c["stragglers"]), ""]
     parts += ["## All runs", "", _md_table(*c["runs"]), ""]
