@@ -54,18 +54,25 @@ def test_blocking_fp32_daso_is_ddp_for_sgd_and_cycling_daso_sends_less(tmp_path)
     assert _losses(blocking) == pytest.approx(_losses(ddp), rel=1e-5)
     assert_same_params(blocking["final_params"]["fingerprint"], ddp["final_params"]["fingerprint"], 1e-5)
 
+    # 8 steps: blocking 0-1, cycling 2-5, blocking 6-7. Plateau windows of 3 steps with a 90%
+    # improvement demanded: the window ending at step 2 sets the best loss, the one ending at
+    # step 5 is a plateau, so the skips halve from (4, 1) to (2, 1).
     _, cyc = run_record(tmp_path / "cycling", "framework=daso", "framework.options.ranks_per_node=2",
-                        "framework.options.warmup_steps=2", "framework.options.cooldown_steps=2", *SGD)
+                        "framework.options.warmup_steps=2", "framework.options.cooldown_steps=2",
+                        "framework.options.adapt_every=3", "framework.options.stability_level=0.9",
+                        "framework.options.patience=1", *SGD)
     assert cyc["status"] == "ok", cyc.get("error")
     losses = _losses(cyc)
     assert losses[-1] < losses[0]
+    native = cyc["framework"]["native_config"]
+    assert [(c["step"], c["global_skip"], c["batches_to_wait"]) for c in native["skip_changes"]] == [(6, 2, 1)]
     params = ddp["model"]["params"]
     by_group = cyc["comm"]["per_step_bytes_by_group"]
-    assert cyc["comm"]["probe_steps"] == 4                          # one cycle at global_skip 4
+    assert cyc["comm"]["probe_steps"] == 2                          # one cycle at global_skip 2
     # inside a node (2 ranks, 1 node): fp32 gradients every step, the merged parameters broadcast
     # once per cycle; across nodes (2 ranks, 2 nodes): bf16 parameters once per cycle
-    assert by_group["all_reduce"] == pytest.approx({"2@1": 4 * params, "2@2": 2 * params / 4})
-    assert by_group["broadcast"] == pytest.approx({"2@1": 4 * params / 4})
+    assert by_group["all_reduce"] == pytest.approx({"2@1": 4 * params, "2@2": 2 * params / 2})
+    assert by_group["broadcast"] == pytest.approx({"2@1": 4 * params / 2})
     assert ddp["comm"]["per_step_bytes_by_group"]["all_reduce"] == pytest.approx({"4@1": 4 * params})
     assert cyc["framework"]["taxonomy"]["synchronisation"].startswith("stale")
 

@@ -240,6 +240,7 @@ class DASOAdapter(Adapter):
         if o.warmup_steps + o.cooldown_steps >= self.total:
             return 1
         self.total, self.cycle_start = 10**12, None
+        self.window = 10**12                       # and the skips stay as the run left them
         self.options = self.options.model_copy(update={"warmup_steps": 0})
         return self.global_skip
 
