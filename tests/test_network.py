@@ -136,3 +136,25 @@ def test_bench_project_writes_table_json_csv_and_plot(tmp_path):
     assert sum(doc["allocation"]["bandwidth_GBps"]) == pytest.approx(200, rel=1e-3)
     assert (tmp_path / "p" / "projection.png").stat().st_size > 10_000
     assert "100000" in proc.stdout and "allocation (time" in proc.stdout
+
+
+@pytest.mark.slow
+def test_predicted_vs_measured_step_time_on_this_machine_is_in_the_report(tmp_path):
+    """DDP at 1 and 2 ranks, one thread per rank: the report's projection check predicts the
+    2-rank step from the 1-rank compute and the 2-rank run's all-reduce on local_gloo. The
+    model is coarse (no Python or process overheads); the bound only catches a broken model,
+    the measured error is what the report states."""
+    from bench.network.model import load
+    from bench.network.validate import predict
+    common = ("run.warmup_steps=2", "run.measure_steps=8", "launcher.threads_per_rank=1")
+    _, one = run_record(tmp_path / "n1", "launcher.nproc=1", "run.global_batch=4", *common)
+    _, two = run_record(tmp_path / "n2", "launcher.nproc=2", "run.global_batch=8", *common)
+    p = predict(two, one, load("local_gloo"))
+    print(f"predicted {p['predicted_step_s'] * 1e3:.1f} ms, measured {p['measured_step_s'] * 1e3:.1f} ms, "
+          f"error {p['relative_error']:+.1%}")
+    assert p["comm_s"] > 0 and p["compute_s"] == pytest.approx(one["timing"]["step_time_s"]["median"])
+    assert -0.6 < p["relative_error"] < 1.5
+    out = bench("report", str(tmp_path), "-o", str(tmp_path / "rep"))
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Projection check" in md and f"{p['relative_error']:+.1%}" in md

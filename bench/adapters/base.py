@@ -158,6 +158,16 @@ class Adapter:
     def train_step(self, batch: dict) -> StepOut:
         raise NotImplementedError
 
+    def step_optimizer(self) -> None:
+        """optimizer.step (through the GradScaler when fp16 has one), then drop the gradients."""
+        scaler = getattr(self, "scaler", None)
+        if scaler:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
     def plan_steps(self, total: int, steps_per_epoch: Optional[int]) -> None:
         """Told once before the loop: how many training steps the run takes (schedules with
         phases, e.g. DASO's cool-down, need it)."""

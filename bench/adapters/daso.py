@@ -222,12 +222,7 @@ class DASOAdapter(Adapter):
 
     def train_step(self, batch: dict) -> StepOut:
         loss = forward_backward(self.model, batch, self.dims.grad_accum, self.ctx, self.model.no_sync, self.scaler)
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.step_optimizer()
         self._global_sync(self.step_no)
         self._adapt(self.step_no, loss)
         self.step_no += 1

@@ -118,12 +118,7 @@ class DDPAdapter(Adapter):
     def train_step(self, batch: dict) -> StepOut:
         loss = forward_backward(self.model, batch, self.dims.grad_accum, self.ctx,
                                 self.model.no_sync, self.scaler)
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.step_optimizer()
         return StepOut(loss=loss)
 
     def _bucket_bytes(self) -> list[int]:
