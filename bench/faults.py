@@ -16,10 +16,17 @@ class InjectedFault(RuntimeError):
 
 
 class FaultInjector:
-    def __init__(self, fault_cfg, rank: int):
+    def __init__(self, fault_cfg, rank: int, run_dir=None):
         self.kind = fault_cfg.kind if fault_cfg.rank == rank else "none"
         self.step = fault_cfg.step
         self.seconds = fault_cfg.seconds
+        self.run_dir = run_dir
+
+    def _mark(self) -> None:
+        """<run_dir>/fault_fired: when the fault fired (benchmarks/fault_matrix.py times detection)."""
+        if self.run_dir is not None:
+            with open(os.path.join(self.run_dir, "fault_fired"), "w") as f:
+                f.write(f"{time.time():.6f}\n")
 
     @property
     def active(self) -> bool:
@@ -30,6 +37,7 @@ class FaultInjector:
             time.sleep(self.seconds)
         if step != self.step:
             return
+        self._mark()
         if self.kind == "raise":
             raise InjectedFault(f"injected fault at step {step}")
         if self.kind == "kill":

@@ -111,7 +111,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     else:
         total = warmup + cfg.run.measure_steps
     adapter.plan_steps(total, steps_per_epoch if cfg.run.epochs else None)
-    fault = FaultInjector(cfg.fault, ctx.rank)
+    fault = FaultInjector(cfg.fault, ctx.rank, run_dir)
     step_s: list[float] = []     # every step, warm-up included (eval pauses excluded)
     host_s: list[float] = []     # per step: previous step's end -> this rank calls train_step
     losses: list = []

@@ -87,6 +87,8 @@ def test_killed_rank_fails_fast(run_dir):
     elapsed = time.monotonic() - t0
     assert rec["status"] == "failed" and proc.returncode == 1
     assert rec["error"]["rank"] == 1 and rec["error"]["signal"] == "SIGKILL"
+    assert rec["error"]["message"] == "rank 1 was killed by SIGKILL (exit code -9)"
+    assert (run_dir / "fault_fired").exists()
     assert elapsed < 30, elapsed
     assert check_record(rec) == []
 

@@ -108,7 +108,11 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
     failure = _first_failure(run_dir)
     if failure is not None:
         status = classify(failure)
-        err = error_info(failure.get("type", "rank_failed"), failure["message"], failure["rank"],
+        message = failure.get("message")
+        if not message or message == "<NONE>":   # torch elastic's placeholder: no error file (a signal)
+            how = f"was killed by {failure['signal']}" if failure.get("signal") else "exited without an error"
+            message = f"rank {failure['rank']} {how} (exit code {failure.get('exitcode')})"
+        err = error_info(failure.get("type", "rank_failed"), message, failure["rank"],
                          exitcode=failure.get("exitcode"), signal=failure.get("signal"),
                          traceback=failure.get("traceback"), ranks_failed=failure.get("ranks_failed"))
         if "UnsupportedError" in (failure.get("traceback") or ""):
