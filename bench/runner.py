@@ -175,9 +175,9 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         if dataset is not None:
             fill_convergence(record, cfg, dataset, steps_per_epoch, evals, target, gathered)
         if fingerprint is not None:
-            record["final_params"] = {"fingerprint": fingerprint, "after_steps": len(losses) + 1,
+            record["final_params"] = {"fingerprint": fingerprint, "after_steps": len(losses) + comm["steps"],
                                       "note": "[sum, sum of squares, sum of |x|] per parameter after the "
-                                              "training loop and the comm-probe step"}
+                                              "training loop and the comm-probe steps"}
         write_metrics_jsonl(run_dir, record, gathered)
         write_result(run_dir, record)
     adapter.teardown()
