@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -113,7 +114,7 @@ def test_bad_project_arguments_exit_2(tmp_path, args, needle):
 _RUNS: dict = {}
 
 
-def _ddp2(tmp_path_factory_or_path) -> "Path":
+def _ddp2(tmp_path_factory_or_path) -> Path:
     if "ddp2" not in _RUNS:
         d = tmp_path_factory_or_path / "ddp2"
         proc, rec = run_record(d, "launcher.nproc=2", "run.warmup_steps=1", "run.measure_steps=4")
