@@ -68,7 +68,7 @@ def group_wire_bytes(group_bytes: dict[str, dict]) -> float:
     total = 0.0
     for kind, by_group in group_bytes.items():
         for key, b in by_group.items():
-            total += ring_wire_bytes({kind: b}, group_size(key)) if kind != "send" else b
+            total += ring_wire_bytes({kind: b}, group_size(key))
     return total
 
 

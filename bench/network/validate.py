@@ -8,7 +8,7 @@ max(1, ranks x threads_per_rank / usable_cores) — this machine's effect, state
 from __future__ import annotations
 
 from bench.network.model import Network
-from bench.network.project import comm_time
+from bench.network.project import comm_time, compute_seconds
 from bench.network.workload import from_record
 
 
@@ -24,7 +24,7 @@ def predict(rec: dict, single: dict, network: Network, algorithm: str = "best") 
     work, one = from_record(rec), from_record(single)
     if one.world != 1:
         raise ValueError("the reference must be a 1-rank run")
-    compute = one.step_s * (work.per_device_batch / one.per_device_batch) * oversubscription(rec) / oversubscription(single)
+    compute = compute_seconds(work, compute_from=one)[0] * oversubscription(rec) / oversubscription(single)
     comm, parts = comm_time(work, network, work.world, algorithm, measured_groups=True)
     predicted = compute + comm
     return {"strategy": work.label, "world": work.world, "measured_step_s": work.step_s,
