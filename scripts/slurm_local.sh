@@ -8,6 +8,7 @@ set -euo pipefail
 STATE=${SLURM_LOCAL_STATE:-/var/tmp/ddlbench-slurm}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 t() { timeout 10 "$@"; }   # Slurm clients block while slurmctld is down
+trap 'echo "slurm_local.sh: failed at line $LINENO (logs in $STATE)" >&2' ERR
 
 install() {
   command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v slurmdbd >/dev/null \
@@ -39,6 +40,16 @@ accounting() {
   t sacctmgr -n list cluster format=cluster | grep -qw ddlbench || t sacctmgr -i add cluster ddlbench >/dev/null
 }
 
+first_job_id() {
+  # Job ids must never repeat an id the accounting database already holds: a fresh StateSaveLocation
+  # restarts slurmctld's counter at 1 while MariaDB keeps old jobs, and `sacct -j N` would then
+  # report a finished job of the past as this one (submitit took a running array for done).
+  local max
+  max=$(timeout 10 mariadb -N -e "SELECT COALESCE(MAX(id_job), 0) FROM slurm_acct_db.ddlbench_job_table" \
+    2>/dev/null || echo 0)
+  echo $(( ${max:-0} + 1 ))
+}
+
 start() {
   install
   mkdir -p "$STATE/ctld" "$STATE/d" /run/munge /etc/slurm
@@ -52,6 +63,7 @@ start() {
   sed -e "s#@STATE@#$STATE#g" -e "s#@CPUS@#$cpus#g" -e "s#@MEM@#$mem#g" \
     "$HERE/slurm/local/slurm.conf.in" > /etc/slurm/slurm.conf
   accounting
+  sed -i "s#^FirstJobId=.*#FirstJobId=$(first_job_id)#" /etc/slurm/slurm.conf
   pgrep -x slurmctld >/dev/null || slurmctld -i
   pgrep -x slurmd >/dev/null || slurmd -N localhost
   for _ in $(seq 1 60); do
@@ -73,11 +85,12 @@ stop() {
     t scancel --full --user="$(id -un)" >/dev/null 2>&1 || true
     timeout 15 bash -c 'while [ -n "$(timeout 5 squeue -h 2>/dev/null)" ]; do sleep 1; done' || true
   fi
-  pkill -x slurmd || true
-  pkill -x slurmctld || true
-  pkill -x slurmdbd || true
-  pkill -x mariadbd || true
-  pkill -x munged || true
+  local d
+  for d in slurmd slurmctld slurmdbd mariadbd munged; do
+    pkill -x "$d" || true
+    # wait for it to exit (a dying mariadbd still matches pgrep, and the next `start` would skip it)
+    timeout 30 bash -c "while pgrep -x $d >/dev/null; do sleep 0.2; done" || pkill -9 -x "$d" || true
+  done
   pkill -f '^slurmstepd' || true
   sleep 1
   pkill -9 -f '^slurmstepd' || true
