@@ -44,14 +44,22 @@ def install_rank_handler(run_dir: str, rank: int, on_stop=None) -> None:
     signal.signal(signal.SIGUSR1, handler)
 
 
+def wait_until(done, bound_s: float) -> bool:
+    """Poll `done()` every 0.2 s for at most `bound_s`; its last answer."""
+    deadline = time.monotonic() + bound_s
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def wait_for_partials(run_dir: Path, world_size: int, bound_s: float = 15.0) -> int:
     """Rank 0 under srun: wait (bounded) until every rank saved its series; how many did."""
-    deadline = time.monotonic() + bound_s
-    while True:
-        n = len(list((Path(run_dir) / PARTIAL).glob("rank*.json")))
-        if n >= world_size or time.monotonic() > deadline:
-            return n
-        time.sleep(0.2)
+    def count() -> int:
+        return len(list((Path(run_dir) / PARTIAL).glob("rank*.json")))
+    wait_until(lambda: count() >= world_size, bound_s)
+    return count()
 
 
 def partial_timing(run_dir: Path, world_size: int, global_batch: int, tokens_per_sample=None) -> dict | None:

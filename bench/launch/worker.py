@@ -52,8 +52,10 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
 
 def _srun_stop(plan, run_dir: Path, rank: int):
     """launcher=slurm has no launcher process above the ranks: on SIGUSR1 rank 0 gathers the
-    ranks' saved series itself (bounded wait) and writes the `timeout` result."""
-    if plan.cfg.launcher.name != "slurm" or rank != 0:
+    ranks' saved series itself (bounded wait) and writes the `timeout` result. The other ranks
+    wait (bounded) for that result before they exit: srun --kill-on-bad-exit would otherwise
+    kill rank 0 as soon as another rank exits with 128+SIGUSR1, before it has written it."""
+    if plan.cfg.launcher.name != "slurm":
         return None
     started = time.monotonic()
 
@@ -62,7 +64,12 @@ def _srun_stop(plan, run_dir: Path, rank: int):
         from bench.launch.stop import wait_for_partials
         wait_for_partials(run_dir, plan.dims.world_size)
         stopped_result(run_dir, run_dir.name, plan, time.monotonic() - started)
-    return write_timeout_result
+
+    def wait_for_result():
+        from bench.launch.stop import wait_until
+        from bench.results import RESULT_FILE
+        wait_until((run_dir / RESULT_FILE).exists, bound_s=45.0)
+    return write_timeout_result if rank == 0 else wait_for_result
 
 
 @record
