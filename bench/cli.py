@@ -40,9 +40,13 @@ def _run_dir(plan) -> Path:
 
 
 def cmd_run(overrides: list[str]) -> int:
+    import time
+
     from bench.config import plan_from_overrides
+    from bench.launch.events import process_start_time
 
     plan = plan_from_overrides(overrides)
+    validated = time.time()
     if plan.cfg.run.dry_run:
         import json
         print(json.dumps({"parallel": plan.dims.as_dict(), "mesh": plan.dims.mesh_shape(),
@@ -63,7 +67,7 @@ def cmd_run(overrides: list[str]) -> int:
         if record is None:  # ranks other than 0: the result is rank 0's to report
             return 0
     else:
-        record = run_local(plan, run_dir)
+        record = run_local(plan, run_dir, started=process_start_time(), validated=validated)
     log_to_sinks(plan, run_dir, record)
     print(render(rows([record])))
     print(f"result: {run_dir / 'result.json'}")
@@ -99,6 +103,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
 
 def cmd_multirun(overrides: list[str]) -> int:
     import copy
+    import time
 
     from bench.config import plan_from_overrides, validate
     from bench.launch.local import run_local
@@ -118,8 +123,9 @@ def cmd_multirun(overrides: list[str]) -> int:
         print(f"[{i + 1}/{len(cells)}] {' '.join(cell)}", flush=True)
         raw = copy.deepcopy(plan.raw)
         raw["run"]["dir"] = str(run_dir)   # the saved config names the cell's own directory
+        started = time.time()
         plan = validate(raw)
-        record = run_local(plan, run_dir)
+        record = run_local(plan, run_dir, started=started, validated=time.time())
         log_to_sinks(plan, run_dir, record)
         records.append(record)
     print(render(rows(records)))
@@ -214,13 +220,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> int:
-    """Console entry: a closed stdout (`bench ... | head`) ends quietly."""
+    """Console entry: a closed stdout (`bench ... | head`) ends quietly. The process ends with
+    os._exit once its output is flushed: finalising torch and transformers' modules takes ~1 s
+    and nothing is left to do (results are written and fsynced, sinks finished, children reaped)."""
+    import logging
+    import os
+
     try:
-        return main()
+        code = main()
     except BrokenPipeError:
         sys.stderr.close()
-        return 0
+        code = 0
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    logging.shutdown()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -21,7 +21,7 @@ from bench.adapters.base import RankContext
 from bench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from bench.config import Plan
 from bench.faults import FaultInjector
-from bench.launch import stop
+from bench.launch import events, stop
 from bench.metrics.convergence import reached, resolve_target
 from bench.quality import Evaluator, batch_source
 from models.datasets import build_dataset
@@ -100,6 +100,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     spec = models.build(cfg.model)
     adapter = plan.adapter_cls(plan.options, ctx, dims)
     adapter.setup(spec.build, build_optimizer_factory(cfg.optim))
+    events.mark(run_dir, "model_ready", ctx.rank)
     dp_rank = getattr(adapter, "dp_rank", ctx.rank)
     dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
     batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, dp_rank, ctx.device)
@@ -135,6 +136,8 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         _sync(ctx.device)
         t = time.perf_counter()
         step_s.append(t - t_prev)
+        if step == 0:
+            first_step_end = time.time()   # start-up timeline; written after the loop
         losses.append(out.loss)
         progress.update(step, out.loss, t - t_prev)
         t_prev = t
@@ -146,6 +149,8 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
             t_prev = time.perf_counter()  # evaluation is not part of any step
     wall_s = time.perf_counter() - wall0
     progress.close()
+    if step_s:
+        events.mark(run_dir, "first_step", ctx.rank, t=first_step_end)
     if warmup >= len(step_s):  # quality mode: fewer steps than warm-up (short epochs, early stop)
         warnings.append(f"run.warmup_steps {warmup} >= the {len(step_s)} steps trained; "
                         "timing statistics use the last step only")
@@ -172,6 +177,9 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     if ctx.rank == 0:
         record = build_ok_record(plan, ctx, run_dir, spec, adapter, gathered, threads, wall_s)
         record["warnings"].extend(warnings)
+        timeline = events.read(run_dir)
+        record["startup_s"] = events.phases(timeline)
+        record["env"]["rank_start_method"] = events.info(timeline, "agent_start", "start_method")
         if dataset is not None:
             fill_convergence(record, cfg, dataset, steps_per_epoch, evals, target, gathered)
         if fingerprint is not None:

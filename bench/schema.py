@@ -147,6 +147,9 @@ class LauncherCfg(Strict):
     nodes: PositiveInt = 1     # slurm: SLURM_NNODES (recorded as parallel.nodes); local: 1
     threads_per_rank: Optional[PositiveInt] = None
     monitor_interval_s: Annotated[float, Field(gt=0, le=5)] = 0.25
+    # local launcher: how the agent starts ranks. auto = fork on CPU (ranks inherit the
+    # launcher's imports), spawn on CUDA (a forked child cannot use a driver its parent touched)
+    start_method: Literal["auto", "fork", "spawn"] = "auto"
 
 
 class LoggerCfg(Strict):

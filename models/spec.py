@@ -26,6 +26,13 @@ def count_params(module: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
+def modules_for(model_cfg) -> tuple[str, ...]:
+    """The libraries `build(model_cfg).build()` imports (a launcher preloads them)."""
+    if model_cfg.kind == "language":
+        return ("models.language", "transformers.models.gpt2.modeling_gpt2")
+    return ("models.vision", "torchvision.models")
+
+
 def build(model_cfg) -> ModelSpec:
     if model_cfg.kind == "language":
         from models.language import gpt2_spec

@@ -109,6 +109,9 @@ class Adapter:
 
     name: ClassVar[str] = "base"
     Options: ClassVar[type[BaseModel]] = NoOptions
+    # modules the launcher imports once before it forks CPU ranks (bench.launch.local.preload);
+    # only modules that merely import (no threads, no device work at import)
+    preload_modules: ClassVar[tuple[str, ...]] = ()
 
     # ---- class-level checks, run at compose time (no process group yet) ----
     @classmethod

@@ -1,9 +1,9 @@
 """Launcher `local`: N ranks on this machine, with a wall-clock bound and a result in every case.
 
-The launcher (this process) never trains. It saves the resolved config, starts the elastic
-agent in a new session, waits at most run.timeout_s, and guarantees exactly one result.json:
-the ranks write it on success; otherwise this process writes failed/timeout/oom/unsupported
-with the reason.
+The launcher (this process) never trains. It saves the resolved config, forks the elastic
+agent into a new session (so it inherits this process's imports; see bench.launch.forked),
+waits at most run.timeout_s, and guarantees exactly one result.json: the ranks write it on
+success; otherwise this process writes failed/timeout/oom/unsupported with the reason.
 """
 from __future__ import annotations
 
@@ -17,12 +17,22 @@ from pathlib import Path
 
 from bench.config import Plan
 from bench.envinfo import usable_cores
+from bench.launch import events
 from bench.launch.agent import FAILURE_FILE
+from bench.launch.forked import Forked, rank_start_method
 from bench.launch.stop import ForwardUsr1, partial_timing
 from bench.results import RESULT_FILE, atomic_write_json, empty_record, error_info, load_result, write_result
 
 TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "cannot allocate memory")
+
+
+class Terminated(Exception):
+    """The launcher received SIGTERM (kill, scancel, a test's timeout)."""
+
+
+def _raise_terminated(_signum, _frame):
+    raise Terminated()
 
 
 def threads_per_rank(plan: Plan) -> int:
@@ -62,21 +72,33 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
             continue
 
 
-def run_local(plan: Plan, run_dir: Path) -> dict:
+def start_method(plan: Plan, device_type: str) -> str:
+    """launcher.start_method, or auto: fork on CPU, spawn on CUDA (bench.launch.forked)."""
+    chosen = plan.cfg.launcher.start_method
+    return rank_start_method(device_type) if chosen == "auto" else chosen
+
+
+def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated: float | None = None) -> dict:
+    """`started`/`validated`: when this run's command began and its config was valid (the
+    start-up timeline, bench.launch.events)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(plan, run_dir)
+    events.mark(run_dir, "cli_start", t=started)
+    events.mark(run_dir, "validated", t=validated)
     run_id = run_dir.name
     cfg = plan.cfg
 
-    reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, _device_type(cfg))
+    device_type = _device_type(cfg)
+    reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, device_type)
     if reason:
         return _finish(run_dir, run_id, plan, "unsupported", error_info("unsupported", reason))
 
     threads = threads_per_rank(plan)
-    cmd, env = _command(plan, run_dir, threads)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+    proc = _start(plan, run_dir, threads, start_method(plan, device_type))
     usr1 = ForwardUsr1(proc, group=True)   # Slurm's time-limit warning -> every rank
+    # the ranks live in the agent's own session: a SIGTERM to this process must end them too
+    previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         with usr1:
             code = proc.wait(timeout=cfg.run.timeout_s)
@@ -88,7 +110,13 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
         _kill_tree(proc)
         _finish(run_dir, run_id, plan, "failed", error_info("interrupted", "interrupted by the user (Ctrl-C)"))
         raise
+    except Terminated:
+        _kill_tree(proc)
+        _finish(run_dir, run_id, plan, "failed", error_info(
+            "terminated", "the launcher received SIGTERM (kill, scancel); all ranks killed", signal="SIGTERM"))
+        raise SystemExit(128 + signal.SIGTERM) from None
     finally:
+        signal.signal(signal.SIGTERM, previous_term)
         if proc.poll() is None:
             _kill_tree(proc)
     elapsed = time.monotonic() - start
@@ -122,20 +150,38 @@ def run_local(plan: Plan, run_dir: Path) -> dict:
     return _finish(run_dir, run_id, plan, "failed", error_info("agent_failed", msg))
 
 
-def _command(plan: Plan, run_dir: Path, threads: int) -> tuple[list[str], dict]:
-    """The process tree that starts the ranks: torch's elastic agent, or horovodrun for
-    adapters that declare `launch = "horovodrun"`."""
-    cfg, env = plan.cfg, dict(os.environ)
+def _start(plan: Plan, run_dir: Path, threads: int, method: str):
+    """The process tree that starts the ranks, in its own session: horovodrun for adapters that
+    declare `launch = "horovodrun"`; otherwise torch's elastic agent, forked from this process
+    (ranks forked in turn inherit the imports preloaded here; spawned ranks import their own)."""
+    cfg = plan.cfg
     nproc = cfg.launcher.nproc
     if getattr(plan.adapter_cls, "launch", "elastic") == "horovodrun":
         from bench.launch.agent import free_port
+        env = dict(os.environ)
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS=str(threads))
         env.update(plan.adapter_cls.launch_env(plan.options))
         horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-        return [horovodrun, "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
-                sys.executable, "-m", "bench.launch.hvd_worker", str(run_dir), str(threads)], env
-    return [sys.executable, "-m", "bench.launch.agent", str(run_dir), str(nproc), str(threads),
-            str(cfg.launcher.monitor_interval_s)], env
+        cmd = [horovodrun, "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
+               sys.executable, "-m", "bench.launch.hvd_worker", str(run_dir), str(threads)]
+        return subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+    from bench.launch import agent
+    if method == "fork":
+        preload(plan)
+    return Forked(lambda: agent.launch(run_dir, nproc, threads, cfg.launcher.monitor_interval_s, method),
+                  new_session=True)
+
+
+def preload(plan: Plan) -> None:
+    """Import here, once, what every forked rank needs (the runner, the model's library, the
+    adapter's framework) instead of in each rank. Imports only: nothing here may compute with
+    torch before the fork (bench.launch.forked)."""
+    import importlib
+
+    import models
+    from bench import runner  # noqa: F401
+    for module in (*models.modules_for(plan.cfg.model), *plan.adapter_cls.preload_modules):
+        importlib.import_module(module)
 
 
 def _first_failure(run_dir: Path) -> dict | None:

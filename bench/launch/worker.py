@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from datetime import timedelta
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
+
+from bench.launch import events
 
 
 def pick_device(requested: str):
@@ -29,7 +32,9 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     from bench.adapters.base import RankContext, peak_rss_bytes
     from bench.config import validate
 
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)   # the agent ignores it; a rank must not
     run_dir_p = Path(run_dir)
+    events.mark(run_dir_p, "rank_start", int(os.environ.get("RANK", 0)))
     if plan is None:
         plan = validate(json.loads((run_dir_p / "config.json").read_text()))
     torch.set_num_threads(threads)
@@ -38,6 +43,7 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
         torch.cuda.set_device(device)
     baseline_rss = peak_rss_bytes()
     dist.init_process_group(backend, timeout=timedelta(seconds=plan.cfg.run.pg_timeout_s))
+    events.mark(run_dir_p, "process_group", dist.get_rank())
     from bench.launch.stop import install_rank_handler
     install_rank_handler(run_dir, dist.get_rank(), _srun_stop(plan, run_dir_p, dist.get_rank()))
     # SIGUSR1: save the series so far, exit

@@ -1,17 +1,19 @@
 """Run one cell: `python -m bench.sweep.task SWEEP_DIR [INDEX]` (INDEX defaults to
 SLURM_ARRAY_TASK_ID). Skips a cell that already has an ok result; a previous non-ok attempt is
-kept under <sweep>/.attempts/<cell>/<n>/ and the cell runs again. `bench run` is started with an
-argument list (no shell), so override values reach it literally."""
+kept under <sweep>/.attempts/<cell>/<n>/ and the cell runs again. `bench run` is forked from
+this process with an argument list (no shell), so override values reach it literally, and
+after the first cell it starts without paying torch's imports again (bench.launch.forked)."""
 from __future__ import annotations
 
 import fcntl
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+from bench.errors import ConfigError
+from bench.launch.forked import Forked
 from bench.launch.stop import ForwardUsr1
 from bench.sweep import manifest
 
@@ -61,12 +63,31 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
             return 0
         run_dir = manifest.cell_dir(sweep_dir, cell)
         archive_attempt(sweep_dir, run_dir)
-        cmd = [sys.executable, "-m", "bench.cli", "run", *cell.overrides, quoted_override("run.dir", str(run_dir)),
-               "run.progress=false"]
-        env = {**os.environ, **(extra_env or {})}
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env, pass_fds=(lock.fileno(),))
+        args = ["run", *cell.overrides, quoted_override("run.dir", str(run_dir)), "run.progress=false"]
+        preload_for(cell.overrides)
+        # the child inherits the locked descriptor (and passes it on to its ranks)
+        proc = Forked(lambda: _bench_in_child(args, extra_env or {}))
         with ForwardUsr1(proc, group=False):   # `#SBATCH --signal=B:USR1@...` reaches this process
             return proc.wait()
+
+
+def preload_for(overrides: list[str]) -> None:
+    """Import what the cell's ranks will need here, once per sweep process, so every forked
+    cell after the first starts warm. A cell whose config is bad is left to fail in its child."""
+    from bench.config import plan_from_overrides
+    from bench.launch.local import _device_type, preload, start_method
+    try:
+        plan = plan_from_overrides(overrides)
+    except ConfigError:
+        return
+    if start_method(plan, _device_type(plan.cfg)) == "fork":
+        preload(plan)
+
+
+def _bench_in_child(args: list[str], extra_env: dict) -> int:
+    from bench.cli import main
+    os.environ.update(extra_env)
+    return main(args)
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,111 @@
+"""Start a child by fork() instead of a new interpreter, so it inherits what this process has
+already imported (torch alone costs ~3 s per interpreter on a 2-core machine; torch with
+transformers' GPT-2 ~9 s).
+
+Two hazards decide when forking is safe, each kept in a pure function with a test:
+- OpenMP: a child forked after the parent ran a multi-threaded OpenMP region hangs in its
+  first parallel region (GNU libgomp's pool does not survive fork). The launcher and the sweep
+  only import torch; they never compute with it before they fork.
+- CUDA: a child forked after the parent touched the CUDA driver (even `torch.cuda.is_available()`)
+  cannot use the GPU. Ranks on GPUs are therefore spawned (fresh interpreters), never forked.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from typing import Callable
+
+RESET_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGCHLD)
+
+
+def rank_start_method(device_type: str) -> str:
+    """How the elastic agent starts ranks: fork on CPU (imports inherited); spawn on CUDA."""
+    return "fork" if device_type == "cpu" else "spawn"
+
+
+def exit_code(status: int) -> int:
+    """A waitpid status as subprocess.Popen.returncode: the exit code, or -N for signal N."""
+    return os.waitstatus_to_exitcode(status)
+
+
+class Forked:
+    """A forked child that runs `target()` and exits with its return value (an int, or 0 for
+    None; 1 and a traceback on stderr for an exception). The handle offers the part of
+    subprocess.Popen the launchers use: pid, returncode, poll(), wait(timeout), send_signal()."""
+
+    def __init__(self, target: Callable[[], int | None], *, new_session: bool = False,
+                 stdout: int | None = None, stderr: int | None = None):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._child(target, new_session, stdout, stderr)
+
+    @staticmethod
+    def _child(target, new_session: bool, stdout: int | None, stderr: int | None) -> None:
+        code = 1
+        try:
+            for sig in RESET_SIGNALS:            # the parent's handlers are not the child's
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if new_session:                      # its own process group: killpg reaches its tree
+                os.setsid()
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            for fd, target_fd in ((stdout, 1), (stderr, 2)):
+                if fd is not None:
+                    os.dup2(fd, target_fd)
+            ret = target()
+            code = 0 if ret is None else int(ret)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - the child must always exit here, never return
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:   # reaped elsewhere
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = exit_code(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            if self.returncode is None:
+                while True:
+                    try:
+                        _, status = os.waitpid(self.pid, 0)
+                        break
+                    except InterruptedError:
+                        continue
+                self.returncode = exit_code(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked pid {self.pid}", timeout)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
