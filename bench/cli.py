@@ -74,33 +74,6 @@ def cmd_run(overrides: list[str]) -> int:
     return 0 if record["status"] == "ok" else EXIT_RUN_NOT_OK
 
 
-def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """Hydra's basic-sweeper semantics: the cross product of comma lists / range(); plus
-    glob(pattern) over a config group's options."""
-    import fnmatch
-    import re as _re
-
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from bench.config import GROUPS, group_options
-
-    expanded = []
-    for ov in overrides:
-        m = _re.fullmatch(r"(\w+)=glob\((.+)\)", ov)
-        if m and m.group(1) in GROUPS:
-            names = [n for n in group_options(m.group(1)) if fnmatch.fnmatch(n, m.group(2))]
-            if not names:
-                raise ConfigError(f"{ov} matches no {m.group(1)} option")
-            ov = f"{m.group(1)}={','.join(names)}"
-        expanded.append(ov)
-    try:
-        parsed = OverridesParser.create().parse_overrides(expanded)
-    except Exception as exc:  # hydra's parser errors are user input errors
-        raise ConfigError(f"cannot parse overrides: {str(exc).splitlines()[0]}") from None
-    return [cell for batch in BasicSweeper.split_arguments(parsed, None) for cell in batch]
-
-
 def cmd_multirun(overrides: list[str]) -> int:
     import copy
     import time
@@ -109,6 +82,8 @@ def cmd_multirun(overrides: list[str]) -> int:
     from bench.launch.local import run_local
     from bench.sinks import log_to_sinks
     from bench.table import render, rows
+
+    from bench.overrides import expand_sweep
 
     cells = expand_sweep(overrides)
     plans = [plan_from_overrides(cell) for cell in cells]  # all valid before anything starts

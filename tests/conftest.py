@@ -45,18 +45,35 @@ def _warm_up() -> None:
 _warm_up()
 
 
-def children() -> dict[int, str]:
-    """This process's live children: pid -> command line."""
+def children() -> dict[int, tuple[str, str]]:
+    """This process's children: pid -> (state letter, command line)."""
     me, out = os.getpid(), {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == me:
-                pid = int(stat.parent.name)
-                out[pid] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == me:
+                cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                out[int(stat.parent.name)] = (fields[0], cmd.strip())
         except (OSError, ValueError, IndexError):
             continue
     return out
+
+
+def leftovers(before: set[int], grace_s: float = 5.0) -> dict[int, str]:
+    """Children that are not in `before` and still alive after `grace_s` (a process the run
+    killed may take a moment to die). Dead ones (zombies re-parented here) are reaped."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        new = {p: v for p, v in children().items() if p not in before}
+        for pid in [p for p, (state, _) in new.items() if state == "Z"]:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        alive = {p: cmd for p, (state, cmd) in new.items() if state != "Z"}
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
 
 
 def kill_and_reap(pids) -> None:
@@ -84,39 +101,70 @@ def _child(args, cwd: Path, env: dict | None) -> int:
     return main(list(args))
 
 
+class BenchProcess:
+    """`bench ARGS` forked from this process, running in the background in its own session."""
+
+    def __init__(self, args, cwd: Path | None = None, env: dict | None = None):
+        from bench.launch.forked import Forked
+
+        self.args, self.left = list(args), {}
+        self._before = set(children())
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self.proc = Forked(lambda: _child(args, cwd or REPO, env), new_session=True,
+                           stdout=self._out.fileno(), stderr=self._err.fileno())
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        """End it if it still runs (SIGTERM: the launcher kills its ranks and writes a result;
+        then SIGKILL), and kill whatever outlived it (kept in self.left)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.left.update(leftovers(self._before))
+        kill_and_reap(self.left)
+
+    def assert_nothing_left(self) -> None:
+        self.stop()
+        assert not self.left, f"processes outlived `bench {' '.join(self.args[:3])} ...`: {self.left}"
+
+    def completed(self) -> subprocess.CompletedProcess:
+        texts = []
+        for f in (self._out, self._err):
+            f.seek(0)
+            texts.append(f.read().decode(errors="replace"))
+            f.close()
+        return subprocess.CompletedProcess(["bench", *self.args], self.proc.returncode, *texts)
+
+
+def bench_background(*args: str, cwd: Path | None = None, env: dict | None = None) -> BenchProcess:
+    return BenchProcess(args, cwd, env)
+
+
 def bench(*args: str, cwd: Path | None = None, timeout: float = 240,
           env: dict | None = None) -> subprocess.CompletedProcess:
-    """`bench ARGS` forked from this process; asserts that it left no process behind. On
-    timeout (kept below pytest's 300 s so this cleanup runs): SIGTERM (the launcher kills its
-    ranks and writes a result), then SIGKILL, then the leftovers."""
-    from bench.launch.forked import Forked
-
-    before = set(children())
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = Forked(lambda: _child(args, cwd or REPO, env), new_session=True,
-                      stdout=out.fileno(), stderr=err.fileno())
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            left = {p: c for p, c in children().items() if p not in before}
-            kill_and_reap(left)
-        out.seek(0)
-        err.seek(0)
-        result = subprocess.CompletedProcess(["bench", *args], proc.returncode,
-                                             out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+    """`bench ARGS` forked from this process, waited for; asserts that it left no process
+    behind. On timeout (kept below pytest's 300 s so this cleanup runs) it is stopped first."""
+    run = BenchProcess(args, cwd, env)
+    timed_out = False
+    try:
+        run.wait(timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        run.stop()
+    result = run.completed()
     if timed_out:
         raise subprocess.TimeoutExpired(result.args, timeout, result.stdout, result.stderr)
-    assert not left, f"processes outlived `bench {' '.join(args[:3])} ...`: {left}"
+    assert not run.left, f"processes outlived `bench {' '.join(args[:3])} ...`: {run.left}"
     return result
 
 
@@ -145,6 +193,17 @@ def wait_for(done, timeout_s: float, what: str, poll_s: float = 0.2) -> None:
     while not done():
         assert time.monotonic() < deadline, f"gave up after {timeout_s:g} s waiting for {what}"
         time.sleep(poll_s)
+
+
+def wait_until_training(run_dir: Path, ranks: int, timeout_s: float = 120, steps_s: float = 2.0) -> None:
+    """Wait until every rank has its model ready (the start-up timeline), then `steps_s` more
+    for some training steps."""
+    from bench.launch import events
+
+    def ready() -> bool:
+        return len({e["rank"] for e in events.read(run_dir) if e["event"] == "model_ready"}) >= ranks
+    wait_for(ready, timeout_s, f"{ranks} rank(s) of {run_dir} to build their model", 0.2)
+    time.sleep(steps_s)
 
 
 @pytest.fixture

@@ -1,11 +1,10 @@
 """Real runs: DDP at 1 and 2 ranks on CPU/gloo, the equivalence gate, and failures as data."""
 import json
-import time
 
 import pytest
 
 from bench.results import check_record
-from conftest import run_record
+from conftest import run_record, wait_until_training
 
 FAST = ("run.warmup_steps=1", "run.measure_steps=3")
 
@@ -82,14 +81,16 @@ def test_vision_model_runs(run_dir):
 
 
 def test_killed_rank_fails_fast(run_dir):
-    t0 = time.monotonic()
+    """The run ends because of the death (the agent notices it), not because rank 0 waited out
+    its collective timeout (run.pg_timeout_s=60 would make it a `timeout`); run_record also
+    checks that no process outlived the run."""
     proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_kill", "run.pg_timeout_s=60")
-    elapsed = time.monotonic() - t0
     assert rec["status"] == "failed" and proc.returncode == 1
     assert rec["error"]["rank"] == 1 and rec["error"]["signal"] == "SIGKILL"
     assert rec["error"]["message"] == "rank 1 was killed by SIGKILL (exit code -9)"
-    assert (run_dir / "fault_fired").exists()
-    assert elapsed < 30, elapsed
+    assert "timed out" not in json.dumps(rec["error"]).lower()
+    fired = (run_dir / "fault_fired").stat().st_mtime
+    assert (run_dir / "result.json").stat().st_mtime - fired < rec["config"]["run"]["pg_timeout_s"]
     assert check_record(rec) == []
 
 
@@ -121,18 +122,21 @@ def test_slow_rank_is_named_as_straggler_in_result_and_report(run_dir):
 
 
 def test_hang_becomes_timeout_via_collective_timeout(run_dir):
-    t0 = time.monotonic()
+    """A rank stuck outside a collective: its peer's collective times out (run.pg_timeout_s),
+    long before the wall-clock bound (run.timeout_s, whose message would name it)."""
     proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_hang", "run.pg_timeout_s=5")
     assert rec["status"] == "timeout", rec["error"]
-    assert time.monotonic() - t0 < 60
+    assert "run.timeout_s" not in rec["error"]["message"]
+    assert "timed out" in (rec["error"]["message"] + (rec["error"].get("traceback") or "")).lower()
 
 
 def test_wall_clock_timeout_kills_everything(run_dir):
-    t0 = time.monotonic()
-    proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_hang", "run.timeout_s=20")
+    """Nothing else ends this run (collective timeout 600 s): the launcher's wall clock does,
+    and it kills every rank (run_record fails on any process left behind)."""
+    proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fault_hang", "run.timeout_s=8",
+                           "run.pg_timeout_s=600")
     assert rec["status"] == "timeout"
-    assert "run.timeout_s=20" in rec["error"]["message"]
-    assert time.monotonic() - t0 < 60
+    assert "run.timeout_s=8" in rec["error"]["message"]
 
 
 def test_sigusr1_stops_cleanly_with_partial_measurements(run_dir):
@@ -144,24 +148,32 @@ def test_sigusr1_stops_cleanly_with_partial_measurements(run_dir):
     proc = subprocess.Popen([str(REPO / ".venv/bin/bench"), "run", "debug=fast", "launcher.nproc=2", "logger=none",
                              "run.measure_steps=100000", f"run.dir={run_dir}"], cwd=REPO,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list((run_dir / "partial").glob("*")) and not (run_dir / "metrics.jsonl").exists():
-        # ranks install their handler after joining the group (partial/ is created then)
-        assert time.monotonic() < deadline and proc.poll() is None
-        if (run_dir / "partial").is_dir():
-            break
-        time.sleep(0.5)
-    time.sleep(8)                               # some steps
-    t0 = time.monotonic()
+    wait_until_training(run_dir, ranks=2)       # handlers installed, some steps done
     proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=60)
-    detect_s = time.monotonic() - t0
+    out, err = proc.communicate(timeout=60)     # bounds a hang; the stop itself takes ~1 s
     rec = json.loads((run_dir / "result.json").read_text())
     assert rec["status"] == "timeout" and rec["error"]["signal"] == "SIGUSR1", rec["error"]
+    assert "stopped by SIGUSR1" in rec["error"]["message"]
     part = rec["partial"]
     assert part["ranks_reporting"] == 2 and part["measured_steps"] >= 1
     assert rec["throughput"]["samples_per_s"] > 0 and len(rec["timing"]["series_s"]) == part["measured_steps"]
     assert len(rec["convergence"]["train_loss"]) == part["steps_completed"]
-    assert detect_s < 30, detect_s
+    # forked agent and ranks keep the launcher's command line, so this finds them too
     leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
     assert not leftover, leftover
+
+
+def test_sigterm_to_the_launcher_kills_the_ranks_and_leaves_a_result(run_dir):
+    """`kill PID` or scancel's SIGTERM reaches only the launcher (its ranks live in the agent's
+    own session): it must end them and still leave exactly one result."""
+    import signal
+    from conftest import bench_background
+    proc = bench_background("run", "debug=fast", "launcher.nproc=2", "logger=none", "run.progress=false",
+                            "run.measure_steps=100000", f"run.dir={run_dir}")
+    wait_until_training(run_dir, ranks=2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "failed" and rec["error"]["type"] == "terminated"
+    assert rec["error"]["signal"] == "SIGTERM" and check_record(rec) == []
+    proc.assert_nothing_left()

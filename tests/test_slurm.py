@@ -9,7 +9,7 @@ import pytest
 
 from bench.sweep import manifest, status
 from bench.sweep.commands import _queued_ids
-from conftest import REPO, bench
+from conftest import REPO, bench, wait_for, wait_until_training
 
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
@@ -38,11 +38,12 @@ def wait_done(sweep: Path, timeout_s: float = 600) -> dict:
 
 def test_job_array_sweep_status_and_resume(slurm, tmp_path):
     sweep = tmp_path / "sweep"
-    t0 = time.monotonic()
     proc = bench("sweep", "--backend", "slurm", "--dir", str(sweep), "framework=ddp,fsdp_full",
                  "launcher.nproc=1,2", "debug=fast")
     assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - t0 < 60 and "submitted job array" in proc.stdout   # non-blocking
+    assert "submitted job array" in proc.stdout
+    # non-blocking: it returned while the array's cells were still queued or running
+    assert _queued_ids(sweep, manifest.meta(sweep)), "bench sweep returned only after its cells ended"
     assert wait_done(sweep) == {0: "ok", 1: "ok", 2: "ok", 3: "ok"}
     cells = manifest.read(sweep)
     for c in cells:
@@ -80,18 +81,10 @@ def test_a_cancelled_cell_shows_slurms_state_from_sacct(slurm, tmp_path):
                  "debug=fast", "logger=none", "run.measure_steps=100000", "run.progress=false")
     assert proc.returncode == 0, proc.stderr[-2000:]
     job = manifest.meta(sweep)["jobs"][0]
-    deadline = time.monotonic() + 120
-    while "running" not in bench("sweep", "status", str(sweep)).stdout:    # started
-        assert time.monotonic() < deadline
-        time.sleep(1)
-    time.sleep(3)
+    wait_until_training(sweep / manifest.read(sweep)[0].id, ranks=1)
     subprocess.run(["timeout", "10", "scancel", f"{job}_0"], check=True)
-    deadline = time.monotonic() + 60
-    while True:
-        out = bench("sweep", "status", str(sweep)).stdout
-        if "cancelled" in out or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    wait_for(lambda: "cancelled" in bench("sweep", "status", str(sweep)).stdout, 60, "sacct to say cancelled", 1)
+    out = bench("sweep", "status", str(sweep)).stdout
     assert "1 cells: 1 cancelled" in out and f"Slurm job {job}_0: CANCELLED" in out, out
     assert not (sweep / manifest.read(sweep)[0].id / "result.json").exists()
     assert not subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True).stdout   # no orphan ranks
@@ -109,11 +102,7 @@ def test_time_limit_warning_stops_cleanly_and_requeue_reruns_the_cell(slurm, tmp
     assert proc.returncode == 0, proc.stderr[-2000:]
     job, cells = manifest.meta(sweep)["jobs"][0], manifest.read(sweep)
     long_result, short_result = (sweep / c.id / "result.json" for c in cells)
-    deadline = time.monotonic() + 120
-    while not (sweep / cells[0].id / "partial").is_dir():       # ranks are up and measuring
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
-    time.sleep(15)                                              # model built, some steps done
+    wait_until_training(sweep / cells[0].id, ranks=1)
     subprocess.run(["timeout", "10", "scancel", "--batch", "--signal=USR1", f"{job}_0"], check=True)
     assert wait_done(sweep) == {0: "timeout", 1: "failed"}
     first = json.loads(long_result.read_text())
@@ -121,13 +110,12 @@ def test_time_limit_warning_stops_cleanly_and_requeue_reruns_the_cell(slurm, tmp
     assert first["throughput"]["samples_per_s"] > 0
 
     subprocess.run(["timeout", "10", "scontrol", "requeue", f"{job}_1"], check=True)
-    deadline = time.monotonic() + 240
-    while True:
+
+    def restarted() -> bool:
         rec = json.loads(short_result.read_text()) if short_result.exists() else {}
-        if rec.get("env", {}).get("env_vars", {}).get("SLURM_RESTART_COUNT") == "1":
-            break
-        assert time.monotonic() < deadline
-        time.sleep(1)
+        return rec.get("env", {}).get("env_vars", {}).get("SLURM_RESTART_COUNT") == "1"
+    wait_for(restarted, 240, "the requeued cell's result", 1)
+    rec = json.loads(short_result.read_text())
     assert rec["status"] == "failed" and "injected fault" in rec["error"]["message"]
     assert [p.name for p in (sweep / ".attempts" / cells[1].id).iterdir()] == ["1"]
     assert len(list(sweep.glob("*/result.json"))) == 2
@@ -152,23 +140,18 @@ def test_time_limit_warning_under_srun_writes_a_timeout_result(slurm, tmp_path):
                              str(REPO / ".venv/bin/bench"), "run", "launcher=slurm", "debug=fast",
                              "run.measure_steps=100000", f"run.dir={run_dir}"],
                             cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (run_dir / "partial").is_dir():
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.5)
-    time.sleep(20)                                              # model built, some steps done
+    wait_until_training(run_dir, ranks=2)
+    assert proc.poll() is None, proc.communicate()
     job = subprocess.run(["squeue", "-h", "-o", "%i", "-n", name], capture_output=True, text=True).stdout.split()
     assert len(job) == 1, job
-    t0 = time.monotonic()
     subprocess.run(["timeout", "10", "scancel", "--signal=USR1", job[0]], check=True)
     out, err = proc.communicate(timeout=90)
     rec = json.loads((run_dir / "result.json").read_text())
     assert rec["status"] == "timeout" and rec["error"]["signal"] == "SIGUSR1", (out[-1000:], err[-2000:])
     assert rec["partial"]["ranks_reporting"] == 2 and rec["partial"]["measured_steps"] >= 1
     assert rec["throughput"]["samples_per_s"] > 0
-    print(f"srun SIGUSR1 -> timeout result in {time.monotonic() - t0:.1f} s, "
-          f"{rec['partial']['steps_completed']} steps kept")
-    assert time.monotonic() - t0 < 60
+    # the stop came from the signal, not from a limit: srun ended well inside its 300 s bound
+    assert "stopped by SIGUSR1" in rec["error"]["message"]
 
 
 def test_horovod_under_srun_without_horovodrun(slurm, tmp_path):

@@ -1,6 +1,4 @@
 """W&B is a view of result.json: offline by default, and never able to fail or stall a run."""
-import time
-
 from conftest import run_record
 
 FAST = ("run.warmup_steps=1", "run.measure_steps=2")
@@ -19,11 +17,10 @@ def test_offline_run_directory_holds_the_run(run_dir):
 
 
 def test_unreachable_online_wandb_is_only_a_warning(run_dir):
-    t0 = time.monotonic()
+    # a stall would hit run_record's subprocess bound (240 s) and fail the test
     proc, rec = run_record(run_dir, *FAST, "logger=wandb", "logger.mode=online", "logger.init_timeout_s=5")
     assert rec["status"] == "ok" and proc.returncode == 0
     assert "warning: W&B logging" in proc.stderr
-    assert time.monotonic() - t0 < 120
 
 
 def test_wrong_key_without_tty_falls_back_to_offline_and_the_result_says_so(run_dir):
@@ -59,14 +56,12 @@ def test_wrong_key_without_tty_falls_back_to_offline_and_the_result_says_so(run_
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_API_KEY="0123456789abcdef" * 2 + "deadbeef", WANDB_BASE_URL=f"http://127.0.0.1:{server.server_port}")
-    t0 = time.monotonic()
-    try:
+    try:   # no prompt, no stall: a hang would hit the 240 s bound below and fail the test
         proc = subprocess.run([*BENCH, "run", *FAST, "logger=wandb", "logger.mode=online", "logger.init_timeout_s=10",
                                "run.progress=false", f"run.dir={run_dir}"], cwd=REPO, env=env, text=True,
                               capture_output=True, stdin=subprocess.DEVNULL, start_new_session=True, timeout=240)
     finally:
         server.shutdown()
-    elapsed = time.monotonic() - t0
     rec = json.loads((run_dir / "result.json").read_text())
     assert proc.returncode == 0 and rec["status"] == "ok", proc.stderr[-2000:]
     assert hits, "W&B never contacted the (rejecting) server"
@@ -74,4 +69,3 @@ def test_wrong_key_without_tty_falls_back_to_offline_and_the_result_says_so(run_
     assert rec["logging"]["wandb"]["reason"]
     assert "W&B fell back to offline" in proc.stderr
     assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
-    assert elapsed < 150, elapsed

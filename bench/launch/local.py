@@ -20,8 +20,9 @@ from bench.envinfo import usable_cores
 from bench.launch import events
 from bench.launch.agent import FAILURE_FILE
 from bench.launch.forked import Forked, rank_start_method
-from bench.launch.stop import ForwardUsr1, partial_timing
-from bench.results import RESULT_FILE, atomic_write_json, empty_record, error_info, load_result, write_result
+from bench.launch.records import finish, save_config, stopped_result
+from bench.launch.stop import ForwardUsr1
+from bench.results import RESULT_FILE, error_info, load_result, write_result
 
 TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "cannot allocate memory")
@@ -37,12 +38,6 @@ def _raise_terminated(_signum, _frame):
 
 def threads_per_rank(plan: Plan) -> int:
     return plan.cfg.launcher.threads_per_rank or max(1, usable_cores() // plan.cfg.launcher.nproc)
-
-
-def save_config(plan: Plan, run_dir: Path) -> None:
-    from omegaconf import OmegaConf
-    atomic_write_json(run_dir / "config.json", plan.raw)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.raw)))
 
 
 def classify(failure: dict) -> str:
@@ -88,14 +83,14 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
     run_id = run_dir.name
     cfg = plan.cfg
 
-    device_type = _device_type(cfg)
-    reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, device_type)
+    device = device_type(cfg)
+    reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, device)
     if reason:
-        return _finish(run_dir, run_id, plan, "unsupported", error_info("unsupported", reason))
+        return finish(run_dir, run_id, plan, "unsupported", error_info("unsupported", reason))
 
     threads = threads_per_rank(plan)
     start = time.monotonic()
-    proc = _start(plan, run_dir, threads, start_method(plan, device_type))
+    proc = _start(plan, run_dir, threads, start_method(plan, device))
     usr1 = ForwardUsr1(proc, group=True)   # Slurm's time-limit warning -> every rank
     # the ranks live in the agent's own session: a SIGTERM to this process must end them too
     previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -105,14 +100,14 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
     except subprocess.TimeoutExpired:
         _kill_tree(proc)
         msg = f"run exceeded run.timeout_s={cfg.run.timeout_s:g} s (wall clock); all ranks killed"
-        return _finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg))
+        return finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg))
     except KeyboardInterrupt:
         _kill_tree(proc)
-        _finish(run_dir, run_id, plan, "failed", error_info("interrupted", "interrupted by the user (Ctrl-C)"))
+        finish(run_dir, run_id, plan, "failed", error_info("interrupted", "interrupted by the user (Ctrl-C)"))
         raise
     except Terminated:
         _kill_tree(proc)
-        _finish(run_dir, run_id, plan, "failed", error_info(
+        finish(run_dir, run_id, plan, "failed", error_info(
             "terminated", "the launcher received SIGTERM (kill, scancel); all ranks killed", signal="SIGTERM"))
         raise SystemExit(128 + signal.SIGTERM) from None
     finally:
@@ -145,9 +140,9 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
                          traceback=failure.get("traceback"), ranks_failed=failure.get("ranks_failed"))
         if "UnsupportedError" in (failure.get("traceback") or ""):
             status = "unsupported"
-        return _finish(run_dir, run_id, plan, status, err)
+        return finish(run_dir, run_id, plan, status, err)
     msg = f"elastic agent exited with code {code} after {elapsed:.1f} s without a result; see {run_dir}/agent.log"
-    return _finish(run_dir, run_id, plan, "failed", error_info("agent_failed", msg))
+    return finish(run_dir, run_id, plan, "failed", error_info("agent_failed", msg))
 
 
 def _start(plan: Plan, run_dir: Path, threads: int, method: str):
@@ -203,40 +198,8 @@ def _first_failure(run_dir: Path) -> dict | None:
     return json.loads(errors[0].read_text()) if errors else None
 
 
-def _device_type(cfg) -> str:
+def device_type(cfg) -> str:
     if cfg.run.device != "auto":
         return cfg.run.device
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def stopped_result(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> dict:
-    """SIGUSR1 (time-limit warning): a `timeout` result with what the ranks measured so far."""
-    import models
-    spec = models.build(plan.cfg.model)
-    part = partial_timing(run_dir, plan.dims.world_size, plan.dims.global_batch, spec.tokens_per_sample)
-    done = part["steps_completed"] if part else 0
-    record = _finish(run_dir, run_id, plan, "timeout", error_info(
-        "stopped", f"stopped by SIGUSR1 (time-limit warning) after {elapsed:.1f} s and {done} steps; "
-                   "partial measurements kept", signal="SIGUSR1"))
-    if part:
-        record["partial"] = part
-        if "throughput" in part:
-            record["throughput"] = part["throughput"]
-            record["timing"] = {"warmup_steps": part["warmup_steps"], "measured_steps": part["measured_steps"],
-                                "step_time_s": part["step_time_s"], "series_s": part["series_s"],
-                                "clock": "time.perf_counter at step boundaries (partial: stopped early)"}
-        record["convergence"]["train_loss"] = part["train_loss"]
-        write_result(run_dir, record)
-    return record
-
-
-def _finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> dict:
-    from bench.envinfo import ENV_ALLOWLIST
-    record = empty_record(run_id, plan.raw, status=status)
-    record["error"] = error
-    record["parallel"] = plan.dims.as_dict()
-    record.setdefault("env", {})
-    record["env"] = {**(record["env"] or {}), "env_vars": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}}
-    write_result(run_dir, record)
-    return record

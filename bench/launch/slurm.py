@@ -63,7 +63,7 @@ def task_threads(environ=os.environ) -> int:
 
 def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
     """Run this task's rank; rank 0 returns the record."""
-    from bench.launch.local import save_config
+    from bench.launch.records import save_config
     from bench.launch.worker import run_rank
 
     env = rank_env()

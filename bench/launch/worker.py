@@ -66,7 +66,7 @@ def _srun_stop(plan, run_dir: Path, rank: int):
     started = time.monotonic()
 
     def write_timeout_result():
-        from bench.launch.local import stopped_result
+        from bench.launch.records import stopped_result
         from bench.launch.stop import wait_for_partials
         wait_for_partials(run_dir, plan.dims.world_size)
         stopped_result(run_dir, run_dir.name, plan, time.monotonic() - started)

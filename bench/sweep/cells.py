@@ -33,7 +33,7 @@ def cell_id(config: dict) -> str:
 def expand(overrides: list[str], repeats: int = 1) -> list[Cell]:
     """Hydra multirun semantics (cross product of comma lists, glob/range), times `repeats`.
     Every cell is composed and validated before anything is written or submitted."""
-    from bench.cli import expand_sweep
+    from bench.overrides import expand_sweep
     from bench.config import plan_from_overrides
 
     if repeats < 1:

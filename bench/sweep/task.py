@@ -75,12 +75,12 @@ def preload_for(overrides: list[str]) -> None:
     """Import what the cell's ranks will need here, once per sweep process, so every forked
     cell after the first starts warm. A cell whose config is bad is left to fail in its child."""
     from bench.config import plan_from_overrides
-    from bench.launch.local import _device_type, preload, start_method
+    from bench.launch.local import device_type, preload, start_method
     try:
         plan = plan_from_overrides(overrides)
     except ConfigError:
         return
-    if start_method(plan, _device_type(plan.cfg)) == "fork":
+    if start_method(plan, device_type(plan.cfg)) == "fork":
         preload(plan)
 
 

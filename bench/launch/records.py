@@ -1,0 +1,49 @@
+"""What a launcher writes into a run directory besides the ranks' own result: the resolved
+config before anything starts, and the result of a run whose ranks could not write one
+(unsupported, failed, timeout, stopped by SIGUSR1). Used by the local and the Slurm launchers."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bench.config import Plan
+from bench.launch.stop import partial_timing
+from bench.results import atomic_write_json, empty_record, error_info, write_result
+
+
+def save_config(plan: Plan, run_dir: Path) -> None:
+    from omegaconf import OmegaConf
+    atomic_write_json(run_dir / "config.json", plan.raw)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.raw)))
+
+
+def stopped_result(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> dict:
+    """SIGUSR1 (time-limit warning): a `timeout` result with what the ranks measured so far."""
+    import models
+    spec = models.build(plan.cfg.model)
+    part = partial_timing(run_dir, plan.dims.world_size, plan.dims.global_batch, spec.tokens_per_sample)
+    done = part["steps_completed"] if part else 0
+    record = finish(run_dir, run_id, plan, "timeout", error_info(
+        "stopped", f"stopped by SIGUSR1 (time-limit warning) after {elapsed:.1f} s and {done} steps; "
+                   "partial measurements kept", signal="SIGUSR1"))
+    if part:
+        record["partial"] = part
+        if "throughput" in part:
+            record["throughput"] = part["throughput"]
+            record["timing"] = {"warmup_steps": part["warmup_steps"], "measured_steps": part["measured_steps"],
+                                "step_time_s": part["step_time_s"], "series_s": part["series_s"],
+                                "clock": "time.perf_counter at step boundaries (partial: stopped early)"}
+        record["convergence"]["train_loss"] = part["train_loss"]
+        write_result(run_dir, record)
+    return record
+
+
+def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> dict:
+    from bench.envinfo import ENV_ALLOWLIST
+    record = empty_record(run_id, plan.raw, status=status)
+    record["error"] = error
+    record["parallel"] = plan.dims.as_dict()
+    record.setdefault("env", {})
+    record["env"] = {**(record["env"] or {}), "env_vars": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}}
+    write_result(run_dir, record)
+    return record
