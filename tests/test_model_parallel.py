@@ -172,7 +172,7 @@ def single(tmp_path_factory) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("combo", list(COMBOS))
 def test_combination_at_4_ranks_matches_one_process(single, tmp_path, combo):
-    _, rec = run_record(tmp_path / "r", *COMBOS[combo], "launcher.nproc=4", *STEPS, timeout=400)
+    _, rec = run_record(tmp_path / "r", *COMBOS[combo], "launcher.nproc=4", *STEPS, timeout=270)
     assert rec["status"] == "ok", rec.get("error")
     want = [l for _, l in single["convergence"]["train_loss"]]
     got = [l for _, l in rec["convergence"]["train_loss"]]
@@ -201,7 +201,7 @@ def test_vit_tensor_parallel_matches_one_process(tmp_path):
     common = ("model=vit_tiny", "run.warmup_steps=1", "run.measure_steps=4", "run.global_batch=8", "logger=none",
               "run.progress=false")
     _, ref = run_record(tmp_path / "one", "framework=ddp", "launcher.nproc=1", *common)
-    _, rec = run_record(tmp_path / "tp", "framework=tensor_parallel", "launcher.nproc=2", *common, timeout=400)
+    _, rec = run_record(tmp_path / "tp", "framework=tensor_parallel", "launcher.nproc=2", *common, timeout=270)
     assert ref["status"] == "ok" and rec["status"] == "ok", rec.get("error")
     assert [l for _, l in rec["convergence"]["train_loss"]] == pytest.approx(
         [l for _, l in ref["convergence"]["train_loss"]], rel=1e-5)
@@ -216,7 +216,7 @@ def test_vit_tensor_parallel_matches_one_process(tmp_path):
 ], ids=["interleaved_zero_bubble", "tp_activation_checkpointing"])
 def test_other_options_match_one_process(single, tmp_path, overrides):
     """The schedule and option without a config file of their own: same losses as one process."""
-    _, rec = run_record(tmp_path / "r", *overrides, "launcher.nproc=2", *STEPS, timeout=400)
+    _, rec = run_record(tmp_path / "r", *overrides, "launcher.nproc=2", *STEPS, timeout=270)
     assert rec["status"] == "ok", rec.get("error")
     assert [l for _, l in rec["convergence"]["train_loss"]] == pytest.approx(
         [l for _, l in single["convergence"]["train_loss"]], rel=1e-5)

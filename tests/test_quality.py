@@ -21,7 +21,7 @@ TASK = ["logger=none", "run.progress=false", "experiment=seed_language_tiny", "d
 def sweep(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("quality") / "sweep"
     proc = bench("run", "-m", *TASK, "framework=ddp,fsdp_full", "launcher.nproc=1,2", f"run.dir={root}",
-                 timeout=900)
+                 timeout=270)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     # one failing cell beside them: the report must list it
     failed, rec = run_record(root / "failed_cell", *TASK, "framework=ddp", "launcher.nproc=2", "debug=fault_raise")
@@ -106,7 +106,7 @@ def test_chromium_check_catches_a_broken_page(tmp_path):
 
 def test_zero3_and_vision_evaluate_through_their_wrappers(sweep, tmp_path):
     ddp = next(r for r in _ok_records(sweep) if r["framework"]["name"] == "ddp")
-    _, z3 = run_record(tmp_path / "z3", *TASK, "framework=deepspeed_zero3", "launcher.nproc=2", timeout=400)
+    _, z3 = run_record(tmp_path / "z3", *TASK, "framework=deepspeed_zero3", "launcher.nproc=2", timeout=270)
     assert z3["status"] == "ok", z3.get("error")
     assert [e["loss"] for e in z3["convergence"]["eval"]] == pytest.approx(
         [e["loss"] for e in ddp["convergence"]["eval"]], rel=1e-5)
@@ -134,7 +134,7 @@ def test_model_parallel_evaluates_like_ddp(sweep, tmp_path):
     sums; one contributes) give DDP's validation losses: nothing counted twice or dropped."""
     ddp = next(r for r in _ok_records(sweep) if r["framework"]["name"] == "ddp")
     for fw in ("pipeline_interleaved", "tensor_parallel"):
-        _, rec = run_record(tmp_path / fw, *TASK, f"framework={fw}", "launcher.nproc=2", timeout=400)
+        _, rec = run_record(tmp_path / fw, *TASK, f"framework={fw}", "launcher.nproc=2", timeout=270)
         assert rec["status"] == "ok", rec.get("error")
         ev = rec["convergence"]["eval"]
         assert [e["loss"] for e in ev] == pytest.approx([e["loss"] for e in ddp["convergence"]["eval"]], rel=1e-5)

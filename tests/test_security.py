@@ -32,11 +32,11 @@ def test_secrets_in_the_environment_reach_no_file(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run([str(REPO / ".venv/bin/bench"), "run", "debug=fast", "launcher.nproc=2", "logger=wandb",
                            f"run.dir={run_dir}"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
+                          timeout=270, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list(run_dir.rglob("wandb-summary.json")) or list(run_dir.rglob("*.wandb")), "W&B wrote nothing"
     rep = subprocess.run([str(REPO / ".venv/bin/bench"), "report", str(run_dir), "-o", str(tmp_path / "report"),
-                          "--wandb"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                          "--wandb"], cwd=REPO, env=env, capture_output=True, text=True, timeout=270,
                          stdin=subprocess.DEVNULL)
     assert rep.returncode == 0, rep.stderr[-2000:]
     assert _leaks(tmp_path, [("stdout", proc.stdout + rep.stdout), ("stderr", proc.stderr + rep.stderr)]) == []
@@ -54,7 +54,7 @@ def test_shell_metacharacters_reach_the_run_literally(tmp_path):
     sweep = tmp_path / "sweep"
     proc = subprocess.run([str(REPO / ".venv/bin/bench"), "sweep", "--dir", str(sweep), "debug=fast",
                            f"logger.project='{value}'", "logger=none"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+                          text=True, timeout=270, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = list(sweep.rglob("result.json"))
     assert len(results) == 1

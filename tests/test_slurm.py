@@ -18,14 +18,14 @@ SCRIPT = REPO / "scripts" / "slurm_local.sh"
 @pytest.fixture(scope="module")
 def slurm():
     was_up = subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 0
-    proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield
     if not was_up:  # stop only what this test started
         subprocess.run(["bash", str(SCRIPT), "stop"], timeout=60)
 
 
-def wait_done(sweep: Path, timeout_s: float = 600) -> dict:
+def wait_done(sweep: Path, timeout_s: float = 240) -> dict:
     """Poll like a user would (status from result files + squeue) until no cell is queued."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -123,7 +123,7 @@ def test_time_limit_warning_stops_cleanly_and_requeue_reruns_the_cell(slurm, tmp
 
 def test_launcher_slurm_trains_ddp_under_srun(slurm, tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run(["timeout", "300", "srun", "--ntasks=2", "--kill-on-bad-exit=1", str(REPO / ".venv/bin/bench"),
+    proc = subprocess.run(["timeout", "270", "srun", "--ntasks=2", "--kill-on-bad-exit=1", str(REPO / ".venv/bin/bench"),
                            "run", "launcher=slurm", "debug=fast", f"run.dir={run_dir}"],
                           capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -136,7 +136,7 @@ def test_time_limit_warning_under_srun_writes_a_timeout_result(slurm, tmp_path):
     """launcher=slurm (`#SBATCH --signal=USR1@120`, no B:, reaches every task): each rank saves
     its series, rank 0 gathers them and writes the `timeout` result with partial measurements."""
     run_dir, name = tmp_path / "run", f"usr1-{tmp_path.name}"
-    proc = subprocess.Popen(["timeout", "300", "srun", "--ntasks=2", "--kill-on-bad-exit=1", f"--job-name={name}",
+    proc = subprocess.Popen(["timeout", "270", "srun", "--ntasks=2", "--kill-on-bad-exit=1", f"--job-name={name}",
                              str(REPO / ".venv/bin/bench"), "run", "launcher=slurm", "debug=fast",
                              "run.measure_steps=100000", f"run.dir={run_dir}"],
                             cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -158,7 +158,7 @@ def test_horovod_under_srun_without_horovodrun(slurm, tmp_path):
     """srun starts the ranks; bench serves Horovod's gloo rendezvous from rank 0."""
     pytest.importorskip("horovod.torch")
     run_dir = tmp_path / "run"
-    proc = subprocess.run(["timeout", "300", "srun", "--ntasks=2", "--kill-on-bad-exit=1", str(REPO / ".venv/bin/bench"),
+    proc = subprocess.run(["timeout", "270", "srun", "--ntasks=2", "--kill-on-bad-exit=1", str(REPO / ".venv/bin/bench"),
                            "run", "launcher=slurm", "framework=horovod", "debug=fast", "logger=none", f"run.dir={run_dir}"],
                           capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -169,7 +169,7 @@ def test_horovod_under_srun_without_horovodrun(slurm, tmp_path):
 
 def test_hydra_submitit_launcher_runs_a_multirun_as_one_job_array(slurm, tmp_path):
     proc = subprocess.run(
-        ["timeout", "600", str(REPO / ".venv/bin/python"), "-m", "bench.hydra_app", "-m",
+        ["timeout", "270", str(REPO / ".venv/bin/python"), "-m", "bench.hydra_app", "-m",
          "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=2",
          "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={tmp_path / 'multirun'}",
          "launcher.nproc=1,2", "debug=fast"],

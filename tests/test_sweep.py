@@ -80,7 +80,7 @@ def test_slurm_launcher_records_nodes_from_slurm(monkeypatch):
 def test_local_sweep_status_and_resume(tmp_path):
     sweep = tmp_path / "my sweep, it's v2"   # a space, a comma (a Hydra list) and a quote
     proc = bench("sweep", "--dir", str(sweep), "framework=ddp", "launcher.nproc=2", "debug=fast,fault_raise",
-                 "logger=none", timeout=400)
+                 "logger=none", timeout=270)
     assert proc.returncode == 1, proc.stderr[-2000:]          # one cell failed
     cells = manifest.read(sweep)
     rows = {r["index"]: r for r in status.cell_states(sweep)}
@@ -88,7 +88,7 @@ def test_local_sweep_status_and_resume(tmp_path):
     assert "injected fault" in rows[1]["reason"]
     ok_result = sweep / cells[0].id / "result.json"
     before = ok_result.stat().st_mtime_ns
-    proc = bench("sweep", "resume", str(sweep), timeout=400)
+    proc = bench("sweep", "resume", str(sweep), timeout=270)
     assert "resuming 1 of 2 cells" in proc.stdout
     assert ok_result.stat().st_mtime_ns == before             # the ok cell was not rerun
     assert (sweep / ".attempts" / cells[1].id / "1" / "result.json").exists()   # old attempt kept aside

@@ -1,0 +1,75 @@
+"""Launch mechanics without a run: how ranks are started (fork on CPU, spawn on CUDA), the
+start-up timeline's arithmetic, and the forked-child handle the launchers wait on."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from bench.config import plan_from_overrides
+from bench.launch import events
+from bench.launch.forked import Forked, rank_start_method
+from bench.launch.local import start_method
+
+
+def test_ranks_are_forked_on_cpu_and_spawned_on_cuda():
+    assert rank_start_method("cpu") == "fork"
+    assert rank_start_method("cuda") == "spawn"   # a forked child cannot use a driver its parent touched
+    plan = plan_from_overrides(["launcher.nproc=2"])
+    assert plan.cfg.launcher.start_method == "auto"
+    assert start_method(plan, "cpu") == "fork" and start_method(plan, "cuda") == "spawn"
+    forced = plan_from_overrides(["launcher.start_method=spawn"])
+    assert start_method(forced, "cpu") == "spawn"
+
+
+def test_a_start_method_that_does_not_exist_is_a_config_error():
+    from bench.errors import ConfigError
+    with pytest.raises(ConfigError, match="launcher.start_method"):
+        plan_from_overrides(["launcher.start_method=thread"])
+
+
+def test_phases_end_when_the_slowest_process_reaches_each_event(tmp_path):
+    t = 1000.0
+    for ev, rank, dt in [("cli_start", None, 0.0), ("validated", None, 0.5), ("agent_start", None, 0.75),
+                         ("rank_start", 0, 1.0), ("rank_start", 1, 1.25), ("process_group", 1, 1.5),
+                         ("process_group", 0, 1.5), ("model_ready", 0, 2.0), ("model_ready", 1, 2.5),
+                         ("first_step", 1, 3.0), ("first_step", 0, 3.25)]:
+        events.mark(tmp_path, ev, rank, t=t + dt, **({"start_method": "fork"} if ev == "agent_start" else {}))
+    got = events.phases(events.read(tmp_path))
+    assert got == {"cli_parse_validate": 0.5, "agent_start": 0.25, "rank_start": 0.5, "process_group": 0.25,
+                   "model_build": 1.0, "first_step": 0.75, "total_to_first_step": 3.25}
+    assert events.info(events.read(tmp_path), "agent_start", "start_method") == "fork"
+    assert events.phases([e for e in events.read(tmp_path) if e["event"] != "first_step"]) is None
+
+
+def test_process_start_time_is_before_now():
+    import time
+    assert 0 <= time.time() - events.process_start_time() < 24 * 3600
+
+
+def test_forked_child_exit_codes_exceptions_and_signals():
+    assert Forked(lambda: 3).wait(timeout=30) == 3
+    assert Forked(lambda: None).wait(timeout=30) == 0
+    assert Forked(lambda: sys.exit(2)).wait(timeout=30) == 2
+    err = os.open(os.devnull, os.O_WRONLY)
+    try:
+        assert Forked(lambda: 1 / 0, stderr=err).wait(timeout=30) == 1   # traceback, exit 1, never returns
+    finally:
+        os.close(err)
+    sleeper = Forked(lambda: signal.pause())
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(timeout=0.2)
+    assert sleeper.poll() is None
+    sleeper.send_signal(signal.SIGUSR1)       # the parent's handlers are reset in the child
+    assert sleeper.wait(timeout=30) == -signal.SIGUSR1
+
+
+def test_forked_child_in_a_new_session_leads_its_own_process_group():
+    r, w = os.pipe()
+    child = Forked(lambda: os.write(w, f"{os.getsid(0)} {os.getpgid(0)}".encode()) and 0, new_session=True)
+    assert child.wait(timeout=30) == 0
+    os.close(w)
+    sid, pgid = map(int, os.read(r, 100).split())
+    os.close(r)
+    assert sid == pgid == child.pid != os.getsid(0)
