@@ -6,9 +6,9 @@ gloo collectives, without paying torch's and transformers' imports (~9 s) per ru
 make that safe (bench/launch/forked.py): this process never runs a multi-threaded OpenMP region
 (torch is pinned to one thread here), and nothing here touches CUDA.
 
-This process is also a child subreaper: a process that outlives the run it belongs to is
-re-parented here, so every `bench(...)` call checks that no process is left behind (and kills
-what is). Tests that need the console script itself use `bench_exe(...)`.
+While a `bench(...)` command runs, this process is a child subreaper: a process that outlives
+the run it belongs to is re-parented here, so every call checks that no process is left behind
+(and kills what is). Tests that need the console script itself use `bench_exe(...)`.
 """
 from __future__ import annotations
 
@@ -38,11 +38,15 @@ def _warm_up() -> None:
     from bench import runner  # noqa: F401
     import transformers.models.gpt2.modeling_gpt2  # noqa: F401
     import torchvision.models  # noqa: F401
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 _warm_up()
+
+
+def subreaper(on: bool) -> None:
+    """Adopt orphaned descendants (on) or let them go to init (off). On only while a `bench`
+    command runs: daemons a fixture starts (Slurm) must not become this process's zombies."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
 def children() -> dict[int, tuple[str, str]]:
@@ -108,6 +112,7 @@ class BenchProcess:
         from bench.launch.forked import Forked
 
         self.args, self.left = list(args), {}
+        subreaper(True)
         self._before = set(children())
         self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         self.proc = Forked(lambda: _child(args, cwd or REPO, env), new_session=True,
@@ -131,6 +136,7 @@ class BenchProcess:
                 self.proc.wait()
         self.left.update(leftovers(self._before))
         kill_and_reap(self.left)
+        subreaper(False)
 
     def assert_nothing_left(self) -> None:
         self.stop()

@@ -73,3 +73,22 @@ def test_forked_child_in_a_new_session_leads_its_own_process_group():
     sid, pgid = map(int, os.read(r, 100).split())
     os.close(r)
     assert sid == pgid == child.pid != os.getsid(0)
+
+
+class _Failure:
+    def __init__(self, timestamp: int, message: str | None):
+        self.timestamp = timestamp
+        self.error_file_data = {"message": {"message": message, "extraInfo": {}}} if message else {}
+
+
+def test_the_root_cause_is_not_the_rank_that_lost_its_peer():
+    from bench.launch.agent import is_lost_peer, root_cause
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:63671"
+    assert is_lost_peer(lost) and not is_lost_peer("RuntimeError: injected fault at step 2") and not is_lost_peer(None)
+    # same second (elastic's timestamps are whole seconds): a SIGKILLed rank 1 (no error file)
+    # vs rank 0 failing because of it
+    assert root_cause({0: _Failure(100, lost), 1: _Failure(100, None)}) == 1
+    assert root_cause({0: _Failure(100, lost), 1: _Failure(101, "RuntimeError: injected fault")}) == 1
+    # two real errors: the earlier one; only lost peers: the earliest of them
+    assert root_cause({0: _Failure(101, "ValueError: a"), 1: _Failure(100, "ValueError: b")}) == 1
+    assert root_cause({0: _Failure(101, lost), 1: _Failure(100, lost)}) == 1

@@ -74,8 +74,9 @@ def test_a_failing_cell_is_recorded_and_the_rest_succeed(slurm, tmp_path):
 
 
 def test_a_cancelled_cell_shows_slurms_state_from_sacct(slurm, tmp_path):
-    """scancel kills the task before it can write a result: status reads the state from the
-    accounting database (slurmdbd + MariaDB), and resume would run the cell again."""
+    """scancel ends the task: the launcher turns the SIGTERM into a `terminated` result, and
+    status shows Slurm's own state from the accounting database (slurmdbd + MariaDB); resume
+    would run the cell again."""
     sweep = tmp_path / "sweep"
     proc = bench("sweep", "--backend", "slurm", "--dir", str(sweep), "framework=ddp", "launcher.nproc=1",
                  "debug=fast", "logger=none", "run.measure_steps=100000", "run.progress=false")
@@ -86,7 +87,9 @@ def test_a_cancelled_cell_shows_slurms_state_from_sacct(slurm, tmp_path):
     wait_for(lambda: "cancelled" in bench("sweep", "status", str(sweep)).stdout, 60, "sacct to say cancelled", 1)
     out = bench("sweep", "status", str(sweep)).stdout
     assert "1 cells: 1 cancelled" in out and f"Slurm job {job}_0: CANCELLED" in out, out
-    assert not (sweep / manifest.read(sweep)[0].id / "result.json").exists()
+    # scancel's SIGTERM reached the launcher, which killed its ranks and still left a result
+    rec = json.loads((sweep / manifest.read(sweep)[0].id / "result.json").read_text())
+    assert rec["status"] == "failed" and rec["error"]["type"] == "terminated", rec["error"]
     assert not subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True).stdout   # no orphan ranks
 
 

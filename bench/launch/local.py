@@ -18,7 +18,7 @@ from pathlib import Path
 from bench.config import Plan
 from bench.envinfo import usable_cores
 from bench.launch import events
-from bench.launch.agent import FAILURE_FILE
+from bench.launch.agent import FAILURE_FILE, is_lost_peer
 from bench.launch.forked import Forked, rank_start_method
 from bench.launch.records import finish, save_config, stopped_result
 from bench.launch.stop import ForwardUsr1
@@ -188,7 +188,9 @@ def _first_failure(run_dir: Path) -> dict | None:
     started = [p.stem for p in err_dir.glob("rank*.started")]  # "rank<N>"
     silent = sorted(int(r[4:]) for r in started
                     if not (err_dir / f"{r}.json").exists() and not (err_dir / f"{r}.done").exists())
-    errors = sorted(err_dir.glob("rank*.json"), key=lambda p: p.stat().st_mtime)
+    # earliest first, errors caused by a lost peer after the others (bench.launch.agent.root_cause)
+    errors = sorted(err_dir.glob("rank*.json"),
+                    key=lambda p: (is_lost_peer(json.loads(p.read_text()).get("message")), p.stat().st_mtime))
     if silent:  # a rank that died without an error is the cause; the others' errors follow from it
         return {"rank": silent[0], "exitcode": None, "signal": None,
                 "message": f"rank {silent[0]} exited without an error (killed by a signal?); "

@@ -78,6 +78,17 @@ def _srun_stop(plan, run_dir: Path, rank: int):
     return write_timeout_result if rank == 0 else wait_for_result
 
 
+LOST_PEER_GRACE_S = 1.0
+
+
 @record
 def rank_main(run_dir: str, threads: int) -> None:
-    run_rank(run_dir, threads)
+    try:
+        run_rank(run_dir, threads)
+    except Exception as exc:
+        from bench.launch.agent import is_lost_peer
+        if is_lost_peer(str(exc)):
+            # a consequence of another rank's death: exit after it, so the agent (which reports
+            # the first dead process it polls) names the rank that caused it
+            time.sleep(LOST_PEER_GRACE_S)
+        raise

@@ -15,7 +15,13 @@ def cell_states(sweep_dir: Path, running_ids: set[str] = frozenset(),
     rows = []
     for cell in manifest.read(sweep_dir):
         rec = manifest.cell_result(sweep_dir, cell)
-        if rec is not None:
+        acct = (accounting or {}).get(cell.index)
+        ended_by_slurm = acct is not None and acct["state"] not in ("PENDING", "RUNNING", "COMPLETED")
+        if rec is not None and ended_by_slurm and (rec.get("error") or {}).get("type") == "terminated":
+            # scancel/time limit: the launcher wrote a `terminated` result on SIGTERM; Slurm knows why
+            state = acct["state"].lower()
+            reason = f"Slurm job {acct['job']}: {acct['detail']}, exit code {acct['exit_code']}"
+        elif rec is not None:
             state = rec.get("status", "unreadable")
             reason = (rec.get("error") or {}).get("message")
         elif cell.id in running_ids:
