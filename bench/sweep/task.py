@@ -56,7 +56,7 @@ def cell_lock(sweep_dir: Path, cell_id: str):
 def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
     cells = manifest.read(sweep_dir)
     cell = cells[index]
-    with cell_lock(sweep_dir, cell.id) as lock:
+    with cell_lock(sweep_dir, cell.id):
         done = manifest.cell_result(sweep_dir, cell)
         if done is not None and done.get("status") == "ok":
             print(f"cell {cell.id}: already ok, skipped")
