@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     p_proj = sub.add_parser("project", help="project a result to other world sizes on a modelled network: "
                                             "`project RESULT network=NAME [world_sizes=[...]] [allocate=...]`")
     p_proj.add_argument("args", nargs="+")
+    p_cb = sub.add_parser("commbench", help="bus bandwidth per collective and message size on this machine's "
+                                            "backend: `commbench launcher.nproc=N [sizes=[...]] [out=DIR]`")
+    p_cb.add_argument("args", nargs="*")
     p_sweep = sub.add_parser("sweep", help="a sweep: `sweep [opts] overrides`, `sweep status DIR`, `sweep resume DIR`")
     p_sweep.add_argument("--backend", choices=("local", "slurm"), default="local")
     p_sweep.add_argument("--dir", help="sweep directory (default outputs/sweeps/<time>)")
@@ -186,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "project":
             from bench.network.cli import run as project
             return project(args.args)
+        if args.command == "commbench":
+            from bench.commbench import run as commbench
+            return commbench(args.args)
         if args.command == "report":
             return cmd_report(args.paths, args.out, args.wandb)
         return cmd_table(args.paths)

@@ -7,11 +7,11 @@ from pathlib import Path
 from bench import envinfo
 from bench.hardware import peak_flops
 from bench.metrics.convergence import eval_times, first_reached
-from bench.metrics.comm import analytic_wire_bytes, group_wire_bytes, per_step, ring_wire_bytes
+from bench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, group_wire_bytes, per_step, ring_wire_bytes
 from bench.metrics.mfu import MfuError, mfu
 from bench.metrics.stragglers import describe as describe_stragglers, find_stragglers
 from bench.metrics.throughput import throughput
-from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize
+from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
 from bench.results import empty_record
 
 
@@ -20,7 +20,7 @@ def _global_losses(gathered: list) -> list[float]:
     return [mean_ignoring_missing([g["loss"][i] for g in gathered]) for i in range(steps)]
 
 
-def _comm(gathered: list, world: int, params: int | None, adapter) -> dict | None:
+def _comm(gathered: list, world: int, params: int | None, adapter, backend: str) -> dict | None:
     per_rank = [g["comm"]["counts"] for g in gathered]
     if any(c is None for c in per_rank):
         return None
@@ -28,19 +28,29 @@ def _comm(gathered: list, world: int, params: int | None, adapter) -> dict | Non
     rows = [per_step(c, steps) for c in per_rank]
     kinds = sorted({k for r in rows for k in r})
     per_step_bytes = {k: max(r.get(k, {}).get("bytes", 0.0) for r in rows) for k in kinds}
+    wire = [group_wire_bytes({k: v["group_bytes"] for k, v in r.items() if "group_bytes" in v}, backend)
+            + ring_wire_bytes({k: v["bytes"] for k, v in r.items() if "group_bytes" not in v}, world, backend)
+            for r in rows]
+    written = [g["comm"].get("written_bytes") for g in gathered]
     out = {
         "per_step_bytes": per_step_bytes,
         "per_step_calls": {k: max(r.get(k, {}).get("calls", 0.0) for r in rows) for k in kinds},
-        "per_rank": [{"rank": g["rank"], **r} for g, r in zip(gathered, rows)],
+        "per_rank": [{"rank": g["rank"], **r, "wire_bytes": w} for g, r, w in zip(gathered, rows, wire)],
         "source": gathered[0]["comm"]["source"], "probe_steps": steps,
         "note": "payload bytes per collective kind per step, over untimed steps after the window "
                 "(probe_steps: one period of the strategy), max over ranks (all-gather: gathered "
                 "size; reduce-scatter: input size)",
+        "backend": backend, "wire_factors": FACTOR_NOTE.get(backend, FACTOR_NOTE["nccl"]),
+        "wire_bytes_per_rank": max(wire),
+        "wire_bytes_mean": sum(wire) / len(wire),
     }
-    wire = [group_wire_bytes({k: v["group_bytes"] for k, v in r.items() if "group_bytes" in v})
-            + ring_wire_bytes({k: v["bytes"] for k, v in r.items() if "group_bytes" not in v}, world)
-            for r in rows]
-    out["wire_bytes_per_rank"] = max(wire)
+    if all(w is not None for w in written):
+        for row, w in zip(out["per_rank"], written):
+            row["written_bytes"] = w / steps
+        out["written_bytes_mean"] = sum(written) / len(written) / steps
+        out["written_note"] = ("bytes each rank wrote to file descriptors during the probe steps "
+                               "(/proc/self/io wchar: gloo's sockets), per step: an independent check "
+                               "of wire_bytes_mean")
     grouped = {k: {} for k in kinds}
     for r in rows:
         for k, v in r.items():
@@ -49,10 +59,14 @@ def _comm(gathered: list, world: int, params: int | None, adapter) -> dict | Non
     if any(grouped.values()):
         out["per_step_bytes_by_group"] = {k: v for k, v in grouped.items() if v}
         out["group_note"] = "'<ranks>@<nodes>': bytes per step in groups of that many ranks spanning that many nodes"
-    factor = adapter.analytic_comm_psi()
-    out["analytic_wire_bytes_per_rank"] = (
-        analytic_wire_bytes(factor, 4 * params, world) if factor is not None and params else None)
-    out["analytic_formula"] = None if factor is None else f"{factor:g} * Psi * (N-1)/N, Psi = fp32 parameter bytes"
+    out.update(analytic_comm(adapter.analytic_comm(), params, world, backend))
+    times = [g["comm"].get("time") for g in gathered]
+    if all(t is not None for t in times):
+        out["time"] = comm_time(times, per_step_bytes, world)
+        out["time_note"] = ("per step, mean over ranks, from one extra untimed step under torch.profiler: "
+                            "time a collective ran (gloo: enqueue to completion, waiting for peers included), "
+                            "the part overlapped with compute, the exposed part; busbw = payload / time x "
+                            "nccl-tests factor (compare with `bench commbench`)")
     return out
 
 
@@ -70,7 +84,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
 
     step_times = global_step_times([g["step_time_s"] for g in gathered])
     stats = summarize(step_times)
-    tp = throughput(dims.global_batch, stats["median"], dims.world_size, spec.tokens_per_sample)
+    window_step = window_step_time([g["step_time_s"] for g in gathered])
+    tp = throughput(dims.global_batch, window_step, dims.world_size, spec.tokens_per_sample)
     params = getattr(adapter, "params", None)
     flops = train_flops_per_sample(spec)
     peak, peak_source = peak_flops(cfg.hardware, ctx.device, ctx.precision, threads)
@@ -94,6 +109,12 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
         "series_s": step_times,
         "per_rank_median_s": [summarize(g["step_time_s"])["median"] for g in gathered],
         "wall_s": wall_s,
+        "window_step_s": window_step,
+        "per_rank_window_s": [sum(g["step_time_s"]) for g in gathered],
+        "per_rank_window_unix_s": [g.get("window_unix_s") for g in gathered],
+        "throughput_rule": "throughput = global_batch / window_step_s; window_step_s = max over ranks of the "
+                           "rank's measured window (its step times summed) / measured steps. step_time_s "
+                           "(per step, max over ranks) is the distribution, not the throughput",
         "clock": "time.perf_counter at step boundaries" + (
             ", after torch.cuda.synchronize" if ctx.device.type == "cuda" else ""),
     }
@@ -110,7 +131,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
             params or 0, optim.name, optim.momentum) if params else None,
         "note": "baseline_rss_bytes = peak RSS after imports, before the model is built",
     }
-    record["comm"] = _comm(gathered, dims.world_size, params, adapter)
+    record["comm"] = _comm(gathered, dims.world_size, params, adapter, ctx.backend)
     if any(g.get("adapter_stats") for g in gathered):
         record["model_parallel"] = adapter.summarize_rank_stats(
             [g["adapter_stats"] for g in gathered], record["timing"]["per_rank_median_s"])

@@ -7,6 +7,8 @@ untimed step after the measured window, never inside it.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -22,6 +24,17 @@ KINDS = (  # op-name prefix -> collective kind (order matters: longer names firs
     ("scatter", "scatter"), ("barrier", "barrier"),
 )
 SKIP = ("wait_tensor", "monitored_barrier")
+
+
+def written_bytes() -> int:
+    """Bytes this process has written to file descriptors (all threads): /proc/self/io `wchar`.
+    Gloo sends through writev on TCP sockets, so around a step with no other output this is
+    what gloo put on the wire (an independent check of the counted collective volume)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no wchar line")
 
 
 def _arg_bytes(arg) -> int:
@@ -57,6 +70,9 @@ def group_key(name: str, args, ranks_per_node: int):
             if isinstance(a, torch.ScriptObject):
                 pg = dist.ProcessGroup.unbox(a)
                 break
+            if isinstance(a, dist.ProcessGroup):
+                pg = a
+                break
         if pg is None and name in FUNCTIONAL_GROUP_ARG and len(args) > FUNCTIONAL_GROUP_ARG[name]:
             from torch.distributed.distributed_c10d import _resolve_process_group
             pg = _resolve_process_group(args[FUNCTIONAL_GROUP_ARG[name]])
@@ -76,18 +92,59 @@ FUNCTIONAL_GROUP_ARG = {"all_reduce": 2, "all_reduce_": 2, "all_reduce_coalesced
                         "broadcast_": 2}
 
 
+# torch.distributed functions a framework may call from a future's callback, on the backend's
+# worker thread, where the (thread-local) dispatch mode does not see them: PowerSGD all-reduces
+# its Q matrices in `.then(compute_qs)`. Found by comparing counts with the bytes gloo wrote.
+PATCHED = {"all_reduce": "all_reduce", "all_gather_into_tensor": "_allgather_base",
+           "reduce_scatter_tensor": "_reduce_scatter_base", "broadcast": "broadcast", "reduce": "reduce_",
+           "all_to_all_single": "all_to_all_single"}
+
+
 class CollectiveCounter(TorchDispatchMode):
+    """Counts every c10d op dispatched on the thread that enters it, and the torch.distributed
+    calls made on any other thread meanwhile (future callbacks)."""
+
     def __init__(self, ranks_per_node: int = 1 << 30) -> None:
         super().__init__()
         self.counter = CommCounter()
         self.ranks_per_node = ranks_per_node
+        self._lock = threading.Lock()
+        self._saved: dict = {}
+
+    def _add(self, name: str, args) -> None:
+        kind = op_kind(name)
+        if kind and not name.startswith(SKIP):
+            with self._lock:
+                self.counter.add(kind, payload_bytes(name, args), group=group_key(name, args, self.ranks_per_node))
+
+    def _wrap(self, fn, op_name: str):
+        import torch.distributed as dist
+        owner = threading.get_ident()
+
+        def counted(*args, **kwargs):
+            if threading.get_ident() != owner:
+                group = kwargs.get("group") or dist.group.WORLD
+                self._add(op_name, list(args) + [group])
+            return fn(*args, **kwargs)
+        return counted
+
+    def __enter__(self):
+        import torch.distributed as dist
+        for fn_name, op_name in PATCHED.items():
+            self._saved[fn_name] = getattr(dist, fn_name)
+            setattr(dist, fn_name, self._wrap(self._saved[fn_name], op_name))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+        for fn_name, fn in self._saved.items():
+            setattr(dist, fn_name, fn)
+        self._saved.clear()
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace in NAMESPACES:
-            name = func._schema.name.split("::")[-1]
-            kind = op_kind(name)
-            if kind and not name.startswith(SKIP):
-                self.counter.add(kind, payload_bytes(name, args), group=group_key(name, args, self.ranks_per_node))
+            self._add(func._schema.name.split("::")[-1], args)
         return func(*args, **(kwargs or {}))
 
     def take(self) -> dict:

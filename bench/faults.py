@@ -3,10 +3,14 @@
 raise: the rank raises at `step`.  kill: the rank SIGKILLs itself at `step`.
 hang:  the rank sleeps `seconds` once at `step` (its peers block in the next collective).
 sleep: the rank sleeps `seconds` at every step from `step` on (a straggler).
+jitter: from `step` on, the rank sleeps a random 0..`seconds` at the END of every step, after
+        the step's collectives (host hiccups: GC, logging, a slow loader), so step boundaries
+        drift between ranks (tests/test_runs.py: the throughput estimator is unbiased under it).
 """
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 
@@ -21,6 +25,7 @@ class FaultInjector:
         self.step = fault_cfg.step
         self.seconds = fault_cfg.seconds
         self.run_dir = run_dir
+        self._random = random.Random(rank)
 
     def _mark(self) -> None:
         """<run_dir>/fault_fired: when the fault fired (benchmarks/fault_matrix.py times detection)."""
@@ -31,6 +36,10 @@ class FaultInjector:
     @property
     def active(self) -> bool:
         return self.kind != "none"
+
+    def after_step(self, step: int) -> None:
+        if self.kind == "jitter" and step >= self.step:
+            time.sleep(self._random.uniform(0.0, self.seconds))
 
     def at_step(self, step: int) -> None:
         if self.kind == "sleep" and step >= self.step:

@@ -75,23 +75,27 @@ class _Progress:
             self.bar.close()
 
 
-def _probe_comm(adapter, batches, device) -> dict:
+def _probe_comm(adapter, batches, ctx) -> dict:
     """Extra, untimed steps under the collective counter (outside the window): one, or one
     period of a strategy that communicates every k steps (adapter.comm_probe_steps()). Adapters
-    whose collectives bypass c10d (Horovod) report their own counts via comm_stats()."""
-    from bench.comm_probe import CollectiveCounter
+    whose collectives bypass c10d (Horovod) report their own counts via comm_stats(). On gloo,
+    the bytes the process wrote meanwhile (its sockets) are recorded as an independent check."""
+    from bench.comm_probe import CollectiveCounter, written_bytes
 
     steps = adapter.comm_probe_steps()
     adapter.comm_stats()  # reset the adapter's own counters, if it has any
     world = dist.get_world_size()
     probe = CollectiveCounter(getattr(adapter, "per_node", None) or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    written = written_bytes() if ctx.backend == "gloo" else None
     with probe:
         for _ in range(steps):
             adapter.train_step(next(batches))
-        _sync(device)
+        _sync(ctx.device)
+    if written is not None:
+        written = written_bytes() - written
     own = adapter.comm_stats()
     return {"source": "adapter" if own is not None else "c10d_dispatch",
-            "counts": own if own is not None else probe.take(), "steps": steps}
+            "counts": own if own is not None else probe.take(), "steps": steps, "written_bytes": written}
 
 
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
@@ -133,11 +137,15 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         batch = next(batches)
         host_s.append(time.perf_counter() - t_prev)
         out = adapter.train_step(batch)
+        if fault.active:
+            fault.after_step(step)
         _sync(ctx.device)
         t = time.perf_counter()
         step_s.append(t - t_prev)
         if step == 0:
             first_step_end = time.time()   # start-up timeline; written after the loop
+        if step == warmup:
+            window_start = t_prev          # the measured window: start of the first measured step
         losses.append(out.loss)
         progress.update(step, out.loss, t - t_prev)
         t_prev = t
@@ -148,6 +156,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
                 break
             t_prev = time.perf_counter()  # evaluation is not part of any step
     wall_s = time.perf_counter() - wall0
+    unix_offset = time.time() - time.perf_counter()
     progress.close()
     if step_s:
         events.mark(run_dir, "first_step", ctx.rank, t=first_step_end)
@@ -157,7 +166,10 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         warmup = len(step_s) - 1
 
     memory = adapter.memory_stats()  # peaks of the training loop, before the probe step
-    comm = _probe_comm(adapter, batches, ctx.device)
+    comm = _probe_comm(adapter, batches, ctx)
+    if cfg.run.comm_profile and ctx.world_size > 1:
+        from bench.comm_time import profile_comm
+        comm["time"] = profile_comm(adapter, batches, ctx.device, comm["steps"])
     fingerprint = adapter.param_fingerprint() if cfg.run.param_fingerprint else None
     adapter_stats = adapter.rank_stats()
     local = {
@@ -165,6 +177,8 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         "step_time_s": step_s[warmup:],
         "all_step_time_s": step_s,
         "host_time_s": host_s[warmup:],
+        "window_unix_s": ([unix_offset + window_start, unix_offset + t_prev]
+                          if len(step_s) > warmup and not evaluate else None),
         "loss": [float("nan") if l is None else float(l) for l in losses],
         "memory": memory,
         "baseline_rss_bytes": baseline_rss,
@@ -183,9 +197,9 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         if dataset is not None:
             fill_convergence(record, cfg, dataset, steps_per_epoch, evals, target, gathered)
         if fingerprint is not None:
-            record["final_params"] = {"fingerprint": fingerprint, "after_steps": len(losses) + comm["steps"],
+            record["final_params"] = {"fingerprint": fingerprint, "after_steps": len(losses) + comm["steps"] * (2 if "time" in comm else 1),
                                       "note": "[sum, sum of squares, sum of |x|] per parameter after the "
-                                              "training loop and the comm-probe steps"}
+                                              "training loop, the comm-probe steps and the comm-profile steps"}
         write_metrics_jsonl(run_dir, record, gathered)
         write_result(run_dir, record)
     adapter.teardown()

@@ -192,12 +192,13 @@ class RunCfg(Strict):
     stop_at_target: bool = False
     repeat: NonNegativeInt = 0                 # repeat index: repeats of one cell differ only here
     progress: bool = True
+    comm_profile: bool = True         # one more untimed step under torch.profiler: comm time, overlap
     param_fingerprint: bool = False   # record [sum, sum^2] of every final parameter (gathers!)
     dir: Optional[str] = None
 
 
 class FaultCfg(Strict):
-    kind: Literal["none", "raise", "kill", "hang", "sleep"] = "none"
+    kind: Literal["none", "raise", "kill", "hang", "sleep", "jitter"] = "none"
     rank: NonNegativeInt = 0
     step: NonNegativeInt = 0
     seconds: Annotated[float, Field(ge=0)] = 0.0

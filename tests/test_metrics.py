@@ -7,7 +7,7 @@ from bench.metrics.comm import CommCounter, analytic_wire_bytes, per_step, ring_
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from bench.metrics.mfu import MfuError, mfu
 from bench.metrics.throughput import scaling_efficiency, scaling_kind, throughput
-from bench.metrics.timing import global_step_times, mean_ignoring_missing, percentile, summarize
+from bench.metrics.timing import global_step_times, mean_ignoring_missing, percentile, summarize, window_step_time
 
 
 def test_global_step_time_is_max_over_ranks():
@@ -27,13 +27,24 @@ def test_percentiles_and_summary():
     assert (out["min"], out["max"]) == (1.0, 5.0)
 
 
+def test_window_step_time_is_the_slowest_rank_window_per_step():
+    # boundaries drift: rank 0 steps 1,3,1,3 and rank 1 steps 3,1,3,1 (both windows 8 s).
+    # Per-step maxima sum to 12 s (3 s a step); the window is 8 s: 2 s a step.
+    drift = [[1.0, 3.0, 1.0, 3.0], [3.0, 1.0, 3.0, 1.0]]
+    assert sum(global_step_times(drift)) == 12.0
+    assert window_step_time(drift) == 2.0
+    assert window_step_time([[1.0, 1.0], [2.0, 2.0]]) == 2.0   # the slowest rank's window
+    with pytest.raises(ValueError):
+        window_step_time([[]])
+
+
 def test_loss_mean_ignores_ranks_without_loss():
     assert mean_ignoring_missing([2.0, float("nan"), 4.0]) == 3.0
     assert math.isnan(mean_ignoring_missing([float("nan")]))
 
 
 def test_throughput():
-    t = throughput(global_batch=64, median_step_s=0.5, world_size=4, tokens_per_sample=128)
+    t = throughput(global_batch=64, step_s=0.5, world_size=4, tokens_per_sample=128)
     assert t == {"samples_per_s": 128.0, "tokens_per_s": 16384.0, "samples_per_s_per_device": 32.0}
     assert throughput(8, 0.25, 1)["tokens_per_s"] is None
 
@@ -90,6 +101,53 @@ def test_comm_accounting():
     assert ring_wire_bytes({"all_reduce": 1000}, 1) == 0.0
     assert analytic_wire_bytes(3, 1000, 4) == 2250.0
     assert analytic_wire_bytes(2, 1000, 1) == 0.0
+
+
+def test_wire_factors_depend_on_the_backend():
+    from bench.metrics.comm import wire_factor
+    # gloo runs reduce-scatter as an all-reduce of the whole input: 2 (N-1)/N, not (N-1)/N
+    assert ring_wire_bytes({"reduce_scatter": 1000}, 4, "nccl") == 750.0
+    assert ring_wire_bytes({"reduce_scatter": 1000}, 4, "gloo") == 1500.0
+    # gloo reduce: ring reduce-scatter ((N-1)/N) + the root gathers 1/N from each other rank:
+    # mean over ranks (N+1)/N x (N-1)/N; at N = 2: 0.75
+    assert wire_factor("reduce", 2, "gloo") == 0.75 and wire_factor("reduce", 2, "nccl") == 0.5
+    assert wire_factor("reduce", 3, "gloo") == pytest.approx(8 / 9)
+    # the rest are the same on both: FSDP full shard on gloo, 2 ranks, Psi = 1000:
+    # all-gather 2000 x 1/2 + reduce-scatter 1000 x 1 = 2000 (on NCCL 1500)
+    assert ring_wire_bytes({"all_gather": 2000, "reduce_scatter": 1000}, 2, "gloo") == 2000.0
+    assert ring_wire_bytes({"all_gather": 2000, "reduce_scatter": 1000}, 2, "nccl") == 1500.0
+    assert ring_wire_bytes({"all_reduce": 1000, "send": 10}, 2, "gloo") == 1010.0
+
+
+def test_analytic_comm_uses_the_backend_and_keeps_the_paper_figure():
+    from bench.metrics.comm import AnalyticComm, analytic_comm
+    zero2 = AnalyticComm({"all_reduce": 1.0, "all_gather": 1.0}, "allreduce_and_scatter", 2.0, "ZeRO paper")
+    out = analytic_comm(zero2, params=250, world=4, backend="nccl")   # Psi = 1000 bytes
+    assert out["analytic_wire_bytes_per_rank"] == 2250.0            # (2 + 1) x 3/4 x 1000
+    assert out["paper_wire_bytes_per_rank"] == 1500.0               # 2 x 3/4 x 1000
+    assert out["analytic_payload_bytes"] == {"all_reduce": 1000.0, "all_gather": 1000.0}
+    fsdp = AnalyticComm({"all_gather": 2.0, "reduce_scatter": 1.0}, "fully_shard", 3.0, "ZeRO paper")
+    assert analytic_comm(fsdp, 250, 2, "gloo")["analytic_wire_bytes_per_rank"] == 2000.0
+    assert analytic_comm(fsdp, 250, 2, "nccl")["analytic_wire_bytes_per_rank"] == 1500.0
+    assert analytic_comm(None, 250, 2, "gloo")["analytic_wire_bytes_per_rank"] is None
+
+
+def test_commbench_bandwidth_arithmetic():
+    from bench.commbench import bus_bandwidth, ceilings, expected_written, parse_args
+    # 1 GB all-reduce in 0.5 s on 4 ranks: algbw 2 GB/s, busbw 2 x 2 x 3/4 = 3 GB/s
+    assert bus_bandwidth("all_reduce", 1e9, 0.5, 4) == (2e9, 3e9)
+    assert bus_bandwidth("all_gather", 1e9, 0.5, 4) == (2e9, 1.5e9)
+    assert bus_bandwidth("broadcast", 1e9, 0.5, 4) == (2e9, 2e9)
+    assert expected_written("send", 1000, 4, "gloo") == 250.0          # one sender of four
+    assert expected_written("reduce_scatter", 1000, 2, "gloo") == 1000.0
+    assert ceilings({"rows": [{"kind": "all_reduce", "busbw_Bps": 1.0}, {"kind": "all_reduce", "busbw_Bps": 3.0}]}) \
+        == {"all_reduce": 3.0}
+    opts = parse_args(["launcher.nproc=3", "sizes=[1024,4096]", "kinds=[all_reduce]"])
+    assert (opts["nproc"], opts["sizes"], opts["kinds"]) == (3, [1024, 4096], ["all_reduce"])
+    from bench.errors import ConfigError
+    for bad in (["kinds=[allreduce]"], ["launcher.nproc=1"], ["nproc"], ["colour=red"]):
+        with pytest.raises(ConfigError):
+            parse_args(bad)
 
 
 def test_stragglers_from_host_time():

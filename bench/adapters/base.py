@@ -217,9 +217,10 @@ class Adapter:
         phases may switch to its steady state here (DASO leaves its cool-down)."""
         return 1
 
-    def analytic_comm_psi(self) -> Optional[float]:
-        """Textbook wire volume per step in units of Psi (fp32 parameter bytes): DDP 2,
-        ZeRO-3 / FSDP full shard 3. None if there is no simple formula."""
+    def analytic_comm(self) -> Optional["AnalyticComm"]:
+        """What this strategy sends per step (bench.metrics.comm.AnalyticComm: payload per
+        collective kind in units of Psi, the code path it follows, the paper's figure).
+        None if there is no simple formula."""
         return None
 
     def param_fingerprint(self) -> list[list[float]]:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
 from bench.errors import ConfigError
+from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
@@ -128,8 +129,11 @@ class DDPAdapter(Adapter):
     def comm_probe_steps(self) -> int:
         return self.options.local_sgd_period if self.options.comm_hook == "post_local_sgd" else 1
 
-    def analytic_comm_psi(self) -> float | None:
-        return 2.0 if self.options.comm_hook == "none" else None
+    def analytic_comm(self) -> AnalyticComm | None:
+        if self.options.comm_hook != "none":
+            return None
+        return AnalyticComm({"all_reduce": 1.0}, "DDP Reducer: one all-reduce of every gradient bucket",
+                            paper_psi=2.0, paper="ZeRO paper, data parallelism")
 
     def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
         return model_state_bytes_per_rank(

@@ -13,6 +13,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict
 
 from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
+from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
@@ -79,9 +80,13 @@ class FairScaleAdapter(Adapter):
             optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
             shard_optim=True, shard_grads=self.options.mode == "oss_sdp")
 
-    def analytic_comm_psi(self) -> Optional[float]:
-        # OSS+DDP: all-reduce (2 Psi) + parameter broadcast (1 Psi); OSS+SDP: reduce + broadcast
-        return 3.0 if self.options.mode == "oss_ddp" else 2.0
+    def analytic_comm(self) -> Optional[AnalyticComm]:
+        if self.options.mode == "oss_ddp":
+            return AnalyticComm({"all_reduce": 1.0, "broadcast": 1.0},
+                                "torch DDP all-reduce of gradients, then OSS broadcasts each shard's updated parameters")
+        return AnalyticComm({"reduce": 1.0, "broadcast": 1.0},
+                            "ShardedDataParallel reduces each gradient to its owner, OSS broadcasts updated parameters",
+                            paper_psi=2.0, paper="ZeRO paper, stage 2 (P_os+g)")
 
     def describe(self) -> dict:
         o = self.options

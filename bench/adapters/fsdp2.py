@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from bench.adapters.base import Adapter, StepOut, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.errors import ConfigError
+from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
@@ -126,11 +127,16 @@ class FSDP2Adapter(Adapter):
             optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
             shard_optim=True, shard_grads=True, shard_params=True)
 
-    def analytic_comm_psi(self) -> Optional[float]:
+    def analytic_comm(self) -> Optional[AnalyticComm]:
         if self.options.hybrid or self.ctx.precision != "fp32":
             return None
         # all-gather in forward (+ again in backward when resharded) + reduce-scatter of grads
-        return 3.0 if self.options.reshard_after_forward else 2.0
+        gathers = 2.0 if self.options.reshard_after_forward else 1.0
+        return AnalyticComm({"all_gather": gathers, "reduce_scatter": 1.0},
+                            "fully_shard: all-gather per unit in forward"
+                            + (" and again in backward (reshard_after_forward)" if gathers == 2 else "")
+                            + ", reduce-scatter of gradients",
+                            paper_psi=gathers + 1.0, paper="ZeRO paper, stage 3" if gathers == 2 else "ZeRO-2-like")
 
     def describe(self) -> dict:
         o = self.options

@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from bench.adapters.base import Adapter, StepOut, autocast, split_micro, taxonomy_labels
-from bench.metrics.comm import CommCounter
+from bench.metrics.comm import AnalyticComm, CommCounter
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
@@ -113,8 +113,11 @@ class HorovodAdapter(Adapter):
         return model_state_bytes_per_rank(params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
                                           optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum))
 
-    def analytic_comm_psi(self) -> Optional[float]:
-        return None if self.options.fp16_compression else 2.0
+    def analytic_comm(self) -> Optional[AnalyticComm]:
+        if self.options.fp16_compression:
+            return None
+        return AnalyticComm({"all_reduce": 1.0}, "hvd.DistributedOptimizer: one allreduce per gradient (fused)",
+                            paper_psi=2.0, paper="ZeRO paper, data parallelism")
 
     def describe(self) -> dict:
         import horovod.torch as hvd

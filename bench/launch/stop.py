@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from bench.metrics.throughput import throughput
-from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize
+from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
 from bench.results import atomic_write_json
 
 PARTIAL = "partial"
@@ -79,7 +79,8 @@ def partial_timing(run_dir: Path, world_size: int, global_batch: int, tokens_per
         stats = summarize(series)
         out["step_time_s"] = {k: stats[k] for k in ("median", "mean", "p10", "p90", "std", "min", "max")}
         out["series_s"] = series
-        out["throughput"] = throughput(global_batch, stats["median"], world_size, tokens_per_sample)
+        out["window_step_s"] = window_step_time([r["all_step_time_s"][warmup:steps] for r in ranks])
+        out["throughput"] = throughput(global_batch, out["window_step_s"], world_size, tokens_per_sample)
     return out
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 from typing import Optional
 
 
-def throughput(global_batch: int, median_step_s: float, world_size: int,
+def throughput(global_batch: int, step_s: float, world_size: int,
                tokens_per_sample: Optional[int] = None) -> dict:
-    """samples/s = global_batch / median global step time; tokens/s for language models."""
-    if median_step_s <= 0:
+    """samples/s = global_batch / global step time (the window estimator,
+    bench.metrics.timing.window_step_time); tokens/s for language models."""
+    if step_s <= 0:
         raise ValueError("step time must be positive")
-    sps = global_batch / median_step_s
+    sps = global_batch / step_s
     return {"samples_per_s": sps,
             "tokens_per_s": sps * tokens_per_sample if tokens_per_sample else None,
             "samples_per_s_per_device": sps / world_size}

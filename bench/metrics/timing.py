@@ -15,6 +15,16 @@ def global_step_times(per_rank: Sequence[Sequence[float]]) -> list[float]:
     return [max(r[i] for r in per_rank) for i in range(n)]
 
 
+def window_step_time(per_rank: Sequence[Sequence[float]]) -> float:
+    """The unbiased global step time: each rank's measured window (the sum of its boundary-to-
+    boundary step times: start of its first measured step to the end of its last, evaluation
+    pauses excluded), MAX over ranks, divided by the steps. A sum of per-step maxima would
+    over-count: when ranks' step boundaries drift, each step's max picks a different rank."""
+    if not per_rank or not per_rank[0]:
+        raise ValueError("no measured steps")
+    return max(sum(r) for r in per_rank) / len(per_rank[0])
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
     if not sorted_values:

@@ -36,6 +36,16 @@ def missing_cells(paths: list[str]) -> list[tuple[Path, dict]]:
     return out
 
 
+def load_commbench(paths: list[str]) -> list[dict]:
+    """`bench commbench` records (commbench.json) under the report's paths: the ceilings."""
+    out = []
+    for p in map(Path, paths):
+        for f in sorted([p] if p.name == "commbench.json" else p.rglob("commbench.json")):
+            with contextlib.suppress(OSError, ValueError):
+                out.append(json.loads(f.read_text()))
+    return out
+
+
 def parse_json(data: bytes):
     """orjson (several times faster on 10k files); the stdlib for what strict JSON rejects
     (NaN, written for losses a rank does not hold)."""

@@ -182,6 +182,41 @@ STRAGGLER_NOTE = ("Ranks that join their steps late: per step, a rank's host tim
                   "as its slowest rank, so every rank's step time shows the delay; this names the rank.")
 
 
+def comm_time_table(rep) -> tuple[list[str], list[list[str]]]:
+    """One row per run and collective kind from the profiled step (result.json comm.time), with the
+    best busbw `bench commbench` measured for that kind on the same backend and world size."""
+    from bench.commbench import ceilings
+    best = {}
+    for cb in rep.commbench:
+        for kind, bw in ceilings(cb).items():
+            key = (cb.get("backend"), cb.get("world_size"), kind)
+            best[key] = max(best.get(key, 0.0), bw)
+    head = ["run", "framework", "ranks", "collective", "calls/step", "time/step (ms)", "exposed (ms)",
+            "overlapped", "busbw (GB/s)", "commbench ceiling (GB/s)"]
+    rows = []
+    for run_id, rec in rep.records.items():
+        ct = (rec.get("comm") or {}).get("time")
+        if rec.get("status") != "ok" or not ct:
+            continue
+        fw, world = rec.get("framework") or {}, (rec.get("parallel") or {}).get("world_size")
+        for kind, k in ct["kinds"].items():
+            ceiling = best.get(((rec.get("env") or {}).get("backend"), world, kind))
+            rows.append([str(rec.get("run_id", run_id)), f"{fw.get('name')}:{fw.get('variant')}", str(world), kind,
+                         _num(k["count"], ".0f"), _num(k["time_s"] * 1e3, ".2f"), _num(k["exposed_s"] * 1e3, ".2f"),
+                         f"{k['overlapped_s'] / k['time_s']:.0%}" if k["time_s"] else "-",
+                         _num(k["busbw_Bps"] / 1e9 if k.get("busbw_Bps") else None, ".3f"),
+                         _num(ceiling / 1e9 if ceiling else None, ".3f")])
+    return head, rows[:MAX_RUN_ROWS]
+
+
+COMM_TIME_NOTE = ("From one extra untimed step under torch.profiler: per collective, the time it ran (gloo: enqueue "
+                  "to completion, so waiting for the slowest peer counts), the exposed part (nothing computed "
+                  "meanwhile) and the share overlapped with compute; busbw = payload / time x the nccl-tests "
+                  "factor, beside the best `bench commbench` measured for that collective on the same backend "
+                  "and ranks (run it into a directory the report reads). Gloo runs reduce-scatter as an "
+                  "all-reduce and names it so.")
+
+
 def run_table(rep) -> tuple[list[str], list[list[str]]]:
     head = ["run", "status", "framework", "model", "ranks", "global batch", "repeat", "samples/s",
             "step (ms)", "peak mem", "MFU", "val loss", "time to target (s)"]
@@ -208,6 +243,7 @@ def context(rep) -> dict:
         "strategies": strategy_table(rep), "strategy_note": STRATEGY_NOTE,
         "projection_check": projection_check_table(rep), "projection_note": PROJECTION_NOTE,
         "straggler_note": STRAGGLER_NOTE,
+        "comm_time": comm_time_table(rep), "comm_time_note": COMM_TIME_NOTE,
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
         "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
         "parity_flags": int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0,
@@ -254,6 +290,9 @@ def write_markdown(rep) -> Path:
                   _md_table(*c["projection_check"]), ""]
     if c["stragglers"][1]:
         parts += ["## Stragglers", "", STRAGGLER_NOTE, "", _md_table(*c["stragglers"]), ""]
+    if c["comm_time"][1]:
+        parts += ["## Communication time: exposed and overlapped", "", COMM_TIME_NOTE, "",
+                  _md_table(*c["comm_time"]), ""]
     parts += ["## All runs", "", _md_table(*c["runs"]), ""]
     if c["runs_truncated"]:
         parts += [f"(first {c['max_rows']} runs; summary.csv has all)", ""]

@@ -1,0 +1,61 @@
+"""Communication time arithmetic (hand-computed) and the event-to-interval extraction."""
+from types import SimpleNamespace
+
+import pytest
+
+from bench.comm_time import cpu_intervals, gloo_kind, kernel_kind
+from bench.metrics.comm import comm_time
+from bench.metrics.overlap import intersection, length, overlap_summary, subtract, union
+
+
+def test_interval_arithmetic():
+    assert union([(3, 4), (0, 1), (0.5, 2)]) == [(0, 2), (3, 4)]
+    assert length([(0, 1), (0.5, 2), (5, 5)]) == 2
+    assert intersection([(0, 2), (3, 6)], [(1, 4)]) == [(1, 2), (3, 4)]
+    assert subtract([(0, 10)], [(2, 3), (5, 7)]) == [(0, 2), (3, 5), (7, 10)]
+    assert subtract([(0, 1)], [(0, 1)]) == []
+
+
+def test_overlap_summary():
+    # all-reduce 0-4 while compute runs 0-3: 3 s hidden, 1 s exposed; all-gather 5-6 with no compute
+    comm = {"all_reduce": [(0, 4)], "all_gather": [(5, 6)]}
+    out = overlap_summary(comm, [(0, 3), (4, 5)])
+    assert out["kinds"]["all_reduce"] == {"count": 1, "time_s": 4, "overlapped_s": 3, "exposed_s": 1}
+    assert out["kinds"]["all_gather"]["exposed_s"] == 1
+    assert (out["time_s"], out["overlapped_s"], out["exposed_s"], out["compute_s"]) == (5, 3, 2, 4)
+
+
+def test_comm_time_means_over_ranks_and_busbw():
+    r0 = {"kinds": {"all_reduce": {"count": 1, "time_s": 0.2, "overlapped_s": 0.1, "exposed_s": 0.1}},
+          "time_s": 0.2, "overlapped_s": 0.1, "exposed_s": 0.1, "compute_s": 1.0}
+    r1 = {"kinds": {"all_reduce": {"count": 1, "time_s": 0.4, "overlapped_s": 0.0, "exposed_s": 0.4}},
+          "time_s": 0.4, "overlapped_s": 0.0, "exposed_s": 0.4, "compute_s": 1.0}
+    out = comm_time([r0, r1], {"all_reduce": 3e8}, world=2)
+    ar = out["kinds"]["all_reduce"]
+    assert ar["time_s"] == pytest.approx(0.3) and ar["exposed_s"] == pytest.approx(0.25)
+    assert ar["busbw_Bps"] == pytest.approx(1e9)        # 3e8 B / 0.3 s x 2(2-1)/2
+    assert out["exposed_fraction"] == pytest.approx(0.25 / 0.3)
+
+
+def _ev(name, thread, start_us, end_us, parent=None):
+    return SimpleNamespace(name=name, thread=thread, cpu_parent=parent,
+                           time_range=SimpleNamespace(start=start_us, end=end_us, elapsed_us=lambda: end_us - start_us))
+
+
+def test_cpu_intervals_from_profiler_events():
+    fwd = _ev("DistributedDataParallel.forward", 1, 0, 100)
+    bwd = _ev("autograd::engine::evaluate_function: AddmmBackward0", 1, 100, 300)
+    wait = _ev("c10d::wait", 1, 250, 300, parent=bwd)       # blocked inside backward
+    ar = _ev("gloo:all_reduce", 2, 200, 300)                 # on gloo's thread
+    comm, compute = cpu_intervals([fwd, bwd, wait, ar])
+    assert comm == {"all_reduce": [(200e-6, 300e-6)]}
+    assert compute == [(0.0, 250e-6)]
+    s = overlap_summary(comm, compute)
+    assert s["overlapped_s"] == pytest.approx(50e-6) and s["exposed_s"] == pytest.approx(50e-6)
+
+
+def test_kind_names():
+    assert gloo_kind("gloo:all_reduce") == "all_reduce" and gloo_kind("aten::mm") is None
+    assert kernel_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == "all_reduce"
+    assert kernel_kind("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL") == "reduce_scatter"
+    assert kernel_kind("ampere_sgemm_128x64_tn") is None
