@@ -179,3 +179,15 @@ def test_comm_by_group_size():
     assert per_step(taken, 4)["all_reduce"]["group_bytes"] == {"2@1": 50.0, "4@2": 250.0}
     # 2 * 3/4 * 1000 + 2 * 1/2 * 200 ; a group of one sends nothing
     assert group_wire_bytes({"all_reduce": {"4@2": 1000, "2@1": 200, "1@1": 999}}) == 1700.0
+
+
+def test_ddp_memory_theory_counts_the_bucket_copy_without_bucket_view():
+    from types import SimpleNamespace
+
+    from bench.adapters.ddp import DDPAdapter, DDPOptions
+    ddp = object.__new__(DDPAdapter)
+    ddp.ctx = SimpleNamespace(world_size=2)
+    ddp.options = DDPOptions()
+    assert ddp.model_state_bytes_theory(1000, "adamw") == 16_000          # 4 + 4 + 8 per parameter
+    ddp.options = DDPOptions(gradient_as_bucket_view=False)
+    assert ddp.model_state_bytes_theory(1000, "adamw") == 20_000          # + 4: buckets copy the grads

@@ -136,8 +136,9 @@ class DDPAdapter(Adapter):
                             paper_psi=2.0, paper="ZeRO paper, data parallelism")
 
     def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
+        # gradient_as_bucket_view=False: the reducer's buckets are a second fp32 copy of the grads
         return model_state_bytes_per_rank(
-            params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
+            params, self.ctx.world_size, param_bytes=4, grad_bytes=4 if self.options.gradient_as_bucket_view else 8,
             optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum))
 
     def describe(self) -> dict:
