@@ -7,7 +7,7 @@ from pathlib import Path
 from bench import envinfo
 from bench.hardware import peak_flops
 from bench.metrics.convergence import eval_times, first_reached
-from bench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, group_wire_bytes, per_step, ring_wire_bytes
+from bench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, per_step, rank_wire_bytes
 from bench.metrics.mfu import MfuError, mfu
 from bench.metrics.stragglers import describe as describe_stragglers, find_stragglers
 from bench.metrics.throughput import throughput
@@ -28,9 +28,7 @@ def _comm(gathered: list, world: int, params: int | None, adapter, backend: str)
     rows = [per_step(c, steps) for c in per_rank]
     kinds = sorted({k for r in rows for k in r})
     per_step_bytes = {k: max(r.get(k, {}).get("bytes", 0.0) for r in rows) for k in kinds}
-    wire = [group_wire_bytes({k: v["group_bytes"] for k, v in r.items() if "group_bytes" in v}, backend)
-            + ring_wire_bytes({k: v["bytes"] for k, v in r.items() if "group_bytes" not in v}, world, backend)
-            for r in rows]
+    wire = [rank_wire_bytes(r, world, backend) for r in rows]
     written = [g["comm"].get("written_bytes") for g in gathered]
     out = {
         "per_step_bytes": per_step_bytes,

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from bench.errors import ConfigError
-from bench.metrics.comm import bus_bandwidth, wire_factor
+from bench.metrics.comm import bus_bandwidth, gloo_reduce_sent, wire_factor
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send")
 DEFAULTS = {"nproc": 2, "sizes": [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24], "iters": 5, "warmup": 2,
@@ -30,6 +30,8 @@ def expected_written(kind: str, nbytes: float, world: int, backend: str) -> floa
     """Mean bytes a rank sends for one op of `kind` on `backend` (send: only rank 0 sends)."""
     if kind == "send":
         return nbytes / world
+    if kind == "reduce" and backend == "gloo":
+        return gloo_reduce_sent(int(nbytes), world)
     return wire_factor(kind, world, backend) * nbytes
 
 

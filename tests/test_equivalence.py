@@ -105,11 +105,15 @@ def assert_same_params(a: list, b: list, rel: float, loose: set[int] = frozenset
         assert abs(sa - sb) <= r * max(aa, ab), f"param {i}: sum {sa} vs {sb} (sum|x| {aa})"
 
 
-# Bytes on gloo's sockets exceed the counted payloads by gloo's control messages: 576 B per
+# Bytes on gloo's sockets exceed the counted payloads by control messages: gloo's, 576 B per
 # 2-rank all-reduce (`bench commbench launcher.nproc=2`, its 4 KiB row: 4672 written for 4096),
-# which is 3% of PowerSGD's tiny all-reduces and 1.3% of Horovod's 28 per step on gpt2_tiny.
-# Allowed: 1% + 600 B per collective call.
-CONTROL_BYTES_PER_CALL = 600
+# 3% of PowerSGD's tiny all-reduces; Horovod's negotiation, 770 B (fp32) to 1170 B (fp16
+# compression) per tensor per step on gpt2_tiny. Allowed: 1% + these rounded up, per call.
+CONTROL_BYTES_PER_CALL = {"horovod": 1500}
+# The analytic volumes leave out scalar all-reduces (DeepSpeed's norm / overflow checks: 4-8 B)
+# and are checked on gpt2_tiny only: on resnet18_tiny DDP-based strategies also broadcast the
+# BatchNorm buffers every forward (broadcast_buffers), which no Psi formula includes.
+ANALYTIC_RTOL = 1e-4
 
 
 def check_wire_bytes(rec: dict) -> None:
@@ -119,11 +123,12 @@ def check_wire_bytes(rec: dict) -> None:
     if c is None or rec["env"]["backend"] != "gloo":
         return
     calls = sum(v for k, v in c["per_step_calls"].items() if k != "recv")
-    print(f"{rec['framework']['variant']}: written/wire {c['written_bytes_mean'] / c['wire_bytes_mean']:.4f}, "
-          f"{calls:g} calls")
-    assert c["written_bytes_mean"] == pytest.approx(c["wire_bytes_mean"], rel=0.01, abs=CONTROL_BYTES_PER_CALL * calls)
-    if c["analytic_wire_bytes_per_rank"] is not None:
-        assert c["wire_bytes_mean"] == pytest.approx(c["analytic_wire_bytes_per_rank"], rel=1e-6)
+    written, wire = c["written_bytes_mean"], c["wire_bytes_mean"]
+    print(f"{rec['framework']['variant']}: written/wire {written / wire:.4f}, {calls:g} calls")
+    allowed = 0.01 * wire + CONTROL_BYTES_PER_CALL.get(rec["framework"]["name"], 600) * calls
+    assert abs(written - wire) <= allowed, f"written {written} vs counted wire {wire} (allowed {allowed:.0f})"
+    if c["analytic_wire_bytes_per_rank"] is not None and rec["model"]["name"] == "gpt2_tiny":
+        assert wire == pytest.approx(c["analytic_wire_bytes_per_rank"], rel=ANALYTIC_RTOL)
 
 
 def test_only_gpu_only_variants_are_left_out_of_the_gate():

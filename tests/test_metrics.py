@@ -119,6 +119,22 @@ def test_wire_factors_depend_on_the_backend():
     assert ring_wire_bytes({"all_reduce": 1000, "send": 10}, 2, "gloo") == 1010.0
 
 
+def test_gloo_reduce_follows_its_segmented_loop():
+    from bench.metrics.comm import gloo_reduce_sent, rank_wire_bytes
+    M = 1 << 20
+    # 4 MiB on 2 ranks: 1 MiB segments, 4 of them; each rank sends 4 - 2 = 2 (2 MiB), rank 1
+    # then sends its 2 MiB chunk to the root: mean (2 + 4) / 2 = 3 MiB = (N+1)/N x (N-1)/N x 4 MiB
+    assert gloo_reduce_sent(4 * M, 2) == 3 * M
+    # 8 MiB: 8 segments, each rank sends 6 (the loop runs over all of them), rank 1 adds 4 MiB:
+    # mean (12 + 4) / 2 = 8 MiB, where the formula says 6 (measured with /proc/self/io: 8.0)
+    assert gloo_reduce_sent(8 * M, 2) == 8 * M
+    assert gloo_reduce_sent(8 * M, 1) == 0.0
+    # the record keeps each reduce call's size; the wire bytes are summed per call
+    row = {"reduce": {"bytes": 12 * M, "calls": 2, "sizes": {"|4194304": 1, "2@1|8388608": 1}}}
+    assert rank_wire_bytes(row, 2, "gloo") == 11 * M
+    assert rank_wire_bytes(row, 2, "nccl") == 6 * M          # ring: (N-1)/N x 12 MiB
+
+
 def test_analytic_comm_uses_the_backend_and_keeps_the_paper_figure():
     from bench.metrics.comm import AnalyticComm, analytic_comm
     zero2 = AnalyticComm({"all_reduce": 1.0, "all_gather": 1.0}, "allreduce_and_scatter", 2.0, "ZeRO paper")

@@ -193,11 +193,12 @@ class DeepSpeedAdapter(Adapter):
         if self.ctx.precision != "fp32":
             return None
         s = self.options.stage
+        grads = 0.5 if self.options.communication_data_type in ("fp16", "bf16") else 1.0   # gradient dtype
         if s == 0:
-            return AnalyticComm({"all_reduce": 1.0}, "DeepSpeed 0.19 engine.allreduce_gradients",
+            return AnalyticComm({"all_reduce": grads}, "DeepSpeed 0.19 engine.allreduce_gradients",
                                 paper_psi=2.0, paper="ZeRO paper, data parallelism")
         if s in (1, 2):
-            return AnalyticComm({"all_reduce": 1.0, "all_gather": 1.0},
+            return AnalyticComm({"all_reduce": grads, "all_gather": 1.0},
                                 "DeepSpeed 0.19 stage_1_and_2.py: average_tensor -> allreduce_and_scatter "
                                 "(use_multi_rank_bucket_allreduce=True), step -> all_gather_dp_groups",
                                 paper_psi=2.0, paper=f"ZeRO paper, stage {s}")
@@ -208,7 +209,7 @@ class DeepSpeedAdapter(Adapter):
             persistent = self._persistent_fraction()
             gathers, how = 2.0 - persistent, (f"upper bound: non-persistent parameters gathered in forward and "
                                               f"backward, persistent ones ({persistent:.1%} of Psi) once")
-        return AnalyticComm({"all_gather": gathers, "reduce_scatter": 1.0},
+        return AnalyticComm({"all_gather": gathers, "reduce_scatter": grads},
                             "DeepSpeed 0.19 stage3.py / partitioned_param_coordinator.py: reduce-scatter of "
                             "gradients, all-gather of parameters per module; " + how,
                             paper_psi=3.0, paper="ZeRO paper, stage 3")

@@ -14,25 +14,31 @@ class CommCounter:
         self._bytes: dict[str, int] = defaultdict(int)
         self._calls: dict[str, int] = defaultdict(int)
         self._groups: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self._sizes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
     def add(self, kind: str, nbytes: int, calls: int = 1, group: str | None = None) -> None:
         self._bytes[kind] += int(nbytes)
         self._calls[kind] += calls
         if group is not None:
             self._groups[kind][str(group)] += int(nbytes)
+        if kind in SIZED_KINDS:   # a size-dependent wire factor needs each call's size
+            self._sizes[kind][f"{group or ''}|{int(nbytes)}"] += calls
 
     def take(self) -> dict:
         out = {k: {"bytes": self._bytes[k], "calls": self._calls[k]} for k in self._bytes}
         for k, groups in self._groups.items():
             out[k]["group_bytes"] = dict(sorted(groups.items()))
+        for k, sizes in self._sizes.items():
+            out[k]["sizes"] = dict(sorted(sizes.items()))
         self._bytes.clear()
+        self._sizes.clear()
         self._calls.clear()
         self._groups.clear()
         return out
 
 
 def per_step(totals: dict, steps: int) -> dict:
-    """{kind: {'bytes', 'calls'[, 'group_bytes']}} over `steps` -> per-step floats."""
+    """{kind: {'bytes', 'calls'[, 'group_bytes', 'sizes']}} over `steps` -> per-step floats."""
     if steps <= 0:
         raise ValueError("steps must be positive")
     out = {}
@@ -40,6 +46,8 @@ def per_step(totals: dict, steps: int) -> dict:
         out[k] = {"bytes": v["bytes"] / steps, "calls": v["calls"] / steps}
         if "group_bytes" in v:
             out[k]["group_bytes"] = {g: b / steps for g, b in v["group_bytes"].items()}
+        if "sizes" in v:
+            out[k]["sizes"] = {s: c / steps for s, c in v["sizes"].items()}
     return out
 
 
@@ -48,8 +56,8 @@ def per_step(totals: dict, steps: int) -> dict:
 # / pipelined-chain algorithms (nccl-tests "busbw" factors). Gloo: what ProcessGroupGloo really
 # writes to its sockets, measured with /proc/self/io at 2 and 3 ranks (tests/test_wire_bytes.py):
 # it runs reduce_scatter_tensor as an all-reduce of the whole input (2x), and reduce as a ring
-# reduce-scatter followed by a gather to the root ((N+1)/N; messages up to 4 MiB: gloo pipelines
-# larger ones in segments and sends more, up to 1.6x at 2 ranks and 64 MiB, see `bench commbench`).
+# reduce-scatter followed by a gather to the root ((N+1)/N for messages up to 2N MiB; above that
+# its segmented loop sends more: gloo_reduce_sent, applied per call from the counted sizes).
 RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "reduce": 1.0,
                "broadcast": 1.0, "all_to_all": 1.0}
 BACKEND_FACTOR = {"nccl": {}, "gloo": {"reduce_scatter": lambda n: 2.0, "reduce": lambda n: (n + 1) / n}}
@@ -57,9 +65,55 @@ FACTOR_NOTE = {
     "nccl": "ring factors: all-reduce 2(N-1)/N, all-gather / reduce-scatter / reduce / broadcast / "
             "all-to-all (N-1)/N of the full buffer; send = payload",
     "gloo": "gloo factors (measured with /proc/self/io): all-reduce 2(N-1)/N; reduce-scatter 2(N-1)/N "
-            "(gloo all-reduces the whole input); reduce (N+1)/N x (N-1)/N (up to 4 MiB); all-gather, broadcast, "
+            "(gloo all-reduces the whole input); reduce (N+1)/N x (N-1)/N up to 2N MiB, per call above "
+            "(gloo_reduce_sent); all-gather, broadcast, "
             "all-to-all (N-1)/N of the full buffer; send = payload",
 }
+
+
+SIZED_KINDS = ("reduce",)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def gloo_reduce_sent(total: int, world: int, elem: int = 4, max_segment: int = 1 << 20) -> float:
+    """Mean bytes a rank sends in one gloo `reduce` of `total` bytes (root 0), following
+    gloo/reduce.cc: segments of min(total / 2N, 1 MiB); the reduce-scatter loop sends one segment
+    in each of its numSegments - 2 iterations (all of them past 2N segments, not only (N-1)/N of
+    the buffer); then every rank but the root sends its chunk to the root."""
+    if world <= 1 or total <= 0:
+        return 0.0
+    max_segment = elem * (max_segment // elem)
+    seg = _round_up(min(-(-total // (2 * world)), max_segment), elem)
+    num = _round_up(max(-(-total // seg), 2 * world), world)
+    per_rank = num // world
+    chunk = per_rank * seg
+    sent = 0
+    for rank in range(world):
+        for i in range(num - 2):
+            offset = (((rank + 1) * per_rank + i) * seg) % (num * seg)
+            sent += max(0, min(seg, total - offset))
+        if rank != 0:
+            sent += max(0, min(chunk, total - rank * chunk))
+    return sent / world
+
+
+def rank_wire_bytes(row: dict, world: int, backend: str) -> float:
+    """Bytes one rank sends per step for its counted collectives ({kind: {'bytes', 'calls',
+    'group_bytes'?, 'sizes'?}}): per group where groups are known; gloo's reduce per call size."""
+    total = 0.0
+    for kind, v in row.items():
+        if backend == "gloo" and kind == "reduce" and v.get("sizes"):
+            for key, count in v["sizes"].items():
+                group, size = key.split("|")
+                total += gloo_reduce_sent(int(size), group_size(group) if group else world) * count
+        elif "group_bytes" in v:
+            total += group_wire_bytes({kind: v["group_bytes"]}, backend)
+        else:
+            total += ring_wire_bytes({kind: v["bytes"]}, world, backend)
+    return total
 
 
 def wire_factor(kind: str, world: int, backend: str = "nccl") -> float:
