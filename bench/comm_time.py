@@ -9,6 +9,12 @@ Frameworks whose collectives leave no such record (Horovod's own threads) get No
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import sys
+import tempfile
+
 from bench.comm_probe import op_kind
 from bench.metrics.overlap import overlap_summary, subtract, union
 
@@ -72,18 +78,44 @@ def cuda_intervals(events) -> tuple[dict, list]:
     return comm, compute
 
 
+KINETO_NOISE = re.compile(r"^(USDT|STAGE):|.*gpuGetDeviceCount failed")
+
+
+@contextlib.contextmanager
+def quiet_kineto():
+    """Kineto writes 'USDT: ... profiler_start/stop' (and, without a GPU, 'ERROR: ...
+    gpuGetDeviceCount failed') to fd 2 on every profile: an alarm in every run's log for nothing.
+    Hold fd 2 in a file while profiling and pass on every other line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines(keepends=True):
+                if not KINETO_NOISE.match(line):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
+
+
 def profile_comm(adapter, batches, device, steps: int) -> dict | None:
     """Run `steps` training steps under torch.profiler; the overlap summary, per step."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            adapter.train_step(next(batches))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    events = prof.events()
+    with quiet_kineto():
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                adapter.train_step(next(batches))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        events = prof.events()
     comm, compute = cuda_intervals(events) if device.type == "cuda" else cpu_intervals(events)
     if not comm:
         return None

@@ -59,3 +59,15 @@ def test_kind_names():
     assert kernel_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == "all_reduce"
     assert kernel_kind("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL") == "reduce_scatter"
     assert kernel_kind("ampere_sgemm_128x64_tn") is None
+
+
+def test_kineto_noise_is_held_back_and_other_stderr_passes(capfd):
+    import os
+
+    from bench.comm_time import quiet_kineto
+    with quiet_kineto():
+        os.write(2, b"USDT:2026-11-23 10:41:02 1:1 SyncActivityProfilerHandler.cpp:39] profiler_start\n")
+        os.write(2, b"ERROR:2026-11-23 10:41:02 1:1 DeviceProperties.cpp:56] gpuGetDeviceCount failed with code 35\n")
+        os.write(2, b"a real warning\n")
+    err = capfd.readouterr().err
+    assert err == "a real warning\n"
