@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -61,12 +62,17 @@ def parse_args(args: list[str]) -> dict:
     return opts
 
 
+def _elements(nbytes: int, world: int) -> int:
+    """float32 elements of a full buffer of about `nbytes`, divisible by the world size."""
+    return max(world, nbytes // 4 // world * world)
+
+
 def _op(kind: str, nbytes: int, world: int, rank: int, device):
     """A closure running one collective of `nbytes` (full buffer), and the tensors it uses."""
     import torch
     import torch.distributed as dist
 
-    n = max(world, nbytes // 4 // world * world)       # float32 elements, divisible by world
+    n = _elements(nbytes, world)
     full = torch.ones(n, device=device)
     shard = torch.ones(n // world, device=device)
     if kind == "all_reduce":
@@ -106,7 +112,7 @@ def _rank(rank: int, world: int, opts: dict, port: int, results: str) -> None:
     for kind in opts["kinds"]:
         for size in opts["sizes"]:
             op = _op(kind, size, world, rank, device)
-            nbytes = max(world, size // 4 // world * world) * 4
+            nbytes = _elements(size, world) * 4
             for _ in range(opts["warmup"]):
                 op()
             sync()
@@ -151,6 +157,7 @@ def run(args: list[str]) -> int:
     import tempfile
 
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     from bench.launch.agent import free_port
     from bench.launch.forked import rank_start_method
@@ -164,8 +171,12 @@ def run(args: list[str]) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.join(tmp, "ranks.json")
-        mp.start_processes(_rank, args=(opts["nproc"], opts, free_port(), results), nprocs=opts["nproc"],
-                           start_method=rank_start_method(device))
+        try:
+            mp.start_processes(_rank, args=(opts["nproc"], opts, free_port(), results), nprocs=opts["nproc"],
+                               start_method=rank_start_method(device))
+        except ProcessException as exc:    # a rank raised or died: say which, write nothing
+            print(f"commbench: rank {exc.error_index} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+            return 1
         raw = json.loads(Path(results).read_text())
     world = opts["nproc"]
     record = {"schema": "ddlbench.commbench/1", "backend": raw["backend"], "device": raw["device"],

@@ -24,3 +24,13 @@ def test_gloo_writes_what_the_wire_factors_say(tmp_path, nproc):
         assert r["written_bytes_mean"] == pytest.approx(r["wire_bytes_expected"], rel=0.01), r["kind"]
         assert r["busbw_Bps"] > 0 and r["time_s"] > 0
     assert "busbw_GB/s" in proc.stdout
+
+
+def test_a_failing_rank_is_named_and_nothing_is_written(tmp_path):
+    import torch
+    if torch.cuda.is_available():   # the failure below needs a machine without a CUDA driver
+        return
+    proc = bench("commbench", "launcher.nproc=2", "sizes=[4096]", "run.device=cuda", f"out={tmp_path}", timeout=240)
+    assert proc.returncode == 1
+    assert "commbench: rank" in proc.stderr and "failed" in proc.stderr and "NVIDIA" in proc.stderr
+    assert not (tmp_path / "commbench.json").exists()
