@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from bench import envinfo
-from bench.hardware import peak_flops
+from bench.hardware import cuda_tf32_enabled, peak_dtype, peak_flops
 from bench.metrics.convergence import eval_times, first_reached
 from bench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, per_step, rank_wire_bytes
 from bench.metrics.mfu import MfuError, mfu
@@ -85,12 +85,14 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     window_step = window_step_time([g["step_time_s"] for g in gathered])
     tp = throughput(dims.global_batch, window_step, dims.world_size, spec.tokens_per_sample)
     params = getattr(adapter, "params", None)
-    flops = train_flops_per_sample(spec)
-    peak, peak_source = peak_flops(cfg.hardware, ctx.device, ctx.precision, threads)
-    mfu_value = None
+    flops = train_flops_per_sample(spec, recompute_blocks=adapter.recomputes_blocks())
+    tf32 = ctx.device.type == "cuda" and cuda_tf32_enabled(getattr(cfg.model, "arch", None))
+    peak, peak_source = peak_flops(cfg.hardware, ctx.device, ctx.precision, threads, tf32)
+    mfu_value = hfu_value = None
     if peak:
         try:
             mfu_value = mfu(flops["flops"], tp["samples_per_s"], dims.world_size, peak)
+            hfu_value = mfu(flops["hardware_flops"], tp["samples_per_s"], dims.world_size, peak)
         except MfuError as exc:
             record["warnings"].append(str(exc))
     else:
@@ -136,7 +138,12 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     record["mfu"] = mfu_value
     record["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
                        "palm_train_per_sample": flops["palm_flops"],
-                       "peak_per_device": peak, "peak_source": peak_source}
+                       "hardware_train_per_sample": flops["hardware_flops"],
+                       "recompute": "activation checkpointing per block" if adapter.recomputes_blocks() else None,
+                       "hfu": hfu_value, "peak_dtype": peak_dtype(ctx.device.type, ctx.precision, tf32),
+                       "peak_per_device": peak, "peak_source": peak_source,
+                       "note": "mfu = train_per_sample x samples/s / (devices x peak); hfu the same with "
+                               "hardware_train_per_sample (recomputed forwards included)"}
     losses = _global_losses(gathered)
     record["convergence"]["train_loss"] = [[i, l] for i, l in enumerate(losses)]
     return record

@@ -8,6 +8,7 @@ from bench.errors import ConfigError
 LANGUAGE_DATA = ("markov", "text")
 VISION_DATA = ("blobs", "digits", "imagefolder")
 FLOORED_DATA = ("markov", "blobs")   # datasets with a known best achievable loss
+DIGITS_SAMPLES = 1797                # sklearn.datasets.load_digits
 
 
 def check_data(cfg) -> None:
@@ -27,6 +28,9 @@ def check_data(cfg) -> None:
                           f"known floor ({', '.join(FLOORED_DATA)}), got data={d.name}")
     if run.target_metric == "accuracy" and run.target is not None and not 0 < run.target <= 1:
         raise ConfigError(f"run.target {run.target}: an accuracy target must be in (0, 1]")
+    if run.final_objective and not run.epochs:
+        raise ConfigError("run.final_objective is computed over a dataset's training split: set "
+                          "run.epochs and a dataset (data=digits, blobs, markov, imagefolder, text)")
     if run.stop_at_target and run.target is None:
         raise ConfigError("run.stop_at_target needs run.target")
     _check_sizes(cfg)
@@ -38,8 +42,8 @@ def _check_sizes(cfg) -> None:
         raise ConfigError(f"data.train_samples {d.train_samples} is smaller than run.global_batch {gb}")
     if d.name == "markov" and d.states > m.vocab_size:
         raise ConfigError(f"data.states {d.states} exceeds model.vocab_size {m.vocab_size}")
-    if d.name == "digits" and m.num_classes < 10:
-        raise ConfigError(f"data=digits has 10 classes; model.num_classes is {m.num_classes}")
+    if d.name == "digits":
+        _check_digits(d, m, cfg.run)
     if d.name == "text":
         need = 256 if d.tokenizer == "byte" else 50257
         if m.vocab_size < need:
@@ -62,3 +66,20 @@ def _check_sizes(cfg) -> None:
         n = len(class_dirs(Path(d.path) / d.train_dir))
         if n != m.num_classes:
             raise ConfigError(f"data.path has {n} classes but model.num_classes is {m.num_classes}")
+
+
+def _check_digits(d, m, run) -> None:
+    if m.num_classes < 10:
+        raise ConfigError(f"data=digits has 10 classes; model.num_classes is {m.num_classes}")
+    if d.features == "raw" and (m.image_size != 8 or m.channels != 1):
+        raise ConfigError("data.features=raw gives 1 x 8 x 8 inputs: the model needs image_size 8 "
+                          f"and channels 1 (model={m.name}: {m.image_size}, {m.channels})")
+    if d.features == "upscaled" and m.channels != 3:
+        raise ConfigError(f"data.features=upscaled gives 3 channels; model.channels is {m.channels}")
+    n_train = DIGITS_SAMPLES - int(round(DIGITS_SAMPLES * d.val_fraction))
+    if d.train_samples is not None and d.train_samples > n_train:
+        raise ConfigError(f"data.train_samples {d.train_samples} exceeds the {n_train} training "
+                          f"samples of data=digits at val_fraction {d.val_fraction}")
+    if d.val_fraction == 0 and (run.target is not None or run.eval_every):
+        raise ConfigError("data.val_fraction=0 leaves no validation split: run.target and "
+                          "run.eval_every need one")

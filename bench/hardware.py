@@ -46,8 +46,36 @@ def probe_cpu_matmul(threads: int, dtype: torch.dtype = torch.float32, n: int = 
         torch.set_num_threads(before)
 
 
+CONV_ARCHS = ("resnet18", "resnet50", "resnet152", "vgg16")   # whose FLOPs are mostly convolutions
+
+
+def peak_dtype(device_type: str, precision: str, tf32: bool = False) -> str:
+    """Which dense peak bounds a run's math. bf16/fp16 as run. fp32 on CUDA: the TF32 tensor-core
+    peak when the model's main op may use TF32 (`tf32`: cuDNN convolutions do by default,
+    matmuls only with torch.backends.cuda.matmul.allow_tf32), else the FP32 peak. On CPU the
+    probe measures bf16 or fp32 (fp16 runs are bounded by the fp32 probe)."""
+    if device_type == "cuda":
+        return "tf32" if precision == "fp32" and tf32 else precision
+    return "bf16" if precision == "bf16" else "fp32"
+
+
+def cuda_tf32_enabled(arch: Optional[str]) -> bool:
+    """Whether fp32 math of this model may run as TF32 on CUDA right now (torch's flags)."""
+    if arch in CONV_ARCHS:
+        return bool(torch.backends.cudnn.allow_tf32)
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def match_gpu(name: str, table: dict):
+    """The gpu_table key for a device name: the longest key that appears as whole words
+    ('H100 PCIe' before 'H100'; 'A10' does not match 'A10G'). None if none does."""
+    import re
+    hits = [k for k in table if re.search(rf"(?<![\w]){re.escape(k)}(?![\w])", name, re.IGNORECASE)]
+    return max(hits, key=len) if hits else None
+
+
 def cpu_peak(threads: int, precision: str, cache: Path = CACHE) -> tuple[float, str]:
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = torch.bfloat16 if peak_dtype("cpu", precision) == "bf16" else torch.float32
     key = f"{platform.node()}|{cpu_model()}|threads={threads}|{dtype}"
     try:
         table = json.loads(cache.read_text())
@@ -63,15 +91,16 @@ def cpu_peak(threads: int, precision: str, cache: Path = CACHE) -> tuple[float, 
     return table[key], f"cpu matmul probe ({key})"
 
 
-def peak_flops(hw_cfg, device: torch.device, precision: str, threads: int) -> tuple[Optional[float], str]:
-    """(peak FLOP/s per device, where it came from)."""
-    key = "fp32" if precision == "fp32" else precision
+def peak_flops(hw_cfg, device: torch.device, precision: str, threads: int,
+               tf32: bool = False) -> tuple[Optional[float], str]:
+    """(dense peak FLOP/s per device for peak_dtype(...), where it came from)."""
+    key = peak_dtype(device.type, precision, tf32)
     if hw_cfg.peak_flops is not None:
-        return getattr(hw_cfg.peak_flops, key), f"conf/hardware/{hw_cfg.name}"
+        return getattr(hw_cfg.peak_flops, key), f"conf/hardware/{hw_cfg.name} {key}"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for gpu, peaks in hw_cfg.gpu_table.items():
-            if gpu.lower() in name.lower():
-                return getattr(peaks, key), f"conf/hardware gpu_table[{gpu}] for '{name}'"
-        return None, f"no peak known for '{name}': add it to conf/hardware/auto.yaml gpu_table"
+        gpu = match_gpu(name, hw_cfg.gpu_table)
+        if gpu is None:
+            return None, f"no peak known for '{name}': add it to conf/hardware/auto.yaml gpu_table"
+        return getattr(hw_cfg.gpu_table[gpu], key), f"conf/hardware gpu_table[{gpu}] {key} for '{name}'"
     return cpu_peak(threads, precision)

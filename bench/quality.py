@@ -30,11 +30,26 @@ def batch_source(dataset: Optional[Dataset], cfg, spec, dims, dp_rank: int, devi
     return stream.forever(), stream.steps_per_epoch
 
 
+def evaluate_split(adapter, split, dims, dp_rank: int, device) -> dict:
+    """Mean loss and accuracy of the current parameters over a whole split (every rank calls
+    it; each evaluates its shard through the adapter, one all-reduce sums them)."""
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    for indices, weights in eval_shards(split.size, dims.dp, dp_rank, dims.micro_batch):
+        batch = {k: v.to(device) for k, v in split[indices].items()}
+        batch["eval_weight"] = torch.tensor(weights, device=device)
+        sums += adapter.eval_step(batch).double()
+    # sum over all ranks: model-parallel adapters return zeros except on one rank per
+    # data-parallel replica (pipeline: last stage; tensor parallel: tp rank 0)
+    dist.all_reduce(sums)
+    loss_sum, correct, count = sums.tolist()
+    return {"loss": loss_sum / count, "accuracy": correct / count, "predictions": int(round(count))}
+
+
 class Evaluator:
     def __init__(self, adapter, dataset: Dataset, dims, dp_rank: int, device: torch.device,
                  steps_per_epoch: int, eval_every: Optional[int]):
         self.adapter, self.val, self.device = adapter, dataset.val, device
-        self.shards = eval_shards(dataset.val.size, dims.dp, dp_rank, dims.micro_batch)
+        self.dims, self.dp_rank = dims, dp_rank
         self.steps_per_epoch, self.eval_every = steps_per_epoch, eval_every
 
     def due(self, steps_done: int) -> bool:
@@ -42,15 +57,17 @@ class Evaluator:
 
     def __call__(self, steps_done: int) -> dict:
         t0 = time.perf_counter()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-        for indices, weights in self.shards:
-            batch = {k: v.to(self.device) for k, v in self.val[indices].items()}
-            batch["eval_weight"] = torch.tensor(weights, device=self.device)
-            sums += self.adapter.eval_step(batch).double()
-        # sum over all ranks: model-parallel adapters return zeros except on one rank per
-        # data-parallel replica (pipeline: last stage; tensor parallel: tp rank 0)
-        dist.all_reduce(sums)
-        loss_sum, correct, count = sums.tolist()
-        return {"step": steps_done, "epoch": steps_done / self.steps_per_epoch,
-                "loss": loss_sum / count, "accuracy": correct / count,
-                "predictions": int(round(count)), "eval_s": time.perf_counter() - t0}
+        out = evaluate_split(self.adapter, self.val, self.dims, self.dp_rank, self.device)
+        return {"step": steps_done, "epoch": steps_done / self.steps_per_epoch, **out,
+                "eval_s": time.perf_counter() - t0}
+
+
+def final_objective(adapter, dataset: Dataset, dims, dp_rank: int, device, optim_cfg, steps: int) -> dict:
+    """The regularised training objective at the parameters after `steps` training steps
+    (collective; outside every timed step)."""
+    from bench.optim import regularised_objective
+
+    train = evaluate_split(adapter, dataset.train, dims, dp_rank, device)
+    out = regularised_objective(train["loss"], adapter.param_stats(), optim_cfg.weight_decay,
+                                optim_cfg.exclude_from_decay)
+    return {**out, "train_accuracy": train["accuracy"], "samples": train["predictions"], "after_steps": steps}

@@ -22,21 +22,11 @@ from bench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from bench.config import Plan
 from bench.faults import FaultInjector
 from bench.launch import events, stop
+from bench.optim import build_optimizer_factory
 from bench.metrics.convergence import reached, resolve_target
-from bench.quality import Evaluator, batch_source
+from bench.quality import Evaluator, batch_source, final_objective
 from models.datasets import build_dataset
 from bench.results import write_result
-
-
-def build_optimizer_factory(optim_cfg):
-    def build(params):
-        if optim_cfg.name == "adamw":
-            return torch.optim.AdamW(params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                                     eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
-        return torch.optim.SGD(params, lr=optim_cfg.lr, momentum=optim_cfg.momentum,
-                               weight_decay=optim_cfg.weight_decay)
-    build.optim_cfg = optim_cfg  # adapters that must build the optimizer natively read this
-    return build
 
 
 def _sync(device: torch.device) -> None:
@@ -112,7 +102,8 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     evaluate = None
     if cfg.run.epochs:  # quality mode: whole epochs, evaluation between steps
         total = cfg.run.epochs * steps_per_epoch
-        evaluate = Evaluator(adapter, dataset, dims, dp_rank, ctx.device, steps_per_epoch, cfg.run.eval_every)
+        if dataset.val.size:     # data.val_fraction=0: train only, nothing to evaluate
+            evaluate = Evaluator(adapter, dataset, dims, dp_rank, ctx.device, steps_per_epoch, cfg.run.eval_every)
     else:
         total = warmup + cfg.run.measure_steps
     adapter.plan_steps(total, steps_per_epoch if cfg.run.epochs else None)
@@ -166,6 +157,8 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         warmup = len(step_s) - 1
 
     memory = adapter.memory_stats()  # peaks of the training loop, before the probe step
+    objective = (final_objective(adapter, dataset, dims, dp_rank, ctx.device, cfg.optim, len(losses))
+                 if cfg.run.final_objective else None)
     comm = _probe_comm(adapter, batches, ctx)
     if cfg.run.comm_profile and ctx.world_size > 1:
         from bench.comm_time import profile_comm
@@ -178,7 +171,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         "all_step_time_s": step_s,
         "host_time_s": host_s[warmup:],
         "window_unix_s": ([unix_offset + window_start, unix_offset + t_prev]
-                          if len(step_s) > warmup and not evaluate else None),
+                          if len(step_s) > warmup and not cfg.run.epochs else None),
         "loss": [float("nan") if l is None else float(l) for l in losses],
         "memory": memory,
         "baseline_rss_bytes": baseline_rss,
@@ -196,6 +189,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         record["env"]["rank_start_method"] = events.info(timeline, "agent_start", "start_method")
         if dataset is not None:
             fill_convergence(record, cfg, dataset, steps_per_epoch, evals, target, gathered)
+            record["convergence"]["final_objective"] = objective
         if fingerprint is not None:
             record["final_params"] = {"fingerprint": fingerprint, "after_steps": len(losses) + comm["steps"] * (2 if "time" in comm else 1),
                                       "note": "[sum, sum of squares, sum of |x|] per parameter after the "

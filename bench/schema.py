@@ -51,7 +51,7 @@ class VitCfg(Strict):
     mlp_dim: PositiveInt
 
 
-VISION_ARCHS = ("resnet18", "resnet50", "resnet152", "vgg16", "vit_b_16", "vit")
+VISION_ARCHS = ("resnet18", "resnet50", "resnet152", "vgg16", "vit_b_16", "vit", "logreg")
 
 
 class VisionModelCfg(Strict):
@@ -60,10 +60,13 @@ class VisionModelCfg(Strict):
     arch: Literal[VISION_ARCHS]  # type: ignore[valid-type]
     image_size: Annotated[int, Field(ge=8)]
     num_classes: Annotated[int, Field(ge=2)]
+    channels: PositiveInt = 3     # input channels; torchvision nets take 3, logreg any
     vit: Optional[VitCfg] = None
 
     @model_validator(mode="after")
     def _vit_needs_shape(self):
+        if self.channels != 3 and self.arch != "logreg":
+            raise ValueError(f"arch '{self.arch}' takes 3 input channels, not model.channels {self.channels}")
         if self.arch == "vit" and self.vit is None:
             raise ValueError("arch 'vit' needs a model.vit block (patch_size, num_layers, ...)")
         if self.vit is not None and self.image_size % self.vit.patch_size:
@@ -100,8 +103,10 @@ class BlobsDataCfg(_GeneratedDataCfg):
 
 class DigitsDataCfg(Strict):
     name: Literal["digits"]
-    val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2   # 0: every sample trains, no validation
     split_seed: NonNegativeInt = 0
+    features: Literal["upscaled", "raw"] = "upscaled"  # raw: 1 x 8 x 8 in [0, 1], no resampling
+    train_samples: Optional[PositiveInt] = None        # keep the first k training samples (seeded order)
 
 
 class ImageFolderDataCfg(Strict):
@@ -139,6 +144,9 @@ class OptimCfg(Strict):
     betas: tuple[float, float] = (0.9, 0.999)
     eps: Annotated[float, Field(gt=0)] = 1e-8
     momentum: Annotated[float, Field(ge=0)] = 0.0
+    # bias_and_norm: parameters with fewer than 2 dimensions (biases, norm scales/shifts) get
+    # weight_decay 0, the usual exclusion (GPT-2/nanoGPT, torchvision recipes); none: all decay
+    exclude_from_decay: Literal["none", "bias_and_norm"] = "none"
 
 
 class LauncherCfg(Strict):
@@ -192,6 +200,8 @@ class RunCfg(Strict):
     stop_at_target: bool = False
     repeat: NonNegativeInt = 0                 # repeat index: repeats of one cell differ only here
     progress: bool = True
+    final_objective: bool = False     # after training: mean loss over the whole training split
+                                      # + weight_decay/2 x sum of decayed parameters squared
     comm_profile: bool = True         # one more untimed step under torch.profiler: comm time, overlap
     param_fingerprint: bool = False   # record [sum, sum^2] of every final parameter (gathers!)
     dir: Optional[str] = None

@@ -1,7 +1,9 @@
 """Training FLOPs per sample, counted with torch.utils.flop_counter (forward + backward).
 
 Counted on the meta device (no memory, no compute) so it is cheap for XL presets; falls back to
-a real CPU pass for modules meta tensors cannot run. For transformers the PaLM formula
+a real CPU pass for modules meta tensors cannot run. Model FLOPs (MFU) count one forward and one
+backward; hardware FLOPs (HFU) count what runs, i.e. with activation checkpointing the block
+forwards a second time, counted the same way on a model with the same checkpointing applied. For transformers the PaLM formula
 (Chowdhery et al. 2022, appendix B: 6N + 12*L*H*Q*T per token) is reported beside it.
 """
 from __future__ import annotations
@@ -12,9 +14,13 @@ from torch.utils.flop_counter import FlopCounterMode
 from models.spec import ModelSpec, count_params
 
 
-def _count(spec: ModelSpec, device: str) -> int:
+def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
     with torch.device(device):
         model = spec.build()
+    if recompute_blocks:  # the run's activation checkpointing: backward re-runs each block's forward
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+        ids = {id(b) for b in model.blocks()}
+        apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
     # vision: two samples, as BatchNorm in training mode needs more than one value per channel;
     n = 2
     gen = torch.Generator().manual_seed(0)
@@ -29,12 +35,14 @@ def _count(spec: ModelSpec, device: str) -> int:
     return int(counter.get_total_flops()) // n
 
 
-def train_flops_per_sample(spec: ModelSpec) -> dict:
-    """{'flops': int, 'method': str, 'palm_flops': int | None}"""
+def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool = False) -> dict:
+    """{'flops': model FLOPs, 'hardware_flops': FLOPs executed (with the recomputed forward of
+    checkpointed blocks), 'method': str, 'palm_flops': int | None}"""
     try:
-        flops, method = _count(spec, "meta"), "flop_counter(meta)"
+        flops, method, device = _count(spec, "meta"), "flop_counter(meta)", "meta"
     except Exception:  # some ops have no meta kernel; a real pass is exact, only slower
-        flops, method = _count(spec, "cpu"), "flop_counter(cpu)"
+        flops, method, device = _count(spec, "cpu"), "flop_counter(cpu)", "cpu"
+    hardware = _count(spec, device, recompute_blocks=True) if recompute_blocks else flops
     palm = None
     if spec.kind == "language":
         c = spec.config
@@ -43,7 +51,7 @@ def train_flops_per_sample(spec: ModelSpec) -> dict:
             params = count_params(spec.build())
         palm = palm_train_flops_per_token(params, n_layer, n_head, n_embd // n_head,
                                           spec.tokens_per_sample) * spec.tokens_per_sample
-    return {"flops": flops, "method": method, "palm_flops": palm}
+    return {"flops": flops, "hardware_flops": hardware, "method": method, "palm_flops": palm}
 
 
 def palm_train_flops_per_token(params: int, n_layer: int, n_head: int, head_dim: int, seq: int) -> int:

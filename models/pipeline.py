@@ -88,7 +88,10 @@ class _PoolHead(nn.Module):
 
 def pieces(model: nn.Module) -> list[nn.Module]:
     """The ordered pieces of a zoo model (models.language.CausalLM / models.vision.Classifier)."""
+    from models.vision import LinearClassifier
     net = model.net
+    if isinstance(net, LinearClassifier):
+        return [net]                 # one piece: nothing to pipeline
     if hasattr(net, "transformer"):  # GPT-2
         return [_Embed(net.transformer), *(_Block(b, net.config) for b in net.transformer.h), _LMHead(net)]
     if hasattr(net, "encoder"):      # ViT

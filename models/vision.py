@@ -1,4 +1,5 @@
-"""Vision models from torchvision: ResNet-18/50/152, VGG-16, ViT-B/16 and a tiny ViT."""
+"""Vision models from torchvision: ResNet-18/50/152, VGG-16, ViT-B/16 and a tiny ViT; and a
+linear classifier (multinomial logistic regression, `arch: logreg`), the convex yardstick."""
 from __future__ import annotations
 
 import torch
@@ -18,6 +19,17 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor,
     return torch.stack([(w * loss).sum(), (w * (logits.argmax(-1) == labels).float()).sum(), w.sum()])
 
 
+class LinearClassifier(nn.Module):
+    """Multinomial logistic regression on the flattened input: logits = W x + b."""
+
+    def __init__(self, in_features: int, num_classes: int):
+        super().__init__()
+        self.fc = nn.Linear(in_features, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(x, 1))
+
+
 class Classifier(nn.Module):
     """A torchvision classifier that computes its own loss."""
 
@@ -31,8 +43,10 @@ class Classifier(nn.Module):
         return classification_loss(self.net(images), labels, eval_weight)
 
     def blocks(self) -> list[nn.Module]:
-        """ResNet stages, ViT encoder layers, VGG features + classifier."""
+        """ResNet stages, ViT encoder layers, VGG features + classifier; none for logreg."""
         net = self.net
+        if isinstance(net, LinearClassifier):
+            return []
         if hasattr(net, "layer1"):
             return [net.layer1, net.layer2, net.layer3, net.layer4]
         if hasattr(net, "encoder"):
@@ -41,6 +55,8 @@ class Classifier(nn.Module):
 
 
 def _net(mc) -> nn.Module:
+    if mc.arch == "logreg":
+        return LinearClassifier(mc.channels * mc.image_size ** 2, mc.num_classes)
     import torchvision.models as tvm
     if mc.arch == "vit":
         v = mc.vit
@@ -59,9 +75,10 @@ def vision_spec(mc) -> ModelSpec:
 
     def sample(gen: torch.Generator) -> dict:
         label = torch.randint(0, mc.num_classes, (), generator=gen)
-        return {"images": torch.randn(3, mc.image_size, mc.image_size, generator=gen), "labels": label}
+        return {"images": torch.randn(mc.channels, mc.image_size, mc.image_size, generator=gen), "labels": label}
 
-    config = {"arch": mc.arch, "image_size": mc.image_size, "num_classes": mc.num_classes}
+    config = {"arch": mc.arch, "image_size": mc.image_size, "num_classes": mc.num_classes,
+              "channels": mc.channels}
     if mc.vit is not None:
         config["vit"] = mc.vit.model_dump()
     return ModelSpec(name=mc.name, kind="vision", factory=factory, sample=sample,

@@ -62,6 +62,13 @@ def test_experiment_and_debug_are_global_packages():
 
 
 BAD = [
+    (["model=logreg", "data=digits"], "data.features=upscaled gives 3 channels; model.channels is 1"),
+    (["model=resnet18_tiny", "data=digits", "data.features=raw"], "data.features=raw gives 1 x 8 x 8 inputs"),
+    (["model=resnet18_tiny", "+model.channels=1"], "arch 'resnet18' takes 3 input channels"),
+    (["experiment=convex_logreg", "run.target=0.5"], "data.val_fraction=0 leaves no validation split"),
+    (["experiment=convex_logreg", "data.train_samples=1798"], "exceeds the 1797 training samples"),
+    (["model=resnet18_tiny", "data=digits", "data.train_samples=1500"], "exceeds the 1438 training samples"),
+    (["run.final_objective=true"], "run.final_objective is computed over a dataset's training split"),
     (["launcher.nproc=0"], "launcher.nproc: Input should be greater than 0"),
     (["launcher.nproc=3"], "run.global_batch 8 is not divisible by dp=3"),
     (["launcher.nproc=2", "run.micro_batch=3"], "dp ranks x run.micro_batch = 2 x 3"),

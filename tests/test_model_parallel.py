@@ -213,10 +213,24 @@ def test_vit_tensor_parallel_matches_one_process(tmp_path):
 @pytest.mark.parametrize("overrides", [
     ("framework=pipeline_interleaved", "framework.options.schedule=interleaved_zero_bubble"),
     ("framework=tensor_parallel", "framework.options.activation_checkpointing=true"),
-], ids=["interleaved_zero_bubble", "tp_activation_checkpointing"])
+    ("framework=ddp", "framework.options.activation_checkpointing=true"),
+    ("framework=fsdp_full", "framework.options.activation_checkpointing=true"),
+], ids=["interleaved_zero_bubble", "tp_activation_checkpointing", "ddp_activation_checkpointing",
+        "fsdp_activation_checkpointing"])
 def test_other_options_match_one_process(single, tmp_path, overrides):
-    """The schedule and option without a config file of their own: same losses as one process."""
+    """The schedule and options without a config file of their own: same losses as one process.
+    Activation checkpointing recomputes: hardware FLOPs (HFU) exceed model FLOPs (MFU) by the
+    recomputed block forwards, counted under the same checkpointing (tests/test_flops.py)."""
     _, rec = run_record(tmp_path / "r", *overrides, "launcher.nproc=2", *STEPS, timeout=270)
     assert rec["status"] == "ok", rec.get("error")
     assert [l for _, l in rec["convergence"]["train_loss"]] == pytest.approx(
         [l for _, l in single["convergence"]["train_loss"]], rel=1e-5)
+    f = rec["flops"]
+    if "activation_checkpointing=true" in overrides[1]:
+        assert f["recompute"] == "activation checkpointing per block"
+        assert f["hardware_train_per_sample"] > f["train_per_sample"] == single["flops"]["train_per_sample"]
+        assert f["hfu"] / rec["mfu"] == pytest.approx(f["hardware_train_per_sample"] / f["train_per_sample"], rel=1e-12)
+        if "framework=tensor_parallel" not in overrides:
+            assert rec["framework"]["native_config"]["activation_checkpointing"].startswith("non-reentrant")
+    else:
+        assert f["recompute"] is None and f["hfu"] == rec["mfu"]

@@ -152,3 +152,21 @@ def test_comm_time_is_shown_beside_the_commbench_ceiling(tmp_path):
     # 4 ms a step, 3 ms exposed, 25% overlapped, 0.5 GB/s against the best commbench row, 0.7
     assert "| ddp2 | ddp:default | 2 | all_reduce | 1 | 4.00 | 3.00 | 25% | 0.500 | 0.700 |" in section
     assert "Communication time: exposed and overlapped" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_flops_table_shows_mfu_hfu_method_and_peak(tmp_path):
+    root = tmp_path / "runs"
+    rec = make_record("ac", world=2)
+    rec["mfu"] = 0.10
+    rec["flops"] = {"train_per_sample": 3.0e9, "hardware_train_per_sample": 4.0e9, "hfu": 0.1333333,
+                    "method": "flop_counter(meta)", "recompute": "activation checkpointing per block",
+                    "peak_per_device": 9.894e14, "peak_dtype": "bf16", "peak_source": "conf/hardware gpu_table[H100] bf16"}
+    write(root, rec)
+    write(root, make_record("plain"))          # a record without a flops section adds no row
+    report.build([str(root)], tmp_path / "out", progress=False)
+    md = (tmp_path / "out" / "report.md").read_text()
+    section = md.split("## FLOPs: MFU, HFU and the peak behind them")[1].split("## All runs")[0]
+    assert ("| ac | ddp:default | fp32 | 10.0% | 13.3% | 3e+09 | 4e+09 | flop_counter(meta) + activation "
+            "checkpointing per block | 9.894e+14 | bf16 | conf/hardware gpu_table[H100] bf16 |") in section
+    assert "| plain |" not in section
+    assert "FLOPs: MFU, HFU and the peak behind them" in (tmp_path / "out" / "report.html").read_text()

@@ -91,6 +91,23 @@ def fsdp2_no_sync(model: nn.Module):
         model.set_requires_gradient_sync(True)
 
 
+def checkpoint_blocks(model: nn.Module) -> int:
+    """Activation checkpointing (torch's non-reentrant checkpoint wrapper) on every block of
+    `model.blocks()`: their activations are dropped after forward and recomputed in backward
+    (the run's hardware FLOPs then exceed its model FLOPs: flops.hfu). Returns the block count."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    ids = {id(b) for b in model.blocks()}
+    apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
+    return len(ids)
+
+
+def param_row(t: torch.Tensor) -> list[float]:
+    """[sum, sum of squares, sum of |x|] of a full parameter, in float64."""
+    t = t.detach().double()
+    return [float(t.sum()), float((t * t).sum()), float(t.abs().sum())]
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The LossModel inside framework wrappers (DDP/DeepSpeed `.module`)."""
     while hasattr(model, "module") and isinstance(model.module, nn.Module):
@@ -223,18 +240,21 @@ class Adapter:
         None if there is no simple formula."""
         return None
 
-    def param_fingerprint(self) -> list[list[float]]:
-        """[sum, sum of squares, sum of |x|] of every full parameter (tied weights once), in the model's
-        order: equal across equivalent strategies. Sharded adapters gather (collective: all
-        ranks call it)."""
+    def recomputes_blocks(self) -> bool:
+        """Whether this run recomputes each block's forward in backward (activation checkpointing)."""
+        return bool(getattr(self.options, "activation_checkpointing", False))
+
+    def param_stats(self) -> list[tuple[int, list[float]]]:
+        """(ndim, param_row) of every full parameter (tied weights once), in the model's order:
+        equal across equivalent strategies. Sharded adapters gather (collective: all ranks call it)."""
         from torch.distributed.tensor import DTensor
 
-        out = []
-        for p in unwrap(self.model).parameters():
-            t = p.full_tensor() if isinstance(p, DTensor) else p
-            t = t.detach().double()
-            out.append([float(t.sum()), float((t * t).sum()), float(t.abs().sum())])
-        return out
+        return [(p.ndim, param_row(p.full_tensor() if isinstance(p, DTensor) else p))
+                for p in unwrap(self.model).parameters()]
+
+    def param_fingerprint(self) -> list[list[float]]:
+        """param_row of every full parameter, in the model's order (collective)."""
+        return [row for _, row in self.param_stats()]
 
     def rank_stats(self) -> dict:
         """Per-rank facts gathered after the window (model-parallel adapters: stages, params,

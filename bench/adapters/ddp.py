@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut, checkpoint_blocks, forward_backward, taxonomy_labels
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
@@ -35,6 +35,7 @@ class DDPOptions(BaseModel):
     local_sgd_period: PositiveInt = 4
     local_sgd_warmup_steps: NonNegativeInt = 2
     local_sgd_group_size: PositiveInt = 1
+    activation_checkpointing: bool = False   # recompute each block's forward in backward
 
 
 class DDPAdapter(Adapter):
@@ -64,6 +65,8 @@ class DDPAdapter(Adapter):
         o = self.options
         model = build_model().to(self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
+        if o.activation_checkpointing:
+            checkpoint_blocks(model)
         bucket_cap_mb = o.bucket_cap_mb
         self._forced_single_bucket = None
         if o.comm_hook == "powersgd" and self.ctx.backend == "gloo":
@@ -151,6 +154,7 @@ class DDPAdapter(Adapter):
             "broadcast_buffers": o.broadcast_buffers,
             "find_unused_parameters": o.find_unused_parameters,
             "comm_hook": o.comm_hook,
+            "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
             "mixed_precision": "none" if self.ctx.precision == "fp32" else f"torch.autocast({self.ctx.precision})",
             "backend": self.ctx.backend,
             "grad_scaler": self.scaler is not None,

@@ -17,9 +17,10 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, split_micro, taxonomy_labels, unwrap
+from bench.adapters.base import Adapter, StepOut, param_row, split_micro, taxonomy_labels, unwrap
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+from bench.optim import param_groups
 
 
 class DeepSpeedOptions(BaseModel):
@@ -101,6 +102,11 @@ class DeepSpeedAdapter(Adapter):
             # the optimizer that the equivalence gate caught. The run declares no clipping.
             "gradient_clipping": 0.0,
             "zero_force_ds_cpu_optimizer": o.offload_optimizer_impl == "ds_cpu_adam",
+            # ZeRO >= 1 refuses client optimizers outside its tested list (Adam/AdamW/Adagrad/Lion)
+            # unless allowed. It steps them on flat fp32 partitions; torch SGD's update (momentum
+            # per element) is element-wise, so the math is DDP's: tests/test_convex.py checks
+            # that ZeRO-2 + SGD reaches the convex optimum.
+            "zero_allow_untested_optimizer": optim_cfg.name == "sgd" and o.stage >= 1,
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
@@ -131,9 +137,11 @@ class DeepSpeedAdapter(Adapter):
         self.params = sum(p.numel() for p in model.parameters())
         self.config = self.ds_config(build_optimizer.optim_cfg)
         optimizer = None if self._offload else build_optimizer(model.parameters())
+        oc = build_optimizer.optim_cfg   # the config-built optimizer gets the same decay groups
         self.model, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config,
-            model_parameters=model.parameters() if optimizer is None else None)
+            model_parameters=(param_groups(model.parameters(), oc.weight_decay, oc.exclude_from_decay)
+                              if optimizer is None else None))
         self.version = deepspeed.__version__
         self._dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.precision)
 
@@ -157,17 +165,13 @@ class DeepSpeedAdapter(Adapter):
     def forward_context(self):
         return contextlib.nullcontext()  # the engine runs in its configured precision
 
-    def param_fingerprint(self) -> list[list[float]]:
+    def param_stats(self) -> list[tuple[int, list[float]]]:
         if self.options.stage != 3:
-            return super().param_fingerprint()
+            return super().param_stats()
         import deepspeed
         params = list(unwrap(self.model).parameters())
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            out = []
-            for p in params:
-                t = p.detach().double()
-                out.append([float(t.sum()), float((t * t).sum()), float(t.abs().sum())])
-            return out
+            return [(p.ndim, param_row(p)) for p in params]
 
     def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
         s = self.options.stage

@@ -13,6 +13,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict
 
 from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
+from bench.optim import param_groups
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
@@ -55,8 +56,11 @@ class FairScaleAdapter(Adapter):
         o = self.options
         model = build_model().to(self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
-        # OSS calls optim(param_shard, **defaults): the run's optimizer factory fits that shape
-        self.optimizer = OSS(params=model.parameters(), optim=build_optimizer,
+        # OSS calls optim(its groups' shards on this rank, **defaults): the run's optimizer
+        # factory takes those groups (made here, so the decay exclusion holds) as they are
+        oc = build_optimizer.optim_cfg
+        self.optimizer = OSS(params=param_groups(model.parameters(), oc.weight_decay, oc.exclude_from_decay),
+                             optim=build_optimizer,
                              broadcast_fp16=o.broadcast_fp16)
         if o.mode == "oss_sdp":
             from fairscale.nn.data_parallel import ShardedDataParallel

@@ -14,7 +14,7 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, forward_backward, fsdp2_no_sync, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut, checkpoint_blocks, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
@@ -28,6 +28,7 @@ class FSDP2Options(BaseModel):
     cpu_offload: bool = False                   # CPUOffloadPolicy: params/grads/optimizer on host
     reduce_dtype: Literal["fp32", "param"] = "fp32"  # gradient reduction dtype under bf16
     wrap: Literal["blocks", "root"] = "blocks"  # per-block (recommended) or one unit
+    activation_checkpointing: bool = False      # recompute each block's forward in backward
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -93,6 +94,8 @@ class FSDP2Adapter(Adapter):
         if o.cpu_offload:
             # pinned host memory needs a CUDA driver; on CPU-only ranks the path runs unpinned
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.device.type == "cuda")
+        if o.activation_checkpointing:   # before sharding, as torchtitan applies it
+            checkpoint_blocks(model)
         units = model.blocks() if o.wrap == "blocks" else []
         for block in units:
             fully_shard(block, **kw)
@@ -145,6 +148,7 @@ class FSDP2Adapter(Adapter):
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
             "reshard_after_forward": o.reshard_after_forward,
             "wrap": o.wrap, "fsdp_units": self.units,
+            "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
             "mp_policy": None if self._mp is None else {
                 "param_dtype": str(self._mp.param_dtype), "reduce_dtype": str(self._mp.reduce_dtype)},
             "offload_policy": ({"class": "CPUOffloadPolicy", "pin_memory": self.ctx.device.type == "cuda"}

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
-from bench.adapters.base import Adapter, StepOut, autocast, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut, autocast, param_row, taxonomy_labels
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
@@ -346,11 +346,8 @@ class PipelineAdapter(Adapter):
                     "micro-batch, timed alone after the window)",
         }
 
-    def param_fingerprint(self) -> list[list[float]]:
-        mine = []
-        for key, p in self._ordered:
-            t = _full(p).detach().double()
-            mine.append((key, [float(t.sum()), float((t * t).sum()), float(t.abs().sum())]))
+    def param_stats(self) -> list[tuple[int, list[float]]]:
+        mine = [(key, (p.ndim, param_row(_full(p)))) for key, p in self._ordered]
         gathered: list = [None] * self.ctx.world_size
         dist.all_gather_object(gathered, mine)
         merged = dict(item for rank_items in gathered for item in rank_items)

@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from bench.adapters.base import Adapter, StepOut, autocast, forward_backward, fsdp2_no_sync, taxonomy_labels
+from bench.adapters.base import (Adapter, StepOut, autocast, checkpoint_blocks, forward_backward, fsdp2_no_sync,
+                                 taxonomy_labels)
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
@@ -68,11 +69,9 @@ class TensorParallelAdapter(Adapter):
         model = build_model().to(ctx.device)
         self.params = count_params(model)
         self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"])
-        blocks = model.blocks()
         if self.options.activation_checkpointing:
-            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-            ids = {id(b) for b in blocks}
-            apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
+            checkpoint_blocks(model)
+        blocks = model.blocks()
         self._mp = None
         if dims.dp_shard > 1:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -89,6 +89,8 @@ def summary_row(record: dict, path: str = "") -> dict:
         "target": conv.get("target"), "target_metric": conv.get("target_metric"),
         "final_val_loss": evals[-1].get("loss") if evals else None,
         "final_val_accuracy": evals[-1].get("accuracy") if evals else None,
+        "final_objective": (conv.get("final_objective") or {}).get("value"),
+        "hfu": (record.get("flops") or {}).get("hfu"),
         "loss_floor": (conv.get("floor") or {}).get("loss"),
         "data": (cfg.get("data") or {}).get("name"),
         "precision": record.get("precision"), "seed": record.get("seed"),

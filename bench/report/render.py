@@ -217,6 +217,34 @@ COMM_TIME_NOTE = ("From one extra untimed step under torch.profiler: per collect
                   "all-reduce and names it so.")
 
 
+def flops_table(rep) -> tuple[list[str], list[list[str]]]:
+    """One row per ok run: MFU and HFU, the FLOP counts behind them, how they were counted, and
+    the peak used (its dtype and where it came from)."""
+    head = ["run", "framework", "precision", "MFU", "HFU", "model FLOPs/sample", "hardware FLOPs/sample",
+            "counted by", "peak FLOP/s per device", "peak dtype", "peak source"]
+    rows = []
+    for run_id, rec in rep.records.items():
+        f = rec.get("flops") or {}
+        if rec.get("status") != "ok" or not f:
+            continue
+        fw = rec.get("framework") or {}
+        pct = (lambda v: "-" if v is None else f"{v:.1%}")
+        rows.append([str(rec.get("run_id", run_id)), f"{fw.get('name')}:{fw.get('variant')}", str(rec.get("precision")),
+                     pct(rec.get("mfu")), pct(f.get("hfu")), _num(f.get("train_per_sample"), ".4g"),
+                     _num(f.get("hardware_train_per_sample"), ".4g"),
+                     f"{f.get('method')}" + (f" + {f['recompute']}" if f.get("recompute") else ""),
+                     _num(f.get("peak_per_device"), ".4g"), str(f.get("peak_dtype") or "-"), str(f.get("peak_source") or "-")])
+    return head, rows[:MAX_RUN_ROWS]
+
+
+FLOPS_NOTE = ("MFU = model FLOPs per sample x samples/s / (devices x peak); HFU the same with the FLOPs the "
+              "hardware ran, which add the forward passes that activation checkpointing recomputes. Both "
+              "counts come from torch's FLOP counter over one training step of the model (meta device), the "
+              "hardware count under the run's checkpointing. The peak is the dense peak for the dtype the "
+              "math ran in (fp32 on CUDA: TF32 where torch allows it), from conf/hardware or, on CPU, a "
+              "matmul probe.")
+
+
 def run_table(rep) -> tuple[list[str], list[list[str]]]:
     head = ["run", "status", "framework", "model", "ranks", "global batch", "repeat", "samples/s",
             "step (ms)", "peak mem", "MFU", "val loss", "time to target (s)"]
@@ -244,6 +272,7 @@ def context(rep) -> dict:
         "projection_check": projection_check_table(rep), "projection_note": PROJECTION_NOTE,
         "straggler_note": STRAGGLER_NOTE,
         "comm_time": comm_time_table(rep), "comm_time_note": COMM_TIME_NOTE,
+        "flops": flops_table(rep), "flops_note": FLOPS_NOTE,
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
         "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
         "parity_flags": int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0,
@@ -293,6 +322,8 @@ def write_markdown(rep) -> Path:
     if c["comm_time"][1]:
         parts += ["## Communication time: exposed and overlapped", "", COMM_TIME_NOTE, "",
                   _md_table(*c["comm_time"]), ""]
+    if c["flops"][1]:
+        parts += ["## FLOPs: MFU, HFU and the peak behind them", "", FLOPS_NOTE, "", _md_table(*c["flops"]), ""]
     parts += ["## All runs", "", _md_table(*c["runs"]), ""]
     if c["runs_truncated"]:
         parts += [f"(first {c['max_rows']} runs; summary.csv has all)", ""]

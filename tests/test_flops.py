@@ -1,0 +1,95 @@
+"""FLOP counts (models/flops.py) against hand-computed values, MFU/HFU arithmetic, and every
+decision behind the peak: which dtype's peak, which GPU table row, the CPU probe."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import models
+from bench.config import plan_from_overrides
+from bench.hardware import cpu_peak, cuda_tf32_enabled, match_gpu, peak_dtype, peak_flops
+from bench.metrics.mfu import MfuError, mfu
+from models.flops import train_flops_per_sample
+
+
+def _spec(name: str):
+    return models.build(plan_from_overrides([f"model={name}"]).cfg.model)
+
+
+def test_logreg_flops_by_hand():
+    # forward W x: 2 x 64 x 10; backward: dL/dW only (the input needs no gradient): 2 x 64 x 10
+    out = train_flops_per_sample(_spec("logreg"), recompute_blocks=True)
+    assert out["flops"] == 2 * 64 * 10 * 2
+    assert out["hardware_flops"] == out["flops"]       # no blocks: nothing recomputed
+    assert out["method"] == "flop_counter(meta)" and out["palm_flops"] is None
+
+
+def test_gpt2_tiny_flops_by_hand():
+    """Per token: forward = L (24 d^2 + 4 T d) + 2 d V (qkv 6d^2, proj 2d^2, MLP 16d^2, scores and
+    weighted values 2Td each, tied LM head); training = 3 x forward (every matmul input needs a
+    gradient). Activation checkpointing re-runs each block's forward in backward, except its last
+    matmul (torch's checkpoint stops early: the MLP down-projection's output is not saved), so
+    the hardware count adds L (16 d^2 + 4 T d) per token."""
+    L, d, T, V = 2, 128, 128, 256
+    out = train_flops_per_sample(_spec("gpt2_tiny"), recompute_blocks=True)
+    assert out["flops"] == 3 * T * (L * (24 * d * d + 4 * T * d) + 2 * d * V)
+    assert out["hardware_flops"] - out["flops"] == T * L * (16 * d * d + 4 * T * d)
+    # PaLM: 6 N + 12 L H Q T per token, N the parameters (embeddings included)
+    n_params = sum(p.numel() for p in _spec("gpt2_tiny").build().parameters())
+    assert out["palm_flops"] == T * (6 * n_params + 12 * L * 4 * 32 * T)
+
+
+def test_mfu_and_hfu_arithmetic():
+    # 1e9 FLOPs/sample x 50 samples/s on 2 devices of 1e11 FLOP/s = 25%
+    assert mfu(1e9, 50, 2, 1e11) == pytest.approx(0.25, abs=1e-15)
+    with pytest.raises(MfuError, match="> 100%"):
+        mfu(1e9, 500, 2, 1e11)
+
+
+@pytest.mark.parametrize("device,precision,tf32,expected", [
+    ("cuda", "bf16", False, "bf16"), ("cuda", "fp16", True, "fp16"),
+    ("cuda", "fp32", False, "fp32"), ("cuda", "fp32", True, "tf32"),
+    ("cpu", "fp32", True, "fp32"), ("cpu", "bf16", False, "bf16"), ("cpu", "fp16", False, "fp32"),
+])
+def test_peak_dtype(device, precision, tf32, expected):
+    assert peak_dtype(device, precision, tf32) == expected
+
+
+def test_tf32_follows_torchs_flags_for_the_models_main_op():
+    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False
+        assert cuda_tf32_enabled("resnet50") and not cuda_tf32_enabled("vit") and not cuda_tf32_enabled(None)
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = False, True
+        assert not cuda_tf32_enabled("vgg16") and cuda_tf32_enabled(None)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, mm
+
+
+@pytest.mark.parametrize("name,row", [
+    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A10", "A10"), ("NVIDIA A10G", None),
+    ("NVIDIA H200", "H200"), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_gpu_rows_match_whole_words_longest_first(name, row):
+    table = plan_from_overrides([]).cfg.hardware.gpu_table
+    assert match_gpu(name, table) == row
+
+
+def test_configured_peak_names_its_dtype_and_source():
+    hw = plan_from_overrides(["hardware=a100"]).cfg.hardware
+    peak, source = peak_flops(hw, torch.device("cpu"), "bf16", 1)
+    assert peak == 312e12 and source == "conf/hardware/a100 bf16"
+
+
+def test_cpu_probe_is_cached_per_thread_count_and_dtype(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr("bench.hardware.probe_cpu_matmul",
+                        lambda threads, dtype: calls.append((threads, dtype)) or 1e9 * threads)
+    cache = tmp_path / "peak.json"
+    assert cpu_peak(2, "fp32", cache)[0] == 2e9
+    assert cpu_peak(2, "fp16", cache)[0] == 2e9          # fp16 is bounded by the fp32 probe
+    assert cpu_peak(2, "bf16", cache)[0] == 2e9
+    assert cpu_peak(1, "fp32", cache)[0] == 1e9
+    assert calls == [(2, torch.float32), (2, torch.bfloat16), (1, torch.float32)]
+    assert "threads=2" in cpu_peak(2, "fp32", cache)[1]
