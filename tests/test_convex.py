@@ -2,20 +2,23 @@
 optimum*, not only the same first steps.
 
 L2-regularised multinomial logistic regression on digits' raw pixels has one minimum. Its value
-is computed here in float64 by two independent solvers (scipy L-BFGS on a numpy objective written
-below, and scikit-learn's LogisticRegression), from sklearn's data with the split re-done here,
+is computed in float64 by two independent solvers (tests/convex_optimum.py: scipy L-BFGS on a
+numpy objective, and scikit-learn's LogisticRegression), from sklearn's data with the split re-done,
 so a data-pipeline, decay-group or gradient-averaging bug in ddlbench cannot move both sides.
 Every strategy must end its 400 full-batch SGD steps at that value within TOL.
 """
 from __future__ import annotations
 
-import numpy as np
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from conftest import run_record
+from convex_optimum import LAMBDA, TRAIN
 
-LAMBDA = 0.01        # conf/experiment/convex_logreg.yaml optim.weight_decay
-TRAIN = 1796         # its data.train_samples (val_fraction 0, split_seed 0)
 # Measured gap to the optimum after 400 float32 steps: 6.4e-9 (every 2-rank strategy),
 # 2.7e-8 (1 rank), 1.8e-8 (4 ranks). TOL keeps a 35x margin over the largest; the issue's bar
 # was 1e-4.
@@ -23,40 +26,17 @@ TOL = 1e-6
 CASES = [("ddp", 1), ("ddp", 2), ("ddp", 4), ("fsdp_full", 2), ("deepspeed_zero2", 2)]
 
 
-def _data() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    order = np.random.default_rng(0).permutation(len(d.target))[:TRAIN]
-    return d.images.reshape(len(d.target), -1)[order] / 16.0, d.target[order]
-
-
-def objective(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    """mean cross-entropy + LAMBDA/2 |W|^2 (bias not penalised) and its gradient."""
-    n, k = len(y), 10
-    weight, bias = w[:-k].reshape(k, x.shape[1]), w[-k:]
-    z = x @ weight.T + bias
-    z -= z.max(1, keepdims=True)
-    lse = np.log(np.exp(z).sum(1))
-    p = np.exp(z - lse[:, None])
-    value = (lse - z[np.arange(n), y]).mean() + LAMBDA / 2 * (weight * weight).sum()
-    p[np.arange(n), y] -= 1
-    grad_w = p.T @ x / n + LAMBDA * weight
-    return value, np.concatenate([grad_w.ravel(), p.mean(0)])
-
-
 @pytest.fixture(scope="module")
 def optimum() -> float:
-    import scipy.optimize
-    from sklearn.linear_model import LogisticRegression
-
-    x, y = _data()
-    res = scipy.optimize.minimize(objective, np.zeros(x.shape[1] * 10 + 10), args=(x, y), jac=True,
-                                  method="L-BFGS-B", options={"gtol": 1e-12, "ftol": 1e-16, "maxiter": 10000})
-    # scikit-learn minimises C * sum(CE) + |W|^2 / 2 with an unpenalised intercept: C = 1/(lambda n)
-    sk = LogisticRegression(C=1 / (LAMBDA * len(y)), tol=1e-12, max_iter=100000).fit(x, y)
-    sk_value, _ = objective(np.concatenate([sk.coef_.ravel(), sk.intercept_]), x, y)
-    assert abs(sk_value - res.fun) < 1e-9, (sk_value, res.fun)
-    return float(res.fun)
+    """Solved in a child interpreter: scipy/sklearn start BLAS/OpenMP thread pools, and the runs
+    are forked from this process, which must not hold any (tests/conftest.py)."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("convex_optimum.py"))],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    # two independent float64 solvers agree on the minimum
+    assert abs(out["sklearn"] - out["scipy"]) < 1e-9, out
+    return out["scipy"]
 
 
 @pytest.fixture(scope="module")

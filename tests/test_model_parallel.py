@@ -82,7 +82,7 @@ def test_bubble_fractions_by_hand():
     assert analytic_bubble("zbv_zero_bubble", 2, 4, 2) is None
     assert analytic_bubble("gpipe", 1, 4) == 0.0
     assert measured_idle(0.100, 0.075) == pytest.approx(0.25)
-    assert measured_idle(0.100, 0.150) == 0.0   # busy estimate above the step: clamped, not negative
+    assert measured_idle(0.100, 0.150) is None  # busy estimate above the step: no figure, not 0
     with pytest.raises(ValueError):
         analytic_bubble("gpipe", 0, 4)
 
@@ -189,8 +189,15 @@ def test_combination_at_4_ranks_matches_one_process(single, tmp_path, combo):
         ranks = mp["per_rank"]
         assert len(ranks) == 4 and {r["pp_rank"] for r in ranks} == {0, 1}
         assert all(r["params"] > 0 and r["model_state_bytes_theory"] > 0 for r in ranks)
-        assert all(0.0 <= r["idle_fraction_measured"] <= 1.0 for r in ranks)
-        assert mp["bubble_fraction_analytic"] == analytic_bubble(mp["schedule"], 2, 2, mp["stages_per_rank"])
+        if par["tp"] > 1:   # a stage's compute cannot be timed alone: its TP collectives need peers
+            assert all(r["idle_fraction_measured"] is None for r in ranks)
+        else:               # measured here: 0.29-0.62 (gpipe), 0.40-0.66 (interleaved) on 2 cores
+            assert all(0.0 < r["idle_fraction_measured"] < 1.0 for r in ranks), ranks
+        # hand-computed: p = 2 pipeline ranks, m = 2 micro-batches; (p-1)/(m+p-1) = 1/3, and
+        # interleaved with v = 2 stages per rank (p-1)/(v m + p-1) = 1/5
+        assert mp["n_microbatches"] == 2
+        assert mp["bubble_fraction_analytic"] == pytest.approx(
+            {"gpipe": 1 / 3, "1f1b": 1 / 3, "interleaved_1f1b": 1 / 5}[mp["schedule"]], abs=1e-15)
         assert all(m["peak_rss_bytes"] > 0 for m in rec["memory"]["per_rank"])
 
 

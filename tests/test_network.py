@@ -130,7 +130,10 @@ def test_bench_project_writes_table_json_csv_and_plot(tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "p" / "projection.json").read_text())
     assert [r["devices"] for r in doc["rows"]] == [8, 512, 100000]
-    assert doc["collectives"] == [{"kind": "all_reduce", "bytes_per_step": pytest.approx(doc["collectives"][0]["bytes_per_step"]),
+    rec = json.loads((run_dir / "result.json").read_text())
+    # DDP all-reduces every fp32 gradient once a step: 4 bytes per parameter, as the run counted
+    assert rec["comm"]["per_step_bytes"] == {"all_reduce": 4 * rec["model"]["params"]}
+    assert doc["collectives"] == [{"kind": "all_reduce", "bytes_per_step": 4 * rec["model"]["params"],
                                    "scope": "world", "measured_group": 2}]
     assert all(0 < r["scaling_efficiency"] <= 1 for r in doc["rows"])
     assert doc["rows"][-1]["comm_s"] > doc["rows"][0]["comm_s"]

@@ -55,7 +55,15 @@ def test_time_to_target_is_the_first_evaluation_under_target(sweep):
         assert conv["time_to_target_s"] == hit["time_s"] and conv["epochs_to_target"] == hit["epoch"]
         # time_s = sum of global step times before that evaluation (metrics.jsonl holds them)
         rows = [json.loads(l) for l in (Path(r["config"]["run"]["dir"]) / "metrics.jsonl").read_text().splitlines()]
-        assert len(rows) == 32
+        assert [row["step"] for row in rows] == list(range(32))
+        # between two evaluations past the warm-up, time_s grows by the global step times of
+        # the steps in between (an evaluation at step s follows steps 0..s-1)
+        warm = r["timing"]["warmup_steps"]
+        timed = [e for e in conv["eval"] if e["step"] >= warm]
+        assert len(timed) >= 3
+        for a, b in zip(timed, timed[1:]):
+            between = sum(rows[s]["step_time_s"] for s in range(a["step"], b["step"]))
+            assert b["time_s"] - a["time_s"] == pytest.approx(between, rel=1e-9, abs=1e-12)
         assert conv["eval"][-1]["wall_s"] > conv["eval"][-1]["time_s"]   # evaluation is excluded
 
 

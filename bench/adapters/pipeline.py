@@ -298,8 +298,11 @@ class PipelineAdapter(Adapter):
     # ---- reporting ----
     def _busy_per_step(self) -> Optional[float]:
         """Fastest of 3 timed forward+backward passes of this rank's stages on one captured
-        micro-batch, without communication, x micro-batches per step: the rank's busy time."""
-        if len(self._inputs) < len(self.local_ids):
+        micro-batch, without communication, x micro-batches per step: the rank's busy time.
+        An untimed probe after the window (the runner's clock never sees it). None with tensor
+        parallelism inside the stages: their forward/backward communicate, so a pass cannot be
+        timed without its peers' waits."""
+        if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1:
             return None
         total = 0.0
         for module, s in zip(self.stage_modules, self.local_ids):
@@ -343,7 +346,8 @@ class PipelineAdapter(Adapter):
             "per_rank": stats,
             "note": "analytic: (p-1)/(m+p-1), interleaved (p-1)/(v*m+p-1), none for zero-bubble; "
                     "measured: 1 - busy/step time per rank, busy = m x (fastest forward+backward of the rank's stages on one "
-                    "micro-batch, timed alone after the window)",
+                    "micro-batch, timed alone after the window, untimed by the runner; none with tp > 1, whose "
+                    "stages communicate inside forward/backward; none where that estimate exceeds the step)",
         }
 
     def param_stats(self) -> list[tuple[int, list[float]]]:

@@ -18,8 +18,11 @@ def analytic_bubble(schedule: str, p: int, m: int, v: int = 1) -> Optional[float
     return None
 
 
-def measured_idle(step_time_s: float, busy_s: float) -> float:
-    """Idle fraction of one rank: 1 - busy / step time, clamped to [0, 1]."""
+def measured_idle(step_time_s: float, busy_s: float):
+    """Idle fraction of one rank: 1 - busy / step time. None when the busy estimate exceeds the
+    step (the estimate is wrong there: clamping it to 0 would report a perfect pipeline)."""
     if step_time_s <= 0:
         raise ValueError("step time must be positive")
-    return min(1.0, max(0.0, 1.0 - busy_s / step_time_s))
+    if busy_s > step_time_s:
+        return None
+    return 1.0 - busy_s / step_time_s
