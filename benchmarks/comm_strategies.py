@@ -1,6 +1,6 @@
 """Communication-reducing strategies against DDP, measured here, and the projection's error.
 
-    .venv/bin/python benchmarks/comm_strategies.py OUT_DIR [--ranks 4] [--skip-quality] [--skip-validation]
+    .venv/bin/python benchmarks/comm_strategies.py OUT_DIR [--ranks 4] [--skip-quality] [--skip-validation] [--resume]
 
 1. Time to target (statistical efficiency): experiment=seed_language_tiny (GPT-2 tiny on the
    Markov source, target 1.25 x the entropy-rate floor, 2 epochs) at --ranks ranks emulating
@@ -8,7 +8,8 @@
 2. Projection validation: DDP, DASO and post-local SGD in benchmark mode at 1, 2 and 4 ranks
    (1 thread per rank); each multi-rank step time predicted from the 1-rank run and the run's
    own collectives on conf/network/local_gloo.yaml, next to the measured one.
-Prints both tables; every number comes from the result files it writes.
+Prints both tables; every number comes from the result files it writes. A result already in
+OUT_DIR is an error unless --resume (then it is read back, not re-measured, and counted as reused).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from runs import reuse
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = [sys.executable, "-m", "bench.cli"]
@@ -30,8 +33,13 @@ STRATEGIES = {   # label -> overrides (DASO's nodes: 2 ranks each)
 }
 
 
+RESUME = {"on": False, "reused": 0}
+
+
 def bench_run(run_dir: Path, *overrides: str) -> dict:
-    if not (run_dir / "result.json").exists():
+    if reuse(run_dir, RESUME["on"]):
+        RESUME["reused"] += 1
+    else:
         subprocess.run([*BENCH, "run", "logger=none", "run.progress=false", f"run.dir={run_dir}", *overrides],
                        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
     return json.loads((run_dir / "result.json").read_text())
@@ -94,11 +102,15 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--skip-validation", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="read back results already in OUT_DIR")
     args = ap.parse_args()
+    RESUME["on"] = args.resume
     if not args.skip_quality:
         quality(args.out, args.ranks)
     if not args.skip_validation:
         validation(args.out)
+    if RESUME["reused"]:
+        print(f"\n{RESUME['reused']} run(s) read back from {args.out} (--resume), not measured now")
     return 0
 
 

@@ -3,7 +3,9 @@ pipeline schedules, tensor parallel and the 2-D combinations, all in one run so 
 compare. Prints samples/s, the pipeline bubble (analytic vs measured idle) and peak RSS per
 rank (= per pipeline stage), and writes the result directories under OUT.
 
-    .venv/bin/python benchmarks/model_parallel.py [OUT]   # ~15 min on 2 cores
+    .venv/bin/python benchmarks/model_parallel.py [OUT] [--resume]   # ~15 min on 2 cores
+
+A result already in OUT is an error unless --resume (then it is read back and marked "reused").
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from runs import reuse
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = ["model=gpt2_tiny", "logger=none", "run.progress=false", "run.warmup_steps=3", "run.measure_steps=12",
@@ -27,11 +31,12 @@ CASES = [
 ]
 
 
-def main(out: Path) -> None:
+def main(out: Path, resume: bool = False) -> None:
     rows = []
     for i, (fw, n, extra) in enumerate(CASES):
         run_dir = out / f"{i:02d}_{fw}_{n}"
-        if not (run_dir / "result.json").exists():
+        reused = reuse(run_dir, resume)
+        if not reused:
             subprocess.run([str(REPO / ".venv/bin/bench"), "run", f"framework={fw}", f"launcher.nproc={n}",
                             *COMMON, *extra, f"run.dir={run_dir}"], cwd=REPO, stdin=subprocess.DEVNULL,
                            capture_output=True, timeout=900)
@@ -40,7 +45,8 @@ def main(out: Path) -> None:
         par = rec.get("parallel") or {}
         rss = [m["peak_rss_bytes"] / 2**20 for m in rec["memory"]["per_rank"]] if rec["status"] == "ok" else []
         rows.append({
-            "case": f"{fw} {' '.join(e.split('.')[-1] for e in extra)}".strip(), "ranks": n,
+            "case": f"{fw} {' '.join(e.split('.')[-1] for e in extra)}".strip() + (" (reused)" if reused else ""),
+            "ranks": n,
             "dims": f"dp{par.get('dp')} tp{par.get('tp')} pp{par.get('pp')}", "status": rec["status"],
             "samples_s": rec["throughput"]["samples_per_s"] if rec["status"] == "ok" else None,
             "bubble_analytic": mp.get("bubble_fraction_analytic"), "idle_measured": mp.get("idle_fraction_measured_mean"),
@@ -57,4 +63,5 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "outputs" / "bench_model_parallel")
+    args = [a for a in sys.argv[1:] if a != "--resume"]
+    main(Path(args[0]) if args else REPO / "outputs" / "bench_model_parallel", resume="--resume" in sys.argv[1:])

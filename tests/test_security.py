@@ -84,17 +84,32 @@ def _unsafe_calls(tree) -> list[tuple[int, str]]:
     def kw(call, key):
         return next((k.value for k in call.keywords if k.arg == key), None)
 
+    # what each imported name stands for: `from pickle import loads as l` -> l = pickle.loads
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+
+    def resolved(f) -> str:
+        head, _, rest = name(f).partition(".")
+        full = aliases.get(head, head)
+        return f"{full}.{rest}" if rest else full
+
     bad = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        n = name(node.func)
+        n = resolved(node.func)
         if n in ("eval", "exec", "os.system", "os.popen", "pickle.load", "pickle.loads", "marshal.loads",
                  "yaml.unsafe_load", "yaml.full_load", "yaml.load_all", "dill.load", "shelve.open"):
             bad.append((node.lineno, n))
         elif n == "yaml.load":
             loader = kw(node, "Loader")
-            if not (loader is not None and "Safe" in name(loader)):
+            if not (loader is not None and "Safe" in resolved(loader)):
                 bad.append((node.lineno, "yaml.load without a SafeLoader"))
         elif n == "torch.load":
             wo = kw(node, "weights_only")
@@ -112,8 +127,11 @@ def test_the_audit_catches_what_it_looks_for():
     src = ("import yaml, torch, os, subprocess, pickle\n"
            "yaml.load(s)\nyaml.load(s, Loader=yaml.SafeLoader)\nyaml.safe_load(s)\n"
            "torch.load(p)\ntorch.load(p, weights_only=True)\nos.system('x')\n"
-           "subprocess.run('x', shell=True)\nsubprocess.run(['x'])\npickle.loads(b)\neval('1')\nm.eval()\n")
-    assert [line for line, _ in _unsafe_calls(ast.parse(src))] == [2, 5, 7, 8, 10, 11]
+           "subprocess.run('x', shell=True)\nsubprocess.run(['x'])\npickle.loads(b)\neval('1')\nm.eval()\n"
+           "from pickle import loads\nfrom os import system as sh\nimport pickle as pk\nfrom subprocess import run\n"
+           "loads(b)\nsh('x')\npk.load(f)\nrun('x', shell=True)\nrun(['x'])\nfrom yaml import load, SafeLoader\n"
+           "load(s, Loader=SafeLoader)\nload(s)\n")
+    assert [line for line, _ in _unsafe_calls(ast.parse(src))] == [2, 5, 7, 8, 10, 11, 17, 18, 19, 20, 24]
 
 
 def test_shipped_code_never_deserialises_unsafely_or_uses_a_shell():

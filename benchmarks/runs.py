@@ -1,0 +1,27 @@
+"""Shared by the benchmarks that run `bench run` into OUT_DIR: old results are never reused
+silently. A run directory that already holds a result.json is an error unless --resume was
+given; with it, the result is read back and the row says so."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StaleResult(SystemExit):
+    """OUT_DIR already holds this run's result and --resume was not given."""
+
+
+def reuse(run_dir: Path, resume: bool, resumable: bool = True) -> bool:
+    """True: read the existing result (resume). False: the run must be made. Raises StaleResult
+    when a result exists and resuming was not asked for (or the script cannot resume)."""
+    if not (Path(run_dir) / "result.json").exists():
+        return False
+    if not resume:
+        how = ("pass --resume to reuse it (its numbers are then not re-measured), or choose an empty OUT_DIR"
+               if resumable else "this benchmark measures every run now: choose an empty OUT_DIR")
+        raise StaleResult(f"{run_dir} already holds a result.json from an earlier run: {how}")
+    return True
+
+
+def verdict(statuses: list[tuple[str, str]]) -> int:
+    """Exit code of a benchmark that checks outcomes: 1 if any (got, expected) pair differs."""
+    return int(any(got != want for got, want in statuses))

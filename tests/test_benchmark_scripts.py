@@ -1,0 +1,43 @@
+"""The benchmark scripts say when something is wrong: an outcome other than expected exits 1,
+and results already in OUT_DIR are never reused silently (an error unless --resume)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from runs import StaleResult, reuse, verdict  # noqa: E402
+
+
+def test_verdict_fails_on_any_unexpected_status():
+    assert verdict([("ok", "ok"), ("timeout", "timeout")]) == 0
+    assert verdict([("ok", "ok"), ("failed", "timeout")]) == 1
+    assert verdict([]) == 0
+
+
+def test_an_old_result_is_an_error_unless_resuming(tmp_path):
+    assert reuse(tmp_path / "run", resume=False) is False
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "result.json").write_text("{}")
+    with pytest.raises(StaleResult, match="already holds a result.json"):
+        reuse(tmp_path / "run", resume=False)
+    assert reuse(tmp_path / "run", resume=True) is True
+
+
+@pytest.mark.parametrize("script,first_run,args", [
+    ("fault_matrix.py", "case0", []),
+    ("model_parallel.py", "00_ddp_2", []),
+    ("comm_strategies.py", "quality/ddp", ["--skip-validation"]),
+])
+def test_scripts_refuse_an_out_dir_with_old_results(tmp_path, script, first_run, args):
+    """Each script stops at its first run directory, before starting any run."""
+    (tmp_path / first_run).mkdir(parents=True)
+    (tmp_path / first_run / "result.json").write_text('{"status": "ok"}')
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), str(tmp_path), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1 and "already holds a result.json" in proc.stderr, proc.stderr[-2000:]
+    assert ("--resume" in proc.stderr) == (script != "fault_matrix.py")   # fault timings are never reused
