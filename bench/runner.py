@@ -192,7 +192,8 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
             record["convergence"]["final_objective"] = objective
         if fingerprint is not None:
             record["final_params"] = {"fingerprint": fingerprint, "after_steps": len(losses) + comm["steps"] * (2 if "time" in comm else 1),
-                                      "note": "[sum, sum of squares, sum of |x|] per parameter after the "
+                                      "note": "[sum, sum of squares, sum of |x|, sum of x_i (i+1)/n over the row-major "
+                                              "elements (order-sensitive)] per parameter after the "
                                               "training loop, the comm-probe steps and the comm-profile steps"}
         write_metrics_jsonl(run_dir, record, gathered)
         write_result(run_dir, record)

@@ -33,19 +33,23 @@ def qkv_permutation(width: int, tp: int) -> torch.Tensor:
     return torch.tensor(order)
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor | None = None) -> nn.Linear:
-    """nn.Linear with the given (out, in) weight, rows optionally permuted."""
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor | None = None,
+            transposed: bool = False) -> nn.Linear:
+    """nn.Linear with the given (out, in) weight, rows optionally permuted. It carries
+    `canonical_layout` = (rows, transposed), how to put its parameters back in the layout of the
+    module it replaced (bench.adapters.base.canonical_parameters: fingerprints compare with DDP's)."""
     out_f, in_f = weight.shape
     lin = nn.Linear(in_f, out_f, bias=bias is not None, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         lin.weight.copy_(weight if rows is None else weight[rows])
         if bias is not None:
             lin.bias.copy_(bias if rows is None else bias[rows])
+    lin.canonical_layout = (None if rows is None else rows.cpu(), transposed)
     return lin
 
 
 def _from_conv1d(conv, rows: torch.Tensor | None = None) -> nn.Linear:
-    return _linear(conv.weight.detach().t(), conv.bias.detach(), rows)
+    return _linear(conv.weight.detach().t(), conv.bias.detach(), rows, transposed=True)
 
 
 class LocalHeadsAttention(nn.Module):

@@ -97,12 +97,27 @@ def _zero_gradient_params(model: str) -> set[int]:
 
 
 def assert_same_params(a: list, b: list, rel: float, loose: set[int] = frozenset()) -> None:
-    """Per parameter: sum of squares within rel, and |sum difference| <= rel * sum of |x|."""
+    """Per parameter: sum of squares within rel; |sum difference| and |position-weighted sum
+    difference| (order-sensitive: weights (i+1)/n <= 1) each <= rel * sum of |x|."""
     assert len(a) == len(b)
-    for i, ((sa, qa, aa), (sb, qb, ab)) in enumerate(zip(a, b)):
+    for i, ((sa, qa, aa, pa), (sb, qb, ab, pb)) in enumerate(zip(a, b)):
         r = max(rel, ZERO_GRADIENT_RTOL) if i in loose else rel
         assert qa == pytest.approx(qb, rel=r), f"param {i}: sum of squares {qa} vs {qb}"
         assert abs(sa - sb) <= r * max(aa, ab), f"param {i}: sum {sa} vs {sb} (sum|x| {aa})"
+        assert abs(pa - pb) <= r * max(aa, ab), f"param {i}: position-weighted sum {pa} vs {pb} (values moved)"
+
+
+def test_the_fingerprint_sees_moved_values():
+    """A permuted parameter (e.g. Q, K, V blocks in another order) has the same sum, sum of
+    squares and sum of |x|; only the position-weighted sum tells, and the check fails on it."""
+    from bench.adapters.base import param_row
+    w = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    moved = torch.cat([w[2:4], w[0:2], w[4:6]])
+    a, b = param_row(w), param_row(moved)
+    assert a[:3] == pytest.approx(b[:3], rel=1e-12) and abs(a[3] - b[3]) > 1e-3
+    assert_same_params([a], [param_row(w.clone())], 1e-12)
+    with pytest.raises(AssertionError, match="values moved"):
+        assert_same_params([a], [b], 1e-5)
 
 
 # Bytes on gloo's sockets exceed the counted payloads by control messages: gloo's, 576 B per

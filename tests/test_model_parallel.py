@@ -58,6 +58,23 @@ def test_qkv_permutation_groups_each_ranks_heads():
     assert qkv_permutation(3, 1).tolist() == list(range(9))
 
 
+def test_converted_parameters_map_back_to_the_original_layout():
+    """The TP conversion moves values (Conv1D W -> Linear W^T, QKV rows per rank); the
+    fingerprint puts them back, so a layout bug shows against DDP instead of hiding."""
+    from transformers.pytorch_utils import Conv1D
+
+    from bench.adapters.base import canonical_parameters
+    from models.tensor_parallel import _from_conv1d
+    conv = Conv1D(12, 4)                      # W: 4 x 12 ([q | k | v], width 4)
+    with torch.no_grad():
+        conv.weight.copy_(torch.arange(48.0).view(4, 12))
+        conv.bias.copy_(torch.arange(12.0))
+    lin = _from_conv1d(conv, qkv_permutation(4, 2))
+    assert not torch.equal(lin.weight, conv.weight.t())          # moved
+    back = [canon(p) for p, canon in canonical_parameters(lin)]
+    assert torch.equal(back[0], conv.weight) and torch.equal(back[1], conv.bias)
+
+
 def test_partition_puts_embedding_and_head_with_the_body():
     # 2 body pieces + embed + head over 2 stages: [E b1 | b2 H]
     assert partition(4, 2) == [range(0, 2), range(2, 4)]

@@ -102,10 +102,37 @@ def checkpoint_blocks(model: nn.Module) -> int:
     return len(ids)
 
 
+def canonical_parameters(module: nn.Module):
+    """(parameter, full tensor -> canonical layout) in `module.parameters()` order, each once.
+    A module that replaced another with a different layout (models/tensor_parallel: Conv1D ->
+    Linear transposes W; the fused QKV rows are permuted per rank) carries `canonical_layout`
+    = (rows, transposed); everything else is already canonical."""
+    seen = set()
+    for m in module.modules():
+        layout = getattr(m, "canonical_layout", None)
+        for name, p in m.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            yield p, (lambda t, layout=layout, name=name: _to_canonical(t, layout, name))
+
+
+def _to_canonical(t: torch.Tensor, layout, name: str) -> torch.Tensor:
+    if layout is None:
+        return t
+    rows, transposed = layout
+    if rows is not None:
+        t = t[torch.argsort(rows).to(t.device)]
+    return t.t() if transposed and name == "weight" else t
+
+
 def param_row(t: torch.Tensor) -> list[float]:
-    """[sum, sum of squares, sum of |x|] of a full parameter, in float64."""
-    t = t.detach().double()
-    return [float(t.sum()), float((t * t).sum()), float(t.abs().sum())]
+    """[sum, sum of squares, sum of |x|, position-weighted sum] of a full parameter in float64.
+    The last is sum_i x_i (i+1)/n over the row-major elements: it changes when values move
+    (a permuted QKV layout, transposed shards), which the first three cannot see."""
+    t = t.detach().double().reshape(-1)
+    pos = torch.arange(1, t.numel() + 1, dtype=torch.float64, device=t.device) / max(t.numel(), 1)
+    return [float(t.sum()), float((t * t).sum()), float(t.abs().sum()), float((t * pos).sum())]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -249,8 +276,8 @@ class Adapter:
         equal across equivalent strategies. Sharded adapters gather (collective: all ranks call it)."""
         from torch.distributed.tensor import DTensor
 
-        return [(p.ndim, param_row(p.full_tensor() if isinstance(p, DTensor) else p))
-                for p in unwrap(self.model).parameters()]
+        return [(p.ndim, param_row(canon(p.full_tensor() if isinstance(p, DTensor) else p)))
+                for p, canon in canonical_parameters(unwrap(self.model))]
 
     def param_fingerprint(self) -> list[list[float]]:
         """param_row of every full parameter, in the model's order (collective)."""

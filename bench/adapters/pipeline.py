@@ -28,7 +28,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
-from bench.adapters.base import Adapter, StepOut, autocast, param_row, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut, autocast, canonical_parameters, param_row, taxonomy_labels
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
@@ -160,8 +160,8 @@ class PipelineAdapter(Adapter):
         local = {id(p): p for m in self.stage_modules for p in m.parameters()}
         self.local_params = list(local.values())
         # fingerprint order = the model's parameter order: stages in order, each in its own order
-        self._ordered = [((s, j), p) for m, s in zip(self.stage_modules, self.local_ids)
-                         for j, p in enumerate({id(q): q for q in m.parameters()}.values())
+        self._ordered = [((s, j), p, canon) for m, s in zip(self.stage_modules, self.local_ids)
+                         for j, (p, canon) in enumerate(canonical_parameters(m))
                          if id(p) not in self._copies]
         self.local_param_count = sum(_local_numel(p) for p in self.local_params)
         del full, piece_list
@@ -351,7 +351,7 @@ class PipelineAdapter(Adapter):
         }
 
     def param_stats(self) -> list[tuple[int, list[float]]]:
-        mine = [(key, (p.ndim, param_row(_full(p)))) for key, p in self._ordered]
+        mine = [(key, (p.ndim, param_row(canon(_full(p))))) for key, p, canon in self._ordered]
         gathered: list = [None] * self.ctx.world_size
         dist.all_gather_object(gathered, mine)
         merged = dict(item for rank_items in gathered for item in rank_items)
