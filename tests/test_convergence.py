@@ -4,7 +4,7 @@ import math
 import pytest
 
 from bench.metrics.convergence import eval_times, first_reached, reached, resolve_target
-from bench.metrics.stats import bootstrap_median_ci
+from bench.metrics.stats import bootstrap_median_ci, repeat_range
 
 
 def test_eval_times_sum_step_times_before_each_evaluation():
@@ -33,8 +33,13 @@ def test_first_reached_loss_and_accuracy():
 def test_bootstrap_median_ci():
     med, lo, hi = bootstrap_median_ci([10.0])
     assert med == 10.0 and math.isnan(lo) and math.isnan(hi)   # one run: no interval
+    # 2 to 4 repeats: no interval is claimed (the bootstrap would give about [min, max]); the
+    # report shows the range, labelled as one
+    med, lo, hi = bootstrap_median_ci([1.0, 4.0, 2.0, 3.0])
+    assert med == 2.5 and math.isnan(lo) and math.isnan(hi)
+    assert repeat_range([1.0, 4.0, None, 2.0]) == (1.0, 4.0, 3)
     med, lo, hi = bootstrap_median_ci([1, 2, 3, 4, 5])
     assert med == 3.0 and 1 <= lo <= 3 <= hi <= 5
     assert bootstrap_median_ci([1, 2, 3, 4, 5]) == (med, lo, hi)   # seeded: reproducible
-    assert bootstrap_median_ci([7.0, 7.0, 7.0]) == (7.0, 7.0, 7.0)
+    assert bootstrap_median_ci([7.0] * 5) == (7.0, 7.0, 7.0)
     assert math.isnan(bootstrap_median_ci([])[0])

@@ -1,6 +1,7 @@
 """`bench report` on result files with known numbers: arithmetic, parity, failures, escaping."""
 import csv
 import json
+import math
 
 import pytest
 
@@ -40,7 +41,9 @@ def test_summary_csv_numbers(known, tmp_path):
     assert rows["hvd2"]["status"] == "failed" and rows["corrupt"]["status"] == "failed"
     cell = rep.cells[(rep.cells["label"] == "ddp") & (rep.cells["world_size"] == 1)].iloc[0]
     assert (cell["runs"], cell["ok"], cell["samples_per_s"]) == (3, 3, 100.0)
-    assert 90 <= cell["samples_per_s_ci_low"] <= 100 <= cell["samples_per_s_ci_high"] <= 110
+    # 3 repeats: no 95% interval is claimed; the range of the repeats is kept instead
+    assert math.isnan(cell["samples_per_s_ci_low"]) and cell["samples_per_s_range"] == (90.0, 110.0, 3)
+    assert "| ddp | gpt2_tiny | 1 | 3/3 | 100.0 (range 90.0-110.0, n=3) |" in (tmp_path / "out" / "report.md").read_text()
     assert cell["time_to_target_s"] == 11.0
 
 

@@ -70,7 +70,7 @@ def throughput(cells: pd.DataFrame, out: Path) -> Optional[Path]:
         ax.set_ylabel("samples/s (median of repeats)")
         ax.set_title(model)
         ax.legend(fontsize=8)
-    fig.suptitle("Throughput by framework and world size (error bars: 95% bootstrap CI)")
+    fig.suptitle("Throughput by framework and world size (error bars: 95% bootstrap CI, 5+ repeats)")
     return _save(fig, out / "throughput.png")
 
 

@@ -12,7 +12,7 @@ import jinja2
 MAX_RUN_ROWS = 1000   # the per-run table in md/html; summary.csv always has every run
 
 CAPTIONS = {
-    "throughput": "Median samples/s per framework and world size; error bars: 95% bootstrap CI over repeats.",
+    "throughput": "Median samples/s per framework and world size; error bars: 95% bootstrap CI over repeats (shown from 5 repeats; fewer give no interval).",
     "scaling": "Scaling efficiency against the smallest world size of the same configuration; weak = per-device batch fixed, strong = global batch fixed.",
     "convergence": "Validation loss and accuracy against epochs and against training time (evaluation excluded). Dashed: the dataset's known floor; dotted: the target.",
     "memory": "Peak memory per rank (GPU: allocated; CPU: host RSS, which includes the Python/torch runtime, and the part above the post-import baseline) next to the theoretical model-state bytes per rank.",
@@ -37,26 +37,30 @@ def _bytes(n) -> str:
     return "-"
 
 
-def _ci(med, lo, hi, fmt=".1f") -> str:
+def _ci(med, lo, hi, fmt=".1f", rng=None) -> str:
+    """median [95% CI] from 5 repeats on; with 2-4 the median and their range, labelled."""
     if med is None or (isinstance(med, float) and math.isnan(med)):
         return "-"
     if lo is None or (isinstance(lo, float) and math.isnan(lo)):
+        if rng is not None and rng[2] >= 2:
+            return f"{_num(med, fmt)} (range {_num(rng[0], fmt)}-{_num(rng[1], fmt)}, n={rng[2]})"
         return _num(med, fmt)
     return f"{_num(med, fmt)} [{_num(lo, fmt)}, {_num(hi, fmt)}]"
 
 
 def cell_table(rep) -> tuple[list[str], list[list[str]]]:
-    head = ["framework", "model", "ranks", "ok/runs", "samples/s [95% CI]", "scaling", "peak mem",
+    head = ["framework", "model", "ranks", "ok/runs", "samples/s [95% CI] or (range)", "scaling", "peak mem",
             "theory", "comm/step", "MFU", "val loss", "val acc", "time to target (s)"]
     rows = []
     for c in rep.cells.itertuples():
-        rows.append([c.label, c.model, str(c.world_size), f"{c.ok}/{c.runs}",
-                     _ci(c.samples_per_s, c.samples_per_s_ci_low, c.samples_per_s_ci_high),
+        rows.append([c.label, c.model, _num(c.world_size, ".0f"), f"{c.ok}/{c.runs}",
+                     _ci(c.samples_per_s, c.samples_per_s_ci_low, c.samples_per_s_ci_high, rng=c.samples_per_s_range),
                      "-" if c.scaling_efficiency is None else f"{c.scaling_efficiency:.2f} ({c.scaling_kind})",
                      _bytes(c.peak_memory_bytes), _bytes(c.model_state_bytes_theory),
                      _bytes(c.comm_bytes_per_step), "-" if c.mfu is None else f"{c.mfu:.1%}",
                      _num(c.final_val_loss, ".4f"), _num(c.final_val_accuracy, ".3f"),
-                     _ci(c.time_to_target_s, c.time_to_target_ci_low, c.time_to_target_ci_high, ".2f")])
+                     _ci(c.time_to_target_s, c.time_to_target_ci_low, c.time_to_target_ci_high, ".2f",
+                         rng=c.time_to_target_range)])
     return head, rows
 
 
@@ -301,7 +305,8 @@ def write_markdown(rep) -> Path:
              f"Generated {c['generated']} from {c['n_runs']} runs ({c['n_ok']} ok). "
              f"Devices: {', '.join(c['devices']) or '-'}; torch {', '.join(c['torch']) or '-'}; "
              f"hosts: {', '.join(c['hosts']) or '-'}.", "",
-             "## Comparison (median over repeats, 95% bootstrap CI)", "", _md_table(*c["cells"]), ""]
+             "## Comparison (median over repeats; 95% bootstrap CI from 5 repeats, the range below that)", "",
+             _md_table(*c["cells"]), ""]
     for name, path, caption in c["plots"]:
         parts += [f"### {name}", "", f"![{name}]({Path(path).name})", "", caption, ""]
     if c["strategies"][1]:

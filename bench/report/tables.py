@@ -4,20 +4,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bench.metrics.stats import bootstrap_median_ci
+from bench.metrics.stats import MIN_CI_REPEATS, bootstrap_median_ci, repeat_range
 
 # What must be equal between compared runs (DESIGN §7). Compared = same model, same world size.
 PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_decay", "precision", "epochs"]
 
 
 def cells(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per configuration (repeats together): run counts, and the median with a 95%
-    bootstrap interval of throughput and time-to-target over its ok repeats."""
+    """One row per configuration (repeats together): run counts, and the median of throughput
+    and time-to-target over its ok repeats with a 95% bootstrap interval (from MIN_CI_REPEATS
+    repeats) or, with fewer, their range."""
     out = []
     for cid, g in df.groupby("config_id", sort=False):
         ok = g[g["status"] == "ok"]
         sps = bootstrap_median_ci(ok["samples_per_s"].tolist())
         ttt = bootstrap_median_ci(ok["time_to_target_s"].dropna().tolist())
+        sps_range = repeat_range(ok["samples_per_s"].tolist())
+        ttt_range = repeat_range(ok["time_to_target_s"].dropna().tolist())
         first = g.iloc[0]
         out.append({
             "config_id": cid, "label": first["label"], "model": first["model"],
@@ -25,6 +28,7 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
             "runs": len(g), "ok": len(ok),
             "samples_per_s": sps[0], "samples_per_s_ci_low": sps[1], "samples_per_s_ci_high": sps[2],
             "time_to_target_s": ttt[0], "time_to_target_ci_low": ttt[1], "time_to_target_ci_high": ttt[2],
+            "samples_per_s_range": sps_range, "time_to_target_range": ttt_range,
             "scaling_efficiency": _median(ok["scaling_efficiency"]), "scaling_kind": _first(ok["scaling_kind"]),
             "peak_memory_bytes": _median(ok["peak_memory_bytes"]),
             "rss_above_baseline_bytes": _median(ok["rss_above_baseline_bytes"]),
