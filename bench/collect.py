@@ -77,7 +77,10 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     warmup = len(gathered[0]["all_step_time_s"]) - measure
     record = empty_record(Path(run_dir).name, plan.raw, status="ok")
     desc = adapter.describe()
-    record["framework"].update(version=desc.get("version"), native_config=desc.get("native_config"),
+    native = desc.get("native_config")
+    if isinstance(native, dict):
+        native.setdefault("mixed_precision", adapter.precision_summary())
+    record["framework"].update(version=desc.get("version"), native_config=native,
                                taxonomy=plan.adapter_cls.taxonomy(plan.options))
 
     step_times = global_step_times([g["step_time_s"] for g in gathered])

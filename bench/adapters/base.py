@@ -237,6 +237,14 @@ class Adapter:
     def prepare_inputs(self, batch: dict) -> dict:
         return batch
 
+    def precision_summary(self) -> str:
+        """How the run's precision is applied, for native_config.mixed_precision (the runner adds
+        it where an adapter's describe() does not say)."""
+        if self.ctx.precision == "fp32":
+            return "none (fp32)"
+        scaler = " + torch GradScaler" if getattr(self, "scaler", None) else ""
+        return f"torch.autocast({self.ctx.device.type}, {self.ctx.precision}) around forward, fp32 parameters{scaler}"
+
     def memory_stats(self) -> dict:
         """Peaks since setup: device allocated/reserved (CUDA), host RSS."""
         out = {"peak_allocated_bytes": None, "peak_reserved_bytes": None,

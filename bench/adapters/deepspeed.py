@@ -46,6 +46,23 @@ class DeepSpeedOptions(BaseModel):
     initial_scale_power: int = Field(16, ge=0)
 
 
+def _cpu_fp16_ok() -> bool:
+    """DeepSpeed's CPU accelerator (is_fp16_supported) asks oneDNN whether this CPU has fp16."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except Exception:
+        return False
+
+
+def precision_reason(device_type: str, precision: str, cpu_fp16_ok: bool) -> Optional[str]:
+    """Why DeepSpeed cannot run this precision here (its engine raises "Type fp16 is not supported
+    on your device" after the ranks start), or None."""
+    if device_type == "cpu" and precision == "fp16" and not cpu_fp16_ok:
+        return ("DeepSpeed on CPU runs fp16 only where oneDNN supports it (its CPU accelerator's "
+                "is_fp16_supported); this CPU does not: use bf16 or fp32")
+    return None
+
+
 class DeepSpeedAdapter(Adapter):
     name = "deepspeed"
     Options = DeepSpeedOptions
@@ -73,7 +90,7 @@ class DeepSpeedAdapter(Adapter):
     def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
         if importlib.util.find_spec("deepspeed") is None:
             return "deepspeed is not installed (pip install 'ddlbench[deepspeed]')"
-        return None
+        return precision_reason(device_type, cfg.run.precision, device_type == "cpu" and _cpu_fp16_ok())
 
     def ds_config(self, optim_cfg) -> dict:
         o, d = self.options, self.dims
@@ -164,6 +181,13 @@ class DeepSpeedAdapter(Adapter):
 
     def forward_context(self):
         return contextlib.nullcontext()  # the engine runs in its configured precision
+
+    def precision_summary(self) -> str:
+        if self.ctx.precision == "fp32":
+            return "none (fp32)"
+        comm = self.options.communication_data_type or f"{self.ctx.precision} (DeepSpeed's default: the model dtype)"
+        return (f"DeepSpeed engine {self.ctx.precision}: {self.ctx.precision} parameters and gradients, fp32 master "
+                f"copy in the optimizer; gradient communication in {comm}")
 
     def param_stats(self) -> list[tuple[int, list[float]]]:
         if self.options.stage != 3:

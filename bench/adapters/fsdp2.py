@@ -118,6 +118,11 @@ class FSDP2Adapter(Adapter):
     def forward_context(self):
         return contextlib.nullcontext()  # MixedPrecisionPolicy casts
 
+    def precision_summary(self) -> str:
+        if self._mp is None:
+            return "none (fp32)"
+        return f"MixedPrecisionPolicy(param_dtype={self._mp.param_dtype}, reduce_dtype={self._mp.reduce_dtype})"
+
     def _fp32_ctx(self):
         from dataclasses import replace
         return replace(self.ctx, precision="fp32")

@@ -101,6 +101,12 @@ class TensorParallelAdapter(Adapter):
     def forward_context(self):
         return contextlib.nullcontext() if self._mp is not None else autocast(self.ctx)
 
+    def precision_summary(self) -> str:
+        if self._mp is not None:
+            return (f"MixedPrecisionPolicy(param_dtype={self._mp.param_dtype}, "
+                    f"reduce_dtype={self._mp.reduce_dtype}) over dp_shard")
+        return super().precision_summary()
+
     def eval_step(self, batch: dict) -> torch.Tensor:
         """Every tp rank computes the same sums; only tp rank 0 contributes to the evaluator's sum."""
         sums = super().eval_step(batch)
