@@ -40,3 +40,49 @@ def test_atomic_write_leaves_no_temp_and_keeps_old_file_on_error(tmp_path):
         atomic_write_json(path, {"a": object()})
     assert json.loads(path.read_text()) == {"a": 1}
     assert os.listdir(tmp_path) == ["x.json"]
+
+
+def _read_while_writing(path, write, versions, rounds: int = 60) -> tuple[int, int]:
+    """A writer thread rewrites `path` `rounds` times alternating two versions while this thread
+    reads it as fast as it can. Returns (reads, reads that were not a whole version)."""
+    import threading
+
+    done = threading.Event()
+
+    def writer():
+        for i in range(rounds):
+            write(path, versions[i % 2])
+        done.set()
+
+    write(path, versions[1])
+    t = threading.Thread(target=writer)
+    t.start()
+    reads = torn = 0
+    while not done.is_set():
+        reads += 1
+        try:
+            if json.loads(path.read_text()) not in versions:
+                torn += 1
+        except ValueError:
+            torn += 1
+    t.join()
+    return reads, torn
+
+
+def test_a_concurrent_reader_never_sees_half_a_result(tmp_path):
+    """README: a reader sees the old file or the new one. The same reader does catch a plain
+    open-write-close writer that is caught between two halves of its file."""
+    import time
+    versions = [{"v": 0, "pad": "a" * 400_000}, {"v": 1, "pad": "b" * 400_000}]
+    reads, torn = _read_while_writing(tmp_path / "atomic.json", atomic_write_json, versions)
+    assert reads >= 5 and torn == 0     # it did read while the writer wrote
+
+    def plain(path, obj):
+        text = json.dumps(obj)
+        with open(path, "w") as f:
+            f.write(text[:len(text) // 2])
+            f.flush()
+            time.sleep(0.002)       # the window every non-atomic writer has, made wide
+            f.write(text[len(text) // 2:])
+    _, torn = _read_while_writing(tmp_path / "plain.json", plain, versions)
+    assert torn > 0
