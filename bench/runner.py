@@ -88,6 +88,28 @@ def _probe_comm(adapter, batches, ctx) -> dict:
             "counts": own if own is not None else probe.take(), "steps": steps, "written_bytes": written}
 
 
+def _busy_probe(adapter, device) -> float | None:
+    """Model-parallel adapters' busy time per step, after the window: the fastest of 3 runs of
+    each pass the adapter hands over (adapter.busy_probe()), summed, x its repeats per step.
+    None where the adapter has no such probe."""
+    probe = getattr(adapter, "busy_probe", None)
+    got = probe() if probe else None
+    if got is None:
+        return None
+    passes, per_step = got
+    total = 0.0
+    for one in passes:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            one()
+            _sync(device)
+            best = min(best, time.perf_counter() - t0)
+        total += best
+    adapter.after_busy_probe()
+    return total * per_step
+
+
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
     cfg, dims = plan.cfg, plan.dims
     torch.manual_seed(cfg.run.seed)
@@ -165,6 +187,9 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         comm["time"] = profile_comm(adapter, batches, ctx.device, comm["steps"])
     fingerprint = adapter.param_fingerprint() if cfg.run.param_fingerprint else None
     adapter_stats = adapter.rank_stats()
+    busy = _busy_probe(adapter, ctx.device)
+    if busy is not None:
+        adapter_stats["busy_s_per_step"] = busy
     local = {
         "rank": ctx.rank,
         "step_time_s": step_s[warmup:],

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 PYPROJECT = TESTS.parent / "pyproject.toml"
 CLOCKS = {"monotonic", "time", "perf_counter"}
 POLL_HELPERS = {"wait_for": 1, "wait_done": 1, "wait_until_training": 2}   # name -> index of the bound
@@ -131,3 +132,20 @@ def test_a():
     ok = ast.parse("def test_b(x):\n    assert x['timeout_s'] < 20\n    assert len(x) < 3\n"
                    "    deadline = time.monotonic() + 5\n    assert time.monotonic() < deadline\n").body[0]
     assert wall_clock_asserts(ok) == []
+
+
+def _clock_reads(src: str) -> list[int]:
+    tree = ast.parse(src)
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr in CLOCKS | {"perf_counter_ns", "monotonic_ns", "process_time"}
+            and isinstance(n.func.value, ast.Name) and n.func.value.id == "time"]
+
+
+def test_adapters_read_no_clock():
+    """The runner is the only timed loop (DESIGN): an adapter that timed its own passes would
+    report a number no one else measured the same way (the pipeline's busy probe now hands its
+    passes to bench/runner.py)."""
+    assert _clock_reads("import time\nt0 = time.perf_counter()\nx = time.monotonic() - t0\n") == [2, 3]
+    found = [f"{p.name}:{line}" for p in sorted((REPO / "bench" / "adapters").glob("*.py"))
+             for line in _clock_reads(p.read_text())]
+    assert found == []

@@ -20,7 +20,6 @@ gradients by 1/n_microbatches, so the update equals the full local batch's mean 
 """
 from __future__ import annotations
 
-import time
 from typing import Literal, Optional
 
 import torch
@@ -296,30 +295,26 @@ class PipelineAdapter(Adapter):
         return h
 
     # ---- reporting ----
-    def _busy_per_step(self) -> Optional[float]:
-        """Fastest of 3 timed forward+backward passes of this rank's stages on one captured
-        micro-batch, without communication, x micro-batches per step: the rank's busy time.
-        An untimed probe after the window (the runner's clock never sees it). None with tensor
-        parallelism inside the stages: their forward/backward communicate, so a pass cannot be
-        timed without its peers' waits."""
+    def busy_probe(self):
+        """(passes, repeats per step) for the runner's busy-time probe after the window: one
+        callable per local stage running its forward+backward on a captured micro-batch, with no
+        communication, and the micro-batches per step. None with tensor parallelism inside the
+        stages (their passes communicate: they cannot be timed without their peers' waits) or
+        before anything was captured. The adapter reads no clock (bench/runner.py times these)."""
         if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1:
             return None
-        total = 0.0
-        for module, s in zip(self.stage_modules, self.local_ids):
-            x = self._inputs[s]
-            best = float("inf")
-            for _ in range(3):
+
+        def one_pass(module, x):
+            def run():
                 inp = x.clone().requires_grad_(x.is_floating_point())
-                t0 = time.perf_counter()
                 with autocast(self.ctx):
                     out = module(inp)
                 out.float().sum().backward()
-                if self.ctx.device.type == "cuda":
-                    torch.cuda.synchronize(self.ctx.device)
-                best = min(best, time.perf_counter() - t0)
-            total += best
+            return run
+        return [one_pass(m, self._inputs[s]) for m, s in zip(self.stage_modules, self.local_ids)], self.n_microbatches
+
+    def after_busy_probe(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        return total * self.n_microbatches
 
     def rank_stats(self) -> dict:
         optim = getattr(self.optimizer, "defaults", {})
@@ -328,15 +323,14 @@ class PipelineAdapter(Adapter):
         return {"pp_rank": self.pp_rank, "dp_rank": self.dp_rank, "tp_rank": self.tp_rank,
                 "stages": self.local_ids, "pieces": [list(self.ranges[s]) for s in self.local_ids],
                 "params": self.local_param_count,
-                "model_state_bytes_theory": self.local_param_count * (4 + 4 + opt_bytes),
-                "busy_s_per_step": self._busy_per_step()}
+                "model_state_bytes_theory": self.local_param_count * (4 + 4 + opt_bytes)}
 
     def summarize_rank_stats(self, stats: list[dict], per_rank_median_s: list[float]) -> dict:
         o, dims = self.options, self.dims
         v = self.stages_per_rank(o)
         for st, median in zip(stats, per_rank_median_s):
-            st["idle_fraction_measured"] = (None if st["busy_s_per_step"] is None
-                                            else measured_idle(median, st["busy_s_per_step"]))
+            busy = st.get("busy_s_per_step")
+            st["idle_fraction_measured"] = None if busy is None else measured_idle(median, busy)
         measured = [s["idle_fraction_measured"] for s in stats if s["idle_fraction_measured"] is not None]
         return {
             "kind": "pipeline", "schedule": o.schedule, "pp": dims.pp, "stages_per_rank": v,
