@@ -98,3 +98,25 @@ def test_horovod_killed_rank_is_named_as_the_cause(run_dir):
     proc, rec = run_record(run_dir, "framework=horovod", "debug=fault_kill", "launcher.nproc=2")
     assert rec["status"] == "failed"
     assert rec["error"]["rank"] == 1 and "without an error" in rec["error"]["message"]
+
+
+def test_fairscale_fsdp_is_its_own_strategy_not_oss():
+    """mode=fsdp used to fall through to OSS + DDP and then fail in describe() (KeyError 'fsdp').
+    Its GPU-only setup cannot run here; what it records and claims is checked without it."""
+    import torch
+
+    from bench.adapters.base import RankContext
+    from bench.config import plan_from_overrides
+    from bench.errors import ConfigError
+    plan = plan_from_overrides(["framework=fairscale_fsdp", "launcher.nproc=2"])
+    ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
+                      precision="fp32")
+    adapter = plan.adapter_cls(plan.options, ctx, plan.dims)
+    adapter.version = "0.4.13"
+    native = adapter.describe()["native_config"]
+    assert native["wrapper"].startswith("fairscale.nn.FullyShardedDataParallel") and native["flatten_parameters"]
+    # ZeRO-3 accounting: everything sharded; 2 all-gathers + 1 reduce-scatter of Psi per step
+    assert adapter.model_state_bytes_theory(1000, "adamw") == 1000 * (4 + 4 + 8) // 2
+    assert adapter.analytic_comm().payload_psi == {"all_gather": 2.0, "reduce_scatter": 1.0}
+    with pytest.raises(ConfigError, match="flatten_parameters=false"):
+        plan_from_overrides(["framework=fairscale_fsdp", "launcher.nproc=2", "optim.exclude_from_decay=bias_and_norm"])

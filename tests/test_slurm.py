@@ -135,6 +135,19 @@ def test_launcher_slurm_trains_ddp_under_srun(slurm, tmp_path):
     assert rec["config"]["launcher"]["name"] == "slurm" and len(rec["memory"]["per_rank"]) == 2
 
 
+def test_launcher_slurm_refuses_an_unsupported_combination_before_training(slurm, tmp_path):
+    """As the local launcher does: FairScale in bf16 is `unsupported`, with the reason, not an
+    ImportError or a silent fp32 run."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(["timeout", "120", "srun", "--ntasks=2", "--kill-on-bad-exit=1", str(REPO / ".venv/bin/bench"),
+                           "run", "launcher=slurm", "launcher.nproc=2", "framework=fairscale_oss", "run.precision=bf16",
+                           "debug=fast", f"run.dir={run_dir}"],
+                          capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL)
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "unsupported" and "fp32 only" in rec["error"]["message"], proc.stderr[-2000:]
+    assert proc.returncode != 0 and not (run_dir / "logs").exists()
+
+
 def test_time_limit_warning_under_srun_writes_a_timeout_result(slurm, tmp_path):
     """launcher=slurm (`#SBATCH --signal=USR1@120`, no B:, reaches every task): each rank saves
     its series, rank 0 gathers them and writes the `timeout` result with partial measurements."""

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from bench.errors import ConfigError
-from bench.launch.slurm import first_host, master_port, rank_env, task_threads
+from bench.launch.slurm import first_host, master_port, rank_env, task_threads, tasks_on_node
 from bench.sweep import manifest, status
 from bench.sweep.cells import expand
 from bench.sweep.slurm import array_spec
@@ -47,6 +47,23 @@ def test_slurm_rank_environment():
     with pytest.raises(ConfigError, match="must run under srun"):
         rank_env({})
     assert task_threads({"SLURM_CPUS_PER_TASK": "6"}) == 6
+
+
+def test_slurm_local_world_size_is_this_nodes_task_count():
+    """Node-aware strategies (DASO nodes, HSDP shard groups, intra/inter-node comm labels) read
+    LOCAL_WORLD_SIZE; without it a multi-node srun looked like one node."""
+    base = {"SLURM_PROCID": "5", "SLURM_NTASKS": "11", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "1",
+            "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_TASKS_PER_NODE": "4(x2),3"}
+    assert rank_env({**base, "SLURM_NODEID": "1"})["LOCAL_WORLD_SIZE"] == "4"
+    assert rank_env({**base, "SLURM_NODEID": "2"})["LOCAL_WORLD_SIZE"] == "3"
+    assert tasks_on_node("8", 0) == 8 and tasks_on_node("2,1", 1) == 1
+    with pytest.raises(ConfigError, match="SLURM_NODEID 3"):
+        tasks_on_node("4(x2),3", 3)
+    with pytest.raises(ConfigError, match="cannot parse"):
+        tasks_on_node("4(y2)", 0)
+    # without SLURM_TASKS_PER_NODE (not set by every srun): all tasks on one node
+    no_tpn = {k: v for k, v in base.items() if k != "SLURM_TASKS_PER_NODE"}
+    assert rank_env(no_tpn)["LOCAL_WORLD_SIZE"] == "11"
 
 
 def test_horovod_slots_from_slurm():

@@ -1,5 +1,6 @@
 """FairScale: OSS (sharded optimizer state) with ShardedDataParallel (ZeRO-2-like) or with
-plain DDP (ZeRO-1-like). FairScale's FSDP needs CUDA streams: `unsupported` on CPU.
+plain DDP (ZeRO-1-like), and FairScale's FullyShardedDataParallel (ZeRO-3-like; it needs CUDA
+streams: `unsupported` on CPU, so that branch has not run here and not yet on a GPU).
 
 Trap handled here: with torch 2.x's default zero_grad(set_to_none=True), ShardedDDP silently
 diverges from DDP after step 2 (its reduce hooks keep references to the .grad tensors), so this
@@ -23,6 +24,7 @@ class FairScaleOptions(BaseModel):
     mode: Literal["oss_sdp", "oss_ddp", "fsdp"] = "oss_sdp"
     broadcast_fp16: bool = False        # OSS: broadcast updated params in fp16 (lossy)
     reduce_buffer_size: int = 2**23     # ShardedDDP bucket (elements); fairscale default
+    flatten_parameters: bool = True     # FSDP: one flat parameter per unit (fairscale default)
 
 
 class FairScaleAdapter(Adapter):
@@ -49,6 +51,14 @@ class FairScaleAdapter(Adapter):
             return "FairScale adapter runs fp32 only (ShardedGradScaler wiring not implemented)"
         return None
 
+    @classmethod
+    def check_config(cls, options, cfg, dims) -> None:
+        if options.mode == "fsdp" and options.flatten_parameters and cfg.optim.exclude_from_decay != "none":
+            from bench.errors import ConfigError
+            raise ConfigError("FairScale FSDP flattens each unit's parameters into one 1-D tensor, so "
+                              "optim.exclude_from_decay cannot tell biases from weights: set "
+                              "framework.options.flatten_parameters=false")
+
     def setup(self, build_model, build_optimizer) -> None:
         import fairscale
         from fairscale.optim.oss import OSS
@@ -56,6 +66,12 @@ class FairScaleAdapter(Adapter):
         o = self.options
         model = build_model().to(self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
+        self.version = fairscale.__version__
+        if o.mode == "fsdp":
+            from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
+            self.model = FSDP(model, flatten_parameters=o.flatten_parameters)
+            self.optimizer = build_optimizer(self.model.parameters())
+            return
         # OSS calls optim(its groups' shards on this rank, **defaults): the run's optimizer
         # factory takes those groups (made here, so the decay exclusion holds) as they are
         oc = build_optimizer.optim_cfg
@@ -70,7 +86,6 @@ class FairScaleAdapter(Adapter):
             from torch.nn.parallel import DistributedDataParallel as DDP
             kwargs = {"device_ids": [self.ctx.device.index]} if self.ctx.device.type == "cuda" else {}
             self.model = DDP(model, gradient_as_bucket_view=True, **kwargs)
-        self.version = fairscale.__version__
 
     def train_step(self, batch: dict) -> StepOut:
         loss = forward_backward(self.model, batch, self.dims.grad_accum, self.ctx, self.model.no_sync)
@@ -82,9 +97,14 @@ class FairScaleAdapter(Adapter):
         return model_state_bytes_per_rank(
             params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
             optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
-            shard_optim=True, shard_grads=self.options.mode == "oss_sdp")
+            shard_optim=True, shard_grads=self.options.mode in ("oss_sdp", "fsdp"),
+            shard_params=self.options.mode == "fsdp")
 
     def analytic_comm(self) -> Optional[AnalyticComm]:
+        if self.options.mode == "fsdp":   # reshard_after_forward (default): gather in forward and backward
+            return AnalyticComm({"all_gather": 2.0, "reduce_scatter": 1.0},
+                                "FairScale FSDP: all-gather in forward, again in backward, reduce-scatter of gradients",
+                                paper_psi=3.0, paper="ZeRO paper, stage 3 (P_os+g+p)")
         if self.options.mode == "oss_ddp":
             return AnalyticComm({"all_reduce": 1.0, "broadcast": 1.0},
                                 "torch DDP all-reduce of gradients, then OSS broadcasts each shard's updated parameters")
@@ -94,6 +114,12 @@ class FairScaleAdapter(Adapter):
 
     def describe(self) -> dict:
         o = self.options
+        if o.mode == "fsdp":
+            return {"version": self.version, "native_config": {
+                "wrapper": "fairscale.nn.FullyShardedDataParallel (one unit: the whole model)",
+                "flatten_parameters": o.flatten_parameters, "reshard_after_forward": True,
+                "optimizer": "the run's torch optimizer over the flat shards",
+                "zero_grad_set_to_none": False, "backend": self.ctx.backend}}
         native = {
             "optimizer": "fairscale.optim.OSS", "wrapper": {"oss_sdp": "ShardedDataParallel",
                                                               "oss_ddp": "torch DDP"}[o.mode],

@@ -41,13 +41,30 @@ def master_port(job_id: int, step_id: int) -> int:
     return 20000 + (job_id * 31 + step_id) % 20000
 
 
+def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """Tasks on node `node_id` from SLURM_TASKS_PER_NODE ('4(x2),3' -> [4, 4, 3])."""
+    counts = []
+    for part in tasks_per_node.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise ConfigError(f"cannot parse SLURM_TASKS_PER_NODE {tasks_per_node!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if not 0 <= node_id < len(counts):
+        raise ConfigError(f"SLURM_NODEID {node_id} is outside SLURM_TASKS_PER_NODE {tasks_per_node!r}")
+    return counts[node_id]
+
+
 def rank_env(environ=os.environ) -> dict:
     missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_JOB_NODELIST") if k not in environ]
     if missing:
         raise ConfigError(f"launcher=slurm must run under srun (missing {', '.join(missing)})")
     step = environ.get("SLURM_STEP_ID", "0")
+    # LOCAL_WORLD_SIZE: the ranks on this node, which node-aware strategies read (DASO's nodes,
+    # HSDP's shard groups, intra/inter-node labels of the comm probe)
+    local = (tasks_on_node(environ["SLURM_TASKS_PER_NODE"], int(environ.get("SLURM_NODEID", "0")))
+             if environ.get("SLURM_TASKS_PER_NODE") else int(environ["SLURM_NTASKS"]))
     return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_NTASKS"],
-            "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+            "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"), "LOCAL_WORLD_SIZE": str(local),
             "MASTER_ADDR": first_host(environ["SLURM_JOB_NODELIST"]),
             "MASTER_PORT": str(master_port(int(environ["SLURM_JOB_ID"]), int(step) if step.isdigit() else 0))}
 
@@ -66,9 +83,20 @@ def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
     from bench.launch.records import save_config
     from bench.launch.worker import run_rank
 
+    from bench.launch.local import device_type
+    from bench.launch.records import finish
+
     env = rank_env()
     if int(env["WORLD_SIZE"]) != plan.dims.world_size:
         raise ConfigError(f"launcher.nproc={plan.dims.world_size} but srun started {env['WORLD_SIZE']} tasks")
+    # the same refusal as the local launcher, before any rank joins a process group: rank 0
+    # writes the `unsupported` result, every task exits
+    reason = plan.adapter_cls.unsupported_reason(plan.options, plan.cfg, device_type(plan.cfg))
+    if reason:
+        if int(env["RANK"]) == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            return finish(run_dir, run_dir.name, plan, "unsupported", error_info("unsupported", reason))
+        return None
     rendezvous = None
     if getattr(plan.adapter_cls, "launch", "elastic") == "horovodrun":  # Horovod without horovodrun
         from bench.launch.hvd_slurm import Rendezvous, horovod_env
