@@ -92,3 +92,22 @@ def test_the_root_cause_is_not_the_rank_that_lost_its_peer():
     # two real errors: the earlier one; only lost peers: the earliest of them
     assert root_cause({0: _Failure(101, "ValueError: a"), 1: _Failure(100, "ValueError: b")}) == 1
     assert root_cause({0: _Failure(101, lost), 1: _Failure(100, lost)}) == 1
+
+
+def test_a_rank_aborted_by_nccls_watchdog_is_a_timeout(tmp_path):
+    """NCCL's watchdog SIGABRTs a rank whose collective timed out; no error file is written, so
+    the status comes from the rank's log (not yet seen on a GPU: the line is NCCL's own text)."""
+    from bench.launch.local import classify, rank_log_tail
+    log = tmp_path / "logs" / "run_abc" / "attempt_0" / "1" / "stderr.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("x" * 70000 + "\n[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective "
+                   "operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=300000) ran for 300004 "
+                   "milliseconds before timing out.\n")
+    tail = rank_log_tail(tmp_path, 1)
+    assert len(tail) == 65536 and "Watchdog caught" in tail
+    aborted = {"rank": 1, "signal": "SIGABRT", "message": "<NONE>", "traceback": None}
+    assert classify(aborted, tail) == "timeout"
+    assert classify(aborted, "") == "failed"                              # an abort for another reason
+    assert classify({**aborted, "signal": "SIGKILL"}, tail) == "failed"   # not the watchdog's signal
+    assert classify({"message": "RuntimeError: CUDA out of memory"}) == "oom"
+    assert rank_log_tail(tmp_path, 0) == "" and rank_log_tail(tmp_path, None) == ""

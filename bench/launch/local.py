@@ -25,6 +25,8 @@ from bench.launch.stop import ForwardUsr1
 from bench.results import RESULT_FILE, error_info, load_result, write_result
 
 TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
+# What NCCL's watchdog prints before it aborts the process (SIGABRT): a collective timed out.
+WATCHDOG_MARKER = "watchdog caught collective operation timeout"
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "cannot allocate memory")
 
 
@@ -40,14 +42,30 @@ def threads_per_rank(plan: Plan) -> int:
     return plan.cfg.launcher.threads_per_rank or max(1, usable_cores() // plan.cfg.launcher.nproc)
 
 
-def classify(failure: dict) -> str:
-    """Status from a rank failure: timeout (collective/watchdog), oom, or failed."""
+def classify(failure: dict, log_tail: str = "") -> str:
+    """Status from a rank failure: timeout (collective/watchdog), oom, or failed. A rank that
+    NCCL's watchdog aborted (SIGABRT, no error file) is a timeout when its log says so."""
     text = f"{failure.get('message', '')} {failure.get('traceback') or ''}".lower()
     if any(m in text for m in OOM_MARKERS):
         return "oom"
     if any(m in text for m in TIMEOUT_MARKERS):
         return "timeout"
+    if failure.get("signal") == "SIGABRT" and WATCHDOG_MARKER in log_tail.lower():
+        return "timeout"
     return "failed"
+
+
+def rank_log_tail(run_dir: Path, rank, limit: int = 65536) -> str:
+    """The end of a rank's stderr under <run>/logs (torch elastic's layout), or ''."""
+    if rank is None:
+        return ""
+    logs = sorted(Path(run_dir, "logs").glob(f"*/attempt_*/{rank}/stderr.log"))
+    if not logs:
+        return ""
+    with open(logs[-1], "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - limit))
+        return f.read().decode(errors="replace")
 
 
 def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
@@ -130,7 +148,7 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
         return stopped_result(run_dir, run_id, plan, elapsed)
     failure = _first_failure(run_dir)
     if failure is not None:
-        status = classify(failure)
+        status = classify(failure, rank_log_tail(run_dir, failure.get("rank")))
         message = failure.get("message")
         if not message or message == "<NONE>":   # torch elastic's placeholder: no error file (a signal)
             how = f"was killed by {failure['signal']}" if failure.get("signal") else "exited without an error"
