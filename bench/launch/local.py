@@ -22,6 +22,7 @@ from bench.launch.agent import FAILURE_FILE, is_lost_peer
 from bench.launch.forked import Forked, rank_start_method
 from bench.launch.records import finish, save_config, stopped_result
 from bench.launch.stop import ForwardUsr1
+from bench.errors import ConfigError
 from bench.results import RESULT_FILE, error_info, load_result, write_result
 
 TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
@@ -101,7 +102,10 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
     run_id = run_dir.name
     cfg = plan.cfg
 
-    device = device_type(cfg)
+    try:
+        device = device_type(cfg)
+    except ConfigError as exc:   # GPUs asked for, none usable: a result that says so, no CPU run
+        return finish(run_dir, run_id, plan, "failed", error_info("no_gpu", str(exc)))
     reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, device)
     if reason:
         return finish(run_dir, run_id, plan, "unsupported", error_info("unsupported", reason))
@@ -219,7 +223,10 @@ def _first_failure(run_dir: Path) -> dict | None:
 
 
 def device_type(cfg) -> str:
-    if cfg.run.device != "auto":
-        return cfg.run.device
+    """The run's device (bench/device.py): ConfigError where GPUs were asked for and CUDA is
+    not available."""
+    from bench.device import resolve_device
+    if cfg.run.device == "cpu":
+        return "cpu"
     import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_device(cfg.run.device, torch.cuda.is_available(), torch_cuda=torch.version.cuda)

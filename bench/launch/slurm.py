@@ -91,7 +91,14 @@ def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
         raise ConfigError(f"launcher.nproc={plan.dims.world_size} but srun started {env['WORLD_SIZE']} tasks")
     # the same refusal as the local launcher, before any rank joins a process group: rank 0
     # writes the `unsupported` result, every task exits
-    reason = plan.adapter_cls.unsupported_reason(plan.options, plan.cfg, device_type(plan.cfg))
+    try:
+        device = device_type(plan.cfg)
+    except ConfigError as exc:   # srun gave GPUs that CUDA cannot use: say so, train nothing
+        if int(env["RANK"]) == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            return finish(run_dir, run_dir.name, plan, "failed", error_info("no_gpu", str(exc)))
+        return None
+    reason = plan.adapter_cls.unsupported_reason(plan.options, plan.cfg, device)
     if reason:
         if int(env["RANK"]) == 0:
             run_dir.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,9 @@ from bench.launch import events
 
 def pick_device(requested: str):
     import torch
-    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+
+    from bench.device import resolve_device
+    if resolve_device(requested, torch.cuda.is_available(), torch_cuda=torch.version.cuda) == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         return torch.device("cuda", local_rank), "nccl"
     return torch.device("cpu"), "gloo"

@@ -1,0 +1,51 @@
+"""Which device a run trains on: never a silent CPU fallback when GPUs were asked for.
+
+`run.device=cuda`, or `auto` in a process its scheduler or image gave GPUs (Slurm's GPU
+variables, a non-empty CUDA_VISIBLE_DEVICES, DDLBENCH_EXPECT_GPU=1 set by the GPU image), fails
+with the reason when CUDA is not available (a container started without GPUs, a driver too old
+for torch's CUDA build) instead of training on CPU/gloo and reporting it as a GPU result.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from bench.errors import ConfigError
+
+GPU_HINTS = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE",
+             "SLURM_GPUS_PER_TASK", "SLURM_GPUS")
+NO_DEVICES = ("", "-1", "none", "NoDevFiles", "void")
+
+
+def gpus_expected(environ=os.environ) -> Optional[str]:
+    """Why this process should see GPUs (the variable that says so), or None."""
+    if environ.get("DDLBENCH_EXPECT_GPU") == "1":
+        return "DDLBENCH_EXPECT_GPU=1 (the GPU image)"
+    for key in GPU_HINTS:
+        value = environ.get(key, "")
+        if value and value not in ("0", *NO_DEVICES):
+            return f"{key}={value}"
+    cvd = environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() not in NO_DEVICES:
+        return f"CUDA_VISIBLE_DEVICES={cvd}"
+    return None
+
+
+def resolve_device(requested: str, cuda_available: bool, environ=os.environ,
+                   torch_cuda: Optional[str] = None) -> str:
+    """'cuda' or 'cpu' for run.device = auto | cpu | cuda; ConfigError where GPUs were asked
+    for and CUDA is not available."""
+    if requested == "cpu":
+        return "cpu"
+    if cuda_available:
+        return "cuda"
+    build = f"torch built for CUDA {torch_cuda}" if torch_cuda else "a CPU-only torch build"
+    why = ("a container started without GPUs (--gpus / --nv / pyxis), a driver older than "
+           f"{build} needs, or CUDA_VISIBLE_DEVICES hiding them")
+    if requested == "cuda":
+        raise ConfigError(f"run.device=cuda but CUDA is not available in this process: {why}")
+    hint = gpus_expected(environ)
+    if hint:
+        raise ConfigError(f"GPUs were allocated ({hint}) but CUDA is not available: {why}. Set "
+                          "run.device=cpu to train on CPU deliberately")
+    return "cpu"

@@ -1,0 +1,45 @@
+"""No silent CPU fallback: a run that asked for GPUs, or was given them, fails with the reason
+when CUDA is not available (bench/device.py), and says so in result.json."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.device import gpus_expected, resolve_device
+from bench.errors import ConfigError
+from conftest import bench
+
+
+def test_hints_that_gpus_were_given():
+    assert gpus_expected({}) is None
+    assert gpus_expected({"SLURM_GPUS_ON_NODE": "4"}) == "SLURM_GPUS_ON_NODE=4"
+    assert gpus_expected({"SLURM_JOB_GPUS": "0,1"}) == "SLURM_JOB_GPUS=0,1"
+    assert gpus_expected({"SLURM_GPUS_ON_NODE": "0"}) is None
+    assert gpus_expected({"CUDA_VISIBLE_DEVICES": "0,1"}) == "CUDA_VISIBLE_DEVICES=0,1"
+    for none in ("", "-1", "NoDevFiles"):
+        assert gpus_expected({"CUDA_VISIBLE_DEVICES": none}) is None
+    assert gpus_expected({"DDLBENCH_EXPECT_GPU": "1"}).startswith("DDLBENCH_EXPECT_GPU=1")
+
+
+def test_resolve_device():
+    assert resolve_device("auto", True, {}) == "cuda"
+    assert resolve_device("cuda", True, {}) == "cuda"
+    assert resolve_device("auto", False, {}) == "cpu"                                # a laptop
+    assert resolve_device("cpu", False, {"SLURM_GPUS_ON_NODE": "8"}) == "cpu"        # deliberate
+    assert resolve_device("cpu", True, {}) == "cpu"
+    with pytest.raises(ConfigError, match="run.device=cuda but CUDA is not available"):
+        resolve_device("cuda", False, {}, torch_cuda="13.0")
+    with pytest.raises(ConfigError, match=r"GPUs were allocated \(SLURM_GPUS_ON_NODE=8\).*run.device=cpu"):
+        resolve_device("auto", False, {"SLURM_GPUS_ON_NODE": "8"}, torch_cuda="13.0")
+
+
+@pytest.mark.parametrize("overrides,env,words", [
+    (("run.device=cuda",), {}, "run.device=cuda but CUDA is not available"),
+    ((), {"CUDA_VISIBLE_DEVICES": "0"}, "GPUs were allocated (CUDA_VISIBLE_DEVICES=0)"),
+], ids=["device_cuda", "gpus_allocated"])
+def test_a_gpu_run_without_cuda_fails_with_the_reason(tmp_path, overrides, env, words):
+    proc = bench("run", "logger=none", "run.progress=false", f"run.dir={tmp_path / 'r'}", *overrides, env=env)
+    rec = json.loads((tmp_path / "r" / "result.json").read_text())
+    assert rec["status"] == "failed" and rec["error"]["type"] == "no_gpu" and words in rec["error"]["message"]
+    assert proc.returncode != 0 and not (tmp_path / "r" / "logs").exists()    # no rank started
