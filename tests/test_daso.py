@@ -91,3 +91,26 @@ def test_post_local_sgd_with_world_sized_groups_is_ddp_and_local_sgd_averages_ev
     # every step a gradient all-reduce inside a group of 1 (free), every 4th a model average
     assert comm["per_step_bytes_by_group"]["all_reduce"] == pytest.approx({"1@1": 4 * params, "2@1": params})
     assert comm["wire_bytes_per_rank"] == pytest.approx(ddp["comm"]["wire_bytes_per_rank"] / 4)
+
+
+def test_the_plateau_all_reduce_uses_the_runs_device(monkeypatch):
+    """DASO's loss all-reduce at a plateau window went to the CPU; an NCCL group takes only CUDA
+    tensors. Checked with the tensor captured (device 'meta' stands in for cuda here)."""
+    from types import SimpleNamespace
+
+    from bench.adapters import daso
+    from bench.adapters.base import RankContext
+    seen = []
+    monkeypatch.setattr(daso.dist, "all_reduce", lambda t, **kw: seen.append(t.device))
+    a = object.__new__(daso.DASOAdapter)
+    a.options = SimpleNamespace(warmup_steps=0, cooldown_steps=0, max_global_skips=8)
+    a.ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("meta"), backend="nccl",
+                        precision="fp32")
+    a.window, a.total, a.window_loss = 1, 10, [0.0, 0]
+    a.global_skip, a.batches_to_wait, a.history = 4, 1, []
+    a.plateau = Plateau(threshold=0.05, patience=2)
+    try:
+        a._adapt(step=3, loss=1.0)
+    except (NotImplementedError, RuntimeError):   # meta tensors have no values to read back
+        pass
+    assert seen == [torch.device("meta")]

@@ -209,7 +209,8 @@ class DASOAdapter(Adapter):
             self.window_loss[1] += 1
         if (step + 1) % self.window or phase(step, self.total, o.warmup_steps, o.cooldown_steps) == "blocking":
             return
-        t = torch.tensor(self.window_loss, dtype=torch.float64)
+        # on the run's device: an NCCL group all-reduces only CUDA tensors
+        t = torch.tensor(self.window_loss, dtype=torch.float64, device=self.ctx.device)
         dist.all_reduce(t)             # one world-averaged loss, so every rank takes the same decision
         self.window_loss = [0.0, 0]
         mean = float(t[0] / max(t[1], 1.0))
