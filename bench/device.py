@@ -49,3 +49,24 @@ def resolve_device(requested: str, cuda_available: bool, environ=os.environ,
         raise ConfigError(f"GPUs were allocated ({hint}) but CUDA is not available: {why}. Set "
                           "run.device=cpu to train on CPU deliberately")
     return "cpu"
+
+
+def cuda_index(local_rank: int, visible: int) -> int:
+    """The CUDA device of a rank. Each task sees exactly one GPU under Slurm's per-task binding
+    (--gpus-per-task=1, or a per-task CUDA_VISIBLE_DEVICES): device 0. Otherwise its local rank,
+    which must name a visible GPU."""
+    if visible < 1:
+        raise ConfigError("no CUDA device is visible to this rank")
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise ConfigError(f"local rank {local_rank} but only {visible} GPUs are visible on this node: "
+                          "run at most one rank per GPU (launcher.nproc / --ntasks-per-node)")
+    return local_rank
+
+
+def check_gpu_count(nproc: int, visible: int) -> None:
+    """The local launcher starts nproc ranks on this machine, one per GPU: no more than there are."""
+    if nproc > visible:
+        raise ConfigError(f"launcher.nproc={nproc} but {visible} GPU(s) are visible: one rank per GPU "
+                          "(ranks sharing a GPU would measure contention, not the framework)")

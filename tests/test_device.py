@@ -43,3 +43,16 @@ def test_a_gpu_run_without_cuda_fails_with_the_reason(tmp_path, overrides, env, 
     rec = json.loads((tmp_path / "r" / "result.json").read_text())
     assert rec["status"] == "failed" and rec["error"]["type"] == "no_gpu" and words in rec["error"]["message"]
     assert proc.returncode != 0 and not (tmp_path / "r" / "logs").exists()    # no rank started
+
+
+def test_rank_to_gpu_mapping():
+    from bench.device import check_gpu_count, cuda_index
+    assert [cuda_index(r, 8) for r in range(8)] == list(range(8))
+    assert cuda_index(5, 1) == 0                    # --gpus-per-task=1: each task sees its own GPU
+    with pytest.raises(ConfigError, match="local rank 4 but only 4 GPUs"):
+        cuda_index(4, 4)
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        cuda_index(0, 0)
+    check_gpu_count(8, 8)
+    with pytest.raises(ConfigError, match="launcher.nproc=2 but 1 GPU"):
+        check_gpu_count(2, 1)

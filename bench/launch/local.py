@@ -104,6 +104,11 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
 
     try:
         device = device_type(cfg)
+        if device == "cuda":
+            import torch
+
+            from bench.device import check_gpu_count
+            check_gpu_count(cfg.launcher.nproc, torch.cuda.device_count())
     except ConfigError as exc:   # GPUs asked for, none usable: a result that says so, no CPU run
         return finish(run_dir, run_id, plan, "failed", error_info("no_gpu", str(exc)))
     reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, device)

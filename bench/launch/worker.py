@@ -17,10 +17,10 @@ from bench.launch import events
 def pick_device(requested: str):
     import torch
 
-    from bench.device import resolve_device
+    from bench.device import cuda_index, resolve_device
     if resolve_device(requested, torch.cuda.is_available(), torch_cuda=torch.version.cuda) == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        return torch.device("cuda", local_rank), "nccl"
+        return torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count())), "nccl"
     return torch.device("cpu"), "gloo"
 
 
