@@ -116,6 +116,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     spec = models.build(cfg.model)
     adapter = plan.adapter_cls(plan.options, ctx, dims)
     adapter.setup(spec.build, build_optimizer_factory(cfg.optim))
+    adapter.mark_setup_done()
     events.mark(run_dir, "model_ready", ctx.rank)
     dp_rank = getattr(adapter, "dp_rank", ctx.rank)
     dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)

@@ -56,3 +56,27 @@ def test_rank_to_gpu_mapping():
     check_gpu_count(8, 8)
     with pytest.raises(ConfigError, match="launcher.nproc=2 but 1 GPU"):
         check_gpu_count(2, 1)
+
+
+def test_cuda_peaks_are_reset_after_setup(monkeypatch):
+    """The CUDA branch, with torch.cuda's counters stubbed: setup's peak (the whole fp32 model
+    before sharding) is kept apart and the counters reset, so the reported peak is the loop's."""
+    import torch
+
+    from bench.adapters.base import Adapter, RankContext
+    counters = {"peak": 1000, "resets": 0}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: counters["peak"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: counters["peak"] + 24)
+
+    def reset(d=None):
+        counters["resets"] += 1
+        counters["peak"] = 0
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
+                      precision="fp32")
+    a = Adapter(None, ctx, None)
+    a.mark_setup_done()
+    counters["peak"] = 300                       # what the training loop then allocates at most
+    m = a.memory_stats()
+    assert counters["resets"] == 1
+    assert (m["setup_peak_allocated_bytes"], m["peak_allocated_bytes"], m["peak_reserved_bytes"]) == (1000, 300, 324)

@@ -245,10 +245,21 @@ class Adapter:
         scaler = " + torch GradScaler" if getattr(self, "scaler", None) else ""
         return f"torch.autocast({self.ctx.device.type}, {self.ctx.precision}) around forward, fp32 parameters{scaler}"
 
+    def mark_setup_done(self) -> None:
+        """Called by the runner right after setup(): on CUDA, keep setup's peak (the full model
+        placed before sharding or offload) and reset the peak counters, so the reported peaks
+        are the training loop's (ZeRO-3/FSDP/offload savings stay visible). Host RSS has no
+        reset (ru_maxrss): its value here is kept as the setup peak."""
+        self._setup_peaks = {"setup_peak_rss_bytes": peak_rss_bytes(), "setup_peak_allocated_bytes": None}
+        if self.ctx.device.type == "cuda":
+            self._setup_peaks["setup_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
+            torch.cuda.reset_peak_memory_stats(self.ctx.device)
+
     def memory_stats(self) -> dict:
-        """Peaks since setup: device allocated/reserved (CUDA), host RSS."""
+        """Peaks of the training loop: device allocated/reserved (CUDA, reset after setup), host
+        RSS (since process start), and setup's own peaks."""
         out = {"peak_allocated_bytes": None, "peak_reserved_bytes": None,
-               "peak_rss_bytes": peak_rss_bytes()}
+               "peak_rss_bytes": peak_rss_bytes(), **getattr(self, "_setup_peaks", {})}
         if self.ctx.device.type == "cuda":
             out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
             out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.ctx.device)
