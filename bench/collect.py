@@ -119,7 +119,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
                            "rank's measured window (its step times summed) / measured steps. step_time_s "
                            "(per step, max over ranks) is the distribution, not the throughput",
         "clock": "time.perf_counter at step boundaries" + (
-            ", after torch.cuda.synchronize" if ctx.device.type == "cuda" else ""),
+            ", after torch.cuda.current_stream().synchronize() (the compute stream; communication left in "
+            "flight on other streams is not waited for)" if ctx.device.type == "cuda" else ""),
     }
     if all("host_time_s" in g for g in gathered):
         record["timing"]["per_rank_host_median_s"] = [summarize(g["host_time_s"])["median"] for g in gathered]

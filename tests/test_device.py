@@ -80,3 +80,19 @@ def test_cuda_peaks_are_reset_after_setup(monkeypatch):
     m = a.memory_stats()
     assert counters["resets"] == 1
     assert (m["setup_peak_allocated_bytes"], m["peak_allocated_bytes"], m["peak_reserved_bytes"]) == (1000, 300, 324)
+
+
+def test_step_boundaries_wait_for_the_compute_stream_only():
+    """A device-wide synchronize at each step would serialise communication a framework keeps in
+    flight across steps (DASO's global all-reduce); DeepSpeed's timer must not add its own."""
+    import torch
+
+    from bench.adapters.base import RankContext
+    from bench.config import plan_from_overrides
+    from bench.runner import step_sync
+    assert step_sync("cuda") == "torch.cuda.current_stream().synchronize()" and step_sync("cpu") is None
+    plan = plan_from_overrides(["framework=deepspeed_zero2", "launcher.nproc=2"])
+    ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
+                      precision="bf16")
+    cfg = plan.adapter_cls(plan.options, ctx, plan.dims).ds_config(plan.cfg.optim)
+    assert cfg["timers"] == {"throughput": {"enabled": True, "synchronized": False}}
