@@ -124,7 +124,7 @@ def _busy_probe(adapter, device) -> float | None:
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
     cfg, dims = plan.cfg, plan.dims
     torch.manual_seed(cfg.run.seed)
-    spec = models.build(cfg.model)
+    spec = models.build(cfg.model, ctx.device.type)
     adapter = plan.adapter_cls(plan.options, ctx, dims)
     adapter.setup(spec.build, build_optimizer_factory(cfg.optim))
     adapter.mark_setup_done()

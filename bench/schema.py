@@ -35,6 +35,9 @@ class LanguageModelCfg(Strict):
     vocab_size: Annotated[int, Field(ge=2)]
     seq_len: PositiveInt
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    # auto: eager on CPU (deterministic, identical across frameworks: the equivalence gate),
+    # sdpa on CUDA (fused/flash kernels, no T x T matrix in memory); recorded in the result
+    attention: Literal["auto", "eager", "sdpa"] = "auto"
 
     @model_validator(mode="after")
     def _heads_divide_width(self):

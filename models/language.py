@@ -44,24 +44,30 @@ class CausalLM(nn.Module):
         return list(self.net.transformer.h)
 
 
-def gpt2_config(mc):
+def attention_impl(requested: str, device_type: str) -> str:
+    """transformers' attn_implementation: eager on CPU, sdpa on CUDA, unless set."""
+    if requested != "auto":
+        return requested
+    return "sdpa" if device_type == "cuda" else "eager"
+
+
+def gpt2_config(mc, device_type: str = "cpu"):
     from transformers import GPT2Config
     return GPT2Config(
         n_layer=mc.n_layer, n_embd=mc.n_embd, n_head=mc.n_head, vocab_size=mc.vocab_size,
         n_positions=mc.seq_len, resid_pdrop=mc.dropout, embd_pdrop=mc.dropout,
         attn_pdrop=mc.dropout, bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,
-        loss_type="ForCausalLM", attn_implementation="eager",
+        loss_type="ForCausalLM", attn_implementation=attention_impl(getattr(mc, "attention", "auto"), device_type),
     )
 
 
-def gpt2_spec(mc) -> ModelSpec:
-    config = gpt2_config(mc)
+def gpt2_spec(mc, device_type: str = "cpu") -> ModelSpec:
+    config = gpt2_config(mc, device_type)
 
     def factory() -> nn.Module:
         from transformers import GPT2LMHeadModel
         from transformers.utils import logging as hf_logging
         hf_logging.set_verbosity_error()
-        # eager attention: deterministic on CPU and identical across frameworks
         return CausalLM(GPT2LMHeadModel(config))
 
     def sample(gen: torch.Generator) -> dict:
@@ -69,4 +75,5 @@ def gpt2_spec(mc) -> ModelSpec:
         return {"input_ids": ids, "labels": ids}
 
     return ModelSpec(name=mc.name, kind="language", factory=factory, sample=sample,
-                     tokens_per_sample=mc.seq_len, config=config.to_diff_dict())
+                     tokens_per_sample=mc.seq_len,
+                     config={**config.to_diff_dict(), "attn_implementation": config._attn_implementation})

@@ -33,9 +33,10 @@ def modules_for(model_cfg) -> tuple[str, ...]:
     return ("models.vision", "torchvision.models")
 
 
-def build(model_cfg) -> ModelSpec:
+def build(model_cfg, device_type: str = "cpu") -> ModelSpec:
+    """The model's spec for a run on `device_type` (device-dependent defaults: GPT-2 attention)."""
     if model_cfg.kind == "language":
         from models.language import gpt2_spec
-        return gpt2_spec(model_cfg)
+        return gpt2_spec(model_cfg, device_type)
     from models.vision import vision_spec
     return vision_spec(model_cfg)
