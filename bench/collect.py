@@ -68,6 +68,21 @@ def _comm(gathered: list, world: int, params: int | None, adapter, backend: str)
     return out
 
 
+def gpu_telemetry(per_rank: list, global_batch: int) -> dict:
+    """NVML per rank (bench/nvml.py) and the run's energy: joules summed over ranks' GPUs during
+    the training loop, and per trained sample (global batch x steps)."""
+    if not per_rank or not all(r and r.get("available") for r in per_rank):
+        reasons = sorted({(r or {}).get("reason") or "no telemetry" for r in per_rank if not (r or {}).get("available")})
+        return {"available": False, "reason": "; ".join(reasons), "per_rank": per_rank}
+    energies = [r.get("energy_j") for r in per_rank]
+    total = sum(energies) if all(e is not None for e in energies) else None
+    steps = per_rank[0].get("steps") or 0
+    return {"available": True, "per_rank": per_rank, "energy_j": total,
+            "energy_per_sample_j": total / (global_batch * steps) if total is not None and steps else None,
+            "note": "sampled by NVML in a thread while the training loop ran (warm-up included); energy from "
+                    "each board's energy counter where it has one"}
+
+
 def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, threads: int,
                     wall_s: float) -> dict:
     from models.flops import train_flops_per_sample
@@ -140,6 +155,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
         record["model_parallel"] = adapter.summarize_rank_stats(
             [g["adapter_stats"] for g in gathered], record["timing"]["per_rank_median_s"])
     record["mfu"] = mfu_value
+    record["gpu"] = gpu_telemetry([g.get("gpu") for g in gathered], dims.global_batch)
     record["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
                        "palm_train_per_sample": flops["palm_flops"],
                        "hardware_train_per_sample": flops["hardware_flops"],

@@ -151,6 +151,8 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     progress = _Progress(cfg.run.progress and ctx.rank == 0, total, warmup, dims.global_batch)
     stop.expose(step_s, losses, warmup)   # what a SIGUSR1 stop saves (bench/launch/stop.py)
 
+    from bench.nvml import for_device
+    gpu = for_device(ctx.device)       # NVML sampler thread (CUDA only): outside every step
     _sync(ctx.device)
     wall0 = time.perf_counter()
     if evaluate:
@@ -181,6 +183,8 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
                 break
             t_prev = time.perf_counter()  # evaluation is not part of any step
     wall_s = time.perf_counter() - wall0
+    gpu_stats = gpu.stop() if gpu is not None else {"available": False, "reason": f"{ctx.device.type} run"}
+    gpu_stats["steps"] = len(losses)
     unix_offset = time.time() - time.perf_counter()
     progress.close()
     if step_s:
@@ -214,6 +218,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         "baseline_rss_bytes": baseline_rss,
         "comm": comm,
         "adapter_stats": adapter_stats,
+        "gpu": gpu_stats,
         "hostname": platform.node(),
     }
     gathered: list = [None] * ctx.world_size

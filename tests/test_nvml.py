@@ -1,0 +1,80 @@
+"""GPU telemetry (bench/nvml.py) against a stand-in for nvidia-ml-py, and the CPU path."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from bench.collect import gpu_telemetry
+from bench.nvml import NvmlSampler, nvml_uuid, summarize
+
+
+class FakeNvml:
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, energy=(5_000_000, 5_750_000), power_mw=250_000):
+        self.energy, self.power_mw, self.calls = list(energy), power_mw, []
+
+    def nvmlInit(self):
+        self.calls.append("init")
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.calls.append(uuid)
+        return "h"
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return "h"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=90)
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        assert kind == self.NVML_CLOCK_SM
+        return 1755
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self.power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return self.energy.pop(0) if len(self.energy) > 1 else self.energy[0]
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+
+def test_summary_by_hand():
+    s = summarize([{"util": 80, "sm_mhz": 1700, "power_w": 200.0}, {"util": 100, "sm_mhz": 1500, "power_w": 300.0}],
+                  (1_000_000, 1_500_000), 2.0)
+    assert s["utilization_pct"] == {"mean": 90.0, "min": 80, "max": 100}
+    assert s["energy_j"] == 500.0 and s["energy_source"] == "nvmlDeviceGetTotalEnergyConsumption"
+    # no energy counter: mean power x time
+    assert summarize([{"power_w": 200.0}, {"power_w": 300.0}], None, 2.0)["energy_j"] == 500.0
+
+
+def test_sampler_thread_reads_the_board_by_uuid():
+    nvml = FakeNvml()
+    sampler = NvmlSampler(0, nvml_uuid("8f0c-1"), interval_s=0.01, nvml=nvml).start()
+    time.sleep(0.05)
+    out = sampler.stop()
+    assert out["available"] and out["samples"] >= 1 and out["sm_clock_mhz"]["max"] == 1755
+    assert out["power_w"]["mean"] == 250.0 and out["energy_j"] == 750.0
+    assert nvml.calls[:2] == ["init", "GPU-8f0c-1"] and nvml.calls[-1] == "shutdown"
+    assert nvml_uuid("GPU-abc") == "GPU-abc" and nvml_uuid(None) is None
+
+
+def test_without_nvml_the_reason_is_kept():
+    class Broken(FakeNvml):
+        def nvmlInit(self):
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+    out = NvmlSampler(0, interval_s=0.01, nvml=Broken()).start().stop()
+    assert out == {"available": False, "reason": "NVML unavailable: OSError: libnvidia-ml.so.1: cannot open "
+                                                  "shared object file"}
+
+
+def test_energy_per_sample_over_ranks():
+    ranks = [{"available": True, "energy_j": 100.0, "steps": 10}, {"available": True, "energy_j": 140.0, "steps": 10}]
+    out = gpu_telemetry(ranks, global_batch=8)
+    assert out["energy_j"] == 240.0 and out["energy_per_sample_j"] == pytest.approx(240.0 / 80)
+    cpu = gpu_telemetry([{"available": False, "reason": "cpu run", "steps": 3}] * 2, 8)
+    assert cpu["available"] is False and cpu["reason"] == "cpu run"
