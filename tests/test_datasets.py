@@ -55,7 +55,8 @@ def test_blobs_floor_and_separability():
 
 
 def test_digits_real_images_upscaled():
-    d = build_dataset(NS(name="digits", val_fraction=0.2, split_seed=0), VISION, 0)
+    d = build_dataset(NS(name="digits", val_fraction=0.2, split_seed=0, features="upscaled", train_samples=None),
+                      VISION, 0)
     assert d.train.size + d.val.size == 1797 and d.val.size == 359
     b = d.val[[0, 1, 2]]
     assert b["images"].shape == (3, 3, 16, 16) and b["labels"].max() <= 9
