@@ -104,7 +104,7 @@ class PipelineAdapter(Adapter):
         from models.pipeline import partition, pieces
         from models.spec import count_params
         with torch.device("meta"):
-            piece_list = pieces(models.build(cfg.model, self.ctx.device.type).build())
+            piece_list = pieces(models.build(cfg.model).build())   # meta: the layout only
         v = cls.stages_per_rank(options)
         ranges = partition(len(piece_list), dims.pp * v)
         owners = stage_owners(options.schedule, dims.pp, v)
