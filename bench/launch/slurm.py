@@ -43,12 +43,8 @@ def master_port(job_id: int, step_id: int) -> int:
 
 def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
     """Tasks on node `node_id` from SLURM_TASKS_PER_NODE ('4(x2),3' -> [4, 4, 3])."""
-    counts = []
-    for part in tasks_per_node.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if not m:
-            raise ConfigError(f"cannot parse SLURM_TASKS_PER_NODE {tasks_per_node!r}")
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    from bench.launch.hvd_slurm import tasks_per_node as expand
+    counts = expand(tasks_per_node)
     if not 0 <= node_id < len(counts):
         raise ConfigError(f"SLURM_NODEID {node_id} is outside SLURM_TASKS_PER_NODE {tasks_per_node!r}")
     return counts[node_id]
