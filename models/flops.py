@@ -11,16 +11,14 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from models.spec import ModelSpec, count_params
+from models.spec import ModelSpec, checkpoint_blocks, count_params
 
 
 def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
     with torch.device(device):
         model = spec.build()
     if recompute_blocks:  # the run's activation checkpointing: backward re-runs each block's forward
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-        ids = {id(b) for b in model.blocks()}
-        apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
+        checkpoint_blocks(model)
     # vision: two samples, as BatchNorm in training mode needs more than one value per channel;
     n = 2
     gen = torch.Generator().manual_seed(0)

@@ -26,6 +26,18 @@ def count_params(module: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
+def checkpoint_blocks(model: nn.Module) -> int:
+    """Activation checkpointing (torch's non-reentrant checkpoint wrapper) on every block of
+    `model.blocks()`: their activations are dropped after forward and recomputed in backward.
+    The adapters apply it to the run's model and models/flops.py to the model it counts, so the
+    hardware FLOPs (flops.hfu) are those of the same checkpointing. Returns the block count."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    ids = {id(b) for b in model.blocks()}
+    apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
+    return len(ids)
+
+
 def modules_for(model_cfg) -> tuple[str, ...]:
     """The libraries `build(model_cfg).build()` imports (a launcher preloads them)."""
     if model_cfg.kind == "language":

@@ -91,17 +91,6 @@ def fsdp2_no_sync(model: nn.Module):
         model.set_requires_gradient_sync(True)
 
 
-def checkpoint_blocks(model: nn.Module) -> int:
-    """Activation checkpointing (torch's non-reentrant checkpoint wrapper) on every block of
-    `model.blocks()`: their activations are dropped after forward and recomputed in backward
-    (the run's hardware FLOPs then exceed its model FLOPs: flops.hfu). Returns the block count."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-
-    ids = {id(b) for b in model.blocks()}
-    apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
-    return len(ids)
-
-
 def canonical_parameters(module: nn.Module):
     """(parameter, full tensor -> canonical layout) in `module.parameters()` order, each once.
     A module that replaced another with a different layout (models/tensor_parallel: Conv1D ->

@@ -13,7 +13,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, checkpoint_blocks, forward_backward, taxonomy_labels
+from models.spec import checkpoint_blocks
+from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param

@@ -14,7 +14,8 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, checkpoint_blocks, forward_backward, fsdp2_no_sync, taxonomy_labels
+from models.spec import checkpoint_blocks
+from bench.adapters.base import Adapter, StepOut, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param

@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from bench.adapters.base import (Adapter, StepOut, autocast, checkpoint_blocks, forward_backward, fsdp2_no_sync,
+from models.spec import checkpoint_blocks
+from bench.adapters.base import (Adapter, StepOut, autocast, forward_backward, fsdp2_no_sync,
                                  taxonomy_labels)
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
