@@ -184,7 +184,11 @@ def bench_exe(*args: str, cwd: Path | None = None, timeout: float = 240, env: di
 
 
 def run_record(run_dir: Path, *overrides: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
-    """`bench run` with test defaults; returns the process and the result record."""
+    """`bench run` with test defaults; returns the process and the result record. The run's own
+    wall-clock bound is below this call's: a hung run ends as a `timeout` result whose error
+    holds every rank's stack, rather than as a bare TimeoutExpired here."""
+    if not any(o.startswith("run.timeout_s=") for o in overrides):
+        overrides = (*overrides, f"run.timeout_s={max(timeout - 30, 10):g}")
     proc = bench("run", "logger=none", "run.progress=false", f"run.dir={run_dir}", *overrides,
                  timeout=timeout)
     path = run_dir / "result.json"

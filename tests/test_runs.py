@@ -164,6 +164,13 @@ def test_wall_clock_timeout_kills_everything(run_dir):
                            "run.pg_timeout_s=600")
     assert rec["status"] == "timeout"
     assert "run.timeout_s=8" in rec["error"]["message"]
+    # where each rank was, from its own stack dump: the hung rank in the fault's sleep, its
+    # peer inside the runner (blocked in the next collective)
+    stacks = rec["error"]["stacks"]
+    assert set(stacks) == {"0", "1"}, stacks
+    assert "faults.py" in stacks["1"] and "runner.py" in stacks["1"], stacks["1"]
+    assert "faults.py" not in stacks["0"] and "runner.py" in stacks["0"], stacks["0"]
+    assert (run_dir / "stacks" / "rank1.txt").read_text().count("File ") > stacks["1"].count("File ")
 
 
 def test_sigusr1_stops_cleanly_with_partial_measurements(run_dir):

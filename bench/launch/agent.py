@@ -90,6 +90,8 @@ def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method
     # SIGUSR1 (time-limit warning) reaches the agent's whole group: the ranks save their series
     # and exit, and the agent must outlive them, so the launcher reads complete partial files
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # SIGUSR2 (the launcher's stack dump before a timeout kill) is for the ranks, not the agent
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     # The agent's own chatter goes to the run's log, not the user's terminal.
     handler = logging.FileHandler(run_dir / "agent.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

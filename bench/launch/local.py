@@ -20,7 +20,7 @@ from bench.envinfo import usable_cores
 from bench.launch import events
 from bench.launch.agent import FAILURE_FILE, is_lost_peer
 from bench.launch.forked import Forked, rank_start_method
-from bench.launch.records import finish, save_config, stopped_result
+from bench.launch.records import finish, innermost_frames, save_config, stack_path, stopped_result
 from bench.launch.stop import ForwardUsr1
 from bench.errors import ConfigError
 from bench.results import RESULT_FILE, error_info, load_result, write_result
@@ -67,6 +67,23 @@ def rank_log_tail(run_dir: Path, rank, limit: int = 65536) -> str:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - limit))
         return f.read().decode(errors="replace")
+
+
+def dump_stacks(proc: subprocess.Popen, run_dir: Path, nproc: int, wait_s: float = 2.0) -> dict[str, str]:
+    """Ask a hung run's ranks for their Python stacks (SIGUSR2: faulthandler, registered by each
+    rank into <run>/stacks/rank<R>.txt; the agent ignores it), wait briefly, and return
+    {rank: its threads' innermost frames}."""
+    try:
+        os.killpg(proc.pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        return {}
+    time.sleep(wait_s)
+    out = {}
+    for rank in range(nproc):
+        path = stack_path(run_dir, rank)
+        if path.is_file() and path.stat().st_size:
+            out[str(rank)] = innermost_frames(path.read_text(errors="replace"))
+    return out
 
 
 def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
@@ -125,9 +142,11 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
         with usr1:
             code = proc.wait(timeout=cfg.run.timeout_s)
     except subprocess.TimeoutExpired:
+        stacks = dump_stacks(proc, run_dir, cfg.launcher.nproc)
         _kill_tree(proc)
-        msg = f"run exceeded run.timeout_s={cfg.run.timeout_s:g} s (wall clock); all ranks killed"
-        return finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg))
+        msg = (f"run exceeded run.timeout_s={cfg.run.timeout_s:g} s (wall clock); all ranks killed; "
+               "where each rank was: error.stacks")
+        return finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg, stacks=stacks))
     except KeyboardInterrupt:
         _kill_tree(proc)
         finish(run_dir, run_id, plan, "failed", error_info("interrupted", "interrupted by the user (Ctrl-C)"))

@@ -47,3 +47,22 @@ def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> 
     record["env"] = {**(record["env"] or {}), "env_vars": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}}
     write_result(run_dir, record)
     return record
+
+
+def stack_path(run_dir: Path, rank: int) -> Path:
+    """Where rank `rank` writes its Python stacks when the launcher asks (SIGUSR2)."""
+    return Path(run_dir) / "stacks" / f"rank{rank}.txt"
+
+
+def innermost_frames(dump: str, frames: int = 8) -> str:
+    """A faulthandler dump cut to each thread's header and its `frames` innermost frames (a
+    forked rank's outer frames are its parent's, down to the interpreter's start)."""
+    out, kept = [], 0
+    for line in dump.splitlines():
+        if not line.startswith(" "):
+            out.append(line)
+            kept = 0
+        elif kept < frames:
+            out.append(line)
+            kept += 1
+    return "\n".join(out)

@@ -2,6 +2,7 @@
 `bench.launch.hvd_worker` by horovodrun. Both run `run_rank`."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -35,6 +36,8 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     from bench.config import validate
 
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)   # the agent ignores it; a rank must not
+    # a run past run.timeout_s: the launcher asks every rank for its Python stacks
+    faulthandler.register(signal.SIGUSR2, file=_stack_file(run_dir), all_threads=True)
     run_dir_p = Path(run_dir)
     events.mark(run_dir_p, "rank_start", int(os.environ.get("RANK", 0)))
     if plan is None:
@@ -56,6 +59,17 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
         runner.run(plan, ctx, run_dir_p, baseline_rss, threads)
     finally:
         dist.destroy_process_group()
+
+
+_stack_files: list = []     # open for the process's life: faulthandler writes to the descriptor
+
+
+def _stack_file(run_dir: str):
+    from bench.launch.records import stack_path
+    path = stack_path(Path(run_dir), int(os.environ.get("RANK", 0)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _stack_files.append(open(path, "w"))
+    return _stack_files[-1]
 
 
 def _srun_stop(plan, run_dir: Path, rank: int):
