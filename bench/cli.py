@@ -8,6 +8,9 @@
   bench sweep [--backend local|slurm] [--dir D] [--repeats N] overrides...
                                   cells with stable ids + manifest; Slurm: one job array, returns
   bench sweep status DIR | bench sweep resume DIR
+  bench advise model=M devices=N [budget_runs=K] [frameworks=...] [backend=local|slurm] ...
+                                  candidates pruned, ranked by predicted step time, top-k measured
+  bench advise resume DIR         the next phase (after a Slurm sweep finished)
 """
 from __future__ import annotations
 
@@ -166,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p_cb = sub.add_parser("commbench", help="bus bandwidth per collective and message size on this machine's "
                                             "backend: `commbench launcher.nproc=N [sizes=[...]] [out=DIR]`")
     p_cb.add_argument("args", nargs="*")
+    p_adv = sub.add_parser("advise", help="which framework and layout for this model on N devices: "
+                                          "`advise model=M devices=N [budget_runs=K] ...`, `advise resume DIR`")
+    p_adv.add_argument("args", nargs="+")
     p_sweep = sub.add_parser("sweep", help="a sweep: `sweep [opts] overrides`, `sweep status DIR`, `sweep resume DIR`")
     p_sweep.add_argument("--backend", choices=("local", "slurm"), default="local")
     p_sweep.add_argument("--dir", help="sweep directory (default outputs/sweeps/<time>)")
@@ -189,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "project":
             from bench.network.cli import run as project
             return project(args.args)
+        if args.command == "advise":
+            from bench.advise.command import run as advise
+            return advise(args.args)
         if args.command == "commbench":
             from bench.commbench import run as commbench
             return commbench(args.args)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from models.spec import ModelSpec, checkpoint_blocks, count_params
+from models.spec import ModelSpec, checkpoint_blocks, count_params, example_batch
 
 
 def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
@@ -21,12 +21,7 @@ def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
         checkpoint_blocks(model)
     # vision: two samples, as BatchNorm in training mode needs more than one value per channel;
     n = 2
-    gen = torch.Generator().manual_seed(0)
-    samples = [spec.sample(gen) for _ in range(n)]
-    batch = {k: torch.stack([s[k] for s in samples]).to(device) for k in samples[0]}
-    if spec.kind == "language":
-        # an explicit all-ones mask skips HF's packed-sequence check, which calls .item()
-        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    batch = example_batch(spec, n, device)
     counter = FlopCounterMode(display=False)
     with counter:
         model(**batch).backward()

@@ -26,6 +26,17 @@ def count_params(module: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
+def example_batch(spec: ModelSpec, n: int, device: str) -> dict:
+    """n seeded synthetic samples as a batch on `device` (meta: shapes only, for counting)."""
+    gen = torch.Generator().manual_seed(0)
+    samples = [spec.sample(gen) for _ in range(n)]
+    batch = {k: torch.stack([s[k] for s in samples]).to(device) for k in samples[0]}
+    if spec.kind == "language":
+        # an explicit all-ones mask skips HF's packed-sequence check, which calls .item()
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    return batch
+
+
 def checkpoint_blocks(model: nn.Module) -> int:
     """Activation checkpointing (torch's non-reentrant checkpoint wrapper) on every block of
     `model.blocks()`: their activations are dropped after forward and recomputed in backward.

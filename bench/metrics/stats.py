@@ -31,3 +31,19 @@ def repeat_range(values) -> tuple:
     """(min, max, n) of the finite values: what fewer than MIN_CI_REPEATS repeats can show."""
     x = _finite(values)
     return (float(x.min()), float(x.max()), len(x)) if len(x) else (float("nan"), float("nan"), 0)
+
+
+def spearman(xs, ys) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None below 3 pairs or when one side
+    is constant."""
+    import pandas as pd
+
+    pairs = [(float(x), float(y)) for x, y in zip(xs, ys)
+             if x is not None and y is not None and np.isfinite(x) and np.isfinite(y)]
+    if len(pairs) < 3:
+        return None
+    rx = pd.Series([p[0] for p in pairs]).rank().to_numpy()
+    ry = pd.Series([p[1] for p in pairs]).rank().to_numpy()
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])

@@ -61,6 +61,14 @@ def _rss_above_baseline(record: dict):
     return max(deltas) if deltas else None
 
 
+def training_memory_bytes(record: dict):
+    """What training added on the busiest rank: CUDA's peak allocated (reset after setup), or on
+    CPU peak RSS above the post-import baseline."""
+    allocated = [m["peak_allocated_bytes"] for m in (record.get("memory") or {}).get("per_rank") or []
+                 if m.get("peak_allocated_bytes") is not None]
+    return max(allocated) if allocated else _rss_above_baseline(record)
+
+
 def summary_row(record: dict, path: str = "") -> dict:
     cfg = record.get("config") or {}
     par = record.get("parallel") or {}

@@ -33,12 +33,18 @@ def start(args) -> int:
         raise ConfigError(f"--dir {str(sweep_dir)!r}: {bad.group()!r} is not allowed in a sweep directory "
                           "('%' is a Slurm file-name pattern, '${' an interpolation)")
     cells = expand(args.overrides, args.repeats)
-    meta = {"created": _dt.datetime.now().astimezone().isoformat(), "overrides": args.overrides,
-            "repeats": args.repeats, "backend": args.backend, "jobs": []}
-    if args.backend == "slurm":
-        cpus, minutes = _slurm_shape(cells, args.cpus_per_rank)
-        meta["slurm"] = {"cpus_per_task": cpus, "time_limit_min": minutes, "throttle": args.throttle,
-                         "job_name": args.job_name}
+    return start_cells(sweep_dir, cells, {"overrides": args.overrides, "repeats": args.repeats}, args.backend,
+                       cpus_per_rank=args.cpus_per_rank, throttle=args.throttle, job_name=args.job_name)
+
+
+def start_cells(sweep_dir: Path, cells: list, meta: dict, backend: str, cpus_per_rank: int = 1,
+                throttle: int | None = None, job_name: str = "ddlbench") -> int:
+    """Write the manifest of `cells` (validated) and run them (local) or submit them (Slurm)."""
+    meta = {"created": _dt.datetime.now().astimezone().isoformat(), **meta, "backend": backend, "jobs": []}
+    if backend == "slurm":
+        cpus, minutes = _slurm_shape(cells, cpus_per_rank)
+        meta["slurm"] = {"cpus_per_task": cpus, "time_limit_min": minutes, "throttle": throttle,
+                         "job_name": job_name}
     try:
         manifest.create(sweep_dir, cells, meta)
     except FileExistsError as exc:

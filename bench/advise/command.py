@@ -1,0 +1,375 @@
+"""`bench advise model=M devices=N [key=value ...]` and `bench advise resume DIR`.
+
+Phases, each resumable (state in DIR/advice.json):
+  1. grid + memory estimates; calibration: 1-rank DDP runs of the model at the grid's smallest and
+     largest micro-batch (a sweep in DIR/calibration);
+  2. predictions from the calibration, memory pruning, ranking; the top `budget_runs` (and
+     `verify_pruned` of the memory-pruned) measured as a sweep in DIR/measure;
+  3. collect: predicted vs measured step time, estimated vs measured memory, rank correlation.
+With backend=local the three run in one call; with backend=slurm each sweep is a job array and
+`bench advise resume DIR` continues once it has finished.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from bench.advise.grid import DEFAULT_FRAMEWORKS, Candidate, enumerate_grid
+from bench.advise.memory import Layout, estimate
+from bench.errors import ConfigError
+from bench.results import atomic_write_json
+
+ADVICE = "advice.json"
+GiB = 1 << 30
+PASS_THROUGH = ("run.", "optim.", "data.", "model.")    # config overrides given to every run
+KEYS = {"model", "devices", "global_batch", "micro_batches", "device_memory_gib", "network", "frameworks",
+        "budget_runs", "backend", "dir", "verify_pruned", "devices_per_node", "algorithm"}
+USAGE = ("usage: bench advise model=PRESET devices=N [global_batch=G] [micro_batches=[1,2,...]] "
+         "[device_memory_gib=X] [network=NAME] [frameworks=a,b,...] [budget_runs=K] [backend=local|slurm] "
+         "[verify_pruned=K] [devices_per_node=N] [dir=DIR] [run.KEY=VALUE logger=... ...]   |   bench advise resume DIR")
+
+
+# ---- arguments ---------------------------------------------------------------------------------
+def parse(args: list[str]) -> tuple[dict, list[str]]:
+    """(options, run.* overrides passed to every run)."""
+    opts, extra = {}, []
+    for a in args:
+        if "=" not in a:
+            raise ConfigError(f"bench advise: '{a}' is not key=value\n{USAGE}")
+        k, v = a.split("=", 1)
+        if k.startswith(PASS_THROUGH) or k in ("logger", "optim", "data"):
+            extra.append(a)
+        elif k in KEYS:
+            opts[k] = v
+        else:
+            raise ConfigError(f"bench advise: unknown option '{k}' (known: {', '.join(sorted(KEYS))}; "
+                              "overrides for every run: run.*, optim.*, data.*, model.*, logger, optim, data)")
+    for k in ("model", "devices"):
+        if k not in opts:
+            raise ConfigError(f"bench advise: {k}= is required\n{USAGE}")
+    out = {"model": opts["model"], "devices": _int(opts, "devices"),
+           "global_batch": _int(opts, "global_batch", None), "budget_runs": _int(opts, "budget_runs", 3, low=0),
+           "verify_pruned": _int(opts, "verify_pruned", 0, low=0),
+           "devices_per_node": _int(opts, "devices_per_node", None),
+           "micro_batches": [int(x) for x in opts["micro_batches"].strip("[]").split(",")] if "micro_batches" in opts else None,
+           "device_memory_gib": float(opts["device_memory_gib"]) if "device_memory_gib" in opts else None,
+           "network": opts.get("network", "local_gloo"), "backend": opts.get("backend", "local"),
+           "frameworks": opts["frameworks"].split(",") if "frameworks" in opts else list(DEFAULT_FRAMEWORKS),
+           "dir": opts.get("dir"), "algorithm": opts.get("algorithm", "best")}
+    if out["backend"] not in ("local", "slurm"):
+        raise ConfigError(f"backend must be local or slurm, got {out['backend']!r}")
+    return out, extra
+
+
+def _int(opts: dict, key: str, default=0, low: int = 1):
+    if key not in opts:
+        return default
+    try:
+        v = int(opts[key])
+    except ValueError:
+        raise ConfigError(f"{key} must be an integer, got {opts[key]!r}") from None
+    if v < low:
+        raise ConfigError(f"{key} must be >= {low}, got {v}")
+    return v
+
+
+# ---- phase 1 -------------------------------------------------------------------------------------
+def device_memory_bytes(opts: dict, device: str) -> tuple[int, str]:
+    """The memory one device offers: device_memory_gib, else the GPU's, else (CPU) the host's
+    memory divided by the devices sharing it."""
+    if opts["device_memory_gib"] is not None:
+        return int(opts["device_memory_gib"] * GiB), "device_memory_gib"
+    if device == "cuda":
+        import torch
+        return torch.cuda.get_device_properties(0).total_memory, "torch.cuda device 0"
+    total = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            total = int(line.split()[1]) * 1024
+    return total // opts["devices"], f"host MemTotal / {opts['devices']} devices"
+
+
+def calibration_overrides(model: str, micro_batch: int, extra: list[str], threads: int | None) -> list[str]:
+    """One rank, no accumulation; on CPU with the threads each candidate's rank gets (the
+    cores divided among the devices), so its compute is a device's compute."""
+    return ["framework=ddp", f"model={model}", "launcher.nproc=1", f"run.global_batch={micro_batch}",
+            *([f"launcher.threads_per_rank={threads}"] if threads else []), *extra]
+
+
+def start(args: list[str]) -> int:
+    from bench.advise.profile import profile
+    from bench.launch.local import device_type
+    from bench.network.model import load
+
+    opts, extra = parse(args)
+    network = load(opts["network"])
+    if opts["devices"] > network.max_devices:
+        raise ConfigError(f"devices={opts['devices']} exceed network {network.name} ({network.max_devices} devices)")
+    per_node = opts["devices_per_node"] or network.dims[0].size
+    out = Path(opts["dir"] or Path("outputs") / "advise" / f"{opts['model']}_n{opts['devices']}")
+    if (out / ADVICE).exists():
+        raise ConfigError(f"{out} already holds an {ADVICE}; continue it with `bench advise resume {out}`")
+    if opts["global_batch"] is None:
+        from bench.config import compose_raw
+        opts["global_batch"] = compose_raw([f"model={opts['model']}", *extra])["run"]["global_batch"]
+    print(f"advise: {opts['model']} on {opts['devices']} devices, global batch {opts['global_batch']} "
+          f"(every candidate), network {network.name} ({per_node} devices per node)", flush=True)
+    grid = enumerate_grid(opts["model"], opts["devices"], opts["global_batch"], opts["frameworks"],
+                          opts["micro_batches"], per_node, tuple(extra))
+    valid = [c for c in grid if c.plan is not None]
+    if not valid:
+        raise ConfigError("no candidate is valid: " + "; ".join(f"{c.label()}: {c.pruned}" for c in grid[:5]))
+    cfg = valid[0].plan.cfg
+    device = device_type(cfg)
+    prof = profile(cfg.model)
+    limit, limit_source = device_memory_bytes(opts, device)
+    survivors = [c for c in grid if not c.pruned]
+    mbs = sorted({c.layout.micro_batch for c in survivors}) or [1]
+    calib_mbs = sorted({mbs[0], mbs[-1]})
+    state = {"phase": "calibrate", "options": opts, "extra_overrides": extra, "network": network.name,
+             "devices_per_node": per_node, "device": device,
+             "device_memory_bytes": limit, "device_memory_source": limit_source,
+             "optimizer": {"name": cfg.optim.name, "momentum": cfg.optim.momentum},
+             "profile": prof.__dict__, "calibration": {"micro_batches": calib_mbs},
+             "candidates": [_candidate_row(c, prof, cfg) for c in grid]}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / ADVICE, state)
+    pruned = sum(1 for c in grid if c.pruned)
+    print(f"grid: {len(grid)} candidates, {pruned} pruned by validation; calibration at micro-batch "
+          f"{', '.join(map(str, calib_mbs))} (1-rank DDP)", flush=True)
+    threads = None
+    if device == "cpu":
+        from bench.launch.local import threads_per_rank
+        threads = threads_per_rank(valid[0].plan)
+    _sweep(out / "calibration", [calibration_overrides(opts["model"], m, extra, threads) for m in calib_mbs],
+           opts["backend"])
+    return resume(out)
+
+
+def _candidate_row(c: Candidate, prof, cfg) -> dict:
+    row = {"id": c.id, "label": c.label(), "framework": c.framework, "overrides": c.overrides, "pruned": c.pruned,
+           "layout": c.layout.__dict__ if c.layout else None}
+    if c.layout is not None:
+        row["memory_estimate"] = estimate(c.layout, prof, cfg.optim.name, cfg.optim.momentum)
+    return row
+
+
+def _sweep(sweep_dir: Path, overrides: list[list[str]], backend: str) -> None:
+    from bench.config import plan_from_overrides
+    from bench.sweep.cells import Cell, cell_id
+    from bench.sweep.commands import start_cells
+
+    cells = [Cell(index=i, id=cell_id(plan_from_overrides(o).raw), overrides=o, repeat=0)
+             for i, o in enumerate(overrides)]
+    start_cells(sweep_dir, cells, {"overrides": ["(bench advise)"], "repeats": 1}, backend,
+                job_name="ddlbench-advise")
+
+
+def _results(sweep_dir: Path) -> list[dict | None]:
+    from bench.sweep import manifest
+    return [manifest.cell_result(sweep_dir, c) for c in manifest.read(sweep_dir)]
+
+
+# ---- phases 2 and 3 ------------------------------------------------------------------------------
+def resume(out: Path) -> int:
+    path = Path(out) / ADVICE
+    if not path.is_file():
+        raise ConfigError(f"{out}: not an advise directory (no {ADVICE})")
+    state = json.loads(path.read_text())
+    if state["phase"] == "calibrate":
+        results = _results(out / "calibration")
+        if any(r is None for r in results):
+            print(f"calibration not finished; follow with `bench sweep status {out / 'calibration'}`, "
+                  f"then `bench advise resume {out}`")
+            return 0
+        bad = [r for r in results if r["status"] != "ok"]
+        if bad:
+            raise ConfigError(f"calibration run failed ({bad[0]['status']}): {bad[0]['error']}")
+        rank_candidates(state, results)
+        state["phase"] = "measure"
+        atomic_write_json(path, state)
+        _print_ranking(state)
+        chosen = [c for c in state["candidates"] if c.get("measure")]
+        if not chosen:
+            print("nothing to measure (budget_runs=0)")
+            return 0
+        _sweep(out / "measure", [c["overrides"] for c in chosen], state["options"]["backend"])
+    if state["phase"] == "measure":
+        results = _results(out / "measure")
+        if any(r is None for r in results):
+            print(f"measurement not finished; follow with `bench sweep status {out / 'measure'}`, "
+                  f"then `bench advise resume {out}`")
+            return 0
+        collect(state, results)
+        state["phase"] = "done"
+        atomic_write_json(path, state)
+    _print_result(state, out)
+    return 0
+
+
+def rank_candidates(state: dict, calibration: list[dict]) -> None:
+    """Predict every surviving candidate, prune by memory, rank, mark the ones to measure."""
+    from bench.advise.memory import ModelProfile
+    from bench.advise.predict import predict
+    from bench.network.model import load
+    from bench.report.frame import training_memory_bytes
+
+    prof = ModelProfile(**state["profile"])
+    network = load(state["network"])
+    opt = state["optimizer"]
+    calib = {r["parallel"]["micro_batch"]: float(r["timing"]["step_time_s"]["median"]) for r in calibration}
+    # what the runtime adds beyond the estimate (allocator, libraries, communication set-up),
+    # from the calibration run: added to every estimate
+    overheads = []
+    for r in calibration:
+        est = estimate(Layout("ddp", dp=1, micro_batch=r["parallel"]["micro_batch"]), prof, opt["name"], opt["momentum"])
+        measured = training_memory_bytes(r)
+        if measured is not None:
+            overheads.append(measured - est["total"])
+    overhead = max(0, min(overheads)) if overheads else 0
+    state["calibration"].update({"step_s": {str(k): v for k, v in calib.items()}, "runtime_overhead_bytes": overhead,
+                                 "recompute": _recompute(state)})
+    limit = state["device_memory_bytes"]
+    for c in state["candidates"]:
+        if c["pruned"] or c["layout"] is None:
+            continue
+        lay = Layout(**c["layout"])
+        c["memory_estimate"]["with_overhead"] = c["memory_estimate"]["total"] + overhead
+        if c["memory_estimate"]["with_overhead"] > limit:
+            c["pruned"] = (f"memory: estimated {c['memory_estimate']['with_overhead'] / GiB:.2f} GiB > "
+                           f"{limit / GiB:.2f} GiB per device")
+            c["pruned_by_memory"] = True
+        p = predict(lay, prof, calib, network, dp_payload(c), state["calibration"]["recompute"],
+                    state["options"]["algorithm"])
+        p["samples_per_s"] = state["options"].get("global_batch") / p["step_s"] if p["step_s"] > 0 else None
+        c["predicted"] = p
+    ranked = sorted((c for c in state["candidates"] if c.get("predicted") and not c["pruned"]),
+                    key=lambda c: c["predicted"]["step_s"])
+    for i, c in enumerate(ranked, 1):
+        c["rank"] = i
+        c["measure"] = i <= state["options"]["budget_runs"]
+    over = sorted((c for c in state["candidates"] if c.get("pruned_by_memory")),
+                  key=lambda c: c["memory_estimate"]["with_overhead"])
+    for c in over[:state["options"]["verify_pruned"]]:
+        c["measure"] = c["verify_pruned"] = True
+
+
+def _recompute(state: dict) -> float:
+    """Hardware / model FLOPs with every block checkpointed (models/flops.py), if any candidate
+    checkpoints; else 1."""
+    if not any((c.get("layout") or {}).get("checkpointing") for c in state["candidates"]):
+        return 1.0
+    from bench.config import plan_from_overrides
+    from models.flops import train_flops_per_sample
+    from models.spec import build
+    cfg = plan_from_overrides([f"model={state['options']['model']}", *state["extra_overrides"]]).cfg
+    f = train_flops_per_sample(build(cfg.model, state["device"]), recompute_blocks=True)
+    return f["hardware_flops"] / f["flops"]
+
+
+def dp_payload(c: dict) -> dict[str, float]:
+    """The data-parallel collectives of the candidate, in units of Psi, from its adapter's own
+    analytic_comm (bench.metrics.comm.AnalyticComm) where that needs no built model."""
+    import torch
+
+    from bench.adapters.base import RankContext
+    from bench.config import plan_from_overrides
+
+    fw = c["framework"]
+    if fw == "tensor_parallel":
+        return {"all_gather": 2.0, "reduce_scatter": 1.0}     # FSDP2 over dp_shard (reshard_after_forward)
+    if fw.startswith("pipeline"):
+        return {"all_reduce": 1.0}                            # flattened all-reduce over dp after the schedule
+    if fw == "deepspeed_zero3":
+        return {"all_gather": 1.0, "reduce_scatter": 1.0}     # gathered once per step below max_live_parameters
+    plan = plan_from_overrides(c["overrides"])
+    ctx = RankContext(rank=0, local_rank=0, world_size=plan.dims.world_size, device=torch.device("cpu"),
+                      backend="gloo", precision=plan.cfg.run.precision)
+    spec = plan.adapter_cls(plan.options, ctx, plan.dims).analytic_comm()
+    if spec is None:
+        raise ConfigError(f"{fw}: no analytic communication model to predict from")
+    return dict(spec.payload_psi)
+
+
+def collect(state: dict, results: list[dict]) -> None:
+    from bench.metrics.stats import spearman
+    from bench.report.frame import training_memory_bytes
+
+    chosen = [c for c in state["candidates"] if c.get("measure")]
+    for c, r in zip(chosen, results):
+        m = {"status": r["status"], "run_id": r.get("run_id"),
+             "error": (r.get("error") or {}).get("message") if r["status"] != "ok" else None}
+        if r["status"] == "ok":
+            step = float(r["timing"]["step_time_s"]["median"])
+            m.update({"step_s": step, "samples_per_s": r["throughput"].get("samples_per_s"),
+                      "memory_bytes": training_memory_bytes(r)})
+            if m["memory_bytes"]:
+                est = c["memory_estimate"]["with_overhead"]
+                m["memory_error"] = (est - m["memory_bytes"]) / m["memory_bytes"]
+            m["step_error"] = (c["predicted"]["step_s"] - step) / step
+        c["measured"] = m
+    ok = [c for c in chosen if c["measured"]["status"] == "ok" and c.get("predicted") and not c.get("verify_pruned")]
+    state["rank_correlation"] = spearman([c["predicted"]["step_s"] for c in ok], [c["measured"]["step_s"] for c in ok])
+    by = {}
+    for c in chosen:
+        e = (c.get("measured") or {}).get("memory_error")
+        if e is not None:
+            by.setdefault(c["framework"], []).append(e)
+    state["memory_error_by_framework"] = by
+    best = min(ok, key=lambda c: c["measured"]["step_s"], default=None)
+    state["recommendation"] = ({"id": best["id"], "label": best["label"], "overrides": best["overrides"],
+                                "measured_step_s": best["measured"]["step_s"],
+                                "samples_per_s": best["measured"]["samples_per_s"]} if best else None)
+
+
+# ---- output --------------------------------------------------------------------------------------
+def _fmt(x, scale=1.0, f=".1f"):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x * scale, f)
+
+
+def table(state: dict, limit: int = 15) -> str:
+    rows = [("rank", "candidate", "pred ms", "meas ms", "est MiB", "meas MiB", "status / why pruned")]
+    ranked = sorted((c for c in state["candidates"] if c.get("rank")), key=lambda c: c["rank"])
+    for c in ranked[:limit]:
+        m = c.get("measured") or {}
+        rows.append((str(c["rank"]), c["label"], _fmt(c["predicted"]["step_s"], 1e3),
+                     _fmt(m.get("step_s"), 1e3), _fmt(c["memory_estimate"]["with_overhead"], 1 / 2**20, ".0f"),
+                     _fmt(m.get("memory_bytes"), 1 / 2**20, ".0f"), m.get("status", "predicted")))
+    for c in state["candidates"]:
+        if c["pruned"]:
+            m = c.get("measured") or {}
+            rows.append(("-", c["label"], _fmt((c.get("predicted") or {}).get("step_s"), 1e3),
+                         _fmt(m.get("step_s"), 1e3),
+                         _fmt((c.get("memory_estimate") or {}).get("with_overhead"), 1 / 2**20, ".0f"),
+                         _fmt(m.get("memory_bytes"), 1 / 2**20, ".0f"), c["pruned"][:90]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _print_ranking(state: dict) -> None:
+    n = sum(1 for c in state["candidates"] if c.get("rank"))
+    k = sum(1 for c in state["candidates"] if c.get("measure"))
+    print(f"ranked {n} candidates by predicted step time; measuring {k}", flush=True)
+
+
+def _print_result(state: dict, out: Path) -> None:
+    print(table(state))
+    rc = state.get("rank_correlation")
+    print(f"rank correlation (Spearman, predicted vs measured step time, {sum(1 for c in state['candidates'] if (c.get('measured') or {}).get('status') == 'ok')} runs): "
+          f"{_fmt(rc, 1, '.2f')}")
+    for fw, errs in sorted((state.get("memory_error_by_framework") or {}).items()):
+        print(f"memory estimate error {fw}: " + ", ".join(f"{e:+.0%}" for e in errs))
+    rec = state.get("recommendation")
+    if rec:
+        print(f"recommendation: {rec['label']} ({rec['samples_per_s']:.1f} samples/s measured)\n"
+              f"  bench run {' '.join(rec['overrides'])}")
+    print(f"advice: {out / ADVICE}   report: bench report {out}")
+
+
+def run(args: list[str]) -> int:
+    if args[:1] == ["resume"]:
+        if len(args) != 2:
+            raise ConfigError("usage: bench advise resume DIR")
+        return resume(Path(args[1]))
+    return start(args)
