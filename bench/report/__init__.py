@@ -11,7 +11,7 @@ import pandas as pd
 
 from bench.report import plots
 from bench.report.frame import SUMMARY_COLUMNS, summary_frame
-from bench.report.load import load_commbench, load_records, missing_cells, paused_gc
+from bench.report.load import load_advice, load_commbench, load_records, missing_cells, paused_gc
 from bench.results import find_results
 from bench.report.tables import cells, failures, parity
 
@@ -26,6 +26,7 @@ class Report:
     plots: dict = field(default_factory=dict)      # name -> Path
     records: dict = field(default_factory=dict)    # run directory -> record
     commbench: list = field(default_factory=list)  # commbench.json records found under the paths
+    advice: list = field(default_factory=list)     # advice.json (bench advise) found under the paths
 
 
 def build(paths: list[str], out: Path, progress: bool = True) -> Report:
@@ -40,6 +41,7 @@ def build(paths: list[str], out: Path, progress: bool = True) -> Report:
         rep = Report(out=out, summary=df, cells=cells(df), parity=parity(df), failures=failures(df),
                      records=dict(zip(dirs, records)))
     rep.commbench = load_commbench(paths)
+    rep.advice = load_advice(paths)
     out.mkdir(parents=True, exist_ok=True)
     ordered = SUMMARY_COLUMNS + [c for c in df.columns if c not in SUMMARY_COLUMNS]
     df[ordered].to_csv(out / "summary.csv", index=False)

@@ -46,6 +46,16 @@ def load_commbench(paths: list[str]) -> list[dict]:
     return out
 
 
+def load_advice(paths: list[str]) -> list[dict]:
+    """`bench advise` states (advice.json) under the report's paths."""
+    out = []
+    for p in map(Path, paths):
+        for f in sorted([p] if p.name == "advice.json" else p.rglob("advice.json")):
+            with contextlib.suppress(OSError, ValueError):
+                out.append(json.loads(f.read_text()))
+    return out
+
+
 def parse_json(data: bytes):
     """orjson (several times faster on 10k files); the stdlib for what strict JSON rejects
     (NaN, written for losses a rank does not hold)."""

@@ -25,7 +25,7 @@ def draw_all(cells: pd.DataFrame, conv_jobs: list[tuple], out: Path) -> dict[str
 
     jobs = [("throughput", throughput, (cells, out)), ("scaling", scaling, (cells, out)),
             ("memory", memory, (cells, out)), ("communication", communication, (cells, out)),
-            ("mfu", mfu, (cells, out))]
+            ("mfu", mfu, (cells, out)), ("best", best_heatmap, (cells, out))]
     jobs += [(name, convergence, args) for name, *args in conv_jobs]
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = [(name, pool.submit(fn, *args)) for name, fn, args in jobs]
@@ -168,3 +168,27 @@ def mfu(cells: pd.DataFrame, out: Path) -> Optional[Path]:
     c = cells.copy()
     c["mfu_pct"] = pd.to_numeric(c["mfu"], errors="coerce") * 100
     return _bars(c, {"mfu_pct": "MFU"}, "% of peak", "Model FLOPs utilisation", out / "mfu.png")
+
+
+def best_heatmap(cells: pd.DataFrame, out: Path) -> Optional[Path]:
+    """The fastest configuration per (model, device count), as the Ultra-Scale Playbook draws it."""
+    c = cells.dropna(subset=["samples_per_s"])
+    if c.empty:
+        return None
+    best = c.loc[c.groupby(["model", "world_size"])["samples_per_s"].idxmax()]
+    models, sizes = sorted(best["model"].unique()), sorted(best["world_size"].unique())
+    mfu_ok = pd.to_numeric(best["mfu"], errors="coerce").notna().all()
+    grid = np.full((len(models), len(sizes)), np.nan)
+    fig, ax = plt.subplots(figsize=(2.6 * len(sizes) + 2, 0.9 * len(models) + 1.6))
+    for r in best.itertuples():
+        i, j = models.index(r.model), sizes.index(r.world_size)
+        value = float(r.mfu) * 100 if mfu_ok else r.samples_per_s / best[best["model"] == r.model]["samples_per_s"].max()
+        grid[i, j] = value
+        ax.text(j, i, f"{r.label}\n{r.samples_per_s:.1f} samples/s", ha="center", va="center", fontsize=7)
+    im = ax.imshow(grid, cmap="viridis", aspect="auto", alpha=0.75)
+    fig.colorbar(im, ax=ax, label="MFU %" if mfu_ok else "samples/s / model's best")
+    ax.set_xticks(range(len(sizes)), [str(s) for s in sizes])
+    ax.set_yticks(range(len(models)), models)
+    ax.set_xlabel("devices")
+    ax.set_title("Best configuration per model and device count")
+    return _save(fig, out / "best.png")

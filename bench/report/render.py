@@ -18,6 +18,8 @@ CAPTIONS = {
     "memory": "Peak memory per rank (GPU: allocated; CPU: host RSS, which includes the Python/torch runtime, and the part above the post-import baseline) next to the theoretical model-state bytes per rank.",
     "communication": "Bytes communicated per training step, counted where the collectives are issued, next to the ring wire volume and the textbook formula.",
     "mfu": "Model FLOPs utilisation: counted FLOPs x samples/s / (devices x peak FLOP/s).",
+    "best": "The fastest configuration per model and device count (the Ultra-Scale Playbook's heatmap): "
+            "colour = MFU where every cell has one, else samples/s relative to the model's best; text = the configuration.",
 }
 
 
@@ -249,6 +251,37 @@ FLOPS_NOTE = ("MFU = model FLOPs per sample x samples/s / (devices x peak); HFU 
               "matmul probe.")
 
 
+ADVICE_NOTE = ("bench advise: candidates ranked by predicted step time (a 1-rank calibration run's compute x "
+               "the network model), the top ones measured. Memory: estimate (model state + activations + "
+               "buffers + the runtime overhead seen in calibration) vs measured (GPU: peak allocated; CPU: peak "
+               "RSS above the post-import baseline). Rank correlation: Spearman over the measured runs.")
+
+
+def advice_table(rep) -> tuple[list[str], list[list[str]]]:
+    head = ["advice", "rank", "candidate", "predicted ms", "measured ms", "step error", "est. MiB",
+            "measured MiB", "memory error", "status"]
+
+    def scaled(x, k):
+        return None if x is None else x * k
+    rows = []
+    for a in rep.advice:
+        o = a.get("options") or {}
+        name = f"{o.get('model')} n={o.get('devices')} (rank corr. {_num(a.get('rank_correlation'), '.2f')})"
+        for c in sorted((c for c in a.get("candidates", []) if c.get("measured")),
+                        key=lambda c: c.get("rank") or 10**9):
+            m, est = c["measured"], (c.get("memory_estimate") or {}).get("with_overhead")
+            rows.append([name, str(c.get("rank") or "pruned"), c["label"],
+                         _num(scaled((c.get("predicted") or {}).get("step_s"), 1e3)), _num(scaled(m.get("step_s"), 1e3)),
+                         _pct(m.get("step_error")), _num(scaled(est, 2**-20), ".0f"),
+                         _num(scaled(m.get("memory_bytes"), 2**-20), ".0f"), _pct(m.get("memory_error")),
+                         m.get("status", "-") + (" (verify pruned)" if c.get("verify_pruned") else "")])
+    return head, rows
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:+.0%}"
+
+
 def run_table(rep) -> tuple[list[str], list[list[str]]]:
     head = ["run", "status", "framework", "model", "ranks", "global batch", "repeat", "samples/s",
             "step (ms)", "peak mem", "MFU", "val loss", "time to target (s)"]
@@ -277,6 +310,7 @@ def context(rep) -> dict:
         "straggler_note": STRAGGLER_NOTE,
         "comm_time": comm_time_table(rep), "comm_time_note": COMM_TIME_NOTE,
         "flops": flops_table(rep), "flops_note": FLOPS_NOTE,
+        "advice": advice_table(rep), "advice_note": ADVICE_NOTE,
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
         "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
         "parity_flags": int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0,
@@ -329,6 +363,8 @@ def write_markdown(rep) -> Path:
                   _md_table(*c["comm_time"]), ""]
     if c["flops"][1]:
         parts += ["## FLOPs: MFU, HFU and the peak behind them", "", FLOPS_NOTE, "", _md_table(*c["flops"]), ""]
+    if c["advice"][1]:
+        parts += ["## Advice: predicted vs measured", "", ADVICE_NOTE, "", _md_table(*c["advice"]), ""]
     parts += ["## All runs", "", _md_table(*c["runs"]), ""]
     if c["runs_truncated"]:
         parts += [f"(first {c['max_rows']} runs; summary.csv has all)", ""]

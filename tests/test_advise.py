@@ -1,0 +1,204 @@
+"""bench advise: the memory estimator and the step-time model by hand, then one end-to-end run
+at 2 ranks on gpt2_tiny (grid, pruning with reasons, ranking, top-k measured, advice.json,
+heatmap and advice table in the report)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.advise.memory import Layout, ModelProfile, estimate
+from bench.advise.predict import Collective, collectives, comm_seconds, messages, spans, step_compute
+from bench.metrics.stats import spearman
+from bench.network.model import Dimension, Network
+
+# params 1000, largest block 200, 4 blocks; per sample: 1000 B saved, 100 B checkpointed, 50 B block output
+PROF = ModelProfile(params=1000, largest_block_params=200, blocks=4, activation_bytes_per_sample=1000,
+                    checkpointed_bytes_per_sample=100, boundary_bytes_per_sample=50)
+
+
+@pytest.mark.parametrize("layout,expected", [
+    # AdamW 8 B/param. params, grads, optimizer, activations (mb 2), buffers
+    (Layout("ddp", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 0)),
+    (Layout("horovod", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 4000)),          # fusion buffer = 4P
+    (Layout("fairscale_oss", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 0)),
+    (Layout("deepspeed_zero1", dp=4, micro_batch=2), (4000, 4000, 2000, 2000, 1000 + 4000)),
+    (Layout("deepspeed_zero2", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 1000 + 4000)),
+    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 800)),
+    (Layout("fsdp_full", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 800)),
+    (Layout("fsdp_grad_op", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 2 * 800)),
+    # checkpointing: block inputs (100) + one block's full activations (1000 / 4), x mb 2
+    (Layout("ddp", dp=4, micro_batch=2, checkpointing=True), (4000, 4000, 8000, 700, 0)),
+    # tp 2 x dp_shard 2: a 500-parameter slice sharded over 2; activations / tp; one unit 4*200/2
+    (Layout("tensor_parallel", dp=2, tp=2, micro_batch=2), (1000, 1000, 2000, 1000, 2 * 2 * 400)),
+    # pp 2, 4 micro-batches of 2: 1F1B holds pp = 2 in flight, GPipe all 4; p2p: 2 x 2 x 50 x 2
+    (Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=2, grad_accum=4), (2000, 2000, 4000, 2000, 400)),
+    (Layout("pipeline_gpipe", dp=1, pp=2, micro_batch=2, grad_accum=4), (2000, 2000, 4000, 4000, 400)),
+])
+def test_memory_estimate_by_hand(layout, expected):
+    got = estimate(layout, PROF, "adamw")
+    keys = ("params", "grads", "optimizer", "activations", "buffers")
+    assert tuple(got[k] for k in keys) == expected
+    assert got["total"] == sum(expected)
+
+
+def test_memory_estimate_optimizer_and_unknown_framework():
+    assert estimate(Layout("ddp", dp=1), PROF, "sgd", momentum=0.9)["optimizer"] == 4000
+    assert estimate(Layout("ddp", dp=1), PROF, "sgd")["optimizer"] == 0
+    with pytest.raises(ValueError, match="no memory model"):
+        estimate(Layout("daso", dp=2), PROF)
+
+
+def test_step_compute_interpolates_and_adds_bubble_and_recompute():
+    calib = {1: 0.03, 5: 0.07}                       # t(m) = 0.02 + 0.01 m
+    assert step_compute(Layout("ddp", dp=2, micro_batch=3, grad_accum=2), calib) == pytest.approx(0.10)
+    # pipeline pp 2, 4 micro-batches of 3: (4 + 2 - 1) slots of t(3) / 2
+    assert step_compute(Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=3, grad_accum=4), calib) == pytest.approx(0.125)
+    assert step_compute(Layout("tensor_parallel", dp=1, tp=2, micro_batch=3), calib, 1.2) == pytest.approx(0.03)
+    assert step_compute(Layout("ddp", dp=1, micro_batch=4), {2: 0.05}) == pytest.approx(0.10)   # one point: proportional
+
+
+def test_collectives_and_their_time_on_a_network():
+    net = Network("toy", (Dimension("host", 8, 1e9, 1e-3),))
+    # DDP at dp 2: one all-reduce of Psi = 4000 B (one bucket)
+    items = collectives(Layout("ddp", dp=2, micro_batch=2), PROF, {"all_reduce": 1.0})
+    assert items == [Collective("all_reduce", 4000.0, 2, 1, 1)]
+    t, parts = comm_seconds(items, net, "ring")
+    assert t == pytest.approx(2 * 1e-3 + 4000 / 1e9)          # 2(p-1) alpha + 2(p-1)/p B / bw
+    # FSDP splits its payload over units: blocks + root = 5 messages of Psi/5
+    assert messages("fsdp_full", 4000, 4) == 5 and messages("ddp", 4000, 4) == 1
+    items = collectives(Layout("fsdp_full", dp=2), PROF, {"all_gather": 1.0, "reduce_scatter": 1.0})
+    assert [(c.kind, c.bytes, c.count) for c in items] == [("all_gather", 800.0, 5), ("reduce_scatter", 800.0, 5)]
+    # tp 2: 4 all-reduces of a block's output per block and micro-batch; pp 2: 2 sends per micro-batch
+    tp = collectives(Layout("tensor_parallel", dp=1, tp=2, micro_batch=2, grad_accum=3), PROF, {})
+    assert tp == [Collective("all_reduce", 100.0, 2, 1, 4 * 4 * 3)]
+    pp = collectives(Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=2, grad_accum=3), PROF, {})
+    assert pp == [Collective("send", 100.0, 2, 1, 6)]
+    assert comm_seconds(pp, net)[0] == pytest.approx(6 * (1e-3 + 100 / 1e9))
+
+
+def test_group_spans_on_a_two_level_network():
+    net = Network("two", (Dimension("nvlink", 8, 1e11, 1e-6), Dimension("ib", 16, 1e10, 1e-5)))
+    names = lambda s: [(n, d.name) for n, d in s]   # noqa: E731
+    assert names(spans(net, 8, 1)) == [(8, "nvlink"), (1, "ib")]        # tp 8 inside a node
+    assert names(spans(net, 4, 8)) == [(1, "nvlink"), (4, "ib")]        # dp 4 across nodes, tp 8
+    assert names(spans(net, 16, 1)) == [(8, "nvlink"), (2, "ib")]
+    assert names(spans(net, 2, 4)) == [(2, "nvlink"), (1, "ib")]
+    with pytest.raises(ValueError, match="exceed"):
+        spans(net, 200, 1)
+
+
+def test_spearman_by_hand():
+    assert spearman([1, 2, 3], [10, 30, 20]) == pytest.approx(0.5)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+@pytest.fixture(scope="module")
+def advised(tmp_path_factory):
+    from conftest import bench
+    out = tmp_path_factory.mktemp("advise") / "adv"
+    proc = bench("advise", "model=gpt2_tiny", "devices=2", "global_batch=8", "micro_batches=[1,4,8]",
+                 "frameworks=ddp,fsdp_full,deepspeed_zero2,tensor_parallel,pipeline_1f1b", "budget_runs=3",
+                 "device_memory_gib=1000", f"dir={out}", "run.warmup_steps=2", "run.measure_steps=5",
+                 "run.progress=false", "logger=none", timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc, json.loads((out / "advice.json").read_text())
+
+
+@pytest.mark.slow
+def test_advise_end_to_end(advised):
+    out, proc, state = advised
+    cands = state["candidates"]
+    assert state["phase"] == "done"
+    # the grid: every framework, both micro-batches, checkpointing where the framework has it
+    labels = {c["label"] for c in cands}
+    assert {"ddp dp2 mb1x4", "ddp dp2 mb4x1 ckpt", "deepspeed_zero2 dp2 mb4x1", "tensor_parallel dp1 tp2 mb4x2",
+            "pipeline_1f1b dp1 pp2 mb1x8"} <= labels
+    assert not any("deepspeed" in c["label"] and "ckpt" in c["label"] for c in cands)
+    # pruned with the validation's own reason (1F1B: micro-batches >= pp; 8 / 8 = 1 < 2); every
+    # pruned candidate says why
+    pruned = [c for c in cands if c["pruned"]]
+    assert [c["pruned"] for c in pruned if c["label"] == "pipeline_1f1b pp=2 dp=1 micro_batch=8"] == [
+        "invalid: schedule 1f1b needs micro-batches >= pipeline ranks: 1 < pp 2"]
+    assert all(c["pruned"].split(":")[0] in ("invalid", "unsupported", "topology", "memory") for c in pruned)
+    # ranked by predicted step time; the top 3 measured, each with both errors
+    ranked = sorted((c for c in cands if c.get("rank")), key=lambda c: c["rank"])
+    steps = [c["predicted"]["step_s"] for c in ranked]
+    assert steps == sorted(steps) and len(ranked) == sum(1 for c in cands if not c["pruned"])
+    measured = [c for c in cands if c.get("measured")]
+    assert sorted(c["rank"] for c in measured) == [1, 2, 3]
+    for c in measured:
+        m = c["measured"]
+        assert m["status"] == "ok", m
+        assert m["step_error"] == pytest.approx((c["predicted"]["step_s"] - m["step_s"]) / m["step_s"])
+        assert m["memory_bytes"] > 0 and m["memory_error"] == pytest.approx(
+            (c["memory_estimate"]["with_overhead"] - m["memory_bytes"]) / m["memory_bytes"])
+    # the recommendation is the fastest measured run, with the command that reproduces it
+    best = min(measured, key=lambda c: c["measured"]["step_s"])
+    assert state["recommendation"]["id"] == best["id"]
+    assert "recommendation: " + best["label"] in proc.stdout
+    assert "bench run " + " ".join(best["overrides"]) in proc.stdout
+    assert state["rank_correlation"] is None or -1 <= state["rank_correlation"] <= 1
+    # the calibration: 1-rank DDP at the smallest and largest micro-batch, affine compute, runtime overhead
+    assert sorted(state["calibration"]["step_s"]) == ["1", "8"]
+    assert state["calibration"]["recompute"] > 1
+
+
+@pytest.mark.slow
+def test_advise_memory_pruning_and_verify(advised):
+    """The same calibration with a device limit between the estimates: candidates above it are
+    pruned with the estimate, the rest ranked; verify_pruned marks the nearest pruned one."""
+    import copy
+
+    from bench.advise.command import rank_candidates
+    from bench.results import load_result
+    out, _, state = advised
+    state = copy.deepcopy(state)
+    calib = [load_result(p) for p in sorted((out / "calibration").glob("*/result.json"))]
+    for c in state["candidates"]:
+        for k in ("rank", "measure", "predicted", "pruned_by_memory", "verify_pruned"):
+            c.pop(k, None)
+        if (c["pruned"] or "").startswith("memory"):
+            c["pruned"] = None
+    totals = sorted(c["memory_estimate"]["with_overhead"] for c in state["candidates"] if c["layout"] and not c["pruned"])
+    state["device_memory_bytes"] = (totals[0] + totals[-1]) // 2
+    state["options"]["verify_pruned"] = 1
+    rank_candidates(state, calib)
+    over = [c for c in state["candidates"] if c.get("pruned_by_memory")]
+    kept = [c for c in state["candidates"] if c.get("rank")]
+    assert over and kept
+    assert all(c["memory_estimate"]["with_overhead"] > state["device_memory_bytes"] for c in over)
+    assert all(c["memory_estimate"]["with_overhead"] <= state["device_memory_bytes"] for c in kept)
+    assert all(c["pruned"].startswith("memory: estimated") for c in over)
+    verify = [c for c in over if c.get("verify_pruned")]
+    assert len(verify) == 1 and verify[0]["measure"]
+    assert verify[0]["memory_estimate"]["with_overhead"] == min(c["memory_estimate"]["with_overhead"] for c in over)
+
+
+@pytest.mark.slow
+def test_advise_report_has_heatmap_and_advice_table(advised):
+    from conftest import bench
+    out, _, state = advised
+    proc = bench("report", str(out), "-o", str(out / "report"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "report" / "best.png").stat().st_size > 0
+    md = (out / "report" / "report.md").read_text()
+    assert "## Advice: predicted vs measured" in md
+    for c in state["candidates"]:
+        if c.get("measured"):
+            assert f"| {c['rank']} | {c['label']} |" in md
+    assert "![best](best.png)" in md
+
+
+def test_advise_rejects_bad_input():
+    from bench.advise.command import parse
+    from bench.errors import ConfigError
+    with pytest.raises(ConfigError, match="devices= is required"):
+        parse(["model=gpt2_tiny"])
+    with pytest.raises(ConfigError, match="unknown option 'colour'"):
+        parse(["model=gpt2_tiny", "devices=2", "colour=red"])
+    with pytest.raises(ConfigError, match="budget_runs must be an integer"):
+        parse(["model=gpt2_tiny", "devices=2", "budget_runs=many"])
+    opts, extra = parse(["model=gpt2_tiny", "devices=2", "run.measure_steps=3", "logger=none"])
+    assert extra == ["run.measure_steps=3", "logger=none"] and opts["backend"] == "local"
