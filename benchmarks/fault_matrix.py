@@ -5,7 +5,7 @@ CPU/gloo) and the time from the fault to the run's end, read from the files the 
 
 time to detect = result.json written - the moment the fault fired (the injector writes
 <run>/fault_fired with the wall-clock time). The tests that prove each guarantee are named in
-README "What is guaranteed when things go wrong". Exits 1 if any run ended with another status
+docs/guarantees.md ("What is guaranteed when things go wrong"). Exits 1 if any run ended with another status
 than expected (an empty OUT_DIR each time; old results are an error).
 """
 from __future__ import annotations

@@ -70,7 +70,7 @@ def _read_while_writing(path, write, versions, rounds: int = 60) -> tuple[int, i
 
 
 def test_a_concurrent_reader_never_sees_half_a_result(tmp_path):
-    """README: a reader sees the old file or the new one. The same reader does catch a plain
+    """docs/guarantees.md: a reader sees the old file or the new one. The same reader does catch a plain
     open-write-close writer that is caught between two halves of its file."""
     import time
     versions = [{"v": 0, "pad": "a" * 400_000}, {"v": 1, "pad": "b" * 400_000}]
