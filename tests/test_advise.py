@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench.advise.memory import Layout, ModelProfile, estimate
-from bench.advise.predict import Collective, collectives, comm_seconds, messages, spans, step_compute
+from bench.advise.predict import Collective, collectives, comm_seconds, messages, predict, spans, step_compute
 from bench.metrics.stats import spearman
 from bench.network.model import Dimension, Network
 
@@ -56,6 +56,11 @@ def test_step_compute_interpolates_and_adds_bubble_and_recompute():
     assert step_compute(Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=3, grad_accum=4), calib) == pytest.approx(0.125)
     assert step_compute(Layout("tensor_parallel", dp=1, tp=2, micro_batch=3), calib, 1.2) == pytest.approx(0.03)
     assert step_compute(Layout("ddp", dp=1, micro_batch=4), {2: 0.05}) == pytest.approx(0.10)   # one point: proportional
+    # ranks sharing cores (CPU): compute stretches by the oversubscription; no network traffic at dp 1
+    net = Network("toy", (Dimension("host", 8, 1e9, 1e-3),))
+    p = predict(Layout("ddp", dp=1, micro_batch=3, grad_accum=2), PROF, calib, net, {"all_reduce": 1.0},
+                oversubscription=2.0)
+    assert p["compute_s"] == pytest.approx(0.20) and p["comm_s"] == 0 and p["step_s"] == pytest.approx(0.20)
 
 
 def test_collectives_and_their_time_on_a_network():

@@ -196,3 +196,24 @@ def test_hydra_submitit_launcher_runs_a_multirun_as_one_job_array(slurm, tmp_pat
     recs = [json.loads(p.read_text()) for p in results]
     assert [r["status"] for r in recs] == ["ok", "ok"]
     assert sorted(r["parallel"]["world_size"] for r in recs) == [1, 2]
+
+
+def test_advise_on_slurm_calibrates_then_measures_through_resume(slurm, tmp_path):
+    """backend=slurm: each phase is a job array and `bench advise` returns at once; `resume`
+    moves to the next phase once the array has finished."""
+    out = tmp_path / "adv"
+    proc = bench("advise", "model=gpt2_tiny", "devices=2", "frameworks=ddp,fsdp_full", "micro_batches=[4]",
+                 "budget_runs=1", "backend=slurm", f"dir={out}", "run.warmup_steps=1", "run.measure_steps=3",
+                 "logger=none")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "submitted job array" in proc.stdout and "calibration not finished" in proc.stdout
+    assert json.loads((out / "advice.json").read_text())["phase"] == "calibrate"
+    assert wait_done(out / "calibration") == {0: "ok"}
+    proc = bench("advise", "resume", str(out))
+    assert proc.returncode == 0 and "measure not finished" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert wait_done(out / "measure") == {0: "ok"}
+    proc = bench("advise", "resume", str(out))
+    state = json.loads((out / "advice.json").read_text())
+    measured = [c for c in state["candidates"] if c.get("measured")]
+    assert [(c["rank"], c["measured"]["status"]) for c in measured] == [(1, "ok")]
+    assert state["phase"] == "done" and f"recommendation: {measured[0]['label']}" in proc.stdout, proc.stdout

@@ -140,8 +140,13 @@ def start(args: list[str]) -> int:
           f"{', '.join(map(str, calib_mbs))} (1-rank DDP)", flush=True)
     threads = None
     if device == "cpu":
+        from bench.envinfo import usable_cores
         from bench.launch.local import threads_per_rank
         threads = threads_per_rank(valid[0].plan)
+        # ranks x threads over the cores, against the 1-rank calibration's
+        state["oversubscription"] = (max(1.0, opts["devices"] * threads / usable_cores())
+                                     / max(1.0, threads / usable_cores()))
+        atomic_write_json(out / ADVICE, state)
     _sweep(out / "calibration", [calibration_overrides(opts["model"], m, extra, threads) for m in calib_mbs],
            opts["backend"])
     return resume(out)
@@ -178,34 +183,37 @@ def resume(out: Path) -> int:
         raise ConfigError(f"{out}: not an advise directory (no {ADVICE})")
     state = json.loads(path.read_text())
     if state["phase"] == "calibrate":
-        results = _results(out / "calibration")
-        if any(r is None for r in results):
-            print(f"calibration not finished; follow with `bench sweep status {out / 'calibration'}`, "
-                  f"then `bench advise resume {out}`")
+        results = _finished(Path(out), "calibration")
+        if results is None:
             return 0
         bad = [r for r in results if r["status"] != "ok"]
         if bad:
             raise ConfigError(f"calibration run failed ({bad[0]['status']}): {bad[0]['error']}")
         rank_candidates(state, results)
-        state["phase"] = "measure"
+        chosen = [c for c in state["candidates"] if c.get("measure")]
+        state["phase"] = "measure" if chosen else "done"
         atomic_write_json(path, state)
         _print_ranking(state)
-        chosen = [c for c in state["candidates"] if c.get("measure")]
-        if not chosen:
-            print("nothing to measure (budget_runs=0)")
-            return 0
-        _sweep(out / "measure", [c["overrides"] for c in chosen], state["options"]["backend"])
+        if chosen:
+            _sweep(out / "measure", [c["overrides"] for c in chosen], state["options"]["backend"])
     if state["phase"] == "measure":
-        results = _results(out / "measure")
-        if any(r is None for r in results):
-            print(f"measurement not finished; follow with `bench sweep status {out / 'measure'}`, "
-                  f"then `bench advise resume {out}`")
+        results = _finished(Path(out), "measure")
+        if results is None:
             return 0
         collect(state, results)
         state["phase"] = "done"
         atomic_write_json(path, state)
     _print_result(state, out)
     return 0
+
+
+def _finished(out: Path, phase: str) -> list[dict] | None:
+    """The results of a phase's sweep, or None (and how to follow it) while cells have none."""
+    results = _results(out / phase)
+    if any(r is None for r in results):
+        print(f"{phase} not finished; follow with `bench sweep status {out / phase}`, then `bench advise resume {out}`")
+        return None
+    return results
 
 
 def rank_candidates(state: dict, calibration: list[dict]) -> None:
@@ -241,7 +249,7 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
                            f"{limit / GiB:.2f} GiB per device")
             c["pruned_by_memory"] = True
         p = predict(lay, prof, calib, network, dp_payload(c), state["calibration"]["recompute"],
-                    state["options"]["algorithm"])
+                    state["options"]["algorithm"], state.get("oversubscription", 1.0))
         p["samples_per_s"] = state["options"].get("global_batch") / p["step_s"] if p["step_s"] > 0 else None
         c["predicted"] = p
     ranked = sorted((c for c in state["candidates"] if c.get("predicted") and not c["pruned"]),

@@ -106,7 +106,10 @@ def comm_seconds(items: list[Collective], network: Network, algorithm: str = "be
 
 
 def predict(layout: Layout, model: ModelProfile, calibration: dict[int, float], network: Network,
-            dp_payload_psi: dict[str, float], recompute: float = 1.0, algorithm: str = "best") -> dict:
-    compute = step_compute(layout, calibration, recompute if layout.checkpointing else 1.0)
+            dp_payload_psi: dict[str, float], recompute: float = 1.0, algorithm: str = "best",
+            oversubscription: float = 1.0) -> dict:
+    """oversubscription: on a CPU host whose ranks share cores, how many rank threads each core
+    runs (bench.network.validate.oversubscription); compute stretches by it."""
+    compute = step_compute(layout, calibration, recompute if layout.checkpointing else 1.0) * oversubscription
     comm, parts = comm_seconds(collectives(layout, model, dp_payload_psi), network, algorithm)
     return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm, "comm_parts_s": parts}

@@ -36,24 +36,24 @@ def missing_cells(paths: list[str]) -> list[tuple[Path, dict]]:
     return out
 
 
-def load_commbench(paths: list[str]) -> list[dict]:
-    """`bench commbench` records (commbench.json) under the report's paths: the ceilings."""
+def load_json_files(paths: list[str], name: str) -> list[dict]:
+    """Every file called `name` under the report's paths (or given directly), parsed; unreadable ones skipped."""
     out = []
     for p in map(Path, paths):
-        for f in sorted([p] if p.name == "commbench.json" else p.rglob("commbench.json")):
+        for f in sorted([p] if p.name == name else p.rglob(name)):
             with contextlib.suppress(OSError, ValueError):
                 out.append(json.loads(f.read_text()))
     return out
+
+
+def load_commbench(paths: list[str]) -> list[dict]:
+    """`bench commbench` records (commbench.json) under the report's paths: the ceilings."""
+    return load_json_files(paths, "commbench.json")
 
 
 def load_advice(paths: list[str]) -> list[dict]:
     """`bench advise` states (advice.json) under the report's paths."""
-    out = []
-    for p in map(Path, paths):
-        for f in sorted([p] if p.name == "advice.json" else p.rglob("advice.json")):
-            with contextlib.suppress(OSError, ValueError):
-                out.append(json.loads(f.read_text()))
-    return out
+    return load_json_files(paths, "advice.json")
 
 
 def parse_json(data: bytes):
