@@ -59,7 +59,7 @@ def test_step_compute_interpolates_and_adds_bubble_and_recompute():
     # ranks sharing cores (CPU): compute stretches by the oversubscription; no network traffic at dp 1
     net = Network("toy", (Dimension("host", 8, 1e9, 1e-3),))
     p = predict(Layout("ddp", dp=1, micro_batch=3, grad_accum=2), PROF, calib, net, {"all_reduce": 1.0},
-                oversubscription=2.0)
+                compute_scale=2.0)
     assert p["compute_s"] == pytest.approx(0.20) and p["comm_s"] == 0 and p["step_s"] == pytest.approx(0.20)
 
 
@@ -145,9 +145,19 @@ def test_advise_end_to_end(advised):
     assert "recommendation: " + best["label"] in proc.stdout
     assert "bench run " + " ".join(best["overrides"]) in proc.stdout
     assert state["rank_correlation"] is None or -1 <= state["rank_correlation"] <= 1
-    # the calibration: 1-rank DDP at the smallest and largest micro-batch, affine compute, runtime overhead
-    assert sorted(state["calibration"]["step_s"]) == ["1", "8"]
-    assert state["calibration"]["recompute"] > 1
+    # the calibration: 1-rank DDP at the smallest and largest micro-batch (the compute line), every
+    # other framework once at 1 rank (its factor over DDP, its runtime memory); checkpointing's recompute
+    cal = state["calibration"]
+    assert sorted(cal["ddp_step_s"]) == ["1", "8"]
+    assert cal["compute_factor"]["ddp"] == pytest.approx(1.0)
+    ran = {c["framework"] for c in cal["cells"]}
+    assert ran | set(cal["skipped"]) == {"ddp", "fsdp_full", "deepspeed_zero2", "tensor_parallel", "pipeline_1f1b"}
+    assert set(cal["compute_factor"]) == set(cal["runtime_overhead_bytes"]) == ran - set(cal["skipped"])
+    assert cal["recompute"] > 1
+    for c in measured:      # the framework's own factor and memory overhead went into its figures
+        fw = c["framework"]
+        assert c["memory_estimate"]["with_overhead"] == c["memory_estimate"]["total"] + cal["runtime_overhead_bytes"].get(
+            fw, cal["runtime_overhead_bytes"]["ddp"])
 
 
 @pytest.mark.slow
@@ -156,11 +166,10 @@ def test_advise_memory_pruning_and_verify(advised):
     pruned with the estimate, the rest ranked; verify_pruned marks the nearest pruned one."""
     import copy
 
-    from bench.advise.command import rank_candidates
-    from bench.results import load_result
+    from bench.advise.command import _results, rank_candidates
     out, _, state = advised
     state = copy.deepcopy(state)
-    calib = [load_result(p) for p in sorted((out / "calibration").glob("*/result.json"))]
+    calib = _results(out / "calibration")
     for c in state["candidates"]:
         for k in ("rank", "measure", "predicted", "pruned_by_memory", "verify_pruned"):
             c.pop(k, None)

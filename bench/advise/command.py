@@ -1,8 +1,9 @@
 """`bench advise model=M devices=N [key=value ...]` and `bench advise resume DIR`.
 
 Phases, each resumable (state in DIR/advice.json):
-  1. grid + memory estimates; calibration: 1-rank DDP runs of the model at the grid's smallest and
-     largest micro-batch (a sweep in DIR/calibration);
+  1. grid + memory estimates; calibration (a sweep in DIR/calibration): 1-rank DDP runs at the
+     grid's smallest and largest micro-batch, and (calibrate=frameworks, the default) one 1-rank
+     run of every other framework: its compute factor over DDP and its runtime memory overhead;
   2. predictions from the calibration, memory pruning, ranking; the top `budget_runs` (and
      `verify_pruned` of the memory-pruned) measured as a sweep in DIR/measure;
   3. collect: predicted vs measured step time, estimated vs measured memory, rank correlation.
@@ -24,10 +25,10 @@ ADVICE = "advice.json"
 GiB = 1 << 30
 PASS_THROUGH = ("run.", "optim.", "data.", "model.")    # config overrides given to every run
 KEYS = {"model", "devices", "global_batch", "micro_batches", "device_memory_gib", "network", "frameworks",
-        "budget_runs", "backend", "dir", "verify_pruned", "devices_per_node", "algorithm"}
+        "budget_runs", "backend", "dir", "verify_pruned", "devices_per_node", "algorithm", "calibrate"}
 USAGE = ("usage: bench advise model=PRESET devices=N [global_batch=G] [micro_batches=[1,2,...]] "
          "[device_memory_gib=X] [network=NAME] [frameworks=a,b,...] [budget_runs=K] [backend=local|slurm] "
-         "[verify_pruned=K] [devices_per_node=N] [dir=DIR] [run.KEY=VALUE logger=... ...]   |   bench advise resume DIR")
+         "[verify_pruned=K] [devices_per_node=N] [calibrate=frameworks|ddp] [dir=DIR] [run.KEY=VALUE logger=... ...]   |   bench advise resume DIR")
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -56,7 +57,10 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
            "device_memory_gib": float(opts["device_memory_gib"]) if "device_memory_gib" in opts else None,
            "network": opts.get("network", "local_gloo"), "backend": opts.get("backend", "local"),
            "frameworks": opts["frameworks"].split(",") if "frameworks" in opts else list(DEFAULT_FRAMEWORKS),
-           "dir": opts.get("dir"), "algorithm": opts.get("algorithm", "best")}
+           "dir": opts.get("dir"), "algorithm": opts.get("algorithm", "best"),
+           "calibrate": opts.get("calibrate", "frameworks")}
+    if out["calibrate"] not in ("ddp", "frameworks"):
+        raise ConfigError(f"calibrate must be ddp or frameworks, got {out['calibrate']!r}")
     if out["backend"] not in ("local", "slurm"):
         raise ConfigError(f"backend must be local or slurm, got {out['backend']!r}")
     return out, extra
@@ -90,15 +94,31 @@ def device_memory_bytes(opts: dict, device: str) -> tuple[int, str]:
     return total // opts["devices"], f"host MemTotal / {opts['devices']} devices"
 
 
-def calibration_overrides(model: str, micro_batch: int, extra: list[str], threads: int | None) -> list[str]:
+def calibration_overrides(framework: str, model: str, micro_batch: int, extra: list[str],
+                          threads: int | None) -> list[str]:
     """One rank, no accumulation; on CPU with the threads each candidate's rank gets (the
     cores divided among the devices), so its compute is a device's compute."""
-    return ["framework=ddp", f"model={model}", "launcher.nproc=1", f"run.global_batch={micro_batch}",
+    return [f"framework={framework}", f"model={model}", "launcher.nproc=1", f"run.global_batch={micro_batch}",
             *([f"launcher.threads_per_rank={threads}"] if threads else []), *extra]
+
+
+def calibration_cells(survivors: list[Candidate], calibrate: str) -> list[dict]:
+    """DDP at the smallest and largest micro-batch (the compute line); with calibrate=frameworks
+    also every other framework at 1 rank at its largest micro-batch (its own overhead on one
+    device: hooks, DTensor, engine, library memory)."""
+    mbs = sorted({c.layout.micro_batch for c in survivors}) or [1]
+    cells = [{"framework": "ddp", "micro_batch": m} for m in sorted({mbs[0], mbs[-1]})]
+    if calibrate == "frameworks":
+        for fw in dict.fromkeys(c.framework for c in survivors):
+            if fw != "ddp":
+                cells.append({"framework": fw, "micro_batch": max(c.layout.micro_batch for c in survivors
+                                                                  if c.framework == fw)})
+    return cells
 
 
 def start(args: list[str]) -> int:
     from bench.advise.profile import profile
+    from bench.config import plan_from_overrides
     from bench.launch.local import device_type
     from bench.network.model import load
 
@@ -125,19 +145,12 @@ def start(args: list[str]) -> int:
     prof = profile(cfg.model)
     limit, limit_source = device_memory_bytes(opts, device)
     survivors = [c for c in grid if not c.pruned]
-    mbs = sorted({c.layout.micro_batch for c in survivors}) or [1]
-    calib_mbs = sorted({mbs[0], mbs[-1]})
     state = {"phase": "calibrate", "options": opts, "extra_overrides": extra, "network": network.name,
              "devices_per_node": per_node, "device": device,
              "device_memory_bytes": limit, "device_memory_source": limit_source,
              "optimizer": {"name": cfg.optim.name, "momentum": cfg.optim.momentum},
-             "profile": prof.__dict__, "calibration": {"micro_batches": calib_mbs},
+             "profile": prof.__dict__, "calibration": {"cells": [], "skipped": {}},
              "candidates": [_candidate_row(c, prof, cfg) for c in grid]}
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / ADVICE, state)
-    pruned = sum(1 for c in grid if c.pruned)
-    print(f"grid: {len(grid)} candidates, {pruned} pruned by validation; calibration at micro-batch "
-          f"{', '.join(map(str, calib_mbs))} (1-rank DDP)", flush=True)
     threads = None
     if device == "cpu":
         from bench.envinfo import usable_cores
@@ -146,9 +159,23 @@ def start(args: list[str]) -> int:
         # ranks x threads over the cores, against the 1-rank calibration's
         state["oversubscription"] = (max(1.0, opts["devices"] * threads / usable_cores())
                                      / max(1.0, threads / usable_cores()))
-        atomic_write_json(out / ADVICE, state)
-    _sweep(out / "calibration", [calibration_overrides(opts["model"], m, extra, threads) for m in calib_mbs],
-           opts["backend"])
+    overrides = []
+    for cell in calibration_cells(survivors, opts["calibrate"]):
+        over = calibration_overrides(cell["framework"], opts["model"], cell["micro_batch"], extra, threads)
+        try:
+            plan_from_overrides(over)
+        except ConfigError as exc:     # this framework cannot run on one rank: DDP's compute stands in
+            state["calibration"]["skipped"][cell["framework"]] = str(exc)
+            continue
+        state["calibration"]["cells"].append(cell)
+        overrides.append(over)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / ADVICE, state)
+    pruned = sum(1 for c in grid if c.pruned)
+    print(f"grid: {len(grid)} candidates, {pruned} pruned by validation; calibration: "
+          + ", ".join(f"{c['framework']} mb{c['micro_batch']}" for c in state["calibration"]["cells"])
+          + " (1 rank each)", flush=True)
+    _sweep(out / "calibration", overrides, opts["backend"])
     return resume(out)
 
 
@@ -186,9 +213,9 @@ def resume(out: Path) -> int:
         results = _finished(Path(out), "calibration")
         if results is None:
             return 0
-        bad = [r for r in results if r["status"] != "ok"]
-        if bad:
-            raise ConfigError(f"calibration run failed ({bad[0]['status']}): {bad[0]['error']}")
+        for cell, r in zip(state["calibration"]["cells"], results):
+            if r["status"] != "ok" and cell["framework"] == "ddp":
+                raise ConfigError(f"the DDP calibration run failed ({r['status']}): {r['error']}")
         rank_candidates(state, results)
         chosen = [c for c in state["candidates"] if c.get("measure")]
         state["phase"] = "measure" if chosen else "done"
@@ -219,37 +246,46 @@ def _finished(out: Path, phase: str) -> list[dict] | None:
 def rank_candidates(state: dict, calibration: list[dict]) -> None:
     """Predict every surviving candidate, prune by memory, rank, mark the ones to measure."""
     from bench.advise.memory import ModelProfile
-    from bench.advise.predict import predict
+    from bench.advise.predict import predict, step_compute
     from bench.network.model import load
     from bench.report.frame import training_memory_bytes
 
     prof = ModelProfile(**state["profile"])
     network = load(state["network"])
     opt = state["optimizer"]
-    calib = {r["parallel"]["micro_batch"]: float(r["timing"]["step_time_s"]["median"]) for r in calibration}
-    # what the runtime adds beyond the estimate (allocator, libraries, communication set-up),
-    # from the calibration run: added to every estimate
-    overheads = []
-    for r in calibration:
-        est = estimate(Layout("ddp", dp=1, micro_batch=r["parallel"]["micro_batch"]), prof, opt["name"], opt["momentum"])
+    ddp, factor, overhead = {}, {}, {}
+    cells = list(zip(state["calibration"]["cells"], calibration))
+    for cell, r in cells:
+        if cell["framework"] == "ddp" and r["status"] == "ok":
+            ddp[cell["micro_batch"]] = float(r["timing"]["step_time_s"]["median"])
+    for cell, r in cells:
+        fw, m = cell["framework"], cell["micro_batch"]
+        if r["status"] != "ok":
+            state["calibration"]["skipped"][fw] = f"{r['status']}: {(r.get('error') or {}).get('message')}"
+            continue
+        # the framework's own compute on one device, relative to DDP's at the same micro-batch
+        factor[fw] = float(r["timing"]["step_time_s"]["median"]) / step_compute(Layout("ddp", dp=1, micro_batch=m), ddp)
+        # what its runtime adds beyond the estimate (allocator, libraries, engine buffers)
         measured = training_memory_bytes(r)
         if measured is not None:
-            overheads.append(measured - est["total"])
-    overhead = max(0, min(overheads)) if overheads else 0
-    state["calibration"].update({"step_s": {str(k): v for k, v in calib.items()}, "runtime_overhead_bytes": overhead,
-                                 "recompute": _recompute(state)})
+            est = estimate(Layout(fw, dp=1, micro_batch=m), prof, opt["name"], opt["momentum"])["total"]
+            overhead[fw] = min(overhead.get(fw, measured - est), measured - est)
+    overhead = {fw: max(0, v) for fw, v in overhead.items()}
+    state["calibration"].update({"ddp_step_s": {str(k): v for k, v in ddp.items()}, "compute_factor": factor,
+                                 "runtime_overhead_bytes": overhead, "recompute": _recompute(state)})
     limit = state["device_memory_bytes"]
     for c in state["candidates"]:
         if c["pruned"] or c["layout"] is None:
             continue
         lay = Layout(**c["layout"])
-        c["memory_estimate"]["with_overhead"] = c["memory_estimate"]["total"] + overhead
+        fw = c["framework"]
+        c["memory_estimate"]["with_overhead"] = c["memory_estimate"]["total"] + overhead.get(fw, overhead.get("ddp", 0))
         if c["memory_estimate"]["with_overhead"] > limit:
             c["pruned"] = (f"memory: estimated {c['memory_estimate']['with_overhead'] / GiB:.2f} GiB > "
                            f"{limit / GiB:.2f} GiB per device")
             c["pruned_by_memory"] = True
-        p = predict(lay, prof, calib, network, dp_payload(c), state["calibration"]["recompute"],
-                    state["options"]["algorithm"], state.get("oversubscription", 1.0))
+        p = predict(lay, prof, ddp, network, dp_payload(c), state["calibration"]["recompute"],
+                    state["options"]["algorithm"], compute_scale=state.get("oversubscription", 1.0) * factor.get(fw, 1.0))
         p["samples_per_s"] = state["options"].get("global_batch") / p["step_s"] if p["step_s"] > 0 else None
         c["predicted"] = p
     ranked = sorted((c for c in state["candidates"] if c.get("predicted") and not c["pruned"]),

@@ -2,9 +2,10 @@
 
     step = compute + communication          (no overlap assumed: an upper bound, stated)
 
-compute: a 1-rank DDP calibration run of the same model measures the step time t(m) at the
-grid's smallest and largest micro-batch (grad_accum 1); between them t is affine in m
-(t = a + b m: a fixed per-step cost plus a per-sample cost). A candidate runs grad_accum
+compute: 1-rank DDP calibration runs of the same model measure the step time t(m) at the grid's
+smallest and largest micro-batch (grad_accum 1); between them t is affine in m (t = a + b m: a
+fixed per-step cost plus a per-sample cost). Each other framework's 1-rank run at its largest
+micro-batch gives its factor over DDP (hooks, DTensor, engine: `compute_scale`). A candidate runs grad_accum
 micro-batches of its own size, its model divided over tp x pp ranks, with the pipeline bubble of
 (pp - 1) idle micro-batch slots, and recomputes the checkpointed blocks' forward (x hardware /
 model FLOPs of models/flops.py):
@@ -107,9 +108,9 @@ def comm_seconds(items: list[Collective], network: Network, algorithm: str = "be
 
 def predict(layout: Layout, model: ModelProfile, calibration: dict[int, float], network: Network,
             dp_payload_psi: dict[str, float], recompute: float = 1.0, algorithm: str = "best",
-            oversubscription: float = 1.0) -> dict:
-    """oversubscription: on a CPU host whose ranks share cores, how many rank threads each core
-    runs (bench.network.validate.oversubscription); compute stretches by it."""
-    compute = step_compute(layout, calibration, recompute if layout.checkpointing else 1.0) * oversubscription
+            compute_scale: float = 1.0) -> dict:
+    """compute_scale: the framework's own compute relative to DDP's (its 1-rank calibration run)
+    x, on a CPU host whose ranks share cores, the oversubscription (rank threads per core)."""
+    compute = step_compute(layout, calibration, recompute if layout.checkpointing else 1.0) * compute_scale
     comm, parts = comm_seconds(collectives(layout, model, dp_payload_psi), network, algorithm)
     return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm, "comm_parts_s": parts}
