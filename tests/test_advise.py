@@ -216,3 +216,26 @@ def test_advise_rejects_bad_input():
         parse(["model=gpt2_tiny", "devices=2", "budget_runs=many"])
     opts, extra = parse(["model=gpt2_tiny", "devices=2", "run.measure_steps=3", "logger=none"])
     assert extra == ["run.measure_steps=3", "logger=none"] and opts["backend"] == "local"
+
+
+def test_collect_recommends_the_first_to_reach_the_target_when_there_is_one():
+    """With a quality target (experiment=), time to target decides, not the step time; without,
+    the fastest measured step. Errors and the rank correlation come from the same records."""
+    from bench.advise.command import collect
+
+    def cand(i, pred):
+        return {"id": f"c{i}", "label": f"x{i}", "framework": "ddp", "overrides": [f"o{i}"], "measure": True,
+                "rank": i, "predicted": {"step_s": pred}, "memory_estimate": {"with_overhead": 100}}
+
+    def rec(step, ttt):
+        return {"status": "ok", "timing": {"step_time_s": {"median": step}}, "throughput": {"samples_per_s": 8 / step},
+                "memory": {"per_rank": [{"peak_allocated_bytes": 80}]}, "convergence": {"time_to_target_s": ttt}}
+    state = {"candidates": [cand(1, 0.1), cand(2, 0.2), cand(3, 0.3)]}
+    collect(state, [rec(0.1, 9.0), rec(0.3, 5.0), rec(0.2, 7.0)])
+    assert state["recommendation"]["id"] == "c2" and state["recommendation"]["by"] == "time_to_target_s"
+    assert state["rank_correlation"] == pytest.approx(0.5)       # predicted 1,2,3 vs measured 1,3,2
+    m = state["candidates"][0]["measured"]
+    assert m["step_error"] == pytest.approx(0.0) and m["memory_error"] == pytest.approx(0.25)   # (100 - 80) / 80
+    state = {"candidates": [cand(1, 0.1), cand(2, 0.2)]}
+    collect(state, [rec(0.1, None), rec(0.3, 5.0)])
+    assert state["recommendation"]["id"] == "c1" and state["recommendation"]["by"] == "step_s"

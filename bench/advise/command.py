@@ -39,13 +39,13 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
         if "=" not in a:
             raise ConfigError(f"bench advise: '{a}' is not key=value\n{USAGE}")
         k, v = a.split("=", 1)
-        if k.startswith(PASS_THROUGH) or k in ("logger", "optim", "data"):
+        if k.startswith(PASS_THROUGH) or k in ("logger", "optim", "data", "experiment"):
             extra.append(a)
         elif k in KEYS:
             opts[k] = v
         else:
             raise ConfigError(f"bench advise: unknown option '{k}' (known: {', '.join(sorted(KEYS))}; "
-                              "overrides for every run: run.*, optim.*, data.*, model.*, logger, optim, data)")
+                              "overrides for every run: run.*, optim.*, data.*, model.*, logger, optim, data, experiment)")
     for k in ("model", "devices"):
         if k not in opts:
             raise ConfigError(f"bench advise: {k}= is required\n{USAGE}")
@@ -347,7 +347,8 @@ def collect(state: dict, results: list[dict]) -> None:
         if r["status"] == "ok":
             step = float(r["timing"]["step_time_s"]["median"])
             m.update({"step_s": step, "samples_per_s": r["throughput"].get("samples_per_s"),
-                      "memory_bytes": training_memory_bytes(r)})
+                      "memory_bytes": training_memory_bytes(r),
+                      "time_to_target_s": (r.get("convergence") or {}).get("time_to_target_s")})
             if m["memory_bytes"]:
                 est = c["memory_estimate"]["with_overhead"]
                 m["memory_error"] = (est - m["memory_bytes"]) / m["memory_bytes"]
@@ -361,9 +362,13 @@ def collect(state: dict, results: list[dict]) -> None:
         if e is not None:
             by.setdefault(c["framework"], []).append(e)
     state["memory_error_by_framework"] = by
-    best = min(ok, key=lambda c: c["measured"]["step_s"], default=None)
+    # with experiment= (a quality target), the first to reach the target wins; else the fastest step
+    by_target = bool(ok) and all(c["measured"]["time_to_target_s"] is not None for c in ok)
+    key = "time_to_target_s" if by_target else "step_s"
+    best = min(ok, key=lambda c: c["measured"][key], default=None)
     state["recommendation"] = ({"id": best["id"], "label": best["label"], "overrides": best["overrides"],
-                                "measured_step_s": best["measured"]["step_s"],
+                                "by": key, "measured_step_s": best["measured"]["step_s"],
+                                "time_to_target_s": best["measured"]["time_to_target_s"],
                                 "samples_per_s": best["measured"]["samples_per_s"]} if best else None)
 
 
@@ -406,7 +411,9 @@ def _print_result(state: dict, out: Path) -> None:
         print(f"memory estimate error {fw}: " + ", ".join(f"{e:+.0%}" for e in errs))
     rec = state.get("recommendation")
     if rec:
-        print(f"recommendation: {rec['label']} ({rec['samples_per_s']:.1f} samples/s measured)\n"
+        why = (f"reached the target first: {rec['time_to_target_s']:.2f} s" if rec.get("by") == "time_to_target_s"
+               else "the fastest step")
+        print(f"recommendation: {rec['label']} ({rec['samples_per_s']:.1f} samples/s measured; {why})\n"
               f"  bench run {' '.join(rec['overrides'])}")
     print(f"advice: {out / ADVICE}   report: bench report {out}")
 
