@@ -93,11 +93,11 @@ def test_report_end_to_end_in_chromium(sweep, tmp_path):
     failed = [r for r in rows.values() if r["status"] == "failed"]
     assert len(failed) == 1 and "injected fault" in failed[0]["error_message"]
 
-    for name in ("throughput", "scaling", "convergence_gpt2_tiny_markov", "memory", "communication", "mfu"):
+    for name in ("throughput", "scaling", "convergence_gpt2_tiny_markov", "memory", "communication", "mfu", "best"):
         assert (out / f"{name}.png").stat().st_size > 5000
     page = inspect_page(out / "report.html", tmp_path / "screenshot.png")
     assert page["errors"] == []
-    assert len(page["images"]) == 6 and all(i["complete"] and i["width"] > 100 for i in page["images"])
+    assert len(page["images"]) == 7 and all(i["complete"] and i["width"] > 100 for i in page["images"])
     assert not [u for u in page["requests"] if not u.startswith(("file:", "data:"))]   # no network
     assert (tmp_path / "screenshot.png").stat().st_size > 20000
 

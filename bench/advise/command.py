@@ -274,6 +274,7 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
     state["calibration"].update({"ddp_step_s": {str(k): v for k, v in ddp.items()}, "compute_factor": factor,
                                  "runtime_overhead_bytes": overhead, "recompute": _recompute(state)})
     limit = state["device_memory_bytes"]
+    payloads: dict[tuple, dict] = {}
     for c in state["candidates"]:
         if c["pruned"] or c["layout"] is None:
             continue
@@ -284,7 +285,10 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
             c["pruned"] = (f"memory: estimated {c['memory_estimate']['with_overhead'] / GiB:.2f} GiB > "
                            f"{limit / GiB:.2f} GiB per device")
             c["pruned_by_memory"] = True
-        p = predict(lay, prof, ddp, network, dp_payload(c), state["calibration"]["recompute"],
+        key = tuple(o for o in c["overrides"] if not o.startswith(("run.micro_batch=", "framework.options.activation_")))
+        if key not in payloads:         # the adapter's analytic volumes do not depend on the micro-batch
+            payloads[key] = dp_payload(c)
+        p = predict(lay, prof, ddp, network, payloads[key], state["calibration"]["recompute"],
                     state["options"]["algorithm"], compute_scale=state.get("oversubscription", 1.0) * factor.get(fw, 1.0))
         p["samples_per_s"] = state["options"].get("global_batch") / p["step_s"] if p["step_s"] > 0 else None
         c["predicted"] = p
