@@ -212,6 +212,8 @@ def test_advise_rejects_bad_input():
         parse(["model=gpt2_tiny"])
     with pytest.raises(ConfigError, match="unknown option 'colour'"):
         parse(["model=gpt2_tiny", "devices=2", "colour=red"])
+    with pytest.raises(ConfigError, match="no memory and communication model for daso"):
+        parse(["model=gpt2_tiny", "devices=2", "frameworks=ddp,daso"])
     with pytest.raises(ConfigError, match="budget_runs must be an integer"):
         parse(["model=gpt2_tiny", "devices=2", "budget_runs=many"])
     opts, extra = parse(["model=gpt2_tiny", "devices=2", "run.measure_steps=3", "logger=none"])

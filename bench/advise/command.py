@@ -59,6 +59,11 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
            "frameworks": opts["frameworks"].split(",") if "frameworks" in opts else list(DEFAULT_FRAMEWORKS),
            "dir": opts.get("dir"), "algorithm": opts.get("algorithm", "best"),
            "calibrate": opts.get("calibrate", "frameworks")}
+    from bench.advise.memory import SHARDING
+    unknown = [f for f in out["frameworks"] if f not in SHARDING]
+    if unknown:
+        raise ConfigError(f"bench advise has no memory and communication model for {', '.join(unknown)} "
+                          f"(it covers: {', '.join(SHARDING)})")
     if out["calibrate"] not in ("ddp", "frameworks"):
         raise ConfigError(f"calibrate must be ddp or frameworks, got {out['calibrate']!r}")
     if out["backend"] not in ("local", "slurm"):
