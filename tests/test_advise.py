@@ -27,6 +27,8 @@ PROF = ModelProfile(params=1000, largest_block_params=200, blocks=4, activation_
     (Layout("deepspeed_zero3", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 800)),
     (Layout("fsdp_full", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 800)),
     (Layout("fsdp_grad_op", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 2 * 800)),
+    # hybrid: sharded over groups of 2 (replicated twice), so model state / 2, not / 4
+    (Layout("fsdp_hybrid", dp=4, shard=2, micro_batch=2), (2000, 2000, 4000, 2000, 2 * 2 * 800)),
     # checkpointing: block inputs (100) + one block's full activations (1000 / 4), x mb 2
     (Layout("ddp", dp=4, micro_batch=2, checkpointing=True), (4000, 4000, 8000, 700, 0)),
     # tp 2 x dp_shard 2: a 500-parameter slice sharded over 2; activations / tp; one unit 4*200/2
@@ -74,6 +76,11 @@ def test_collectives_and_their_time_on_a_network():
     assert messages("fsdp_full", 4000, 4) == 5 and messages("ddp", 4000, 4) == 1
     items = collectives(Layout("fsdp_full", dp=2), PROF, {"all_gather": 1.0, "reduce_scatter": 1.0})
     assert [(c.kind, c.bytes, c.count) for c in items] == [("all_gather", 800.0, 5), ("reduce_scatter", 800.0, 5)]
+    # hybrid, groups of 2 among 4: gather / reduce-scatter inside a group (adjacent ranks), then the
+    # shard (Psi / 2) all-reduced across the 2 groups (ranks 2 apart), each in 5 unit messages
+    hyb = collectives(Layout("fsdp_hybrid", dp=4, shard=2), PROF, {"all_gather": 2.0, "reduce_scatter": 1.0})
+    assert hyb == [Collective("all_gather", 1600.0, 2, 1, 5), Collective("reduce_scatter", 800.0, 2, 1, 5),
+                   Collective("all_reduce", 400.0, 2, 2, 5)]
     # tp 2: 4 all-reduces of a block's output per block and micro-batch; pp 2: 2 sends per micro-batch
     tp = collectives(Layout("tensor_parallel", dp=1, tp=2, micro_batch=2, grad_accum=3), PROF, {})
     assert tp == [Collective("all_reduce", 100.0, 2, 1, 4 * 4 * 3)]

@@ -330,8 +330,8 @@ def dp_payload(c: dict) -> dict[str, float]:
     from bench.config import plan_from_overrides
 
     fw = c["framework"]
-    if fw == "tensor_parallel":
-        return {"all_gather": 2.0, "reduce_scatter": 1.0}     # FSDP2 over dp_shard (reshard_after_forward)
+    if fw in ("tensor_parallel", "fsdp_hybrid"):
+        return {"all_gather": 2.0, "reduce_scatter": 1.0}     # FSDP2 in the shard group (reshard_after_forward)
     if fw.startswith("pipeline"):
         return {"all_reduce": 1.0}                            # flattened all-reduce over dp after the schedule
     if fw == "deepspeed_zero3":

@@ -11,7 +11,8 @@ from typing import Optional
 from bench.advise.memory import Layout
 from bench.errors import ConfigError
 
-DEFAULT_FRAMEWORKS = ("ddp", "fsdp_full", "fsdp_grad_op", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3",
+DEFAULT_FRAMEWORKS = ("ddp", "fsdp_full", "fsdp_grad_op", "fsdp_hybrid", "deepspeed_zero1", "deepspeed_zero2",
+                      "deepspeed_zero3",
                       "horovod", "fairscale_oss", "tensor_parallel", "pipeline_1f1b", "pipeline_gpipe")
 PIPELINES = ("pipeline_1f1b", "pipeline_gpipe")
 
@@ -30,7 +31,7 @@ class Candidate:
             asked = [o.split(".")[-1] for o in self.overrides if o.startswith(("framework.options.", "run.micro_batch"))]
             return " ".join([self.framework, *asked])
         lay = self.layout
-        parts = [self.framework, f"dp{lay.dp}"]
+        parts = [self.framework, f"dp{lay.dp}" + (f"(shard {lay.shard})" if lay.shard else "")]
         parts += [f"tp{lay.tp}"] if lay.tp > 1 else []
         parts += [f"pp{lay.pp}"] if lay.pp > 1 else []
         parts += [f"mb{lay.micro_batch}x{lay.grad_accum}"] + (["ckpt"] if lay.checkpointing else [])
@@ -48,6 +49,8 @@ def layouts(framework: str, devices: int) -> list[tuple[dict, dict]]:
                 for t in divisors(devices) if t > 1]
     if framework in PIPELINES:
         return [({"pp": p, "dp": devices // p}, {"pp": p, "dp": devices // p}) for p in divisors(devices) if p > 1]
+    if framework == "fsdp_hybrid":      # shard groups of h ranks, replicated devices / h times
+        return [({"dp": devices, "shard": h}, {"hybrid_shard_size": h}) for h in divisors(devices) if 1 < h < devices]
     return [({"dp": devices}, {})]
 
 
@@ -91,7 +94,7 @@ def enumerate_grid(model: str, devices: int, global_batch: int, frameworks=DEFAU
                     d = plan.dims
                     cand.plan = plan
                     cand.layout = Layout(fw, dp=d.dp, tp=d.tp, pp=d.pp, micro_batch=d.micro_batch,
-                                         grad_accum=d.grad_accum, checkpointing=ckpt)
+                                         grad_accum=d.grad_accum, checkpointing=ckpt, shard=sizes.get("shard", 0))
                     if devices_per_node and d.tp > devices_per_node:
                         cand.pruned = f"topology: tp {d.tp} > {devices_per_node} devices per node"
                         continue

@@ -45,6 +45,7 @@ class Layout:
     micro_batch: int = 1
     grad_accum: int = 1
     checkpointing: bool = False
+    shard: int = 0          # ranks that shard the model state (FSDP hybrid); 0 = all dp ranks
 
 
 # framework -> (shard optimizer, shard gradients, shard parameters) over the data-parallel ranks
@@ -55,6 +56,7 @@ SHARDING = {
     "deepspeed_zero0": (False, False, False), "deepspeed_zero1": (True, False, False),
     "deepspeed_zero2": (True, True, False), "deepspeed_zero3": (True, True, True),
     "fsdp_full": (True, True, True), "fsdp_grad_op": (True, True, True),
+    "fsdp_hybrid": (True, True, True),              # over the shard group, replicated across groups
     "tensor_parallel": (True, True, True),          # tp slices, FSDP2 over dp_shard
     "pipeline_1f1b": (False, False, False), "pipeline_gpipe": (False, False, False),
 }
@@ -78,7 +80,7 @@ def estimate(layout: Layout, model: ModelProfile, optimizer: str = "adamw", mome
         shard_p = False                     # parameters stay unsharded between forward and backward
     p = model.params / (layout.tp * layout.pp)
     k = optimizer_state_bytes_per_param(optimizer, momentum)
-    n = layout.dp
+    n = layout.shard or layout.dp
 
     def part(nbytes: int, sharded: bool) -> float:
         return nbytes * p / (n if sharded else 1)
@@ -97,7 +99,7 @@ def estimate(layout: Layout, model: ModelProfile, optimizer: str = "adamw", mome
     elif fw in ("deepspeed_zero1", "deepspeed_zero2") and n > 1:
         # fp32 partition of the averaged gradients + the flat reduce bucket
         buffers = 4 * p / n + min(4 * DS_REDUCE_BUCKET_ELEMS, 4 * p)
-    elif (fw in ("deepspeed_zero3", "fsdp_full", "tensor_parallel") and n > 1):
+    elif (fw in ("deepspeed_zero3", "fsdp_full", "fsdp_hybrid", "tensor_parallel") and n > 1):
         buffers = 2 * 2 * unit              # two units gathered (prefetch), params + their gradients
     elif fw == "fsdp_grad_op" and n > 1:
         buffers = 2 * unit

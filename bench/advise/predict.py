@@ -15,7 +15,8 @@ model FLOPs of models/flops.py):
 communication: the collectives the strategy issues per optimizer step, priced on the network
 model of `bench project` (bench.network.model.collective_time, over the group each runs in):
     data parallel (dp ranks): the adapter's own analytic payloads (AnalyticComm) x Psi / (tp pp),
-        in as many messages as the framework splits them into (units, buckets: `messages`);
+        in as many messages as the framework splits them into (units, buckets: `messages`); FSDP
+        hybrid: those inside its shard group, then an all-reduce of the shard across the groups;
     tensor parallel (tp ranks): 2 all-reduces of one block's output in forward and 2 in backward
         per block and micro-batch (Megatron-LM's f/g operators);
     pipeline (pp ranks): one send of a block's output forward and one of its gradient backward
@@ -58,7 +59,7 @@ def messages(framework: str, psi: float, blocks: int) -> int:
     """How many collectives the data-parallel payload is split into (each pays the latency):
     FSDP and ZeRO-3 one per sharded unit (every block and the root), DDP one per 25 MiB bucket,
     Horovod one per fusion buffer, ZeRO-1/2 one per reduce bucket."""
-    if framework in ("fsdp_full", "fsdp_grad_op", "deepspeed_zero3", "tensor_parallel"):
+    if framework in ("fsdp_full", "fsdp_grad_op", "fsdp_hybrid", "deepspeed_zero3", "tensor_parallel"):
         return blocks + 1
     return max(1, math.ceil(psi / FUSION_BYTES.get(framework, DDP_BUCKET_BYTES)))
 
@@ -68,10 +69,14 @@ def collectives(layout: Layout, model: ModelProfile, dp_payload_psi: dict[str, f
     for the data-parallel part (Psi = fp32 bytes of this rank's model piece)."""
     psi = 4.0 * model.params / (layout.tp * layout.pp)
     out = []
-    if layout.dp > 1:
+    shard = layout.shard or layout.dp
+    if shard > 1:
         n = messages(layout.framework, psi, model.blocks // layout.pp)
-        out += [Collective(kind, f * psi / n, layout.dp, layout.tp, count=n)
+        out += [Collective(kind, f * psi / n, shard, layout.tp, count=n)
                 for kind, f in sorted(dp_payload_psi.items()) if f]
+    if layout.dp > shard:       # FSDP hybrid: the shards' gradients all-reduced across the replicas
+        n = messages(layout.framework, psi / shard, model.blocks // layout.pp)
+        out.append(Collective("all_reduce", psi / shard / n, layout.dp // shard, layout.tp * shard, count=n))
     act = model.boundary_bytes_per_sample * layout.micro_batch
     if layout.tp > 1:
         per_step = 4 * (model.blocks // layout.pp) * layout.grad_accum
