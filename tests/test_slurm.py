@@ -207,8 +207,12 @@ def test_advise_on_slurm_calibrates_then_measures_through_resume(slurm, tmp_path
                  "logger=none")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "submitted job array" in proc.stdout and "calibration not finished" in proc.stdout
-    assert json.loads((out / "advice.json").read_text())["phase"] == "calibrate"
-    assert wait_done(out / "calibration") == {0: "ok"}
+    state = json.loads((out / "advice.json").read_text())
+    assert state["phase"] == "calibrate"
+    # DDP at micro-batch 4 (the compute line) and FSDP2 once (its factor over DDP)
+    assert state["calibration"]["cells"] == [{"framework": "ddp", "micro_batch": 4},
+                                             {"framework": "fsdp_full", "micro_batch": 4}]
+    assert wait_done(out / "calibration") == {0: "ok", 1: "ok"}
     proc = bench("advise", "resume", str(out))
     assert proc.returncode == 0 and "measure not finished" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert wait_done(out / "measure") == {0: "ok"}
