@@ -55,7 +55,8 @@ SHARDING = {
     "fairscale_oss_ddp": (True, False, False),
     "deepspeed_zero0": (False, False, False), "deepspeed_zero1": (True, False, False),
     "deepspeed_zero2": (True, True, False), "deepspeed_zero3": (True, True, True),
-    "fsdp_full": (True, True, True), "fsdp_grad_op": (True, True, True),
+    "fsdp_full": (True, True, True),
+    "fsdp_grad_op": (True, True, False),            # parameters stay unsharded between forward and backward
     "fsdp_hybrid": (True, True, True),              # over the shard group, replicated across groups
     "tensor_parallel": (True, True, True),          # tp slices, FSDP2 over dp_shard
     "pipeline_1f1b": (False, False, False), "pipeline_gpipe": (False, False, False),
@@ -76,8 +77,6 @@ def estimate(layout: Layout, model: ModelProfile, optimizer: str = "adamw", mome
     if layout.framework not in SHARDING:
         raise ValueError(f"no memory model for framework {layout.framework!r}")
     shard_o, shard_g, shard_p = SHARDING[layout.framework]
-    if layout.framework == "fsdp_grad_op":
-        shard_p = False                     # parameters stay unsharded between forward and backward
     p = model.params / (layout.tp * layout.pp)
     k = optimizer_state_bytes_per_param(optimizer, momentum)
     n = layout.shard or layout.dp
