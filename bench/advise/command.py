@@ -164,11 +164,11 @@ def start(args: list[str]) -> int:
         # ranks x threads over the cores, against the 1-rank calibration's
         state["oversubscription"] = (max(1.0, opts["devices"] * threads / usable_cores())
                                      / max(1.0, threads / usable_cores()))
-    overrides = []
+    overrides, raws = [], []
     for cell in calibration_cells(survivors, opts["calibrate"]):
         over = calibration_overrides(cell["framework"], opts["model"], cell["micro_batch"], extra, threads)
         try:
-            plan_from_overrides(over)
+            raws.append(plan_from_overrides(over).raw)
         except ConfigError as exc:     # this framework cannot run on one rank: DDP's compute stands in
             state["calibration"]["skipped"][cell["framework"]] = str(exc)
             continue
@@ -180,7 +180,7 @@ def start(args: list[str]) -> int:
     print(f"grid: {len(grid)} candidates, {pruned} pruned by validation; calibration: "
           + ", ".join(f"{c['framework']} mb{c['micro_batch']}" for c in state["calibration"]["cells"])
           + " (1 rank each)", flush=True)
-    _sweep(out / "calibration", overrides, opts["backend"])
+    _sweep(out / "calibration", overrides, opts["backend"], raws)
     return resume(out)
 
 
@@ -192,13 +192,14 @@ def _candidate_row(c: Candidate, prof, cfg) -> dict:
     return row
 
 
-def _sweep(sweep_dir: Path, overrides: list[list[str]], backend: str) -> None:
+def _sweep(sweep_dir: Path, overrides: list[list[str]], backend: str, raws: list[dict] | None = None) -> None:
+    """`overrides` as a sweep; `raws`: their composed configs where the caller already has them."""
     from bench.config import plan_from_overrides
     from bench.sweep.cells import Cell, cell_id
     from bench.sweep.commands import start_cells
 
-    cells = [Cell(index=i, id=cell_id(plan_from_overrides(o).raw), overrides=o, repeat=0)
-             for i, o in enumerate(overrides)]
+    raws = raws or [plan_from_overrides(o).raw for o in overrides]
+    cells = [Cell(index=i, id=cell_id(raw), overrides=o, repeat=0) for i, (o, raw) in enumerate(zip(overrides, raws))]
     start_cells(sweep_dir, cells, {"overrides": ["(bench advise)"], "repeats": 1}, backend,
                 job_name="ddlbench-advise")
 
