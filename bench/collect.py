@@ -90,7 +90,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     cfg, dims = plan.cfg, plan.dims
     measure = len(gathered[0]["step_time_s"])
     warmup = len(gathered[0]["all_step_time_s"]) - measure
-    record = empty_record(Path(run_dir).name, plan.raw, status="ok")
+    record = empty_record(Path(run_dir).name, plan.raw, status="ok", precision=plan.cfg.run.precision)
     desc = adapter.describe()
     native = desc.get("native_config")
     if isinstance(native, dict):

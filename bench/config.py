@@ -118,8 +118,9 @@ def load_adapter_class(path: str) -> type:
 
 
 def validate(raw: dict[str, Any]) -> Plan:
+    """`raw` stays what was asked (run.precision may be auto); `cfg` holds what will run."""
     try:
-        cfg = BenchCfg.model_validate(raw)
+        cfg = BenchCfg.model_validate(_concrete(raw))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
     adapter_cls = load_adapter_class(cfg.framework.adapter)
@@ -135,6 +136,15 @@ def validate(raw: dict[str, Any]) -> Plan:
     adapter_cls.check_config(options, cfg, dims)  # raises ConfigError for cross-key problems
     check_data(cfg)
     return Plan(cfg=cfg, raw=raw, dims=dims, adapter_cls=adapter_cls, options=options)
+
+
+def _concrete(raw: dict[str, Any]) -> dict[str, Any]:
+    """run.precision=auto replaced by the precision it means on this machine (bench.device)."""
+    run = raw.get("run")
+    if not isinstance(run, dict) or run.get("precision", "auto") != "auto":
+        return raw
+    from bench.device import planned_precision
+    return {**raw, "run": {**run, "precision": planned_precision(run)}}
 
 
 def plan_from_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> Plan:

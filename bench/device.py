@@ -51,6 +51,28 @@ def resolve_device(requested: str, cuda_available: bool, environ=os.environ,
     return "cpu"
 
 
+def auto_precision(device_type: str, bf16_supported: bool) -> str:
+    """run.precision=auto: bf16 autocast on a GPU that has bf16 (Ampere and later), fp32
+    elsewhere (CPU, older GPUs: their fp16 needs loss scaling that several frameworks here do
+    not have). The record keeps both: `precision` is what ran, config.run.precision says auto."""
+    return "bf16" if device_type == "cuda" and bf16_supported else "fp32"
+
+
+def planned_precision(run_cfg: dict) -> str:
+    """The precision a run of this config trains in: run.precision, or auto resolved on this
+    machine's device (run.device, or auto: CUDA where available). A device that cannot be had
+    (GPUs asked for, none usable) is the launcher's `no_gpu` result, not an error here."""
+    requested = run_cfg.get("precision", "auto")
+    if requested != "auto":
+        return requested
+    if run_cfg.get("device", "auto") == "cpu":
+        return auto_precision("cpu", False)
+    import torch
+    if not torch.cuda.is_available():
+        return auto_precision("cpu", False)
+    return auto_precision("cuda", torch.cuda.is_bf16_supported())
+
+
 def cuda_index(local_rank: int, visible: int) -> int:
     """The CUDA device of a rank. Each task sees exactly one GPU under Slurm's per-task binding
     (--gpus-per-task=1, or a per-task CUDA_VISIBLE_DEVICES): device 0. Otherwise its local rank,

@@ -49,8 +49,9 @@ def _jsonable(o: Any):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def empty_record(run_id: str, config: dict, status: str = "failed") -> dict:
-    """A record with every required field present; measurements null until filled."""
+def empty_record(run_id: str, config: dict, status: str = "failed", precision: Optional[str] = None) -> dict:
+    """A record with every required field present; measurements null until filled.
+    `precision`: what ran where the config says auto (Plan.cfg.run.precision)."""
     fw, mc, run = config.get("framework", {}), config.get("model", {}), config.get("run", {})
     return {
         "schema": SCHEMA,
@@ -62,7 +63,7 @@ def empty_record(run_id: str, config: dict, status: str = "failed") -> dict:
         "model": {"name": mc.get("name"), "preset": mc.get("name"), "kind": mc.get("kind"),
                   "params": None},
         "parallel": None,
-        "precision": run.get("precision"),
+        "precision": precision or run.get("precision"),
         "seed": run.get("seed"),
         "env": None,
         "timing": None,

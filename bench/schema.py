@@ -190,7 +190,7 @@ class RunCfg(Strict):
     global_batch: PositiveInt = 8
     micro_batch: Optional[PositiveInt] = None
     seed: NonNegativeInt = 0
-    precision: Literal[PRECISIONS] = "fp32"  # type: ignore[valid-type]
+    precision: Literal[("auto",) + PRECISIONS] = "auto"  # type: ignore[valid-type]  # auto: bench.device.auto_precision
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: Annotated[float, Field(gt=0)] = 900
     pg_timeout_s: Annotated[float, Field(gt=0)] = 300

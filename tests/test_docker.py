@@ -1,6 +1,6 @@
 """The project's images: Dockerfiles lint clean (hadolint), run as a non-root user, pin what
 they install, and copy only files that exist. Building them needs an engine (see
-docker/build_cpu_podman.sh for a build without one)."""
+docker/build_podman.sh for a build without one)."""
 import re
 import subprocess
 import sys

@@ -27,8 +27,13 @@ NATIVE = {"bf16": ("bf16", "bfloat16"), "fp16": ("fp16", "float16")}
 
 @pytest.fixture(scope="module")
 def fp32(tmp_path_factory) -> list[float]:
+    """The default precision (auto) on CPU: fp32, and the record says both what ran and what
+    was asked."""
     _, rec = run_record(tmp_path_factory.mktemp("fp32") / "r", "framework=ddp", *STEPS)
     assert rec["status"] == "ok", rec.get("error")
+    assert rec["precision"] == "fp32" and rec["config"]["run"]["precision"] == "auto"
+    how = rec["framework"]["native_config"]["mixed_precision"]
+    assert how.startswith("none") and not any(w in how for w in NATIVE["bf16"] + NATIVE["fp16"]), how
     return [l for _, l in rec["convergence"]["train_loss"]]
 
 

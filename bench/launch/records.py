@@ -40,7 +40,7 @@ def stopped_result(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> di
 
 def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> dict:
     from bench.envinfo import ENV_ALLOWLIST
-    record = empty_record(run_id, plan.raw, status=status)
+    record = empty_record(run_id, plan.raw, status=status, precision=plan.cfg.run.precision)
     record["error"] = error
     record["parallel"] = plan.dims.as_dict()
     record.setdefault("env", {})

@@ -128,7 +128,7 @@ def _record_failure(plan: Plan, run_dir: Path, rank: int, exc: BaseException) ->
     path = run_dir / RESULT_FILE
     if path.exists() and load_result(path).get("status") == "ok":
         return
-    record = empty_record(run_dir.name, plan.raw, status="failed")
+    record = empty_record(run_dir.name, plan.raw, status="failed", precision=plan.cfg.run.precision)
     record["error"] = error_info(type(exc).__name__, str(exc) or type(exc).__name__, rank,
                                  traceback="".join(traceback.format_exception(exc))[-4000:])
     record["parallel"] = plan.dims.as_dict()
