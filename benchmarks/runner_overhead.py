@@ -1,8 +1,11 @@
 """Does the harness cost throughput? Compares `bench run` (the runner) with a bare,
-hand-written DDP loop on the same model, batch, data, optimizer and thread count, alternating
-them in one session, and prints the ratio of median samples/s (target >= 0.99).
+hand-written DDP loop on the same model, batch, data, optimizer, precision (fp32) and thread
+count, alternating them in one session, and prints the ratio of median samples/s (target >= 0.99).
+On CUDA (NCCL, one GPU per rank) it also compares the runner's peak allocated memory with the
+bare loop's `torch.cuda.memory_stats()["allocated_bytes.all.peak"]` (both reset after set-up).
 
-    .venv/bin/python benchmarks/runner_overhead.py [--model gpt2_tiny] [--nproc 2] [--steps 40] [--repeats 3]
+    .venv/bin/python benchmarks/runner_overhead.py [--model gpt2_tiny] [--nproc 2] [--steps 40]
+        [--repeats 3] [--device cpu|cuda] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, steps: int,
-               warmup: int, threads: int, out: str) -> None:
+               warmup: int, threads: int, out: str, device_type: str) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -31,14 +34,20 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
 
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=nproc)
-    cfg = plan_from_overrides([f"model={model}"]).cfg
+    cuda = device_type == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=nproc)
+    cfg = plan_from_overrides([f"model={model}", "run.precision=fp32"]).cfg
     torch.manual_seed(0)
     spec = models.build(cfg.model)
-    model = DDP(spec.build(), gradient_as_bucket_view=True)
+    model = DDP(spec.build().to(device), gradient_as_bucket_view=True, device_ids=[rank] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     local = global_batch // nproc
-    data = models.SyntheticData(spec, 0, global_batch, rank, local, 4, torch.device("cpu"))
+    data = models.SyntheticData(spec, 0, global_batch, rank, local, 4, device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     times = []
     t_prev = time.perf_counter()
     for step in range(warmup + steps):
@@ -46,19 +55,23 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if cuda:   # the runner's step boundary on CUDA: the compute stream, not the device
+            torch.cuda.current_stream(device).synchronize()
         t = time.perf_counter()
         if step >= warmup:
             times.append(t - t_prev)
         t_prev = t
+    peak = torch.cuda.memory_stats(device)["allocated_bytes.all.peak"] if cuda else None
     gathered = [None] * nproc
-    dist.all_gather_object(gathered, times)
+    dist.all_gather_object(gathered, (times, peak))
     if rank == 0:
-        step_max = [max(g[i] for g in gathered) for i in range(steps)]
-        Path(out).write_text(json.dumps(global_batch / statistics.median(step_max)))
+        step_max = [max(g[0][i] for g in gathered) for i in range(steps)]
+        Path(out).write_text(json.dumps({"samples_per_s": global_batch / statistics.median(step_max),
+                                         "peak_allocated_bytes": [g[1] for g in gathered]}))
     dist.destroy_process_group()
 
 
-def bare(model: str, nproc: int, global_batch: int, steps: int, warmup: int) -> float:
+def bare(model: str, nproc: int, global_batch: int, steps: int, warmup: int, device: str = "cpu") -> dict:
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,18 +80,21 @@ def bare(model: str, nproc: int, global_batch: int, steps: int, warmup: int) -> 
     os.environ["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory() as d:
         out = f"{d}/sps.json"
-        mp.start_processes(_bare_rank, args=(nproc, port, model, global_batch, steps, warmup, threads, out),
+        mp.start_processes(_bare_rank, args=(nproc, port, model, global_batch, steps, warmup, threads, out, device),
                            nprocs=nproc, start_method="spawn")
         return json.loads(Path(out).read_text())
 
 
-def harness(model: str, nproc: int, global_batch: int, steps: int, warmup: int) -> float:
+def harness(model: str, nproc: int, global_batch: int, steps: int, warmup: int, device: str = "cpu") -> dict:
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-m", "bench.cli", "run", "framework=ddp", f"model={model}",
                f"launcher.nproc={nproc}", f"run.global_batch={global_batch}", f"run.measure_steps={steps}",
-               f"run.warmup_steps={warmup}", "logger=none", "run.progress=false", f"run.dir={d}/r"]
+               f"run.warmup_steps={warmup}", "run.precision=fp32", f"run.device={device}",
+               "run.comm_profile=false", "logger=none", "run.progress=false", f"run.dir={d}/r"]
         subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, stdin=subprocess.DEVNULL)
-        return json.loads(Path(f"{d}/r/result.json").read_text())["throughput"]["samples_per_s"]
+        rec = json.loads(Path(f"{d}/r/result.json").read_text())
+        return {"samples_per_s": rec["throughput"]["samples_per_s"],
+                "peak_allocated_bytes": [r["peak_allocated_bytes"] for r in rec["memory"]["per_rank"]]}
 
 
 def main() -> None:
@@ -89,16 +105,32 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--json", type=Path, help="also write the measurements here")
     a = ap.parse_args()
-    bare_sps, harness_sps = [], []
+    bare_runs, harness_runs = [], []
     for i in range(a.repeats):  # alternate so drift affects both equally
-        bare_sps.append(bare(a.model, a.nproc, a.global_batch, a.steps, a.warmup))
-        harness_sps.append(harness(a.model, a.nproc, a.global_batch, a.steps, a.warmup))
-        print(f"repeat {i}: bare {bare_sps[-1]:.2f} samples/s, runner {harness_sps[-1]:.2f} samples/s")
-    ratio = statistics.median(harness_sps) / statistics.median(bare_sps)
-    print(f"{a.model} x{a.nproc} ranks, global batch {a.global_batch}, {a.steps} steps, {a.repeats} repeats")
-    print(f"median bare {statistics.median(bare_sps):.2f} samples/s, runner {statistics.median(harness_sps):.2f} samples/s")
+        bare_runs.append(bare(a.model, a.nproc, a.global_batch, a.steps, a.warmup, a.device))
+        harness_runs.append(harness(a.model, a.nproc, a.global_batch, a.steps, a.warmup, a.device))
+        print(f"repeat {i}: bare {bare_runs[-1]['samples_per_s']:.2f} samples/s, "
+              f"runner {harness_runs[-1]['samples_per_s']:.2f} samples/s")
+    bare_sps = statistics.median(r["samples_per_s"] for r in bare_runs)
+    harness_sps = statistics.median(r["samples_per_s"] for r in harness_runs)
+    ratio = harness_sps / bare_sps
+    out = {"model": a.model, "nproc": a.nproc, "device": a.device, "global_batch": a.global_batch,
+           "steps": a.steps, "repeats": a.repeats, "bare_samples_per_s": bare_sps,
+           "runner_samples_per_s": harness_sps, "ratio": ratio, "target": 0.99}
+    print(f"{a.model} x{a.nproc} ranks on {a.device}, global batch {a.global_batch}, {a.steps} steps, {a.repeats} repeats")
+    print(f"median bare {bare_sps:.2f} samples/s, runner {harness_sps:.2f} samples/s")
     print(f"runner/bare throughput ratio: {ratio:.3f} (target >= 0.99)")
+    if a.device == "cuda":   # rank 0, last repeat of each: same model, batch, optimizer, reset points
+        runner_peak, bare_peak = harness_runs[-1]["peak_allocated_bytes"][0], bare_runs[-1]["peak_allocated_bytes"][0]
+        out.update(runner_peak_allocated_bytes=runner_peak, bare_memory_stats_peak_bytes=bare_peak,
+                   peak_ratio=runner_peak / bare_peak)
+        print(f"peak allocated: runner {runner_peak / 2**20:.1f} MiB, bare loop memory_stats "
+              f"{bare_peak / 2**20:.1f} MiB (ratio {runner_peak / bare_peak:.3f})")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -41,3 +41,22 @@ def test_scripts_refuse_an_out_dir_with_old_results(tmp_path, script, first_run,
                           cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1 and "already holds a result.json" in proc.stderr, proc.stderr[-2000:]
     assert ("--resume" in proc.stderr) == (script != "fault_matrix.py")   # fault timings are never reused
+
+
+def test_gpu_matrix_refuses_old_results_and_rebases_mfu(tmp_path):
+    """benchmarks/gpu_matrix.py: MFU re-based from the table's peak to the measured one, by hand;
+    the whole matrix (every variant x model x precision) is planned; an OUT with results stops it."""
+    from gpu_matrix import cells, mfu_on_measured_peak, variants
+    assert mfu_on_measured_peak(0.40, 989e12, 700e12) == pytest.approx(0.40 * 989 / 700)
+    assert mfu_on_measured_peak(None, 989e12, 700e12) is None
+    assert mfu_on_measured_peak(0.4, None, 700e12) is None
+    every = variants()
+    assert {"ddp", "deepspeed_zero3_offload", "horovod", "fsdp_full"} <= set(every)
+    planned = cells(every, ["gpt2_small", "resnet50"], ["fp32", "bf16"])
+    assert len(planned) == 4 * len(every) == len(set(planned))
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    (tmp_path / "runs" / "x" / "result.json").write_text('{"status": "ok"}')
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_matrix.py"), "--out", str(tmp_path),
+                           "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1 and "already holds a result.json" in proc.stderr, proc.stderr[-2000:]

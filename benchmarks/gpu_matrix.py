@@ -1,0 +1,154 @@
+"""The first GPU run (issue 16), in one command: on one GPU at world size 1 (NCCL), every
+framework variant in fp32 and bf16 on gpt2_small and resnet50, then the checks that need a GPU:
+
+- matmul peak measured on this GPU (bf16, TF32, fp32) beside the hardware table's row,
+  and every run's MFU re-based on the measured peak;
+- harness/bare-loop throughput ratio and peak memory against torch.cuda.memory_stats
+  (benchmarks/runner_overhead.py --device cuda);
+- ZeRO-Offload with DeepSpeed's cpu_adam (deepspeed_zero3_offload is one of the variants);
+- the error for 2 ranks on 1 GPU.
+
+Writes OUT/runs/ (one result.json per cell), OUT/report/ (`bench report`), OUT/checks.json and
+OUT/COMMANDS.md (every command as run). A variant that cannot run at one rank (pipeline stages,
+tensor-parallel shards) is listed with the reason `bench run` gives.
+
+    python benchmarks/gpu_matrix.py --out reports/gpu-h100
+    python benchmarks/gpu_matrix.py --out /tmp/m --device cpu --models gpt2_tiny \\
+        --frameworks ddp,deepspeed_zero3_offload --steps 3            # the same path on CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runs import StaleResult
+
+REPO = Path(__file__).resolve().parents[1]
+
+MODELS = ("gpt2_small", "resnet50")
+PRECISIONS = ("fp32", "bf16")
+
+
+def variants() -> list[str]:
+    return sorted(p.stem for p in (REPO / "conf" / "framework").glob("*.yaml"))
+
+
+def cells(frameworks: list[str], models: list[str], precisions: list[str]) -> list[tuple[str, str, str]]:
+    return [(f, m, p) for m in models for p in precisions for f in frameworks]
+
+
+def mfu_on_measured_peak(mfu: float | None, table_peak: float | None, measured_peak: float | None) -> float | None:
+    """A run's MFU re-based from the table's peak to the peak measured on this device."""
+    if mfu is None or not table_peak or not measured_peak:
+        return None
+    return mfu * table_peak / measured_peak
+
+
+def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.0) -> float:
+    """Dense matmul FLOP/s measured here: n x n x n products back to back for ~seconds."""
+    import torch
+    dtype = {"bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[dtype_name]
+    torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
+    if device == "cpu":
+        n = 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(3):
+        a @ b
+    sync()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(10):
+            a @ b
+        count += 10
+        sync()
+    return 2 * n ** 3 * count / (time.perf_counter() - start)
+
+
+def bench(args: list[str], log: list[str], timeout: float) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "bench.cli", *args]
+    log.append(" ".join(["bench", *args]))
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--precisions", default=",".join(PRECISIONS))
+    ap.add_argument("--frameworks", default="all", help="comma list, or all (every conf/framework variant)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    a = ap.parse_args()
+    runs = a.out / "runs"
+    if runs.exists() and any(runs.rglob("result.json")):
+        raise StaleResult(f"{runs} already holds a result.json from an earlier run: choose an empty --out")
+    a.out.mkdir(parents=True, exist_ok=True)
+    frameworks = variants() if a.frameworks == "all" else a.frameworks.split(",")
+    common = [f"run.device={a.device}", "launcher.nproc=1", f"run.global_batch={a.global_batch}",
+              f"run.measure_steps={a.steps}", "run.warmup_steps=3", "logger=none", "run.progress=false",
+              f"run.timeout_s={a.timeout}"]
+    log: list[str] = []
+    checks: dict = {"device": a.device, "cells": []}
+
+    import torch
+    if a.device == "cuda":
+        checks["gpu"] = torch.cuda.get_device_name(0)
+    dtypes = ("bf16", "tf32", "fp32") if a.device == "cuda" else ("bf16", "fp32")   # flops.peak_dtype's values
+    checks["matmul_peak_flops"] = {d: matmul_peak(a.device, d) for d in dtypes}
+    print("measured matmul peak:", {k: f"{v / 1e12:.1f} TFLOP/s" for k, v in checks["matmul_peak_flops"].items()})
+
+    todo = cells(frameworks, a.models.split(","), a.precisions.split(","))
+    for i, (fw, model, prec) in enumerate(todo, 1):
+        d = runs / f"{fw}-{model}-{prec}"
+        bench(["run", f"framework={fw}", f"model={model}", f"run.precision={prec}", f"run.dir={d}", *common],
+              log, a.timeout + 60)
+        rec = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
+        row = {"framework": fw, "model": model, "precision": prec,
+               "status": rec["status"] if rec else "no result (refused before a run: see COMMANDS.md)"}
+        if rec and rec["status"] == "ok":
+            flops = rec.get("flops") or {}
+            measured = checks["matmul_peak_flops"].get(flops.get("peak_dtype"))
+            row.update(samples_per_s=rec["throughput"]["samples_per_s"], mfu=rec.get("mfu"),
+                       peak_dtype=flops.get("peak_dtype"), table_peak=flops.get("peak_per_device"),
+                       peak_source=flops.get("peak_source"),
+                       mfu_measured_peak=mfu_on_measured_peak(rec.get("mfu"), flops.get("peak_per_device"), measured),
+                       peak_allocated_bytes=rec["memory"]["per_rank"][0].get("peak_allocated_bytes"),
+                       energy_per_sample_j=(rec.get("gpu") or {}).get("energy_per_sample_j"))
+        elif rec:
+            row["error"] = (rec.get("error") or {}).get("message", "")[:300]
+        checks["cells"].append(row)
+        print(f"[{i}/{len(todo)}] {fw} {model} {prec}: {row['status']}", flush=True)
+
+    if a.device == "cuda":   # 2 ranks on one GPU must be refused with the reason
+        d = runs / "nproc2-on-one-gpu"
+        bench(["run", "framework=ddp", "model=gpt2_small", f"run.dir={d}", *common[:1], "launcher.nproc=2",
+               *common[2:]], log, a.timeout)
+        rec = json.loads((d / "result.json").read_text())
+        checks["nproc2_on_one_gpu"] = {"status": rec["status"], "message": (rec.get("error") or {}).get("message")}
+        print("2 ranks on 1 GPU:", checks["nproc2_on_one_gpu"])
+    overhead = a.out / "runner_overhead.json"
+    cmd = [sys.executable, "benchmarks/runner_overhead.py", "--model", a.models.split(",")[0], "--nproc", "1",
+           "--device", a.device, "--steps", str(max(a.steps, 5)), "--repeats", "3", "--json", str(overhead)]
+    log.append(" ".join(["python", *cmd[1:]]))
+    subprocess.run(cmd, cwd=REPO, check=True, timeout=3 * 2 * (a.timeout + 60))
+    checks["runner_overhead"] = json.loads(overhead.read_text())
+    bench(["report", str(runs), "--out", str(a.out / "report")], log, 600)
+    (a.out / "checks.json").write_text(json.dumps(checks, indent=1))
+    (a.out / "COMMANDS.md").write_text("# Commands, as run by benchmarks/gpu_matrix.py\n\n```\n"
+                                       + " ".join(["python", *sys.argv]) + "\n" + "\n".join(log) + "\n```\n")
+    bad = [c for c in checks["cells"] if c["status"] not in ("ok", "unsupported")]
+    print(f"{len(checks['cells']) - len(bad)}/{len(checks['cells'])} cells ok or unsupported with a reason; "
+          f"runner/bare {checks['runner_overhead']['ratio']:.3f}; written to {a.out}")
+    return int(bool(bad))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
