@@ -173,3 +173,20 @@ def test_flops_table_shows_mfu_hfu_method_and_peak(tmp_path):
             "checkpointing per block | 9.894e+14 | bf16 | conf/hardware gpu_table[H100] bf16 |") in section
     assert "| plain |" not in section
     assert "FLOPs: MFU, HFU and the peak behind them" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_an_auto_precision_config_is_one_configuration_per_precision_that_ran():
+    """run.precision=auto runs bf16 on a GPU and fp32 on a CPU: the same config, not repeats of
+    one configuration (config_id and the scaling group follow the record's precision)."""
+    from bench.report.frame import summary_row
+    rows = {}
+    for name, ran in (("gpu_a", "bf16"), ("gpu_b", "bf16"), ("cpu", "fp32")):
+        rec = make_record(name)
+        rec["config"]["run"].update(precision="auto", dir="x")
+        rec["precision"] = ran
+        rows[name] = summary_row(rec)
+    assert rows["gpu_a"]["config_id"] == rows["gpu_b"]["config_id"] != rows["cpu"]["config_id"]
+    assert rows["gpu_a"]["scaling_group"] != rows["cpu"]["scaling_group"]
+    assert rows["cpu"]["precision"] == "fp32"
+    # an explicit precision is left as it is
+    assert summary_row(make_record("x"))["config_id"] == summary_row(make_record("y"))["config_id"]

@@ -44,6 +44,15 @@ def config_id(config: dict, drop: set = frozenset()) -> str:
     return hashlib.sha1(_canonical(_strip(config or {}, VOLATILE | set(drop)))).hexdigest()[:10]
 
 
+def as_run(config: dict, record: dict) -> dict:
+    """The config as it ran: run.precision=auto replaced by the precision the record says ran,
+    so runs of one `auto` config on a GPU (bf16) and a CPU (fp32) are not repeats of each other."""
+    run = config.get("run") or {}
+    if run.get("precision") == "auto" and record.get("precision"):
+        return {**config, "run": {**run, "precision": record["precision"]}}
+    return config
+
+
 def _peak_memory(record: dict):
     peaks = []
     for m in (record.get("memory") or {}).get("per_rank") or []:
@@ -116,7 +125,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         "stragglers": ",".join(map(str, (record.get("stragglers") or {}).get("flagged") or [])) or None,
         "error_type": err.get("type"), "error_rank": err.get("rank"),
         "error_message": (err.get("message") or "").strip().splitlines()[0][:300] if err.get("message") else None,
-        "config_id": config_id(cfg), "scaling_group": config_id(cfg, SCALING_FREE),
+        "config_id": config_id(as_run(cfg, record)), "scaling_group": config_id(as_run(cfg, record), SCALING_FREE),
         "path": path,
     }
 
