@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -70,10 +71,17 @@ def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.
     return 2 * n ** 3 * count / (time.perf_counter() - start)
 
 
-def bench(args: list[str], log: list[str], timeout: float) -> subprocess.CompletedProcess:
+def bench(args: list[str], log: list[str], timeout: float, env: dict | None = None) -> str:
+    """Run `bench ARGS`; '' when it exited, else why not (its last error line, or the timeout)."""
     cmd = [sys.executable, "-m", "bench.cli", *args]
-    log.append(" ".join(["bench", *args]))
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    log.append(" ".join([*(f"{k}={v}" for k, v in (env or {}).items()), "bench", *args]))
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired:
+        return f"no result: bench ran past {timeout:g} s"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return lines[-1][:300] if proc.returncode and lines else ""
 
 
 def main() -> int:
@@ -108,11 +116,12 @@ def main() -> int:
     todo = cells(frameworks, a.models.split(","), a.precisions.split(","))
     for i, (fw, model, prec) in enumerate(todo, 1):
         d = runs / f"{fw}-{model}-{prec}"
-        bench(["run", f"framework={fw}", f"model={model}", f"run.precision={prec}", f"run.dir={d}", *common],
-              log, a.timeout + 60)
+        why = bench(["run", f"framework={fw}", f"model={model}", f"run.precision={prec}", f"run.dir={d}", *common],
+                    log, a.timeout + 60)
         rec = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
-        row = {"framework": fw, "model": model, "precision": prec,
-               "status": rec["status"] if rec else "no result (refused before a run: see COMMANDS.md)"}
+        row = {"framework": fw, "model": model, "precision": prec, "status": rec["status"] if rec else "no result"}
+        if rec is None:
+            row["error"] = why   # refused before a run (exit 2: the config's one line), or the timeout
         if rec and rec["status"] == "ok":
             flops = rec.get("flops") or {}
             measured = checks["matmul_peak_flops"].get(flops.get("peak_dtype"))
@@ -125,29 +134,43 @@ def main() -> int:
         elif rec:
             row["error"] = (rec.get("error") or {}).get("message", "")[:300]
         checks["cells"].append(row)
+        save(a.out, checks)   # a matrix stopped half-way keeps the rows it made
         print(f"[{i}/{len(todo)}] {fw} {model} {prec}: {row['status']}", flush=True)
 
     if a.device == "cuda":   # 2 ranks on one GPU must be refused with the reason
         d = runs / "nproc2-on-one-gpu"
-        bench(["run", "framework=ddp", "model=gpt2_small", f"run.dir={d}", *common[:1], "launcher.nproc=2",
-               *common[2:]], log, a.timeout)
-        rec = json.loads((d / "result.json").read_text())
-        checks["nproc2_on_one_gpu"] = {"status": rec["status"], "message": (rec.get("error") or {}).get("message")}
+        why = bench(["run", "framework=ddp", "model=gpt2_small", f"run.dir={d}", *common[:1], "launcher.nproc=2",
+                     *common[2:]], log, a.timeout, env={"CUDA_VISIBLE_DEVICES": "0"})
+        rec = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else {}
+        checks["nproc2_on_one_gpu"] = {"status": rec.get("status", "no result"),
+                                       "message": (rec.get("error") or {}).get("message") or why}
         print("2 ranks on 1 GPU:", checks["nproc2_on_one_gpu"])
     overhead = a.out / "runner_overhead.json"
     cmd = [sys.executable, "benchmarks/runner_overhead.py", "--model", a.models.split(",")[0], "--nproc", "1",
            "--device", a.device, "--steps", str(max(a.steps, 5)), "--repeats", "3", "--json", str(overhead)]
     log.append(" ".join(["python", *cmd[1:]]))
-    subprocess.run(cmd, cwd=REPO, check=True, timeout=3 * 2 * (a.timeout + 60))
-    checks["runner_overhead"] = json.loads(overhead.read_text())
-    bench(["report", str(runs), "--out", str(a.out / "report")], log, 600)
-    (a.out / "checks.json").write_text(json.dumps(checks, indent=1))
+    try:
+        subprocess.run(cmd, cwd=REPO, check=True, timeout=3 * 2 * (a.timeout + 60))
+        checks["runner_overhead"] = json.loads(overhead.read_text())
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        checks["runner_overhead"] = {"error": str(exc)}
+    report_error = bench(["report", str(runs), "--out", str(a.out / "report")], log, 600)
+    if report_error:
+        checks["report_error"] = report_error
+    save(a.out, checks)
     (a.out / "COMMANDS.md").write_text("# Commands, as run by benchmarks/gpu_matrix.py\n\n```\n"
                                        + " ".join(["python", *sys.argv]) + "\n" + "\n".join(log) + "\n```\n")
     bad = [c for c in checks["cells"] if c["status"] not in ("ok", "unsupported")]
+    ratio = checks["runner_overhead"].get("ratio")
     print(f"{len(checks['cells']) - len(bad)}/{len(checks['cells'])} cells ok or unsupported with a reason; "
-          f"runner/bare {checks['runner_overhead']['ratio']:.3f}; written to {a.out}")
-    return int(bool(bad))
+          f"runner/bare {ratio if ratio is None else round(ratio, 3)}; written to {a.out}")
+    return int(bool(bad) or ratio is None or bool(report_error))
+
+
+def save(out: Path, checks: dict) -> None:
+    tmp = out / "checks.json.tmp"
+    tmp.write_text(json.dumps(checks, indent=1))
+    tmp.replace(out / "checks.json")
 
 
 if __name__ == "__main__":
