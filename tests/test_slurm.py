@@ -105,7 +105,9 @@ def test_time_limit_warning_stops_cleanly_and_requeue_reruns_the_cell(slurm, tmp
     assert proc.returncode == 0, proc.stderr[-2000:]
     job, cells = manifest.meta(sweep)["jobs"][0], manifest.read(sweep)
     long_result, short_result = (sweep / c.id / "result.json" for c in cells)
-    wait_until_training(sweep / cells[0].id, ranks=1)
+    # 6 s, not 2: on a loaded CI machine the warm-up step alone took >2 s and the stop came
+    # before any measured step (the cell runs 3000 steps, so waiting longer cannot end it)
+    wait_until_training(sweep / cells[0].id, ranks=1, steps_s=6.0)
     subprocess.run(["timeout", "10", "scancel", "--batch", "--signal=USR1", f"{job}_0"], check=True)
     assert wait_done(sweep) == {0: "timeout", 1: "failed"}
     first = json.loads(long_result.read_text())
