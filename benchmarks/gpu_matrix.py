@@ -53,12 +53,13 @@ def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.
     """Dense matmul FLOP/s measured here: n x n x n products back to back for ~seconds."""
     import torch
     dtype = {"bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[dtype_name]
+    if device == "cpu":   # the probe the runs' own CPU MFU uses
+        from bench.hardware import probe_cpu_matmul
+        return probe_cpu_matmul(torch.get_num_threads(), dtype, seconds=seconds)
     torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
-    if device == "cpu":
-        n = 1024
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize
     for _ in range(3):
         a @ b
     sync()
