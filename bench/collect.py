@@ -96,7 +96,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     if isinstance(native, dict):
         native.setdefault("mixed_precision", adapter.precision_summary())
     record["framework"].update(version=desc.get("version"), native_config=native,
-                               taxonomy=plan.adapter_cls.taxonomy(plan.options))
+                               taxonomy=plan.adapter_cls.taxonomy(plan.options),
+                               grad_reduce_dtype=plan.adapter_cls.grad_reduce_dtype(plan.options, ctx.precision))
 
     step_times = global_step_times([g["step_time_s"] for g in gathered])
     stats = summarize(step_times)

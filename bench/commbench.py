@@ -166,9 +166,9 @@ def run(args: list[str]) -> int:
     out = Path(opts["out"])
     out.mkdir(parents=True, exist_ok=True)
     device = "cuda" if opts["device"] == "cuda" else "cpu"
-    if opts["device"] == "auto":
-        import torch
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if opts["device"] == "auto":     # NVML, not CUDA: CPU ranks are forked from here
+        from bench.gpus import visible_gpus
+        device = "cuda" if visible_gpus().available else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.join(tmp, "ranks.json")
         try:

@@ -32,16 +32,16 @@ def gpus_expected(environ=os.environ) -> Optional[str]:
 
 
 def resolve_device(requested: str, cuda_available: bool, environ=os.environ,
-                   torch_cuda: Optional[str] = None) -> str:
+                   torch_cuda: Optional[str] = None, unusable: Optional[str] = None) -> str:
     """'cuda' or 'cpu' for run.device = auto | cpu | cuda; ConfigError where GPUs were asked
-    for and CUDA is not available."""
+    for and CUDA is not available (`unusable`: why, where it is known, e.g. a driver too old)."""
     if requested == "cpu":
         return "cpu"
     if cuda_available:
         return "cuda"
     build = f"torch built for CUDA {torch_cuda}" if torch_cuda else "a CPU-only torch build"
-    why = ("a container started without GPUs (--gpus / --nv / pyxis), a driver older than "
-           f"{build} needs, or CUDA_VISIBLE_DEVICES hiding them")
+    why = unusable or ("a container started without GPUs (--gpus / --nv / pyxis), a driver older than "
+                       f"{build} needs, or CUDA_VISIBLE_DEVICES hiding them")
     if requested == "cuda":
         raise ConfigError(f"run.device=cuda but CUDA is not available in this process: {why}")
     hint = gpus_expected(environ)
@@ -51,26 +51,41 @@ def resolve_device(requested: str, cuda_available: bool, environ=os.environ,
     return "cpu"
 
 
+def launcher_device(requested: str, environ=os.environ) -> str:
+    """resolve_device for a process that forks afterwards (launcher, sweep, advise): the GPUs as
+    NVML sees them (bench.gpus), never a CUDA context here."""
+    if requested == "cpu":
+        return "cpu"
+    import torch
+
+    from bench.gpus import visible_gpus
+    info = visible_gpus()
+    return resolve_device(requested, info.available, environ, torch_cuda=torch.version.cuda, unusable=info.unusable)
+
+
 def auto_precision(device_type: str, bf16_supported: bool) -> str:
-    """run.precision=auto: bf16 autocast on a GPU that has bf16 (Ampere and later), fp32
-    elsewhere (CPU, older GPUs: their fp16 needs loss scaling that several frameworks here do
-    not have). The record keeps both: `precision` is what ran, config.run.precision says auto."""
+    """run.precision=auto: bf16 autocast on a GPU with bf16 in hardware (Ampere and later, not
+    emulated: bench.gpus.bf16_native), fp32 elsewhere (CPU, V100, T4: their fp16 needs loss
+    scaling that several frameworks here do not have). The record keeps both: `precision` is
+    what ran, config.run.precision says auto."""
     return "bf16" if device_type == "cuda" and bf16_supported else "fp32"
 
 
 def planned_precision(run_cfg: dict) -> str:
     """The precision a run of this config trains in: run.precision, or auto resolved on this
-    machine's device (run.device, or auto: CUDA where available). A device that cannot be had
-    (GPUs asked for, none usable) is the launcher's `no_gpu` result, not an error here."""
+    machine's device (run.device, or auto: CUDA where available). Asked of NVML, not CUDA: the
+    process deciding this forks afterwards (bench.gpus). A device that cannot be had (GPUs asked
+    for, none usable) is the launcher's `no_gpu` result, not an error here."""
     requested = run_cfg.get("precision", "auto")
     if requested != "auto":
         return requested
     if run_cfg.get("device", "auto") == "cpu":
         return auto_precision("cpu", False)
-    import torch
-    if not torch.cuda.is_available():
+    from bench.gpus import bf16_native, visible_gpus
+    info = visible_gpus()
+    if not info.available:
         return auto_precision("cpu", False)
-    return auto_precision("cuda", torch.cuda.is_bf16_supported())
+    return auto_precision("cuda", bf16_native([g.capability for g in info.gpus], info.hip))
 
 
 def cuda_index(local_rank: int, visible: int) -> int:

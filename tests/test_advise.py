@@ -44,6 +44,40 @@ def test_memory_estimate_by_hand(layout, expected):
     assert got["total"] == sum(expected)
 
 
+@pytest.mark.parametrize("layout,expected", [
+    # bf16. DDP: fp32 params + grads, autocast's 2-byte weight copies (2P) as a buffer
+    (Layout("ddp", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 2000)),
+    # DeepSpeed's bf16 engine: 2-byte params and grads, AdamW + fp32 master copy = 12 B/param sharded;
+    # fp32 gradient partition 4P/4 + the bucket in bf16 (2P)
+    (Layout("deepspeed_zero2", dp=4, micro_batch=2), (2000, 500, 3000, 2000, 1000 + 2000)),
+    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (500, 500, 3000, 2000, 2 * 2 * 400)),
+    # FSDP2: fp32 shards, units gathered in bf16 (2 B x 200)
+    (Layout("fsdp_full", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 400)),
+])
+def test_memory_estimate_at_bf16_by_hand(layout, expected):
+    got = estimate(layout, PROF, "adamw", precision="bf16")
+    assert tuple(got[k] for k in ("params", "grads", "optimizer", "activations", "buffers")) == expected
+
+
+@pytest.mark.parametrize("framework,expected", [
+    ("ddp", {"all_reduce": 1.0}),
+    ("fsdp_full", {"all_gather": 1.0, "reduce_scatter": 1.0}),        # 2 gathers in bf16, reduce in fp32
+    ("fsdp_grad_op", {"all_gather": 0.5, "reduce_scatter": 1.0}),
+    ("deepspeed_zero1", {"all_reduce": 0.5, "all_gather": 0.5}),       # the engine reduces in bf16
+    ("deepspeed_zero2", {"all_reduce": 0.5, "all_gather": 0.5}),
+    ("deepspeed_zero3", {"all_gather": 0.5, "reduce_scatter": 0.5}),
+    ("tensor_parallel", {"all_gather": 1.0, "reduce_scatter": 1.0}),
+    ("pipeline_1f1b", {"all_reduce": 1.0}),
+])
+def test_advise_payloads_at_bf16(framework, expected):
+    """advise's communication model at bf16 (it raised 'no analytic communication model' for
+    FSDP2 and ZeRO-1/2 at any precision but fp32)."""
+    from bench.advise.command import dp_payload
+    over = [f"framework={framework}", "model=gpt2_tiny", "launcher.nproc=4", "run.global_batch=8",
+            "run.precision=bf16"]
+    assert dp_payload({"framework": framework, "overrides": over}) == expected
+
+
 def test_memory_estimate_optimizer_and_unknown_framework():
     assert estimate(Layout("ddp", dp=1), PROF, "sgd", momentum=0.9)["optimizer"] == 4000
     assert estimate(Layout("ddp", dp=1), PROF, "sgd")["optimizer"] == 0
@@ -248,3 +282,18 @@ def test_collect_recommends_the_first_to_reach_the_target_when_there_is_one():
     state = {"candidates": [cand(1, 0.1), cand(2, 0.2)]}
     collect(state, [rec(0.1, None), rec(0.3, 5.0)])
     assert state["recommendation"]["id"] == "c1" and state["recommendation"]["by"] == "step_s"
+
+
+def test_default_network_and_devices_per_node_follow_the_device():
+    """network=auto: gloo's calibration on CPU, a reference NVLink + InfiniBand cluster on GPUs
+    (the CPU's gloo figures priced NCCL ~100x too slow); per node: the visible GPUs, so the
+    tp <= devices-per-node check holds (local_gloo's 64 switched it off)."""
+    from bench.advise.command import default_network, devices_per_node, parse
+    from bench.network.model import load
+    assert parse(["model=gpt2_tiny", "devices=2"])[0]["network"] == "auto"
+    assert default_network("cpu") == "local_gloo" and default_network("cuda") == "dgx_h100"
+    gpu_net = load(default_network("cuda"))
+    assert gpu_net.dims[0].size == 8 and gpu_net.dims[0].bandwidth / load("local_gloo").dims[0].bandwidth > 100
+    assert devices_per_node(None, "cuda", 4, gpu_net) == (4, "GPUs visible on this node")
+    assert devices_per_node(2, "cuda", 4, gpu_net) == (2, "devices_per_node")
+    assert devices_per_node(None, "cpu", 0, load("local_gloo")) == (64, "network local_gloo")

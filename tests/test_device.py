@@ -112,8 +112,6 @@ def test_attention_defaults_to_sdpa_on_cuda_and_is_recorded():
 def test_precision_auto_is_bf16_on_a_bf16_gpu_and_fp32_elsewhere(monkeypatch):
     """run.precision=auto (the default): the decision, and validate() applying it while the
     plan's raw config keeps what was asked (the record's config says auto, `precision` what ran)."""
-    import torch
-
     from bench.config import plan_from_overrides
     from bench.device import auto_precision, planned_precision
     assert auto_precision("cuda", True) == "bf16"
@@ -121,13 +119,15 @@ def test_precision_auto_is_bf16_on_a_bf16_gpu_and_fp32_elsewhere(monkeypatch):
     assert auto_precision("cpu", True) == "fp32"
     assert planned_precision({"precision": "fp16", "device": "cuda"}) == "fp16"   # asked: kept
     assert planned_precision({"precision": "auto", "device": "cpu"}) == "fp32"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert planned_precision({"precision": "auto", "device": "auto"}) == "fp32"   # no GPU here
+    import bench.gpus
+    h100 = bench.gpus.GpuInfo((bench.gpus.Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 << 30),), "test")
+    monkeypatch.setattr(bench.gpus, "visible_gpus", lambda: h100)     # NVML's answer on an H100 node
     assert planned_precision({"precision": "auto", "device": "auto"}) == "bf16"
     assert planned_precision({"precision": "auto", "device": "cpu"}) == "fp32"   # deliberate CPU
     plan = plan_from_overrides(["model=gpt2_tiny"])
     assert plan.cfg.run.precision == "bf16" and plan.raw["run"]["precision"] == "auto"
     plan = plan_from_overrides(["model=gpt2_tiny", "run.precision=fp32"])
     assert plan.cfg.run.precision == "fp32" and plan.raw["run"]["precision"] == "fp32"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(bench.gpus, "visible_gpus", lambda: bench.gpus.GpuInfo((), "test"))
     assert plan_from_overrides(["model=gpt2_tiny"]).cfg.run.precision == "fp32"

@@ -42,11 +42,22 @@ def _deepspeed_cpu_fp16() -> bool:
     return _cpu_fp16_ok()
 
 
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory) -> tuple:
+    """Every framework at bf16 once, in one directory (shared by the precision test and the
+    parity report below)."""
+    root = tmp_path_factory.mktemp("bf16")
+    return root, {fw: run_record(root / fw, f"framework={fw}", "run.precision=bf16", *STEPS) for fw in FRAMEWORKS}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_precision_is_applied_or_refused_with_a_reason(tmp_path, fp32, framework, precision):
-    proc, rec = run_record(tmp_path / "r", f"framework={framework}", f"run.precision={precision}", *STEPS)
+def test_precision_is_applied_or_refused_with_a_reason(tmp_path, fp32, bf16_runs, framework, precision):
+    if precision == "bf16":
+        proc, rec = bf16_runs[1][framework]
+    else:
+        proc, rec = run_record(tmp_path / "r", f"framework={framework}", f"run.precision={precision}", *STEPS)
     assert rec["precision"] == precision and rec["config"]["run"]["precision"] == precision
     words = UNSUPPORTED.get((framework, precision))
     if framework == "deepspeed_zero2" and precision == "fp16" and not _deepspeed_cpu_fp16():
@@ -61,3 +72,37 @@ def test_precision_is_applied_or_refused_with_a_reason(tmp_path, fp32, framework
     assert got != fp32, "bit-identical to fp32: the precision was not applied"
     how = rec["framework"]["native_config"]["mixed_precision"]
     assert any(w in how for w in NATIVE[precision]), how
+    c = rec["comm"]
+    if c["analytic_wire_bytes_per_rank"] is not None:    # the analytic model at this precision: what ran
+        assert c["wire_bytes_per_rank"] == pytest.approx(c["analytic_wire_bytes_per_rank"], rel=1e-4), c["per_step_bytes"]
+
+
+# The gradient-reduction dtype of each framework's recommended recipe at bf16
+GRAD_DTYPE_BF16 = {"deepspeed_zero2": "bf16", "daso": "fp32 in nodes, bf16 parameters across"}
+
+
+@pytest.mark.slow
+def test_parity_flags_a_gradient_reduction_dtype_difference(bf16_runs, tmp_path):
+    """At bf16 DeepSpeed reduces gradients in bf16 (half DDP's bytes), DDP, FSDP2 and Horovod in
+    fp32: summary.csv says so per run, the parity table flags it with the override that
+    equalises, and the equalised variant (communication_data_type=fp32) is not flagged."""
+    import pandas as pd
+
+    from bench.report import build
+    root, runs = bf16_runs
+    for fw, (_, rec) in runs.items():
+        if rec["status"] == "ok":
+            assert rec["framework"]["grad_reduce_dtype"] == GRAD_DTYPE_BF16.get(fw, "fp32"), fw
+    ddp, ds = runs["ddp"][1]["comm"]["per_step_bytes"], runs["deepspeed_zero2"][1]["comm"]["per_step_bytes"]
+    assert ds["all_reduce"] == pytest.approx(ddp["all_reduce"] / 2, abs=16)     # 891,904 (+ a scalar) vs 1,783,808
+    _, eq = run_record(root / "deepspeed_zero2_fp32comm", "framework=deepspeed_zero2", "run.precision=bf16",
+                       "framework.options.communication_data_type=fp32", *STEPS)
+    assert eq["status"] == "ok" and eq["framework"]["grad_reduce_dtype"] == "fp32"
+    assert eq["comm"]["per_step_bytes"]["all_reduce"] == pytest.approx(ddp["all_reduce"], abs=16)
+    rep = build([str(root)], tmp_path / "report", progress=False)
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert "grad_reduce_dtype" in summary.columns
+    flagged = {r.run_id: r.differs for r in rep.parity.itertuples() if r.differs}
+    assert flagged == {"deepspeed_zero2": ["grad_reduce_dtype"], "daso": ["grad_reduce_dtype"]}, flagged
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "framework.options.communication_data_type=fp32" in md

@@ -171,6 +171,13 @@ class Adapter:
         return None
 
     @classmethod
+    def grad_reduce_dtype(cls, options, precision: str) -> str:
+        """The dtype in which gradients cross the network at this run precision (a parity field:
+        at bf16 DeepSpeed reduces in bf16 by default, DDP/FSDP2/Horovod in fp32). Default: the
+        gradients of fp32 parameters under autocast, reduced as they are."""
+        return "fp32"
+
+    @classmethod
     def dry_run_info(cls, options, cfg, dims: ParallelDims) -> dict:
         """What `run.dry_run=true` prints beyond the dims (one CPU process, no process group)."""
         return {}

@@ -107,6 +107,10 @@ class DASOAdapter(Adapter):
                                compression=f"{options.downcast} (global parameters)")
 
     @classmethod
+    def grad_reduce_dtype(cls, options, precision: str) -> str:
+        return "fp32" if options.downcast == "fp32" else f"fp32 in nodes, {options.downcast} parameters across"
+
+    @classmethod
     def check_config(cls, options, cfg, dims) -> None:
         per_node = options.ranks_per_node
         if per_node is not None and dims.world_size % per_node:

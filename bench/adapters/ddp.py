@@ -133,6 +133,10 @@ class DDPAdapter(Adapter):
     def comm_probe_steps(self) -> int:
         return self.options.local_sgd_period if self.options.comm_hook == "post_local_sgd" else 1
 
+    @classmethod
+    def grad_reduce_dtype(cls, options, precision: str) -> str:
+        return {"fp16": "fp16", "bf16": "bf16", "powersgd": "fp32 (PowerSGD low-rank)"}.get(options.comm_hook, "fp32")
+
     def analytic_comm(self) -> AnalyticComm | None:
         if self.options.comm_hook != "none":
             return None

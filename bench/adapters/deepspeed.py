@@ -209,8 +209,14 @@ class DeepSpeedAdapter(Adapter):
             optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum, fp32_master_copy=low),
             shard_optim=s >= 1, shard_grads=s >= 2, shard_params=s >= 3)
 
+    @classmethod
+    def grad_reduce_dtype(cls, options, precision: str) -> str:
+        """communication_data_type, or DeepSpeed's default: the training dtype (bf16 engines reduce in bf16)."""
+        return options.communication_data_type or precision
+
     def analytic_comm(self) -> Optional[AnalyticComm]:
-        """What DeepSpeed 0.19 issues (fp32), per stage:
+        """What DeepSpeed 0.19 issues, per stage (fp32 parameters; at bf16/fp16 gathers move 2-byte
+        parameters and gradients cross in grad_reduce_dtype):
         0: engine.allreduce_gradients -> all-reduce of every gradient bucket.
         1, 2: stage_1_and_2.py average_tensor -> allreduce_and_scatter (use_multi_rank_bucket_allreduce
            defaults to True: gradient buckets are all-reduced, not reduce-scattered), then step ->
@@ -222,15 +228,16 @@ class DeepSpeedAdapter(Adapter):
            (1e9 elements) DeepSpeed must release and re-gather in backward: the analytic line is then
            the upper bound of two gathers (persistent parameters once) - not verified at that size.
         """
-        if self.ctx.precision != "fp32":
-            return None
         s = self.options.stage
-        grads = 0.5 if self.options.communication_data_type in ("fp16", "bf16") else 1.0   # gradient dtype
+        # Psi = fp32 bytes; at bf16/fp16 the engine's parameters (gathered) are 2-byte, and its
+        # gradients cross in communication_data_type, by default the training dtype
+        grads = 1.0 if self.grad_reduce_dtype(self.options, self.ctx.precision) == "fp32" else 0.5
+        param = 1.0 if self.ctx.precision == "fp32" else 0.5
         if s == 0:
             return AnalyticComm({"all_reduce": grads}, "DeepSpeed 0.19 engine.allreduce_gradients",
                                 paper_psi=2.0, paper="ZeRO paper, data parallelism")
         if s in (1, 2):
-            return AnalyticComm({"all_reduce": grads, "all_gather": 1.0},
+            return AnalyticComm({"all_reduce": grads, "all_gather": param},
                                 "DeepSpeed 0.19 stage_1_and_2.py: average_tensor -> allreduce_and_scatter "
                                 "(use_multi_rank_bucket_allreduce=True), step -> all_gather_dp_groups",
                                 paper_psi=2.0, paper=f"ZeRO paper, stage {s}")
@@ -241,7 +248,7 @@ class DeepSpeedAdapter(Adapter):
             persistent = self._persistent_fraction()
             gathers, how = 2.0 - persistent, (f"upper bound: non-persistent parameters gathered in forward and "
                                               f"backward, persistent ones ({persistent:.1%} of Psi) once")
-        return AnalyticComm({"all_gather": gathers, "reduce_scatter": grads},
+        return AnalyticComm({"all_gather": gathers * param, "reduce_scatter": grads},
                             "DeepSpeed 0.19 stage3.py / partitioned_param_coordinator.py: reduce-scatter of "
                             "gradients, all-gather of parameters per module; " + how,
                             paper_psi=3.0, paper="ZeRO paper, stage 3")

@@ -136,15 +136,24 @@ class FSDP2Adapter(Adapter):
             optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
             shard_optim=True, shard_grads=True, shard_params=True)
 
+    @classmethod
+    def grad_reduce_dtype(cls, options, precision: str) -> str:
+        """MixedPrecisionPolicy.reduce_dtype: fp32 (torchtitan's recipe) or the parameters' dtype."""
+        return "fp32" if precision == "fp32" or options.reduce_dtype == "fp32" else precision
+
     def analytic_comm(self) -> Optional[AnalyticComm]:
-        if self.options.hybrid or self.ctx.precision != "fp32":
+        if self.options.hybrid:
             return None
-        # all-gather in forward (+ again in backward when resharded) + reduce-scatter of grads
+        # all-gather in forward (+ again in backward when resharded), in MixedPrecisionPolicy's
+        # param_dtype; reduce-scatter of gradients in its reduce_dtype (Psi = fp32 bytes)
         gathers = 2.0 if self.options.reshard_after_forward else 1.0
-        return AnalyticComm({"all_gather": gathers, "reduce_scatter": 1.0},
+        param = 1.0 if self.ctx.precision == "fp32" else 0.5
+        grads = 1.0 if self.grad_reduce_dtype(self.options, self.ctx.precision) == "fp32" else 0.5
+        return AnalyticComm({"all_gather": gathers * param, "reduce_scatter": grads},
                             "fully_shard: all-gather per unit in forward"
                             + (" and again in backward (reshard_after_forward)" if gathers == 2 else "")
-                            + ", reduce-scatter of gradients",
+                            + f" in {'fp32' if param == 1 else self.ctx.precision}, reduce-scatter of gradients in "
+                            + self.grad_reduce_dtype(self.options, self.ctx.precision),
                             paper_psi=gathers + 1.0, paper="ZeRO paper, stage 3" if gathers == 2 else "ZeRO-2-like")
 
     def describe(self) -> dict:

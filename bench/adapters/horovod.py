@@ -113,6 +113,10 @@ class HorovodAdapter(Adapter):
         return model_state_bytes_per_rank(params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
                                           optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum))
 
+    @classmethod
+    def grad_reduce_dtype(cls, options, precision: str) -> str:
+        return "fp16" if options.fp16_compression else "fp32"
+
     def analytic_comm(self) -> Optional[AnalyticComm]:
         if self.options.fp16_compression:
             return None

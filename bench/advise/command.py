@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from bench.advise.grid import DEFAULT_FRAMEWORKS, Candidate, enumerate_grid
@@ -55,7 +56,7 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
            "devices_per_node": _int(opts, "devices_per_node", None),
            "micro_batches": [int(x) for x in opts["micro_batches"].strip("[]").split(",")] if "micro_batches" in opts else None,
            "device_memory_gib": float(opts["device_memory_gib"]) if "device_memory_gib" in opts else None,
-           "network": opts.get("network", "local_gloo"), "backend": opts.get("backend", "local"),
+           "network": opts.get("network", "auto"), "backend": opts.get("backend", "local"),
            "frameworks": opts["frameworks"].split(",") if "frameworks" in opts else list(DEFAULT_FRAMEWORKS),
            "dir": opts.get("dir"), "algorithm": opts.get("algorithm", "best"),
            "calibrate": opts.get("calibrate", "frameworks")}
@@ -84,14 +85,35 @@ def _int(opts: dict, key: str, default=0, low: int = 1):
 
 
 # ---- phase 1 -------------------------------------------------------------------------------------
+DEFAULT_NETWORK = {"cpu": "local_gloo", "cuda": "dgx_h100"}
+
+
+def default_network(device: str) -> str:
+    """network=auto: gloo between processes of this machine on CPU (calibrated here); on GPUs a
+    reference H100 NVLink + InfiniBand cluster (conf/network/dgx_h100.yaml) - never the CPU's
+    gloo figures, ~100x too slow for NCCL. Measure yours with `bench commbench`."""
+    return DEFAULT_NETWORK[device]
+
+
+def devices_per_node(given: int | None, device: str, visible_gpus: int, network) -> tuple[int, str]:
+    """(devices per node, where it came from): devices_per_node=, else on GPUs the GPUs visible
+    on this node, else the network's first dimension."""
+    if given:
+        return given, "devices_per_node"
+    if device == "cuda" and visible_gpus > 0:
+        return visible_gpus, "GPUs visible on this node"
+    return network.dims[0].size, f"network {network.name}"
+
+
 def device_memory_bytes(opts: dict, device: str) -> tuple[int, str]:
     """The memory one device offers: device_memory_gib, else the GPU's, else (CPU) the host's
     memory divided by the devices sharing it."""
     if opts["device_memory_gib"] is not None:
         return int(opts["device_memory_gib"] * GiB), "device_memory_gib"
-    if device == "cuda":
-        import torch
-        return torch.cuda.get_device_properties(0).total_memory, "torch.cuda device 0"
+    if device == "cuda":     # NVML, not CUDA: the calibration and measurement cells are forked from here
+        from bench.gpus import visible_gpus
+        info = visible_gpus()
+        return info.min_memory, f"the smallest visible GPU ({info.source})"
     total = 0
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
@@ -124,34 +146,41 @@ def calibration_cells(survivors: list[Candidate], calibrate: str) -> list[dict]:
 def start(args: list[str]) -> int:
     from bench.advise.profile import profile
     from bench.config import plan_from_overrides
-    from bench.launch.local import device_type
     from bench.network.model import load
 
+    from bench.config import compose_raw
+    from bench.device import launcher_device
+    from bench.gpus import visible_gpus
+
     opts, extra = parse(args)
+    run_cfg = compose_raw([f"model={opts['model']}", *extra])["run"]
+    device = launcher_device(run_cfg.get("device", "auto"))
+    if opts["network"] == "auto":
+        opts["network"] = default_network(device)
     network = load(opts["network"])
     if opts["devices"] > network.max_devices:
         raise ConfigError(f"devices={opts['devices']} exceed network {network.name} ({network.max_devices} devices)")
-    per_node = opts["devices_per_node"] or network.dims[0].size
+    per_node, per_node_source = devices_per_node(opts["devices_per_node"], device,
+                                                 visible_gpus().count if device == "cuda" else 0, network)
     out = Path(opts["dir"] or Path("outputs") / "advise" / f"{opts['model']}_n{opts['devices']}")
     if (out / ADVICE).exists():
         raise ConfigError(f"{out} already holds an {ADVICE}; continue it with `bench advise resume {out}`")
     if opts["global_batch"] is None:
-        from bench.config import compose_raw
-        opts["global_batch"] = compose_raw([f"model={opts['model']}", *extra])["run"]["global_batch"]
-    print(f"advise: {opts['model']} on {opts['devices']} devices, global batch {opts['global_batch']} "
-          f"(every candidate), network {network.name} ({per_node} devices per node)", flush=True)
+        opts["global_batch"] = run_cfg["global_batch"]
+    print(f"advise: {opts['model']} on {opts['devices']} {device} devices, global batch {opts['global_batch']} "
+          f"(every candidate), network {network.name} ({network.description}), {per_node} devices per node "
+          f"({per_node_source})", flush=True)
     grid = enumerate_grid(opts["model"], opts["devices"], opts["global_batch"], opts["frameworks"],
                           opts["micro_batches"], per_node, tuple(extra))
     valid = [c for c in grid if c.plan is not None]
     if not valid:
         raise ConfigError("no candidate is valid: " + "; ".join(f"{c.label()}: {c.pruned}" for c in grid[:5]))
     cfg = valid[0].plan.cfg
-    device = device_type(cfg)
-    prof = profile(cfg.model)
+    prof = profile(cfg.model, cfg.run.precision)
     limit, limit_source = device_memory_bytes(opts, device)
     survivors = [c for c in grid if not c.pruned]
     state = {"phase": "calibrate", "options": opts, "extra_overrides": extra, "network": network.name,
-             "devices_per_node": per_node, "device": device,
+             "devices_per_node": per_node, "device": device, "precision": cfg.run.precision,
              "device_memory_bytes": limit, "device_memory_source": limit_source,
              "optimizer": {"name": cfg.optim.name, "momentum": cfg.optim.momentum},
              "profile": prof.__dict__, "calibration": {"cells": [], "skipped": {}},
@@ -188,7 +217,7 @@ def _candidate_row(c: Candidate, prof, cfg) -> dict:
     row = {"id": c.id, "label": c.label(), "framework": c.framework, "overrides": c.overrides, "pruned": c.pruned,
            "layout": c.layout.__dict__ if c.layout else None}
     if c.layout is not None:
-        row["memory_estimate"] = estimate(c.layout, prof, cfg.optim.name, cfg.optim.momentum)
+        row["memory_estimate"] = estimate(c.layout, prof, cfg.optim.name, cfg.optim.momentum, cfg.run.precision)
     return row
 
 
@@ -216,9 +245,9 @@ def resume(out: Path) -> int:
         raise ConfigError(f"{out}: not an advise directory (no {ADVICE})")
     state = json.loads(path.read_text())
     if state["phase"] == "calibrate":
-        results = _finished(Path(out), "calibration")
+        results = _finished(Path(out), "calibration", state["options"]["backend"])
         if results is None:
-            return 0
+            return 1 if state["options"]["backend"] == "local" else 0
         for cell, r in zip(state["calibration"]["cells"], results):
             if r["status"] != "ok" and cell["framework"] == "ddp":
                 raise ConfigError(f"the DDP calibration run failed ({r['status']}): {r['error']}")
@@ -230,9 +259,9 @@ def resume(out: Path) -> int:
         if chosen:
             _sweep(out / "measure", [c["overrides"] for c in chosen], state["options"]["backend"])
     if state["phase"] == "measure":
-        results = _finished(Path(out), "measure")
+        results = _finished(Path(out), "measure", state["options"]["backend"])
         if results is None:
-            return 0
+            return 1 if state["options"]["backend"] == "local" else 0
         collect(state, results)
         state["phase"] = "done"
         atomic_write_json(path, state)
@@ -240,11 +269,17 @@ def resume(out: Path) -> int:
     return 0
 
 
-def _finished(out: Path, phase: str) -> list[dict] | None:
-    """The results of a phase's sweep, or None (and how to follow it) while cells have none."""
+def _finished(out: Path, phase: str, backend: str) -> list[dict] | None:
+    """The results of a phase's sweep, or None (and how to go on) while cells have none. On the
+    local back end the sweep has already run: a cell without a result crashed before writing one."""
     results = _results(out / phase)
     if any(r is None for r in results):
-        print(f"{phase} not finished; follow with `bench sweep status {out / phase}`, then `bench advise resume {out}`")
+        if backend == "local":
+            print(f"bench advise: {sum(r is None for r in results)} {phase} cell(s) ended without a result; see "
+                  f"`bench sweep status {out / phase}`; after fixing, `bench sweep resume {out / phase}`, then "
+                  f"`bench advise resume {out}`", file=sys.stderr)
+        else:
+            print(f"{phase} not finished; follow with `bench sweep status {out / phase}`, then `bench advise resume {out}`")
         return None
     return results
 
@@ -274,7 +309,8 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
         # what its runtime adds beyond the estimate (allocator, libraries, engine buffers)
         measured = training_memory_bytes(r)
         if measured is not None:
-            est = estimate(Layout(fw, dp=1, micro_batch=m), prof, opt["name"], opt["momentum"])["total"]
+            est = estimate(Layout(fw, dp=1, micro_batch=m), prof, opt["name"], opt["momentum"],
+                           state.get("precision", "fp32"))["total"]
             overhead[fw] = min(overhead.get(fw, measured - est), measured - est)
     overhead = {fw: max(0, v) for fw, v in overhead.items()}
     state["calibration"].update({"ddp_step_s": {str(k): v for k, v in ddp.items()}, "compute_factor": factor,
@@ -323,23 +359,28 @@ def _recompute(state: dict) -> float:
 
 
 def dp_payload(c: dict) -> dict[str, float]:
-    """The data-parallel collectives of the candidate, in units of Psi, from its adapter's own
-    analytic_comm (bench.metrics.comm.AnalyticComm) where that needs no built model."""
+    """The data-parallel collectives of the candidate, in units of Psi (fp32 parameter bytes),
+    from its adapter's own analytic_comm (bench.metrics.comm.AnalyticComm) where that needs no
+    built model; at bf16/fp16 gathered parameters are 2-byte and gradients cross in the adapter's
+    grad_reduce_dtype."""
     import torch
 
     from bench.adapters.base import RankContext
     from bench.config import plan_from_overrides
 
     fw = c["framework"]
-    if fw in ("tensor_parallel", "fsdp_hybrid"):
-        return {"all_gather": 2.0, "reduce_scatter": 1.0}     # FSDP2 in the shard group (reshard_after_forward)
-    if fw.startswith("pipeline"):
-        return {"all_reduce": 1.0}                            # flattened all-reduce over dp after the schedule
-    if fw == "deepspeed_zero3":
-        return {"all_gather": 1.0, "reduce_scatter": 1.0}     # gathered once per step below max_live_parameters
     plan = plan_from_overrides(c["overrides"])
+    precision = plan.cfg.run.precision
+    param = 1.0 if precision == "fp32" else 0.5
+    grads = 1.0 if plan.adapter_cls.grad_reduce_dtype(plan.options, precision) == "fp32" else 0.5
+    if fw in ("tensor_parallel", "fsdp_hybrid"):
+        return {"all_gather": 2.0 * param, "reduce_scatter": grads}   # FSDP2 in the shard group (reshard_after_forward)
+    if fw.startswith("pipeline"):
+        return {"all_reduce": grads}                                  # flattened all-reduce over dp after the schedule
+    if fw == "deepspeed_zero3":
+        return {"all_gather": param, "reduce_scatter": grads}         # gathered once per step below max_live_parameters
     ctx = RankContext(rank=0, local_rank=0, world_size=plan.dims.world_size, device=torch.device("cpu"),
-                      backend="gloo", precision=plan.cfg.run.precision)
+                      backend="gloo", precision=precision)
     spec = plan.adapter_cls(plan.options, ctx, plan.dims).analytic_comm()
     if spec is None:
         raise ConfigError(f"{fw}: no analytic communication model to predict from")

@@ -1,5 +1,5 @@
 """Peak memory per rank of a training step, estimated per strategy (pure; hand-checked in
-tests/test_advise.py). Bytes, for fp32 training (the precision `bench advise` plans in).
+tests/test_advise.py). Bytes, at the precision the runs train in (fp32, or bf16/fp16):
 
     model state  = params + gradients + optimizer state, each divided by the ranks that shard it
                    (ZeRO paper, section 3: stage 1 shards optimizer states, 2 also gradients,
@@ -13,6 +13,11 @@ tests/test_advise.py). Bytes, for fp32 training (the precision `bench advise` pl
                    and flat reduce bucket, the unsharded parameters and gradients of the largest
                    unit that FSDP / ZeRO-3 gather (prefetch: two units), the pipeline's
                    send/receive buffers.
+    at bf16/fp16   DeepSpeed's engine holds 2-byte parameters and gradients and an fp32 master
+                   copy in its optimizer (4 B/param more); FSDP2 keeps fp32 shards and gathers
+                   units in the 2-byte param_dtype; autocast frameworks keep fp32 parameters and
+                   gradients plus autocast's cached 2-byte weight copies; activations are
+                   profiled with the model in that dtype (bench.advise.profile).
 """
 from __future__ import annotations
 
@@ -72,36 +77,45 @@ def in_flight(layout: Layout) -> int:
     return min(layout.pp, layout.grad_accum)
 
 
-def estimate(layout: Layout, model: ModelProfile, optimizer: str = "adamw", momentum: float = 0.0) -> dict:
+FSDP2_BASED = ("fsdp_full", "fsdp_grad_op", "fsdp_hybrid", "tensor_parallel")
+
+
+def estimate(layout: Layout, model: ModelProfile, optimizer: str = "adamw", momentum: float = 0.0,
+             precision: str = "fp32") -> dict:
     """{'params', 'grads', 'optimizer', 'activations', 'buffers', 'total'} bytes on the busiest rank."""
     if layout.framework not in SHARDING:
         raise ValueError(f"no memory model for framework {layout.framework!r}")
-    shard_o, shard_g, shard_p = SHARDING[layout.framework]
+    fw = layout.framework
+    shard_o, shard_g, shard_p = SHARDING[fw]
     p = model.params / (layout.tp * layout.pp)
-    k = optimizer_state_bytes_per_param(optimizer, momentum)
+    low = precision in ("bf16", "fp16")
+    engine_low = low and fw.startswith("deepspeed")        # the engine's own 2-byte model
+    state = 2 if engine_low else 4                         # parameter and gradient bytes
+    k = optimizer_state_bytes_per_param(optimizer, momentum, fp32_master_copy=engine_low)
     n = layout.shard or layout.dp
 
     def part(nbytes: int, sharded: bool) -> float:
         return nbytes * p / (n if sharded else 1)
-    out = {"params": part(4, shard_p), "grads": part(4, shard_g), "optimizer": part(k, shard_o)}
+    out = {"params": part(state, shard_p), "grads": part(state, shard_g), "optimizer": part(k, shard_o)}
 
     per_sample = model.activation_bytes_per_sample
     if layout.checkpointing:
         per_sample = model.checkpointed_bytes_per_sample + model.activation_bytes_per_sample / max(model.blocks, 1)
     out["activations"] = per_sample * layout.micro_batch * in_flight(layout) / (layout.tp * layout.pp)
 
-    unit = 4 * model.largest_block_params / layout.tp
+    unit = (2 if low else 4) * model.largest_block_params / layout.tp    # gathered in the param dtype
     buffers = 0.0
-    fw = layout.framework
+    if low and not engine_low and fw not in FSDP2_BASED:
+        buffers = 2 * p                     # autocast's cached 2-byte copies of the weights
     if fw == "horovod" and n > 1:
-        buffers = min(HOROVOD_FUSION_BYTES, 4 * p)
+        buffers += min(HOROVOD_FUSION_BYTES, 4 * p)
     elif fw in ("deepspeed_zero1", "deepspeed_zero2") and n > 1:
-        # fp32 partition of the averaged gradients + the flat reduce bucket
-        buffers = 4 * p / n + min(4 * DS_REDUCE_BUCKET_ELEMS, 4 * p)
+        # fp32 partition of the averaged gradients + the flat reduce bucket (gradient dtype)
+        buffers += 4 * p / n + min(state * DS_REDUCE_BUCKET_ELEMS, state * p)
     elif (fw in ("deepspeed_zero3", "fsdp_full", "fsdp_hybrid", "tensor_parallel") and n > 1):
-        buffers = 2 * 2 * unit              # two units gathered (prefetch), params + their gradients
+        buffers += 2 * 2 * unit             # two units gathered (prefetch), params + their gradients
     elif fw == "fsdp_grad_op" and n > 1:
-        buffers = 2 * unit
+        buffers += 2 * unit
     if layout.pp > 1:
         buffers += 2 * 2 * model.boundary_bytes_per_sample * layout.micro_batch / layout.tp   # send + recv, fwd + bwd
     out["buffers"] = buffers

@@ -10,12 +10,13 @@ import torch
 from bench.advise.memory import ModelProfile
 
 
-def _saved_bytes(spec, batch_size: int, checkpointed: bool) -> tuple[int, int]:
-    """(bytes saved for backward by one forward, bytes of one block's output) on meta."""
+def _saved_bytes(spec, batch_size: int, checkpointed: bool, dtype=torch.float32) -> tuple[int, int]:
+    """(bytes saved for backward by one forward, bytes of one block's output) on meta, with the
+    model's floating-point parameters in `dtype`."""
     from models.spec import checkpoint_blocks, example_batch
 
     with torch.device("meta"):
-        model = spec.build()
+        model = spec.build().to(dtype)
     if checkpointed:
         checkpoint_blocks(model)
     params = {id(p) for p in model.parameters()}
@@ -31,24 +32,32 @@ def _saved_bytes(spec, batch_size: int, checkpointed: bool) -> tuple[int, int]:
     blocks = model.blocks()
     hook = blocks[0].register_forward_hook(
         lambda m, i, o: boundary.append((o[0] if isinstance(o, tuple) else o).numel() * 4)) if blocks else None
+    batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in example_batch(spec, batch_size, "meta").items()}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(**example_batch(spec, batch_size, "meta"))
+        model(**batch)
     if hook is not None:
         hook.remove()
     return sum(saved.values()), (boundary[0] if boundary else 0)
 
 
-def profile(model_cfg) -> ModelProfile:
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def profile(model_cfg, precision: str = "fp32") -> ModelProfile:
+    """At bf16/fp16 the activations are counted with the model in that dtype: what DeepSpeed's
+    2-byte engine saves; autocast keeps a few in fp32 (norms, softmax, the loss), so for autocast
+    frameworks this is a lower bound."""
     from models.spec import build, count_params
 
     spec = build(model_cfg, "cpu")
     with torch.device("meta"):
         model = spec.build()
     blocks = model.blocks()
-    full2, out2 = _saved_bytes(spec, 2, False)
-    full4, _ = _saved_bytes(spec, 4, False)
-    ck2, _ = _saved_bytes(spec, 2, True) if blocks else (full2, 0)
-    ck4, _ = _saved_bytes(spec, 4, True) if blocks else (full4, 0)
+    dtype = DTYPES[precision]
+    full2, out2 = _saved_bytes(spec, 2, False, dtype)
+    full4, _ = _saved_bytes(spec, 4, False, dtype)
+    ck2, _ = _saved_bytes(spec, 2, True, dtype) if blocks else (full2, 0)
+    ck4, _ = _saved_bytes(spec, 4, True, dtype) if blocks else (full4, 0)
     return ModelProfile(
         params=count_params(model),
         largest_block_params=max((count_params(b) for b in blocks), default=count_params(model)),

@@ -122,10 +122,9 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
     try:
         device = device_type(cfg)
         if device == "cuda":
-            import torch
-
             from bench.device import check_gpu_count
-            check_gpu_count(cfg.launcher.nproc, torch.cuda.device_count())
+            from bench.gpus import visible_gpus
+            check_gpu_count(cfg.launcher.nproc, visible_gpus().count)
     except ConfigError as exc:   # GPUs asked for, none usable: a result that says so, no CPU run
         return finish(run_dir, run_id, plan, "failed", error_info("no_gpu", str(exc)))
     reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, device)
@@ -248,9 +247,6 @@ def _first_failure(run_dir: Path) -> dict | None:
 
 def device_type(cfg) -> str:
     """The run's device (bench/device.py): ConfigError where GPUs were asked for and CUDA is
-    not available."""
-    from bench.device import resolve_device
-    if cfg.run.device == "cpu":
-        return "cpu"
-    import torch
-    return resolve_device(cfg.run.device, torch.cuda.is_available(), torch_cuda=torch.version.cuda)
+    not available. Learnt from NVML: this process forks the agent (and a sweep forks this)."""
+    from bench.device import launcher_device
+    return launcher_device(cfg.run.device)

@@ -314,7 +314,21 @@ def context(rep) -> dict:
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
         "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
         "parity_flags": int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0,
+        "parity_notes": parity_notes(rep),
     }
+
+
+GRAD_DTYPE_NOTE = ("The gradient-reduction dtype differs: each framework runs its recommended recipe (DeepSpeed "
+                   "reduces in the training dtype, DDP, FSDP2 and Horovod in fp32), so bytes on the wire and "
+                   "numerics differ. To compare at equal reduction dtype: framework.options.communication_data_type=fp32 "
+                   "(DeepSpeed), or framework.options.reduce_dtype=param (FSDP2) and framework.options.comm_hook=bf16 "
+                   "(DDP) for bf16 everywhere.")
+
+
+def parity_notes(rep) -> list[str]:
+    """What a flagged parity field means and the override that equalises it."""
+    differs = {f for d in (rep.parity["differs"] if len(rep.parity) else []) for f in d}
+    return [GRAD_DTYPE_NOTE] if "grad_reduce_dtype" in differs else []
 
 
 MODEL_PARALLEL_NOTE = ("Pipeline runs, one row per rank: its stages, parameters and model-state bytes "
@@ -348,6 +362,7 @@ def write_markdown(rep) -> Path:
                   _md_table(*c["strategies"]), ""]
     parts += ["## Parity (DESIGN §7): configurations of one model at one world size must agree", "",
               f"{c['parity_flags']} configuration(s) differ from the majority." if c["parity_flags"] else "All compared configurations agree.",
+              *[x for note in c["parity_notes"] for x in ("", note)],
               "", _md_table(*c["parity"][:2]), "", "## Failures", ""]
     parts += [_md_table(*c["failures"]) if c["failures"][1] else "No failed runs.", ""]
     if c["model_parallel"][1]:

@@ -7,7 +7,10 @@ import pandas as pd
 from bench.metrics.stats import MIN_CI_REPEATS, bootstrap_median_ci, repeat_range
 
 # What must be equal between compared runs (DESIGN §7). Compared = same model, same world size.
-PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_decay", "precision", "epochs"]
+PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_decay", "precision", "grad_reduce_dtype",
+                 "epochs"]
+# Fields records before they existed do not carry: unknown there, compared where known.
+PARITY_OPTIONAL = {"grad_reduce_dtype"}
 
 
 def cells(df: pd.DataFrame) -> pd.DataFrame:
@@ -86,9 +89,10 @@ def parity(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (model, world), g in df.groupby(["model", "world_size"], sort=True):
         configs = g.drop_duplicates("config_id")
-        ref = {f: _mode(configs[f]) for f in PARITY_FIELDS}
+        ref = {f: _mode(configs[f].dropna() if f in PARITY_OPTIONAL else configs[f]) for f in PARITY_FIELDS}
         for _, r in configs.iterrows():
-            diff = [f for f in PARITY_FIELDS if not _same(r[f], ref[f])]
+            diff = [f for f in PARITY_FIELDS
+                    if not (f in PARITY_OPTIONAL and _norm(r[f]) is None) and not _same(r[f], ref[f])]
             rows.append({"model": model, "world_size": world, "label": r["label"], "run_id": r["run_id"],
                          "runs": int((g["config_id"] == r["config_id"]).sum()),
                          **{f: r[f] for f in PARITY_FIELDS}, "differs": diff})
