@@ -23,8 +23,17 @@ from bench.errors import ConfigError
 from bench.metrics.comm import bus_bandwidth, gloo_reduce_sent, wire_factor
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send")
-DEFAULTS = {"nproc": 2, "sizes": [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24], "iters": 5, "warmup": 2,
+DEFAULTS = {"nproc": 2, "sizes": None, "iters": 5, "warmup": 2,
             "kinds": list(KINDS), "out": "outputs/commbench", "device": "auto"}
+# Message sizes when none are given. gloo on CPU reaches its bandwidth by 16 MiB; NVLink and
+# InfiniBand need far larger messages (nccl-tests sweeps to GBs; bus bandwidth levels off
+# around 256 MiB-1 GiB on NVLink), so a GPU ceiling measured at 16 MiB would understate them.
+DEFAULT_SIZES = {"cpu": [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24],
+                 "cuda": [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30]}
+
+
+def default_sizes(device: str) -> list[int]:
+    return list(DEFAULT_SIZES[device])
 
 
 def expected_written(kind: str, nbytes: float, world: int, backend: str) -> float:
@@ -57,7 +66,7 @@ def parse_args(args: list[str]) -> dict:
     bad = [k for k in opts["kinds"] if k not in KINDS]
     if bad:
         raise ConfigError(f"commbench: unknown kinds {bad} (known: {', '.join(KINDS)})")
-    if opts["nproc"] < 2 or opts["iters"] < 1 or any(s < 4 for s in opts["sizes"]):
+    if opts["nproc"] < 2 or opts["iters"] < 1 or any(s < 4 for s in opts["sizes"] or []):
         raise ConfigError("commbench: needs launcher.nproc >= 2, iters >= 1 and sizes >= 4 bytes")
     return opts
 
@@ -169,6 +178,8 @@ def run(args: list[str]) -> int:
     if opts["device"] == "auto":     # NVML, not CUDA: CPU ranks are forked from here
         from bench.gpus import visible_gpus
         device = "cuda" if visible_gpus().available else "cpu"
+    if opts["sizes"] is None:
+        opts["sizes"] = default_sizes(device)
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.join(tmp, "ranks.json")
         try:

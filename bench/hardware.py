@@ -68,9 +68,13 @@ def cuda_tf32_enabled(arch: Optional[str]) -> bool:
 
 def match_gpu(name: str, table: dict):
     """The gpu_table key for a device name: the longest key that appears as whole words
-    ('H100 PCIe' before 'H100'; 'A10' does not match 'A10G'). None if none does."""
+    ('H100 PCIe' before 'H100'; 'A10' does not match 'A10G'); a space in a key matches spaces,
+    '-' or '_' ('V100 PCIe' matches 'Tesla V100-PCIE-32GB'). None if none does."""
     import re
-    hits = [k for k in table if re.search(rf"(?<![\w]){re.escape(k)}(?![\w])", name, re.IGNORECASE)]
+
+    def pattern(key: str) -> str:
+        return r"[\s_-]+".join(re.escape(word) for word in key.split())
+    hits = [k for k in table if re.search(rf"(?<![\w]){pattern(k)}(?![\w])", name, re.IGNORECASE)]
     return max(hits, key=len) if hits else None
 
 

@@ -6,7 +6,12 @@ framework variant in fp32 and bf16 on gpt2_small and resnet50, then the checks t
 - harness/bare-loop throughput ratio and peak memory against torch.cuda.memory_stats
   (benchmarks/runner_overhead.py --device cuda);
 - ZeRO-Offload with DeepSpeed's cpu_adam (deepspeed_zero3_offload is one of the variants);
-- the error for 2 ranks on 1 GPU.
+- the error for 2 ranks on 1 GPU;
+- a two-cell `bench sweep` (cells forked from the sweep process, as users' sweeps are) and a
+  small `bench advise` (calibration and measurement forked the same way): the paths where a
+  process that initialised CUDA before forking breaks every cell (issue 24). Run first: they
+  are short.
+Exits non-zero when any check fails.
 
 Writes OUT/runs/ (one result.json per cell), OUT/report/ (`bench report`), OUT/checks.json and
 OUT/COMMANDS.md (every command as run). A variant that cannot run at one rank (pipeline stages,
@@ -72,6 +77,39 @@ def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.
     return 2 * n ** 3 * count / (time.perf_counter() - start)
 
 
+def sweep_ok(check: dict) -> bool:
+    """Both cells of the two-cell sweep trained."""
+    return len(check.get("cells", [])) == 2 and all(c["status"] == "ok" for c in check["cells"])
+
+
+def advise_ok(check: dict) -> bool:
+    """bench advise exited 0 having measured its candidates and recommended one."""
+    return not check.get("error") and check.get("phase") == "done" and bool(check.get("recommendation"))
+
+
+def nproc2_refused(check: dict) -> bool:
+    """2 ranks on 1 GPU ended `failed` with the one-rank-per-GPU reason, before training."""
+    return check.get("status") == "failed" and "launcher.nproc=2 but 1 GPU" in (check.get("message") or "")
+
+
+def fork_checks(out: Path, device: str, log: list[str], timeout: float) -> dict:
+    """The sweep and advise paths, whose cells are forked (bench/gpus.py)."""
+    d = out / "sweep"
+    why = bench(["sweep", "--dir", str(d), "framework=ddp", "model=gpt2_tiny", "launcher.nproc=1",
+                 "run.global_batch=4,8", "debug=fast", f"run.device={device}", f"run.timeout_s={timeout}"],
+                log, 3 * timeout)
+    recs = [json.loads(p.read_text()) for p in sorted(d.rglob("result.json")) if ".attempts" not in p.parts]
+    sweep = {"error": why, "cells": [{"run_id": r["run_id"], "status": r["status"], "precision": r["precision"],
+                                      "error": (r.get("error") or {}).get("message")} for r in recs]}
+    d = out / "advise"
+    why = bench(["advise", "model=gpt2_tiny", "devices=1", "frameworks=ddp,fsdp_full", "budget_runs=2",
+                 "logger=none", f"dir={d}", f"run.device={device}", f"run.timeout_s={timeout}"], log, 6 * timeout)
+    advice = json.loads((d / "advice.json").read_text()) if (d / "advice.json").exists() else {}
+    advise = {"error": why, "phase": advice.get("phase"), "precision": advice.get("precision"),
+              "network": advice.get("network"), "recommendation": advice.get("recommendation")}
+    return {"sweep": sweep, "sweep_ok": sweep_ok(sweep), "advise": advise, "advise_ok": advise_ok(advise)}
+
+
 def bench(args: list[str], log: list[str], timeout: float, env: dict | None = None) -> str:
     """Run `bench ARGS`; '' when it exited, else why not (its last error line, or the timeout)."""
     cmd = [sys.executable, "-m", "bench.cli", *args]
@@ -113,6 +151,10 @@ def main() -> int:
     dtypes = ("bf16", "tf32", "fp32") if a.device == "cuda" else ("bf16", "fp32")   # flops.peak_dtype's values
     checks["matmul_peak_flops"] = {d: matmul_peak(a.device, d) for d in dtypes}
     print("measured matmul peak:", {k: f"{v / 1e12:.1f} TFLOP/s" for k, v in checks["matmul_peak_flops"].items()})
+    checks.update(fork_checks(a.out, a.device, log, a.timeout))
+    save(a.out, checks)
+    print(f"two-cell sweep: {'ok' if checks['sweep_ok'] else 'FAILED'}; advise: {'ok' if checks['advise_ok'] else 'FAILED'}",
+          flush=True)
 
     todo = cells(frameworks, a.models.split(","), a.precisions.split(","))
     for i, (fw, model, prec) in enumerate(todo, 1):
@@ -145,6 +187,7 @@ def main() -> int:
         rec = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else {}
         checks["nproc2_on_one_gpu"] = {"status": rec.get("status", "no result"),
                                        "message": (rec.get("error") or {}).get("message") or why}
+        checks["nproc2_on_one_gpu"]["refused"] = nproc2_refused(checks["nproc2_on_one_gpu"])
         print("2 ranks on 1 GPU:", checks["nproc2_on_one_gpu"])
     overhead = a.out / "runner_overhead.json"
     cmd = [sys.executable, "benchmarks/runner_overhead.py", "--model", a.models.split(",")[0], "--nproc", "1",
@@ -165,7 +208,15 @@ def main() -> int:
     ratio = checks["runner_overhead"].get("ratio")
     print(f"{len(checks['cells']) - len(bad)}/{len(checks['cells'])} cells ok or unsupported with a reason; "
           f"runner/bare {ratio if ratio is None else round(ratio, 3)}; written to {a.out}")
-    return int(bool(bad) or ratio is None or bool(report_error))
+    failed = [name for name, ok in (("cells", not bad), ("runner_overhead", ratio is not None),
+                                    ("report", not report_error), ("sweep", checks["sweep_ok"]),
+                                    ("advise", checks["advise_ok"]),
+                                    ("nproc2_on_one_gpu", a.device != "cuda" or checks["nproc2_on_one_gpu"]["refused"]))
+              if not ok]
+    checks["failed_checks"] = failed
+    save(a.out, checks)
+    print("failed checks: " + (", ".join(failed) if failed else "none"))
+    return int(bool(failed))
 
 
 def save(out: Path, checks: dict) -> None:

@@ -2,7 +2,10 @@
 hand-written DDP loop on the same model, batch, data, optimizer, precision (fp32) and thread
 count, alternating them in one session, and prints the ratio of median samples/s (target >= 0.99).
 On CUDA (NCCL, one GPU per rank) it also compares the runner's peak allocated memory with the
-bare loop's `torch.cuda.memory_stats()["allocated_bytes.all.peak"]` (both reset after set-up).
+bare loop's (the allocator's own counter in both programs, reset after set-up: what the harness
+adds), and checks that counter against one it does not keep: the driver's used memory
+(cudaMemGetInfo, the whole device with the CUDA context) must hold the bare loop's peak reserved,
+which must hold its peak allocated.
 
     .venv/bin/python benchmarks/runner_overhead.py [--model gpt2_tiny] [--nproc 2] [--steps 40]
         [--repeats 3] [--device cpu|cuda] [--json OUT.json]
@@ -61,13 +64,18 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
         if step >= warmup:
             times.append(t - t_prev)
         t_prev = t
-    peak = torch.cuda.memory_stats(device)["allocated_bytes.all.peak"] if cuda else None
+    peak = None
+    if cuda:   # the allocator's counters, then the driver's view of the device (not the allocator's)
+        free, total = torch.cuda.mem_get_info(device)
+        peak = {"allocated": torch.cuda.max_memory_allocated(device),
+                "reserved": torch.cuda.max_memory_reserved(device), "driver_used": total - free}
     gathered = [None] * nproc
     dist.all_gather_object(gathered, (times, peak))
     if rank == 0:
         step_max = [max(g[0][i] for g in gathered) for i in range(steps)]
         Path(out).write_text(json.dumps({"samples_per_s": global_batch / statistics.median(step_max),
-                                         "peak_allocated_bytes": [g[1] for g in gathered]}))
+                                         "peak_allocated_bytes": [g[1] and g[1]["allocated"] for g in gathered],
+                                         "bare_memory": [g[1] for g in gathered]}))
     dist.destroy_process_group()
 
 
@@ -95,6 +103,12 @@ def harness(model: str, nproc: int, global_batch: int, steps: int, warmup: int, 
         rec = json.loads(Path(f"{d}/r/result.json").read_text())
         return {"samples_per_s": rec["throughput"]["samples_per_s"],
                 "peak_allocated_bytes": [r["peak_allocated_bytes"] for r in rec["memory"]["per_rank"]]}
+
+
+def allocator_within_driver(allocated: int, reserved: int, driver_used: int) -> bool:
+    """The allocator's peaks against the driver's used memory (a counter it does not keep):
+    allocated <= reserved (cached blocks are not returned during the loop) <= driver used."""
+    return 0 < allocated <= reserved <= driver_used
 
 
 def main() -> None:
@@ -125,10 +139,15 @@ def main() -> None:
     print(f"runner/bare throughput ratio: {ratio:.3f} (target >= 0.99)")
     if a.device == "cuda":   # rank 0, last repeat of each: same model, batch, optimizer, reset points
         runner_peak, bare_peak = harness_runs[-1]["peak_allocated_bytes"][0], bare_runs[-1]["peak_allocated_bytes"][0]
-        out.update(runner_peak_allocated_bytes=runner_peak, bare_memory_stats_peak_bytes=bare_peak,
-                   peak_ratio=runner_peak / bare_peak)
-        print(f"peak allocated: runner {runner_peak / 2**20:.1f} MiB, bare loop memory_stats "
-              f"{bare_peak / 2**20:.1f} MiB (ratio {runner_peak / bare_peak:.3f})")
+        mem = bare_runs[-1]["bare_memory"][0]
+        out.update(runner_peak_allocated_bytes=runner_peak, bare_peak_allocated_bytes=bare_peak,
+                   peak_ratio=runner_peak / bare_peak, bare_peak_reserved_bytes=mem["reserved"],
+                   bare_driver_used_bytes=mem["driver_used"],
+                   allocator_within_driver=allocator_within_driver(mem["allocated"], mem["reserved"], mem["driver_used"]))
+        print(f"peak allocated: runner {runner_peak / 2**20:.1f} MiB, bare loop {bare_peak / 2**20:.1f} MiB "
+              f"(ratio {runner_peak / bare_peak:.3f}; the allocator's counter in both)")
+        print(f"bare loop: allocated {mem['allocated'] / 2**20:.1f} <= reserved {mem['reserved'] / 2**20:.1f} <= "
+              f"driver used {mem['driver_used'] / 2**20:.1f} MiB: {out['allocator_within_driver']}")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 

@@ -43,10 +43,25 @@ def test_scripts_refuse_an_out_dir_with_old_results(tmp_path, script, first_run,
     assert ("--resume" in proc.stderr) == (script != "fault_matrix.py")   # fault timings are never reused
 
 
+def test_runner_overhead_memory_check_uses_the_driver():
+    from runner_overhead import allocator_within_driver
+    assert allocator_within_driver(100, 120, 600)
+    assert not allocator_within_driver(130, 120, 600)       # allocated above reserved: a broken counter
+    assert not allocator_within_driver(100, 700, 600)       # more reserved than the driver says is used
+    assert not allocator_within_driver(0, 0, 600)
+
+
 def test_gpu_matrix_refuses_old_results_and_rebases_mfu(tmp_path):
     """benchmarks/gpu_matrix.py: MFU re-based from the table's peak to the measured one, by hand;
     the whole matrix (every variant x model x precision) is planned; an OUT with results stops it."""
-    from gpu_matrix import cells, mfu_on_measured_peak, variants
+    from gpu_matrix import advise_ok, cells, mfu_on_measured_peak, nproc2_refused, sweep_ok, variants
+    assert nproc2_refused({"status": "failed", "message": "launcher.nproc=2 but 1 GPU(s) are visible: one rank per GPU"})
+    assert not nproc2_refused({"status": "ok", "message": None})            # trained: the check failed
+    assert not nproc2_refused({"status": "failed", "message": "NCCL error"})
+    assert sweep_ok({"cells": [{"status": "ok"}, {"status": "ok"}]})
+    assert not sweep_ok({"cells": [{"status": "ok"}]}) and not sweep_ok({"cells": [{"status": "ok"}, {"status": "failed"}]})
+    assert advise_ok({"error": "", "phase": "done", "recommendation": {"label": "ddp dp1 mb4x1"}})
+    assert not advise_ok({"error": "", "phase": "calibrate", "recommendation": None})
     assert mfu_on_measured_peak(0.40, 989e12, 700e12) == pytest.approx(0.40 * 989 / 700)
     assert mfu_on_measured_peak(None, 989e12, 700e12) is None
     assert mfu_on_measured_peak(0.4, None, 700e12) is None

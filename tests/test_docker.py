@@ -39,6 +39,26 @@ def test_non_root_pinned_and_copies_exist(path):
             assert re.fullmatch(r"[\w.-]+==[\w.]+", line), line
 
 
+def final_stage_env(dockerfile: Path) -> dict:
+    """KEY=VALUE pairs of the ENV instructions after the last FROM (what the image runs with)."""
+    import shlex
+    text = dockerfile.read_text().replace("\\\n", " ")
+    stage = text[text.rindex("\nFROM "):]
+    env = {}
+    for line in stage.splitlines():
+        if line.startswith("ENV "):
+            env.update(kv.split("=", 1) for kv in shlex.split(line[4:]) if "=" in kv)
+    return env
+
+
+def test_gpu_image_asks_the_container_runtime_for_gpus():
+    """enroot/pyxis and nvidia-container-toolkit mount GPUs only into images that set these."""
+    env = final_stage_env(REPO / "docker" / "Dockerfile.gpu")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert set(env["NVIDIA_DRIVER_CAPABILITIES"].split(",")) >= {"compute", "utility"}
+    assert env["DDLBENCH_EXPECT_GPU"] == "1"
+
+
 def test_slurm_templates_are_valid_bash():
     for script in sorted((REPO / "slurm").glob("*.sbatch")):
         proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)

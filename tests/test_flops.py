@@ -70,10 +70,20 @@ def test_tf32_follows_torchs_flags_for_the_models_main_op():
     ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
     ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A10", "A10"), ("NVIDIA A10G", None),
     ("NVIDIA H200", "H200"), ("NVIDIA GeForce RTX 4090", None),
+    ("NVIDIA H200 NVL", "H200 NVL"), ("Tesla V100-PCIE-32GB", "V100 PCIe"), ("Tesla V100-SXM2-32GB", "V100"),
+    ("Tesla V100S-PCIE-32GB", "V100S PCIe"), ("AMD Instinct MI250X", "MI250X"),
 ])
 def test_gpu_rows_match_whole_words_longest_first(name, row):
     table = plan_from_overrides([]).cfg.hardware.gpu_table
     assert match_gpu(name, table) == row
+
+
+def test_gpu_peaks_per_torch_device():
+    """H200 NVL is not the SXM part; an MI250X torch device is one GCD, half the package."""
+    table = plan_from_overrides([]).cfg.hardware.gpu_table
+    assert table["H200 NVL"].bf16 == 835.5e12 and table["H200"].bf16 == 989.4e12
+    assert table["MI250X"].bf16 == 383.0e12 / 2
+    assert table["V100 PCIe"].fp16 == 112.0e12 and table["V100"].fp16 == 125.0e12
 
 
 def test_configured_peak_names_its_dtype_and_source():

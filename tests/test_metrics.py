@@ -160,6 +160,10 @@ def test_commbench_bandwidth_arithmetic():
         == {"all_reduce": 3.0}
     opts = parse_args(["launcher.nproc=3", "sizes=[1024,4096]", "kinds=[all_reduce]"])
     assert (opts["nproc"], opts["sizes"], opts["kinds"]) == (3, [1024, 4096], ["all_reduce"])
+    from bench.commbench import default_sizes
+    assert parse_args([])["sizes"] is None                  # chosen once the device is known
+    assert max(default_sizes("cpu")) == 16 << 20            # gloo levels off by 16 MiB
+    assert max(default_sizes("cuda")) == 1 << 30            # NVLink / InfiniBand need ~GiB messages
     from bench.errors import ConfigError
     for bad in (["kinds=[allreduce]"], ["launcher.nproc=1"], ["nproc"], ["colour=red"]):
         with pytest.raises(ConfigError):

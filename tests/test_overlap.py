@@ -54,6 +54,25 @@ def test_cpu_intervals_from_profiler_events():
     assert s["overlapped_s"] == pytest.approx(50e-6) and s["exposed_s"] == pytest.approx(50e-6)
 
 
+def test_cuda_intervals_from_kernel_events():
+    """The CUDA branch: kernels on the device timeline (torch's DeviceType.CUDA), NCCL kernels by
+    kind, everything else compute; CPU-side events ignored (the device's time is what overlaps)."""
+    from torch.autograd import DeviceType
+
+    from bench.comm_time import cuda_intervals
+
+    def k(name, start_us, end_us, device=DeviceType.CUDA):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start_us, end=end_us))
+    events = [k("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100), k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 60, 160),
+              k("ncclDevKernel_AllGather_RING_LL", 200, 250), k("elementwise_kernel", 160, 190),
+              k("aten::mm", 0, 300, device=DeviceType.CPU), k("cudaLaunchKernel", 5, 6, device=DeviceType.CPU)]
+    comm, compute = cuda_intervals(events)
+    assert comm == {"all_reduce": [(60e-6, 160e-6)], "all_gather": [(200e-6, 250e-6)]}
+    assert compute == [(0.0, 100e-6), (160e-6, 190e-6)]
+    s = overlap_summary(comm, compute)
+    assert s["overlapped_s"] == pytest.approx(40e-6) and s["exposed_s"] == pytest.approx(110e-6)
+
+
 def test_kind_names():
     assert gloo_kind("gloo:all_reduce") == "all_reduce" and gloo_kind("aten::mm") is None
     assert kernel_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == "all_reduce"
