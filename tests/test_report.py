@@ -120,11 +120,38 @@ def test_wandb_report_offline_writes_a_valid_spec(known, tmp_path):
     message = publish(rep)
     assert "offline" in message and "no network" in message
     spec = json.loads((tmp_path / "out" / "wandb_report.json").read_text())
-    assert "ddp1_r0" in spec["runset"]["query"] and not spec["online"]
-    wr = build_report(spec)   # the wandb-workspaces objects build from the spec without network
+    assert "ddp1_r0" in spec["runset"]["run_names"] and not spec["online"]
+    wr = build_report(spec, offline=True)   # the wandb-workspaces objects build from the spec without network
     grid = wr.blocks[-1]
-    assert len(grid.panels) == len(spec["panels"]) and grid.runsets[0].query == spec["runset"]["query"]
-    assert {"val/loss", "throughput/samples_per_s"} <= {m for p in spec["panels"] for m in p.get("y", p.get("metrics", []))}
+    assert len(grid.panels) == len(spec["panels"])
+    # what W&B receives: runs selected by name with an IN filter (a search query is sent as a
+    # literal substring, not a regex), no search text
+    # (serialised without an entity: with one, wandb-workspaces looks the project up online)
+    import dataclasses
+    model = dataclasses.replace(grid.runsets[0], entity="")._to_model().model_dump(by_alias=True, mode="json")
+    assert model["search"]["query"] == ""
+    assert model["filters"]["filters"] == [{"key": {"section": "run", "name": "displayName"}, "op": "IN",
+                                            "value": spec["runset"]["run_names"], "disabled": False}]
+    metrics = {m for p in spec["panels"] for m in p.get("y", p.get("metrics", []))}
+    assert {"val/loss", "throughput/samples_per_s", "memory/model_state_theory(bytes)", "comm/wire_bytes_per_rank",
+            "comm/exposed_s"} <= metrics
+    assert any(t.startswith("### Comparison") and "scaling" in t for t in spec["tables_markdown"])
+    assert any(t.startswith("### Parity") for t in spec["tables_markdown"])
+
+
+def test_wandb_report_keeps_the_default_entity(known, tmp_path, monkeypatch):
+    """entity: null must leave the library's default (the logged-in user's), not send ''."""
+    from types import SimpleNamespace
+
+    import wandb_workspaces.reports.v2.interface as wri
+
+    from bench.report.wandb_report import build_report, spec_for
+    monkeypatch.setattr(wri, "_get_api", lambda: SimpleNamespace(default_entity="me"))
+    spec = spec_for(report.build([str(known)], tmp_path / "out", progress=False))
+    assert spec["entity"] is None
+    wr = build_report(spec)
+    assert wr.entity == "me" and wr.blocks[-1].runsets[0].entity == ""   # a runset with no entity: the report's
+    assert build_report({**spec, "entity": "team"}).entity == "team"
 
 
 def test_cli_report_and_bad_paths(known, tmp_path):
