@@ -297,3 +297,21 @@ def test_default_network_and_devices_per_node_follow_the_device():
     assert devices_per_node(None, "cuda", 4, gpu_net) == (4, "GPUs visible on this node")
     assert devices_per_node(2, "cuda", 4, gpu_net) == (2, "devices_per_node")
     assert devices_per_node(None, "cpu", 0, load("local_gloo")) == (64, "network local_gloo")
+
+
+def test_advise_on_the_local_backend_fails_when_a_cell_left_no_result(tmp_path, capsys):
+    """A local calibration sweep has already run when advise reads it: a cell without a result
+    crashed (on a GPU: a forked cell that could not use CUDA) - exit 1 and say where, not 0."""
+    from bench.advise.command import ADVICE, resume
+    from bench.results import atomic_write_json
+    from bench.sweep import manifest
+    from bench.sweep.cells import Cell
+    manifest.create(tmp_path / "calibration", [Cell(index=0, id="c0", overrides=["framework=ddp"], repeat=0)],
+                    {"overrides": ["(bench advise)"], "repeats": 1, "backend": "local", "jobs": []})
+    state = {"phase": "calibrate", "options": {"backend": "local"}}
+    atomic_write_json(tmp_path / ADVICE, state)
+    assert resume(tmp_path) == 1
+    assert "1 calibration cell(s) ended without a result" in capsys.readouterr().err
+    atomic_write_json(tmp_path / ADVICE, {**state, "options": {"backend": "slurm"}})
+    assert resume(tmp_path) == 0                      # Slurm: still queued or running, follow it
+    assert "calibration not finished" in capsys.readouterr().out
