@@ -18,6 +18,10 @@ FRAMEWORKS = ["ddp", "fsdp_full", "deepspeed_zero2", "horovod", "fairscale_oss",
 STEPS = ("model=gpt2_tiny", "launcher.nproc=2", "run.warmup_steps=1", "run.measure_steps=3",
          "run.comm_profile=false")
 RTOL = {"bf16": 1e-4, "fp16": 5e-6}   # ~5x and ~6x the measured differences above
+# DeepSpeed's fp16 engine holds fp16 parameters (fp32 master copy in the optimizer), not
+# autocast over fp32 ones: 7.2e-6 relative on a CPU whose oneDNN has fp16 (2026-11-24; where it
+# has none the run is `unsupported`).
+RTOL_OWN = {("deepspeed_zero2", "fp16"): 5e-5}
 # Unsupported combinations on this machine and the words their reason must contain.
 UNSUPPORTED = {("fsdp_full", "fp16"): "fp32 and bf16", ("fairscale_oss", "bf16"): "fp32 only",
                ("fairscale_oss", "fp16"): "fp32 only", ("pipeline_1f1b", "fp16"): "fp32 and bf16",
@@ -68,7 +72,7 @@ def test_precision_is_applied_or_refused_with_a_reason(tmp_path, fp32, bf16_runs
         return
     assert rec["status"] == "ok", rec.get("error")
     got = [l for _, l in rec["convergence"]["train_loss"]]
-    assert got == pytest.approx(fp32, rel=RTOL[precision])
+    assert got == pytest.approx(fp32, rel=RTOL_OWN.get((framework, precision), RTOL[precision]))
     assert got != fp32, "bit-identical to fp32: the precision was not applied"
     how = rec["framework"]["native_config"]["mixed_precision"]
     assert any(w in how for w in NATIVE[precision]), how
