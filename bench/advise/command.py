@@ -145,12 +145,10 @@ def calibration_cells(survivors: list[Candidate], calibrate: str) -> list[dict]:
 
 def start(args: list[str]) -> int:
     from bench.advise.profile import profile
-    from bench.config import plan_from_overrides
-    from bench.network.model import load
-
-    from bench.config import compose_raw
+    from bench.config import compose_raw, plan_from_overrides
     from bench.device import launcher_device
     from bench.gpus import visible_gpus
+    from bench.network.model import load
 
     opts, extra = parse(args)
     run_cfg = compose_raw([f"model={opts['model']}", *extra])["run"]
