@@ -57,6 +57,11 @@ def test_horovod_counts_its_own_allreduces_without_lr_scaling(run_dir):
     assert rec["comm"]["source"] == "adapter"
     assert rec["comm"]["per_step_bytes"]["all_reduce"] == 4 * rec["model"]["params"]
     assert rec["framework"]["native_config"]["lr_scaled_by_world_size"] is False
+    # what ran: Horovod 0.28.1's own default (operations.cc), which advise's memory model uses too
+    from bench.adapters.horovod import DEFAULT_FUSION_THRESHOLD_MB
+    from bench.advise.memory import HOROVOD_FUSION_BYTES
+    assert rec["framework"]["native_config"]["fusion_threshold_mb"] == DEFAULT_FUSION_THRESHOLD_MB == 128
+    assert HOROVOD_FUSION_BYTES == DEFAULT_FUSION_THRESHOLD_MB << 20
 
 
 def test_horovod_rank_failure_is_recorded(run_dir):

@@ -18,10 +18,17 @@ from bench.metrics.comm import AnalyticComm, CommCounter
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
+# Horovod 0.28.1's fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 MiB
+# (horovod/common/operations.cc: SetTensorFusionThresholdBytes(128 * 1024 * 1024); horovodrun's
+# --fusion-threshold-mb help says the same). Its docs/tensor-fusion.md still says 64 MB, the
+# default of older releases.
+DEFAULT_FUSION_THRESHOLD_MB = 128
+
+
 class HorovodOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     fp16_compression: bool = False
-    fusion_threshold_mb: Optional[float] = None   # None = Horovod's default (64 MB)
+    fusion_threshold_mb: Optional[float] = None   # None = Horovod's default (DEFAULT_FUSION_THRESHOLD_MB); 0 = no fusion
 
 
 class HorovodAdapter(Adapter):
@@ -130,7 +137,8 @@ class HorovodAdapter(Adapter):
                   "compression": "fp16" if o.fp16_compression else "none",
                   "backward_passes_per_step": self.dims.grad_accum,
                   "lr_scaled_by_world_size": False,
-                  "fusion_threshold_mb": o.fusion_threshold_mb or 64,
+                  "fusion_threshold_mb": (DEFAULT_FUSION_THRESHOLD_MB if o.fusion_threshold_mb is None
+                                          else o.fusion_threshold_mb),
                   "controller": "gloo" if hvd.gloo_enabled() else "mpi",
                   "built": {"gloo": hvd.gloo_built(), "mpi": hvd.mpi_built(), "nccl": bool(hvd.nccl_built())}}
         return {"version": self.version, "native_config": native}

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from bench.metrics.memory import optimizer_state_bytes_per_param
 
 MiB = 1 << 20
-HOROVOD_FUSION_BYTES = 128 * MiB        # HOROVOD_FUSION_THRESHOLD default (horovod/common/common.h)
+HOROVOD_FUSION_BYTES = 128 * MiB        # Horovod 0.28's default fusion buffer (bench.adapters.horovod.DEFAULT_FUSION_THRESHOLD_MB)
 DS_REDUCE_BUCKET_ELEMS = 500_000_000    # DeepSpeed zero_optimization.reduce_bucket_size default
 
 
