@@ -180,6 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     p_sweep.add_argument("--cpus-per-rank", type=int, default=1, help="Slurm: CPUs reserved per rank")
     p_sweep.add_argument("--job-name", default="ddlbench")
     p_sweep.add_argument("overrides", nargs="*")
+    sub.add_parser("cluster", help="an emulated multi-node cluster on this machine (root): `cluster up [nodes=2] "
+                                   "[link=1gbit]`, `cluster status`, `cluster exec -- CMD`, `cluster down`")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["cluster"]:     # its own parser: `exec -- CMD` keeps everything after -- as it is
+        try:
+            from bench.cluster.command import run as cluster
+            return cluster(argv[1:])
+        except ConfigError as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     args = parser.parse_args(argv)
     try:
         if args.command == "sweep":

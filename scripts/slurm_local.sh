@@ -8,15 +8,19 @@ set -euo pipefail
 STATE=${SLURM_LOCAL_STATE:-/var/tmp/ddlbench-slurm}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 t() { timeout 10 "$@"; }   # Slurm clients block while slurmctld is down
+# Only this machine's own daemons: an emulated cluster (`bench cluster`) runs slurmd, slurmctld,
+# munged and mariadbd of the same names in a mount namespace of its own.
+pgrep() { command pgrep --ns $$ --nslist mnt "$@"; }
+pkill() { command pkill --ns $$ --nslist mnt "$@"; }
 trap 'echo "slurm_local.sh: failed at line $LINENO (logs in $STATE)" >&2' ERR
 
 install() {
   command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v slurmdbd >/dev/null \
-    && command -v mariadbd >/dev/null && return
+    && command -v mariadbd >/dev/null && command -v tc >/dev/null && return
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge \
-    slurm-wlm-basic-plugins libpmix2 libpmix-dev slurmdbd mariadb-server >/dev/null
+    slurm-wlm-basic-plugins libpmix2 libpmix-dev slurmdbd mariadb-server iproute2 >/dev/null
 }
 
 accounting() {
@@ -89,7 +93,7 @@ stop() {
   for d in slurmd slurmctld slurmdbd mariadbd munged; do
     pkill -x "$d" || true
     # wait for it to exit (a dying mariadbd still matches pgrep, and the next `start` would skip it)
-    timeout 30 bash -c "while pgrep -x $d >/dev/null; do sleep 0.2; done" || pkill -9 -x "$d" || true
+    timeout 30 bash -c "while pgrep --ns $$ --nslist mnt -x $d >/dev/null; do sleep 0.2; done" || pkill -9 -x "$d" || true
   done
   pkill -f '^slurmstepd' || true
   sleep 1

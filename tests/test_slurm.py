@@ -1,6 +1,7 @@
 """Sweeps through a real single-node Slurm (scripts/slurm_local.sh: munged, MariaDB, slurmdbd,
 slurmctld, slurmd on localhost) and `launcher=slurm` under srun."""
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +18,8 @@ SCRIPT = REPO / "scripts" / "slurm_local.sh"
 
 @pytest.fixture(scope="module")
 def slurm():
-    was_up = subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 0
+    was_up = subprocess.run(["pgrep", "--ns", str(os.getpid()), "--nslist", "mnt", "-x", "slurmctld"],
+                            capture_output=True).returncode == 0        # this machine's, not an emulated cluster's
     proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield
