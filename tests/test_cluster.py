@@ -136,3 +136,24 @@ def test_down_leaves_nothing(box):
     assert subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout == before
     assert cluster("status", f"name={NAME}").returncode == 1
     assert not (Path("/var/tmp/ddlbench-cluster") / NAME / "cluster.json").exists()
+
+
+def test_preflight_says_what_is_missing(monkeypatch):
+    import shutil
+
+    from bench.cluster import world
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert world.preflight() == "bench cluster needs root (network namespaces, veth pairs, tc)"
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name: None if name in ("slurmd", "tc") else f"/usr/bin/{name}")
+    assert world.preflight().startswith("bench cluster: missing tc, slurmd (")
+
+
+def test_the_build_script_shapes_both_directions_of_every_link():
+    from bench.cluster.world import build_script
+    script = build_script(make_plan(2, "1gbit", [0, 1], "/st"))
+    for node in ("n1", "n2"):
+        assert f"tc -n {node} qdisc replace dev eth0 root tbf rate 1000000000bit" in script
+        assert f"tc -n head qdisc replace dev v{node} root tbf rate 1000000000bit" in script
+        assert f"taskset -c {node[1:] and int(node[1:]) - 1} slurmd -N {node}" in script
+    assert script.index("mount -t tmpfs") < script.index("ip netns add head")   # the world's own /run first
