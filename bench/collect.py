@@ -122,6 +122,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     record["parallel"] = dims.as_dict()
     record["env"] = envinfo.capture(ctx.device, ctx.backend, threads)
     record["env"]["hostnames"] = sorted({g["hostname"] for g in gathered})
+    record["env"]["rank_hosts"] = [g["hostname"] for g in gathered]     # rank r ran on rank_hosts[r]
     record["timing"] = {
         "warmup_steps": warmup, "measured_steps": measure,
         "step_time_s": {k: stats[k] for k in ("median", "mean", "p10", "p90", "std", "min", "max")},
