@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,42 @@ def test_frameworks_across_two_nodes_under_slurm(box, tmp_path, framework):
     assert rec["status"] == "ok", rec["error"]
     assert rec["env"]["rank_hosts"] == ["n1", "n2"] and rec["parallel"]["nodes"] == 2
     assert rec["comm"]["wire_bytes_per_rank"] > 0
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_run_is_a_recorded_failure_that_names_a_host(box, tmp_path):
+    """n2's link goes down during a 2-node DDP run: the ranks' collectives time out
+    (run.pg_timeout_s), the record is `failed` and names the rank and host that wrote it; once
+    the job has ended nothing of the run is left on any node. (Slurm itself cannot reach n2's
+    slurmd while the link is down, so the job ends when it comes back.)"""
+    from conftest import wait_until_training
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen([BENCH, "cluster", "exec", f"name={NAME}", "--", "srun", "-N2", "--ntasks-per-node=1",
+                            "--kill-on-bad-exit=1", BENCH, "run", "launcher=slurm", "framework=ddp", "model=gpt2_tiny",
+                            "debug=fast", "run.measure_steps=100000", "run.pg_timeout_s=20", "run.timeout_s=200",
+                            f"run.dir={run_dir}"], cwd=REPO, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_training(run_dir, 2)
+        assert login("ip", "-n", "n2", "link", "set", "eth0", "down").returncode == 0
+        wait_for(lambda: (run_dir / "result.json").exists(), 120, "a result after the link went down")
+        time.sleep(2)                                  # the other rank's record, if it comes second
+        rec = json.loads((run_dir / "result.json").read_text())
+        assert rec["status"] in ("failed", "timeout"), rec["status"]
+        assert rec["error"]["host"] in ("n1", "n2") and f"on {rec['error']['host']}:" in rec["error"]["message"]
+        assert "Timed out" in rec["error"]["message"] or "onnection" in rec["error"]["message"], rec["error"]
+    finally:
+        login("ip", "-n", "n2", "link", "set", "eth0", "up")
+        try:
+            job.wait(timeout=120)
+        finally:
+            if job.poll() is None:
+                job.kill()
+    wait_for(lambda: not login("squeue", "-h").stdout.strip(), 60, "the job to leave the queue")
+    from bench.cluster.world import processes_in
+    left = [p for p in processes_in(box["world"])
+            if str(run_dir) in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    assert left == [], left
 
 
 @pytest.mark.slow

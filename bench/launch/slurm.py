@@ -128,8 +128,10 @@ def _record_failure(plan: Plan, run_dir: Path, rank: int, exc: BaseException) ->
     path = run_dir / RESULT_FILE
     if path.exists() and load_result(path).get("status") == "ok":
         return
+    import socket
+    host = socket.gethostname()     # across nodes, which host's rank failed (a node lost, a link down)
     record = empty_record(run_dir.name, plan.raw, status="failed", precision=plan.cfg.run.precision)
-    record["error"] = error_info(type(exc).__name__, str(exc) or type(exc).__name__, rank,
-                                 traceback="".join(traceback.format_exception(exc))[-4000:])
+    record["error"] = error_info(type(exc).__name__, f"rank {rank} on {host}: {str(exc) or type(exc).__name__}",
+                                 rank, host=host, traceback="".join(traceback.format_exception(exc))[-4000:])
     record["parallel"] = plan.dims.as_dict()
     write_result(run_dir, record)
