@@ -91,6 +91,8 @@ def up(args: list[str]) -> int:
     except ValueError:
         raise ConfigError(f"nodes must be an integer, got {opts['nodes']!r}") from None
     state_path = planning.state_dir(name)
+    if old and old.get("world"):
+        world.end_world(old["world"])  # what is left of a previous cluster whose controller died
     if state_path.exists():
         shutil.rmtree(state_path)      # a previous cluster's files: logs, database, spool
     p = planning.make_plan(nodes, opts.get("link", "1gbit"), sorted(os.sched_getaffinity(0)), str(state_path), name)
