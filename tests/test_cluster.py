@@ -73,11 +73,12 @@ def box():
         pytest.fail("the cluster tests need root (CI runs as root)")
     subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "install"], check=True, timeout=280)
     cluster("down", f"name={NAME}")
-    proc = cluster("up", "nodes=2", f"link={LINK}", f"name={NAME}")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    state = json.loads((Path("/var/tmp/ddlbench-cluster") / NAME / "cluster.json").read_text())
-    yield state
-    cluster("down", f"name={NAME}")
+    try:
+        proc = cluster("up", "nodes=2", f"link={LINK}", f"name={NAME}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        yield json.loads((Path("/var/tmp/ddlbench-cluster") / NAME / "cluster.json").read_text())
+    finally:     # whatever failed, nothing of the cluster outlives the module
+        cluster("down", f"name={NAME}")
 
 
 @pytest.mark.slow

@@ -132,7 +132,8 @@ def _standin_module():
     return mod
 
 
-def _cell_errors(root: Path) -> list[dict]:
+def _records(root: Path) -> list[dict]:
+    """The result records under a sweep directory (earlier attempts left out)."""
     return [json.loads(p.read_text()) for p in sorted(root.rglob("result.json")) if ".attempts" not in p.parts]
 
 
@@ -155,12 +156,12 @@ def test_no_process_that_forks_initialises_cuda(tmp_path):
     ev = standin_check.events(log)
     assert any(e["event"] == "fork" for e in ev)                     # the guard saw the forks it guards
     assert any(e["event"] == "cuda_init" for e in ev)                # and the ranks that used CUDA
-    cells = _cell_errors(sweep)
+    cells = _records(sweep)
     assert len(cells) == 2, proc.stdout + proc.stderr
     for rec in cells:     # every cell: validated, launched and spawned its rank, which asked for its GPU
         assert rec["status"] == "failed" and standin_check.STOP_MESSAGE in rec["error"]["message"], rec["error"]
         assert rec["precision"] == "bf16" and rec["config"]["run"]["precision"] == "auto"
     assert proc.returncode == 1
-    calib = _cell_errors(advise / "calibration")
+    calib = _records(advise / "calibration")
     assert calib and all(standin_check.STOP_MESSAGE in r["error"]["message"] for r in calib)
     assert proc_a.returncode == 2 and "the DDP calibration run failed" in proc_a.stderr, proc_a.stdout + proc_a.stderr

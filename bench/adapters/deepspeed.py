@@ -18,7 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from bench.adapters.base import Adapter, StepOut, param_row, split_micro, taxonomy_labels, unwrap
-from bench.metrics.comm import AnalyticComm
+from bench.metrics.comm import AnalyticComm, psi_units
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from bench.optim import param_groups
 
@@ -231,8 +231,8 @@ class DeepSpeedAdapter(Adapter):
         s = self.options.stage
         # Psi = fp32 bytes; at bf16/fp16 the engine's parameters (gathered) are 2-byte, and its
         # gradients cross in communication_data_type, by default the training dtype
-        grads = 1.0 if self.grad_reduce_dtype(self.options, self.ctx.precision) == "fp32" else 0.5
-        param = 1.0 if self.ctx.precision == "fp32" else 0.5
+        grads = psi_units(self.grad_reduce_dtype(self.options, self.ctx.precision))
+        param = psi_units(self.ctx.precision)
         if s == 0:
             return AnalyticComm({"all_reduce": grads}, "DeepSpeed 0.19 engine.allreduce_gradients",
                                 paper_psi=2.0, paper="ZeRO paper, data parallelism")

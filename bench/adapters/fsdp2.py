@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 from models.spec import checkpoint_blocks
 from bench.adapters.base import Adapter, StepOut, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.errors import ConfigError
-from bench.metrics.comm import AnalyticComm
+from bench.metrics.comm import AnalyticComm, psi_units
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
@@ -147,8 +147,8 @@ class FSDP2Adapter(Adapter):
         # all-gather in forward (+ again in backward when resharded), in MixedPrecisionPolicy's
         # param_dtype; reduce-scatter of gradients in its reduce_dtype (Psi = fp32 bytes)
         gathers = 2.0 if self.options.reshard_after_forward else 1.0
-        param = 1.0 if self.ctx.precision == "fp32" else 0.5
-        grads = 1.0 if self.grad_reduce_dtype(self.options, self.ctx.precision) == "fp32" else 0.5
+        param = psi_units(self.ctx.precision)
+        grads = psi_units(self.grad_reduce_dtype(self.options, self.ctx.precision))
         return AnalyticComm({"all_gather": gathers * param, "reduce_scatter": grads},
                             "fully_shard: all-gather per unit in forward"
                             + (" and again in backward (reshard_after_forward)" if gathers == 2 else "")

@@ -365,12 +365,13 @@ def dp_payload(c: dict) -> dict[str, float]:
 
     from bench.adapters.base import RankContext
     from bench.config import plan_from_overrides
+    from bench.metrics.comm import psi_units
 
     fw = c["framework"]
     plan = plan_from_overrides(c["overrides"])
     precision = plan.cfg.run.precision
-    param = 1.0 if precision == "fp32" else 0.5
-    grads = 1.0 if plan.adapter_cls.grad_reduce_dtype(plan.options, precision) == "fp32" else 0.5
+    param = psi_units(precision)
+    grads = psi_units(plan.adapter_cls.grad_reduce_dtype(plan.options, precision))
     if fw in ("tensor_parallel", "fsdp_hybrid"):
         return {"all_gather": 2.0 * param, "reduce_scatter": grads}   # FSDP2 in the shard group (reshard_after_forward)
     if fw.startswith("pipeline"):

@@ -99,13 +99,16 @@ def up(args: list[str]) -> int:
     _write_files(p)
     print(f"cluster {name}: {nodes} nodes ({', '.join(f'{n.name} {n.addr} cores {list(n.cores)}' for n in p.nodes)}), "
           f"links {p.link} (tbf, both directions); state in {p.state}", flush=True)
-    proc = subprocess.run(["unshare", "-m", "-n", "--propagation", "private", "bash", f"{p.state}/build.sh"],
-                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    try:
+        proc = subprocess.run(["unshare", "-m", "-n", "--propagation", "private", "bash", f"{p.state}/build.sh"],
+                              capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+        failure = proc.returncode and (proc.stderr.strip().splitlines() or ["?"])[-1]
+    except subprocess.TimeoutExpired:
+        failure = "it ran past 180 s"
     mnt = (Path(p.state) / "world").read_text().strip() if (Path(p.state) / "world").exists() else None
     state = {"plan": p.to_dict(), "world": mnt, "network": f"{p.state}/network.yaml"}
-    if proc.returncode != 0:
-        _abort(mnt, f"building the cluster failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]} "
-                    f"(logs in {p.state}/logs)")
+    if failure:
+        _abort(mnt, f"building the cluster failed: {failure} (logs in {p.state}/logs)")
     (Path(p.state) / STATE_FILE).write_text(json.dumps(state, indent=1))
     try:
         _wait_idle(state, len(p.nodes))
@@ -127,7 +130,11 @@ def _wait_idle(state: dict, nodes: int, timeout_s: float = 90) -> None:
     last = ""
     while time.monotonic() < deadline:
         if login_pid(state):
-            proc = enter(state, ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=15)
+            try:
+                proc = enter(state, ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=15)
+            except subprocess.TimeoutExpired:
+                last = "sinfo did not answer within 15 s"
+                continue
             last = proc.stdout.strip() + proc.stderr.strip()
             idle = [line for line in proc.stdout.splitlines() if line.split()[-1:] == ["idle"]]
             if len(idle) == nodes:
@@ -171,7 +178,10 @@ def down(args: list[str]) -> int:
         print(f"cluster {name}: not up; nothing to do")
         return 0
     if login_pid(state):
-        enter(state, ["scancel", "--full", f"--user={os.getuid()}"], capture_output=True, timeout=15)
+        try:
+            enter(state, ["scancel", "--full", f"--user={os.getuid()}"], capture_output=True, timeout=15)
+        except subprocess.TimeoutExpired:
+            pass     # the processes are ended below either way
     left = world.end_world(state["world"]) if state.get("world") else []
     if left:
         print(f"cluster {name}: processes still alive after SIGKILL: {left}", file=sys.stderr)

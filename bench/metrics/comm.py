@@ -194,6 +194,14 @@ class AnalyticComm:
     paper: str | None = None
 
 
+PSI_UNITS = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}
+
+
+def psi_units(dtype: str) -> float:
+    """A model-sized payload in `dtype`, in units of Psi (fp32 parameter bytes)."""
+    return PSI_UNITS[dtype]
+
+
 def analytic_wire_bytes(psi_factor: float, psi_bytes: float, world: int) -> float:
     """A paper's volume: DDP 2 Psi, ZeRO-3 / FSDP full shard 3 Psi (x (N-1)/N)."""
     if world <= 1:

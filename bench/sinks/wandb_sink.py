@@ -13,6 +13,7 @@ def flat_summary(record: dict) -> dict:
     t = record.get("timing") or {}
     tp = record.get("throughput") or {}
     mem = (record.get("memory") or {}).get("per_rank") or []
+    comm = record.get("comm") or {}
     out = {
         "status": record["status"],
         "throughput/samples_per_s": tp.get("samples_per_s"),
@@ -22,10 +23,10 @@ def flat_summary(record: dict) -> dict:
         "memory/peak_rss(bytes)": max((m.get("peak_rss_bytes") or 0 for m in mem), default=None),
         "memory/peak_allocated(bytes)": max((m.get("peak_allocated_bytes") or 0 for m in mem), default=None),
         "memory/model_state_theory(bytes)": (record.get("memory") or {}).get("model_state_bytes_per_rank_theory"),
-        "comm/bytes_per_step": sum(((record.get("comm") or {}).get("per_step_bytes") or {}).values()) or None,
-        "comm/wire_bytes_per_rank": (record.get("comm") or {}).get("wire_bytes_per_rank"),
-        "comm/analytic_wire_bytes_per_rank": (record.get("comm") or {}).get("analytic_wire_bytes_per_rank"),
-        "comm/exposed_s": (((record.get("comm") or {}).get("time") or {}).get("total") or {}).get("exposed_s"),
+        "comm/bytes_per_step": sum((comm.get("per_step_bytes") or {}).values()) or None,
+        "comm/wire_bytes_per_rank": comm.get("wire_bytes_per_rank"),
+        "comm/analytic_wire_bytes_per_rank": comm.get("analytic_wire_bytes_per_rank"),
+        "comm/exposed_s": ((comm.get("time") or {}).get("total") or {}).get("exposed_s"),
         "grad_reduce_dtype": (record.get("framework") or {}).get("grad_reduce_dtype"),
     }
     for k, v in (t.get("step_time_s") or {}).items():
