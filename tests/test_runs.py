@@ -1,5 +1,6 @@
 """Real runs: DDP at 1 and 2 ranks on CPU/gloo, the equivalence gate, and failures as data."""
 import json
+import re
 
 import pytest
 
@@ -171,6 +172,10 @@ def test_wall_clock_timeout_kills_everything(run_dir):
     assert "faults.py" in stacks["1"] and "runner.py" in stacks["1"], stacks["1"]
     assert "faults.py" not in stacks["0"] and "runner.py" in stacks["0"], stacks["0"]
     assert (run_dir / "stacks" / "rank1.txt").read_text().count("File ") > stacks["1"].count("File ")
+    # ... and the message itself says so in one line per rank (what a CI log shows first)
+    msg = rec["error"]["message"]
+    assert re.search(r"rank 0: \S+:\d+ \w+ <- bench/\S+:\d+ \w+", msg), msg
+    assert re.search(r"rank 1: faults\.py:\d+ \w+", msg), msg
 
 
 def test_sigusr1_stops_cleanly_with_partial_measurements(run_dir):

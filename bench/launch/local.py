@@ -20,7 +20,7 @@ from bench.envinfo import usable_cores
 from bench.launch import events
 from bench.launch.agent import FAILURE_FILE, is_lost_peer
 from bench.launch.forked import Forked, rank_start_method
-from bench.launch.records import finish, innermost_frames, save_config, stack_path, stopped_result
+from bench.launch.records import finish, innermost_frames, save_config, stack_path, stopped_result, where_each_rank_was
 from bench.launch.stop import ForwardUsr1
 from bench.errors import ConfigError
 from bench.results import RESULT_FILE, error_info, load_result, write_result
@@ -144,7 +144,7 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
         stacks = dump_stacks(proc, run_dir, cfg.launcher.nproc)
         _kill_tree(proc)
         msg = (f"run exceeded run.timeout_s={cfg.run.timeout_s:g} s (wall clock); all ranks killed; "
-               "where each rank was: error.stacks")
+               f"where each rank was ({where_each_rank_was(stacks) or 'no rank answered'}); their stacks: error.stacks")
         return finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg, stacks=stacks))
     except KeyboardInterrupt:
         _kill_tree(proc)

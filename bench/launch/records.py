@@ -4,6 +4,7 @@ config before anything starts, and the result of a run whose ranks could not wri
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from bench.config import Plan
@@ -53,6 +54,31 @@ def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> 
 def stack_path(run_dir: Path, rank: int) -> Path:
     """Where rank `rank` writes its Python stacks when the launcher asks (SIGUSR2)."""
     return Path(run_dir) / "stacks" / f"rank{rank}.txt"
+
+
+_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def where_each_rank_was(stacks: dict[str, str]) -> str:
+    """One line per rank from its stack dump (innermost_frames): the innermost frame of the
+    thread that runs the rank (the one through bench's own code, else the first), and the
+    innermost frame of bench's code on it -- what a reader of a timeout needs first.
+    "rank 1: faults.py:30 hang <- bench/runner.py:120 run; rank 0: ..."."""
+    parts = []
+    for rank in sorted(stacks, key=int):
+        threads = [[m for m in map(_FRAME.match, block.splitlines()) if m]
+                   for block in re.split(r"\n(?=\S)", stacks[rank])]
+        threads = [t for t in threads if t]
+        if not threads:
+            continue
+        ours = [t for t in threads if any("/bench/" in m["path"] for m in t)]
+        frames = (ours or threads)[0]
+        where = f"{Path(frames[0]['path']).name}:{frames[0]['line']} {frames[0]['func']}"
+        own = next((m for m in frames[1:] if "/bench/" in m["path"] and "/bench/" not in frames[0]["path"]), None)
+        if own is not None:
+            where += f" <- bench/{own['path'].rsplit('/bench/', 1)[1]}:{own['line']} {own['func']}"
+        parts.append(f"rank {rank}: {where}")
+    return "; ".join(parts)
 
 
 def innermost_frames(dump: str, frames: int = 8) -> str:
