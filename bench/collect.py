@@ -123,6 +123,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     record["env"] = envinfo.capture(ctx.device, ctx.backend, threads)
     record["env"]["hostnames"] = sorted({g["hostname"] for g in gathered})
     record["env"]["rank_hosts"] = [g["hostname"] for g in gathered]     # rank r ran on rank_hosts[r]
+    record["env"]["network"] = envinfo.network_ran_on()
     record["timing"] = {
         "warmup_steps": warmup, "measured_steps": measure,
         "step_time_s": {k: stats[k] for k in ("median", "mean", "p10", "p90", "std", "min", "max")},

@@ -8,7 +8,13 @@ reduce-scatter: the input) as in nccl-tests and in the runs' comm records. On gl
 records the bytes it wrote to its sockets during one op (/proc/self/io), beside what the wire
 factors of bench/metrics/comm.py predict: the check that the run records' wire bytes are true.
 
-Ranks are local processes (fork on CPU, spawn on CUDA); multi-node ceilings: not yet.
+Ranks are local processes (fork on CPU, spawn on CUDA), or, with `launcher=slurm`, the tasks of an
+srun step (one process per task; across nodes: `srun -N2 bench commbench launcher=slurm`).
+
+Per kind measured at two or more sizes, α and β are fitted in the network model's terms
+(bench.network.fit) and written with the record; `network=BASE` (a conf/network name or a path;
+default: $DDLBENCH_NETWORK, set inside `bench cluster`) also writes <out>/network.yaml: BASE with
+the dimension the ranks spanned priced by the all-reduce fit, for `bench project`/`bench advise`.
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ from bench.metrics.comm import bus_bandwidth, gloo_reduce_sent, wire_factor
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send")
 DEFAULTS = {"nproc": 2, "sizes": None, "iters": 5, "warmup": 2,
-            "kinds": list(KINDS), "out": "outputs/commbench", "device": "auto"}
+            "kinds": list(KINDS), "out": "outputs/commbench", "device": "auto", "launcher": "local",
+            "network": None}
 # Message sizes when none are given. gloo on CPU reaches its bandwidth by 16 MiB; NVLink and
 # InfiniBand need far larger messages (nccl-tests sweeps to GBs; bus bandwidth levels off
 # around 256 MiB-1 GiB on NVLink), so a GPU ceiling measured at 16 MiB would understate them.
@@ -52,10 +59,10 @@ def parse_args(args: list[str]) -> dict:
         key, sep, value = arg.partition("=")
         if not sep:
             raise ConfigError(f"commbench: expected key=value, got {arg!r}")
-        key = {"launcher.nproc": "nproc", "run.device": "device"}.get(key, key)
+        key = {"launcher.nproc": "nproc", "run.device": "device", "launcher.name": "launcher"}.get(key, key)
         if key not in opts:
-            raise ConfigError(f"commbench: unknown option {key!r} (known: launcher.nproc, sizes, iters, "
-                              "warmup, kinds, out, run.device)")
+            raise ConfigError(f"commbench: unknown option {key!r} (known: launcher.nproc, launcher, sizes, "
+                              "iters, warmup, kinds, out, run.device, network)")
         if key in ("sizes", "kinds"):
             items = [v for v in value.strip("[]").split(",") if v]
             opts[key] = [int(v) for v in items] if key == "sizes" else items
@@ -63,10 +70,12 @@ def parse_args(args: list[str]) -> dict:
             opts[key] = int(value)
         else:
             opts[key] = value
+    if opts["launcher"] not in ("local", "slurm"):
+        raise ConfigError(f"commbench: launcher must be local or slurm, got {opts['launcher']!r}")
     bad = [k for k in opts["kinds"] if k not in KINDS]
     if bad:
         raise ConfigError(f"commbench: unknown kinds {bad} (known: {', '.join(KINDS)})")
-    if opts["nproc"] < 2 or opts["iters"] < 1 or any(s < 4 for s in opts["sizes"] or []):
+    if (opts["nproc"] < 2 and opts["launcher"] == "local") or opts["iters"] < 1 or any(s < 4 for s in opts["sizes"] or []):
         raise ConfigError("commbench: needs launcher.nproc >= 2, iters >= 1 and sizes >= 4 bytes")
     return opts
 
@@ -98,15 +107,17 @@ def _op(kind: str, nbytes: int, world: int, rank: int, device):
     return {0: lambda: dist.send(full, 1), 1: lambda: dist.recv(full, 0)}.get(rank, lambda: None)
 
 
-def _rank(rank: int, world: int, opts: dict, port: int, results: str) -> None:
+def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> None:
+    """One rank; `port` None: the environment already names the rendezvous (srun task)."""
     import torch
     import torch.distributed as dist
 
     from bench.comm_probe import written_bytes
     from bench.launch.worker import pick_device
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if port is not None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                          WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     device, backend = pick_device(opts["device"])
     if device.type == "cuda":
@@ -140,8 +151,11 @@ def _rank(rank: int, world: int, opts: dict, port: int, results: str) -> None:
             rows.append({"kind": kind, "bytes": nbytes, "median_s": statistics.median(times), "written": written})
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
+    hosts = [None] * world
+    dist.all_gather_object(hosts, os.uname().nodename)
     if rank == 0:
-        Path(results).write_text(json.dumps({"backend": backend, "device": device.type, "ranks": gathered}))
+        Path(results).write_text(json.dumps({"backend": backend, "device": device.type, "ranks": gathered,
+                                             "hosts": hosts}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -174,6 +188,8 @@ def run(args: list[str]) -> int:
     opts = parse_args(args)
     out = Path(opts["out"])
     out.mkdir(parents=True, exist_ok=True)
+    if opts["launcher"] == "slurm":
+        return _run_srun_task(opts, out)
     device = "cuda" if opts["device"] == "cuda" else "cpu"
     if opts["device"] == "auto":     # NVML, not CUDA: CPU ranks are forked from here
         from bench.gpus import visible_gpus
@@ -189,17 +205,63 @@ def run(args: list[str]) -> int:
             print(f"commbench: rank {exc.error_index} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
             return 1
         raw = json.loads(Path(results).read_text())
-    world = opts["nproc"]
+    return _write(raw, opts, out, opts["nproc"])
+
+
+def _run_srun_task(opts: dict, out: Path) -> int:
+    """This process is one task of an srun step: rank, world and rendezvous from Slurm's
+    environment (bench.launch.slurm.rank_env); rank 0 writes the record."""
+    import tempfile
+
+    from bench.launch.slurm import rank_env
+    env = rank_env()
+    os.environ.update(env)
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    if world < 2:
+        raise ConfigError("commbench launcher=slurm: needs an srun step of >= 2 tasks (srun -N2 ...)")
+    if opts["sizes"] is None:
+        opts["sizes"] = default_sizes("cpu" if opts["device"] != "cuda" else "cuda")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = os.path.join(tmp, "ranks.json")
+        _rank(rank, world, opts, None, results)
+        if rank != 0:
+            return 0
+        raw = json.loads(Path(results).read_text())
+    return _write(raw, opts, out, world)
+
+
+def _write(raw: dict, opts: dict, out: Path, world: int) -> int:
+    from bench.network.fit import fits
+    from bench.results import atomic_write_json
+    rows = summarize(raw["ranks"], world, raw["backend"])
+    hosts = raw.get("hosts") or [os.uname().nodename]
     record = {"schema": "ddlbench.commbench/1", "backend": raw["backend"], "device": raw["device"],
               "world_size": world, "iters": opts["iters"], "hostname": os.uname().nodename,
-              "rows": summarize(raw["ranks"], world, raw["backend"]),
+              "hosts": hosts, "launcher": opts["launcher"], "rows": rows, "fits": fits(rows, world),
               "note": "time = max over ranks of each rank's median; busbw = algbw x nccl-tests factor; "
-                      "bytes = full buffer (all-gather output, reduce-scatter input)"}
-    from bench.results import atomic_write_json
+                      "bytes = full buffer (all-gather output, reduce-scatter input); fits: alpha and "
+                      "bandwidth of the network model's cost (bench.network.fit)"}
     atomic_write_json(out / "commbench.json", record)
     print(render(record))
-    print(f"commbench: {out / 'commbench.json'}")
+    network = _fitted_network_file(record, opts, out)
+    print(f"commbench: {out / 'commbench.json'}" + (f"; fitted network: {network}" if network else ""))
     return 0
+
+
+def _fitted_network_file(record: dict, opts: dict, out: Path) -> Path | None:
+    """<out>/network.yaml: the base network with the all-reduce fit, where a base is named."""
+    base_name = opts["network"] or os.environ.get("DDLBENCH_NETWORK")
+    fit = next((f for f in record["fits"] if f["kind"] == "all_reduce"), None)
+    if not base_name or fit is None:
+        return None
+    import yaml
+
+    from bench.network.fit import fitted_network
+    from bench.network.model import load
+    base = yaml.safe_load(Path(load(base_name).source).read_text())
+    path = out / "network.yaml"
+    path.write_text(yaml.safe_dump(fitted_network(base, fit, record["world_size"]), sort_keys=False))
+    return path
 
 
 def render(record: dict) -> str:
@@ -211,6 +273,9 @@ def render(record: dict) -> str:
         if r.get("wire_bytes_expected"):
             line += f"{r['written_bytes_mean'] / r['wire_bytes_expected']:>14.4f}"
         lines.append(line)
+    for f in record.get("fits", []):
+        lines.append(f"fit {f['kind']:<15} alpha {f['alpha_s'] * 1e6:9.1f} us   bandwidth {f['bandwidth_Bps'] / 1e9:8.4f} GB/s"
+                     f"   worst residual {f['max_rel_residual']:.1%}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,20 @@ PACKAGES = ("torch", "torchvision", "transformers", "hydra-core", "deepspeed", "
 REPO = Path(__file__).resolve().parents[1]
 
 
+def network_ran_on(environ=os.environ) -> Optional[dict]:
+    """The network the ranks ran on where one is described: $DDLBENCH_NETWORK (set inside `bench
+    cluster`: its configured link rates), as {source, description}; None elsewhere. `bench report`'s
+    projection check prices the run's collectives on it instead of conf/network/local_gloo.yaml."""
+    path = environ.get("DDLBENCH_NETWORK")
+    if not path:
+        return None
+    import yaml
+    try:
+        return {"source": path, "description": yaml.safe_load(Path(path).read_text())}
+    except (OSError, yaml.YAMLError) as exc:
+        return {"source": path, "description": None, "error": f"unreadable: {exc}"}
+
+
 def _git(*args: str) -> Optional[str]:
     try:
         out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,

@@ -33,8 +33,8 @@ def test_rates_and_cores():
     assert split_cores([0, 1, 2, 3, 4], 2) == [(0, 1), (2, 3)]     # equal shares; core 4 unused
     with pytest.raises(ConfigError, match="each node needs its own core"):
         split_cores([0, 1], 3)
-    assert tbf_burst_bytes(1e8) == 256 << 10                         # 4 ms at 100 Mbit/s is 50 KB
-    assert tbf_burst_bytes(10e9) == int(10e9 / 8 / 250) * 2           # a tick's worth, twice, at 10 Gbit/s
+    assert tbf_burst_bytes(1e8) == 128 << 10                         # 1 ms at 100 Mbit/s is 12.5 KB
+    assert tbf_burst_bytes(10e9) == 1_250_000                         # 1 ms at 10 Gbit/s
 
 
 def test_plan_files():
@@ -110,6 +110,61 @@ def test_frameworks_across_two_nodes_under_slurm(box, tmp_path, framework):
     assert rec["status"] == "ok", rec["error"]
     assert rec["env"]["rank_hosts"] == ["n1", "n2"] and rec["parallel"]["nodes"] == 2
     assert rec["comm"]["wire_bytes_per_rank"] > 0
+    # the network it ran on, as `bench cluster` described it: the link at 100 Mbit/s
+    assert rec["env"]["network"]["description"]["dimensions"][1]["bandwidth_GBps"] == 0.0125
+    _records[framework] = rec
+
+
+_records: dict[str, dict] = {}
+
+
+def slurm_run(run_dir: Path, nodes: int, *overrides: str) -> dict:
+    proc = login("srun", f"-N{nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", BENCH, "run", "launcher=slurm",
+                 "model=gpt2_tiny", "debug=fast", f"run.dir={run_dir}", "run.timeout_s=200", *overrides)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads((run_dir / "result.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_two_node_run_is_priced_on_the_link_it_ran_on(box, tmp_path):
+    """The projection check (bench report, bench project) prices a run's collectives on the
+    network it recorded: DDP's all-reduce over the 100 Mbit/s link between n1 and n2 (by hand:
+    2 alpha + bytes / 12.5 MB/s), its compute from a 1-rank run on one node, each node's one rank
+    on its own core (no oversubscription)."""
+    from bench.network.validate import predict
+    from bench.report.render import network_ran_on
+    rec = _records.get("ddp") or slurm_run(tmp_path / "two", 2, "framework=ddp")
+    one = slurm_run(tmp_path / "one", 1, "framework=ddp", "run.global_batch=4")
+    assert rec["status"] == one["status"] == "ok"
+    net = network_ran_on(rec)
+    assert [d.name for d in net.dims] == ["node", "link"] and net.dims[1].bandwidth == 12.5e6
+    p = predict(rec, one, net)
+    payload = rec["comm"]["per_step_bytes"]["all_reduce"]
+    assert p["comm_s"] == pytest.approx(2 * 100e-6 + payload / 12.5e6, rel=1e-9)
+    assert p["oversubscription"] == 1.0 and p["compute_s"] == pytest.approx(one["timing"]["step_time_s"]["median"])
+    print(f"DDP across 2 nodes at {LINK}: measured {p['measured_step_s'] * 1e3:.1f} ms, predicted "
+          f"{p['predicted_step_s'] * 1e3:.1f} ms ({p['relative_error']:+.1%})")
+
+
+@pytest.mark.slow
+def test_commbench_across_nodes_fits_the_link(box, tmp_path):
+    """`bench commbench launcher=slurm` over two nodes: the all-reduce fit's bandwidth is the
+    link's (the shaper cannot be beaten; gloo's framing and the CPU cost a little: measured here
+    ~0.95 of the rate at 100 Mbit/s, bound 0.8), and network.yaml is the cluster's description
+    with the link priced by the fit."""
+    import yaml
+    out = tmp_path / "cb"
+    proc = login("srun", "-N2", "--ntasks-per-node=1", BENCH, "commbench", "launcher=slurm", "kinds=[all_reduce]",
+                 "sizes=[262144,1048576]", "iters=3", "warmup=1", f"out={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rec = json.loads((out / "commbench.json").read_text())
+    assert sorted(rec["hosts"]) == ["n1", "n2"] and rec["launcher"] == "slurm" and rec["world_size"] == 2
+    (fit,) = rec["fits"]
+    print(f"all-reduce fit at {LINK}: {fit['bandwidth_Bps'] / 1e6:.2f} MB/s, alpha {fit['alpha_s'] * 1e6:.0f} us")
+    assert 0.8 <= fit["bandwidth_Bps"] / (rate_bits(LINK) / 8) <= 1.02
+    net = yaml.safe_load((out / "network.yaml").read_text())
+    assert net["dimensions"][1]["bandwidth_GBps"] == pytest.approx(fit["bandwidth_Bps"] / 1e9, rel=1e-5)
+    assert net["dimensions"][0]["bandwidth_GBps"] == 1.0 and net["name"] == f"cluster_{NAME}_fitted"
 
 
 @pytest.mark.slow

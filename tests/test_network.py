@@ -165,3 +165,37 @@ def test_predicted_vs_measured_step_time_on_this_machine_is_in_the_report(tmp_pa
     assert out.returncode == 0, out.stderr
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Projection check" in md and f"{p['relative_error']:+.1%}" in md
+
+
+def test_alpha_beta_fit_in_the_models_terms():
+    """Hand-computed: a ring all-reduce over 4 ranks costs 6 alpha + 1.5 B / bw; with alpha = 50 us
+    and bw = 2 GB/s, 1 MB takes 0.3 + 0.75 = 1.05 ms and 4 MB 0.3 + 3 = 3.3 ms."""
+    from bench.network.fit import coefficients, fit_alpha_beta, fits, fitted_network
+    assert coefficients("all_reduce", 4) == (6, 1.5) and coefficients("all_gather", 4) == (3, 0.75)
+    assert coefficients("broadcast", 5) == (3, 1.0) and coefficients("send", 2) == (1, 1.0)
+    f = fit_alpha_beta([(1e6, 1.05e-3), (4e6, 3.3e-3)], "all_reduce", 4)
+    assert f["alpha_s"] == pytest.approx(50e-6) and f["bandwidth_Bps"] == pytest.approx(2e9)
+    # a negative intercept (noise) is refitted through the origin: all-gather, 2 ranks, 0.5 B / bw
+    f = fit_alpha_beta([(1e6, 0.4e-3), (2e6, 1.0e-3)], "all_gather", 2)
+    assert f["alpha_s"] == 0.0
+    assert f["bandwidth_Bps"] == pytest.approx(0.5 / ((1e6 * 0.4e-3 + 2e6 * 1.0e-3) / (1e12 + 4e12)))
+    with pytest.raises(ValueError, match="two message sizes"):
+        fit_alpha_beta([(1e6, 1e-3)], "all_reduce", 2)
+    rows = [{"kind": "all_reduce", "bytes": 1e6, "time_s": 2e-4 + 1e6 / 1e8},
+            {"kind": "all_reduce", "bytes": 1e7, "time_s": 2e-4 + 1e7 / 1e8},
+            {"kind": "send", "bytes": 1e6, "time_s": 1e-2}]            # one size: no fit
+    (ar,) = fits(rows, 2)
+    assert ar["alpha_s"] == pytest.approx(100e-6) and ar["bandwidth_Bps"] == pytest.approx(1e8)
+    # the cluster's description: one rank per node, so the link dimension is what was measured
+    cluster = {"name": "cluster_box", "dimensions": [
+        {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 100.0},
+        {"name": "link", "size": 2, "bandwidth_GBps": 0.0125, "latency_us": 100.0}]}
+    fitted = fitted_network(cluster, ar, 2)
+    assert fitted["dimensions"][1]["bandwidth_GBps"] == pytest.approx(0.1) and fitted["dimensions"][1]["latency_us"] == 100.0
+    assert fitted["dimensions"][0] == cluster["dimensions"][0] and fitted["name"] == "cluster_box_fitted"
+    assert load_fitted(fitted).dims[1].bandwidth == pytest.approx(1e8)
+
+
+def load_fitted(raw):
+    from bench.network.model import from_dict
+    return from_dict(raw)

@@ -14,7 +14,7 @@ from conftest import bench
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_gloo_writes_what_the_wire_factors_say(tmp_path, nproc):
     proc = bench("commbench", f"launcher.nproc={nproc}", "sizes=[1048576,16777216]", "iters=1", "warmup=1",
-                 f"out={tmp_path}", timeout=240)
+                 f"out={tmp_path}", "network=local_gloo", timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((tmp_path / "commbench.json").read_text())
     assert rec["backend"] == "gloo" and rec["world_size"] == nproc
@@ -24,6 +24,15 @@ def test_gloo_writes_what_the_wire_factors_say(tmp_path, nproc):
         assert r["written_bytes_mean"] == pytest.approx(r["wire_bytes_expected"], rel=0.01), r["kind"]
         assert r["busbw_Bps"] > 0 and r["time_s"] > 0
     assert "busbw_GB/s" in proc.stdout
+    # alpha-beta per kind, in the network model's terms, and the base network priced by the
+    # all-reduce fit (the dimension the ranks spanned: local_gloo's only one)
+    assert sorted(f["kind"] for f in rec["fits"]) == sorted(KINDS)
+    assert all(f["bandwidth_Bps"] > 0 and f["alpha_s"] >= 0 for f in rec["fits"])
+    import yaml
+    net = yaml.safe_load((tmp_path / "network.yaml").read_text())
+    ar = next(f for f in rec["fits"] if f["kind"] == "all_reduce")
+    assert net["dimensions"][0]["bandwidth_GBps"] == pytest.approx(ar["bandwidth_Bps"] / 1e9, rel=1e-5)
+    assert net["name"] == "local_gloo_fitted" and "fit all_reduce" in proc.stdout
 
 
 def test_a_failing_rank_is_named_and_nothing_is_written(tmp_path):

@@ -51,7 +51,8 @@ def enter(state: dict, cmd: list[str], **kw) -> subprocess.CompletedProcess:
     pid = login_pid(state)
     if pid is None:
         raise ConfigError(f"cluster {state['plan']['name']} is not up (no slurmctld); `bench cluster up` first")
-    env = ["env", f"SLURM_CONF={state['plan']['state']}/slurm.conf"]
+    env = ["env", f"SLURM_CONF={state['plan']['state']}/slurm.conf",
+           f"DDLBENCH_NETWORK={state['plan']['state']}/network.yaml"]   # srun/sbatch pass it on
     return subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", "-u", "--", *env, *cmd], **kw)
 
 

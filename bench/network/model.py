@@ -68,7 +68,13 @@ def load(name_or_path: str, conf_dir: Path | None = None) -> Network:
     if not path.is_file():
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ConfigError(f"unknown network '{name_or_path}' (known: {', '.join(known)})")
-    raw = yaml.safe_load(path.read_text()) or {}
+    return from_dict(yaml.safe_load(path.read_text()) or {}, path)
+
+
+def from_dict(raw: dict, path: Path | str = "<inline>") -> Network:
+    """A network from its description (the yaml's content; result.json's env.network)."""
+    from bench.errors import ConfigError
+    path = Path(path)
     try:
         dims = tuple(Dimension(str(d["name"]), int(d["size"]), float(d["bandwidth_GBps"]) * GB,
                                float(d["latency_us"]) * 1e-6, float(d.get("cost_per_GBps", 0.0)))

@@ -12,8 +12,8 @@ Scaling efficiency = throughput per device / one device's throughput without com
 """
 from __future__ import annotations
 
-from bench.network.model import Network, collective_time, layout
-from bench.network.workload import Workload
+from bench.network.model import Dimension, Network, collective_time, layout
+from bench.network.workload import Collective, Workload
 
 
 def spans_for(scope: str, network: Network, devices: int) -> list:
@@ -28,14 +28,23 @@ def spans_for(scope: str, network: Network, devices: int) -> list:
     raise ValueError(f"unknown scope {scope}")
 
 
+def measured_spans(c: Collective, network: Network) -> list[tuple[int, Dimension]]:
+    if c.nodes <= 1 or len(network.dims) == 1:
+        return [(c.ranks, network.dims[0])]
+    if c.ranks % c.nodes:
+        raise ValueError(f"a group of {c.ranks} ranks on {c.nodes} nodes: uneven, no rule to price it")
+    return [(c.ranks // c.nodes, network.dims[0]), (c.nodes, network.dims[1])]
+
+
 def comm_time(work: Workload, network: Network, devices: int, algorithm: str = "best",
               measured_groups: bool = False) -> tuple[float, dict]:
     """Seconds of communication per step on `devices`, and seconds per collective kind.
-    measured_groups: price each collective over its measured group on the network's first
-    dimension (the machine the run was measured on)."""
+    measured_groups: price each collective over its measured group on the network the run ran on:
+    its ranks on the first dimension (one host), or, where the group spanned several nodes, its
+    ranks per node on the first dimension and its nodes on the second (`bench cluster`'s links)."""
     total, parts = 0.0, {}
     for c in work.collectives:
-        spans = [(c.ranks, network.dims[0])] if measured_groups else spans_for(c.scope, network, devices)
+        spans = measured_spans(c, network) if measured_groups else spans_for(c.scope, network, devices)
         t, alg = collective_time(c.kind, c.bytes, spans, algorithm)
         total += t
         key = f"{c.kind}/{c.scope} ({alg})"

@@ -13,10 +13,14 @@ from bench.network.workload import from_record
 
 
 def oversubscription(rec: dict) -> float:
-    env = rec.get("env") or {}
-    world = (rec.get("parallel") or {}).get("world_size") or 1
+    """Threads per usable core on a node: ranks per node x threads per rank / the cores each
+    rank could use (on one host all ranks share its cores; in `bench cluster` each node has its own)."""
+    env, par = rec.get("env") or {}, rec.get("parallel") or {}
+    hosts = env.get("rank_hosts")
+    per_node = (hosts.count(hosts[0]) if hosts else
+                (par.get("world_size") or 1) / max(1, par.get("nodes") or 1))
     cores, threads = env.get("usable_cores"), env.get("threads_per_rank")
-    return max(1.0, world * threads / cores) if cores and threads else 1.0
+    return max(1.0, per_node * threads / cores) if cores and threads else 1.0
 
 
 def predict(rec: dict, single: dict, network: Network, algorithm: str = "best") -> dict:

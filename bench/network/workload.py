@@ -21,6 +21,7 @@ class Collective:
     bytes: float      # payload per step
     scope: str        # world | node | across
     ranks: int        # group size in the measured run
+    nodes: int = 1    # nodes that group spanned in the measured run
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,9 @@ def from_record(rec: dict) -> Workload:
             for key, gb in by_group[kind].items():
                 scope = scope_of(key, world)
                 if scope and gb > 0:
-                    out.append(Collective(kind, float(gb), scope, group_size(key)))
+                    out.append(Collective(kind, float(gb), scope, group_size(key), int(str(key).split("@")[1])))
         elif b > 0 and world > 1:       # counted without groups (Horovod's own counter): world
-            out.append(Collective(kind, float(b), "world", world))
+            out.append(Collective(kind, float(b), "world", world, int(par.get("nodes") or 1)))
     fw = rec.get("framework") or {}
     label = fw.get("name", "?") + ("" if fw.get("variant") in (None, "default") else f":{fw['variant']}")
     return Workload(label=label, world=world, per_device_batch=par["global_batch"] / world,

@@ -1,0 +1,75 @@
+"""α and β from measured collective times (`bench commbench`), in the terms of the network model
+(bench.network.model), so a fit plugs straight back into it.
+
+The model prices one collective of a full buffer of B bytes over p ranks as
+    T = steps(kind, p) * alpha + volume(kind, p) * B / bandwidth
+with the ring/tree counts of model.py (all-reduce 2(p-1) steps and 2(p-1)/p B; all-gather,
+reduce-scatter and reduce (p-1) and (p-1)/p B; broadcast ceil(log2 p) and B; send 1 and B).
+A least-squares line T = a + c B over the measured sizes gives alpha = a / steps and
+bandwidth = volume / c (a < 0, which noise at small sizes can give, is refitted through the origin).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def coefficients(kind: str, p: int) -> tuple[float, float]:
+    """(steps, volume per byte of the full buffer) of the model's cost of `kind` over p ranks."""
+    if p < 2:
+        raise ValueError("a fit needs at least 2 ranks")
+    log2p = math.ceil(math.log2(p))
+    table = {"all_reduce": (2 * (p - 1), 2 * (p - 1) / p), "all_gather": (p - 1, (p - 1) / p),
+             "reduce_scatter": (p - 1, (p - 1) / p), "reduce": (p - 1, (p - 1) / p),
+             "broadcast": (log2p, 1.0), "send": (1, 1.0)}
+    if kind not in table:
+        raise ValueError(f"no model for {kind}")
+    return table[kind]
+
+
+def fit_alpha_beta(points: list[tuple[float, float]], kind: str, p: int) -> dict:
+    """points: [(full-buffer bytes, seconds)], at least 2 distinct sizes. Returns alpha_s,
+    bandwidth_Bps (per rank, the model's), and the largest relative residual of the fit."""
+    sizes = np.array([b for b, _ in points], dtype=float)
+    times = np.array([t for _, t in points], dtype=float)
+    if len(set(sizes.tolist())) < 2:
+        raise ValueError("a fit needs at least two message sizes")
+    c, a = np.polyfit(sizes, times, 1)
+    if a < 0:                                     # through the origin: latency not resolvable
+        a, c = 0.0, float(sizes @ times / (sizes @ sizes))
+    if c <= 0:
+        raise ValueError(f"{kind}: time does not grow with size; no bandwidth to fit")
+    steps, volume = coefficients(kind, p)
+    pred = a + c * sizes
+    return {"kind": kind, "world_size": p, "alpha_s": float(a / steps), "bandwidth_Bps": float(volume / c),
+            "max_rel_residual": float(np.max(np.abs(pred - times) / times)),
+            "sizes": [int(s) for s in sizes]}
+
+
+def fits(rows: list[dict], world: int) -> list[dict]:
+    """commbench rows ({kind, bytes, time_s}) -> one fit per kind measured at >= 2 sizes."""
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        by_kind.setdefault(r["kind"], []).append((r["bytes"], r["time_s"]))
+    return [fit_alpha_beta(pts, kind, world) for kind, pts in by_kind.items() if len({b for b, _ in pts}) >= 2]
+
+
+def fitted_network(base: dict, fit: dict, world: int) -> dict:
+    """`base` (a conf/network description, as loaded from yaml) with the dimension that the fit's
+    ranks spanned given the fit's latency and bandwidth: the outermost dimension the world
+    crosses when it fills the network innermost-first (one rank per node on a cluster: the link)."""
+    dims = [dict(d) for d in base["dimensions"]]
+    spanned, left = 0, world
+    for i, d in enumerate(dims):
+        n = min(left, int(d["size"]))
+        if n > 1:
+            spanned = i
+        left = math.ceil(left / max(n, 1))
+    dims[spanned].update(bandwidth_GBps=float(f"{fit['bandwidth_Bps'] / 1e9:.6g}"),
+                         latency_us=float(f"{fit['alpha_s'] * 1e6:.6g}"))
+    return {**base, "name": f"{base.get('name', 'network')}_fitted", "dimensions": dims,
+            "description": f"{base.get('description', '')} -- dimension '{dims[spanned]['name']}' fitted by "
+                           f"bench commbench ({fit['kind']}, {world} ranks, sizes {fit['sizes'][0]}.."
+                           f"{fit['sizes'][-1]} B)".strip(" -"),
+            "source": "bench commbench (alpha-beta least squares)"}

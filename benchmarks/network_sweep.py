@@ -1,0 +1,257 @@
+"""What only a network shows: frameworks across two emulated nodes (`bench cluster`) at several
+inter-node link rates, the projection model held against each, and the communication-reducing
+strategies against DDP on the slowest link, time to target included.
+
+    .venv/bin/python benchmarks/network_sweep.py OUT_DIR [--rates 10gbit,1gbit,100mbit] [--resume]
+        [--frameworks ddp,fsdp_full,deepspeed_zero2,horovod] [--skip-quality]
+
+Root only (network namespaces; see docs/cluster.md). For each rate: `bench cluster up nodes=2
+link=RATE`; `bench commbench launcher=slurm` across the two nodes (α-β fit -> a fitted network);
+each framework at 2 nodes x 1 rank under `srun` (gpt2_tiny, per-rank batch 8); its step time
+predicted from a 1-rank run of the same configuration on one node (its compute) plus its own
+collectives priced on (a) the link rate as configured and (b) commbench's fit; on the slowest
+rate, experiment=seed_language_tiny for DDP, DASO (one rank per node), post-local SGD, PowerSGD
+and the fp16 hook. Then `bench cluster down` and `bench report` over every run. Writes
+OUT_DIR/network_sweep.{json,md}, throughput_vs_link.png and report/; prints the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runs import reuse
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = str(Path(sys.executable).parent / "bench")
+NAME = "netsweep"
+FRAMEWORKS = ["ddp", "fsdp_full", "deepspeed_zero2", "horovod"]
+STRATEGIES = {"ddp": ["framework=ddp"], "daso": ["framework=daso", "framework.options.ranks_per_node=1"],
+              "ddp:local_sgd": ["framework=ddp_local_sgd"], "ddp:powersgd": ["framework=ddp_powersgd"],
+              "ddp:fp16_hook": ["framework=ddp_fp16_hook"]}
+PER_RANK_BATCH = 8
+STEPS = ["model=gpt2_tiny", "run.warmup_steps=3", "run.measure_steps=15", "run.progress=false", "logger=none"]
+RESUME = {"on": False, "reused": 0}
+
+
+def cluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([BENCH, "cluster", *args], cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def login(*cmd: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return cluster("exec", f"name={NAME}", "--", *cmd, timeout=timeout)
+
+
+def srun_bench(run_dir: Path, nodes: int, *overrides: str) -> dict:
+    """`bench run launcher=slurm` as an srun step of `nodes` nodes x 1 task inside the cluster."""
+    if reuse(run_dir, RESUME["on"]):
+        RESUME["reused"] += 1
+    else:
+        login("srun", f"-N{nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", BENCH, "run", "launcher=slurm",
+              f"run.dir={run_dir}", "run.timeout_s=900", *overrides)
+    path = run_dir / "result.json"
+    return json.loads(path.read_text()) if path.exists() else {"status": "no result", "error": {"message": str(run_dir)}}
+
+
+def commbench(out: Path) -> dict:
+    if not (RESUME["on"] and (out / "commbench.json").exists()):
+        proc = login("srun", "-N2", "--ntasks-per-node=1", BENCH, "commbench", "launcher=slurm",
+                     "sizes=[262144,1048576,4194304]", "iters=3", "warmup=1", f"out={out}")
+        if proc.returncode != 0:
+            raise SystemExit(f"commbench failed: {proc.stderr[-2000:]}")
+    return json.loads((out / "commbench.json").read_text())
+
+
+def predictions(rec: dict, one: dict, fitted_path: Path) -> dict:
+    from bench.network.model import from_dict, load
+    from bench.network.validate import predict
+    out = {}
+    nets = {"configured": from_dict(rec["env"]["network"]["description"]), "fitted": load(str(fitted_path))}
+    for label, net in nets.items():
+        try:
+            out[label] = predict(rec, one, net)
+        except Exception as exc:       # a result the model cannot price: said, not hidden
+            out[label] = {"error": str(exc)}
+    return out
+
+
+def cross_rate(out: Path, doc: dict, base: str) -> None:
+    """`bench project`'s own path, held against each link: compute = the step measured at `base`
+    minus its collectives modelled at `base` (multi-rank overheads stay in), plus the collectives
+    modelled at each other rate; on the configured and on the fitted networks."""
+    from bench.network.model import from_dict, load
+    from bench.network.project import comm_time, compute_seconds
+    from bench.network.workload import from_record
+    recs = {(p["rate"], p["framework"]): json.loads((out / p["rate"] / p["framework"] / "result.json").read_text())
+            for p in doc["points"] if p["status"] == "ok"}
+    for p in doc["points"]:
+        if (base, p["framework"]) not in recs or (p["rate"], p["framework"]) not in recs:
+            continue
+        p["from_base"] = {"base": base}
+        for label in ("configured", "fitted"):
+            def net(rate):
+                rec = recs[(rate, p["framework"])]
+                return (from_dict(rec["env"]["network"]["description"]) if label == "configured"
+                        else load(str(out / rate / "commbench" / "network.yaml")))
+            compute, _ = compute_seconds(from_record(recs[(base, p["framework"])]), measured_on=net(base))
+            work = from_record(recs[(p["rate"], p["framework"])])
+            comm, _ = comm_time(work, net(p["rate"]), work.world, measured_groups=True)
+            p["from_base"][label] = {"predicted_step_s": compute + comm,
+                                     "relative_error": (compute + comm - work.step_s) / work.step_s}
+
+
+def up(rate: str) -> None:
+    cluster("down", f"name={NAME}")
+    proc = cluster("up", "nodes=2", f"link={rate}", f"name={NAME}")
+    if proc.returncode != 0:
+        raise SystemExit(f"bench cluster up failed: {proc.stderr[-2000:]}")
+
+
+def sweep(out: Path, rates: list[str], frameworks: list[str], quality: bool) -> dict:
+    doc = {"rates": rates, "frameworks": frameworks, "points": [], "quality": [], "commbench": {}}
+    singles: dict[str, dict] = {}
+    for rate in rates:
+        up(rate)
+        try:
+            t0 = time.monotonic()
+            cb = commbench(out / rate / "commbench")
+            fit = next(f for f in cb["fits"] if f["kind"] == "all_reduce")
+            doc["commbench"][rate] = {"hosts": cb["hosts"], "all_reduce_fit": fit}
+            for fw in frameworks:
+                if fw not in singles:     # compute does not depend on the link: one 1-rank run each
+                    singles[fw] = srun_bench(out / "one_rank" / fw, 1, f"framework={fw}", *STEPS,
+                                             f"run.global_batch={PER_RANK_BATCH}")
+                rec = srun_bench(out / rate / fw, 2, f"framework={fw}", *STEPS, f"run.global_batch={2 * PER_RANK_BATCH}")
+                point = {"rate": rate, "framework": fw, "status": rec["status"],
+                         "error": (rec.get("error") or {}).get("message")}
+                if rec["status"] == "ok" and singles[fw]["status"] == "ok":
+                    point.update(samples_per_s=rec["throughput"]["samples_per_s"],
+                                 step_s=rec["timing"]["step_time_s"]["median"], hosts=rec["env"]["rank_hosts"],
+                                 wire_bytes_per_rank=rec["comm"]["wire_bytes_per_rank"],
+                                 one_rank_step_s=singles[fw]["timing"]["step_time_s"]["median"],
+                                 predicted=predictions(rec, singles[fw], out / rate / "commbench" / "network.yaml"))
+                doc["points"].append(point)
+            if quality and rate == rates[-1]:
+                for label, ov in STRATEGIES.items():
+                    rec = srun_bench(out / rate / "quality" / label.replace(":", "_"), 2,
+                                     "experiment=seed_language_tiny", "run.progress=false", "logger=none", *ov)
+                    conv = rec.get("convergence") or {}
+                    doc["quality"].append({"rate": rate, "strategy": label, "status": rec["status"],
+                                           "time_to_target_s": conv.get("time_to_target_s"),
+                                           "steps_to_target": conv.get("steps_to_target"),
+                                           "samples_per_s": (rec.get("throughput") or {}).get("samples_per_s"),
+                                           "wire_bytes_per_rank": (rec.get("comm") or {}).get("wire_bytes_per_rank")})
+            doc["commbench"][rate]["wall_s"] = time.monotonic() - t0
+        finally:
+            cluster("down", f"name={NAME}")
+    return doc
+
+
+def _f(x, fmt):
+    return "-" if x is None else format(x, fmt)
+
+
+def markdown(doc: dict) -> str:
+    base = next((p["from_base"]["base"] for p in doc["points"] if p.get("from_base")), "-")
+    lines = ["Step time predicted two ways: (a) compute from a 1-rank run on one node (bench report's projection "
+             f"check), (b) compute from the run at {base} less its modelled collectives (`bench project`'s "
+             "measured_on path); collectives priced on the link as configured / on commbench's fit.", "",
+             "| link | framework | status | samples/s | step (ms) | 1-rank step (ms) | wire/rank/step (KiB) "
+             "| (a) configured (ms) | error | (a) fitted (ms) | error "
+             f"| (b) from {base}, configured (ms) | error | (b) fitted (ms) | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in doc["points"]:
+        cells = []
+        for pr in (p.get("predicted") or {}, p.get("from_base") or {}):
+            for key in ("configured", "fitted"):
+                q = pr.get(key) or {}
+                cells += ([_f(q["predicted_step_s"] * 1e3, ".1f"), f"{q['relative_error']:+.1%}"]
+                          if "predicted_step_s" in q else [q.get("error", "-"), "-"])
+        lines.append(f"| {p['rate']} | {p['framework']} | {p['status']} | {_f(p.get('samples_per_s'), '.1f')} | "
+                     f"{_f(p.get('step_s') and p['step_s'] * 1e3, '.1f')} | "
+                     f"{_f(p.get('one_rank_step_s') and p['one_rank_step_s'] * 1e3, '.1f')} | "
+                     f"{_f(p.get('wire_bytes_per_rank') and p['wire_bytes_per_rank'] / 1024, '.0f')} | " + " | ".join(cells) + " |")
+    lines += ["", "| link | commbench all-reduce fit: bandwidth (MB/s) | of the link rate | alpha (us) |", "|---|---|---|---|"]
+    from bench.cluster.plan import rate_bits
+    for rate, cb in doc["commbench"].items():
+        f = cb["all_reduce_fit"]
+        lines.append(f"| {rate} | {f['bandwidth_Bps'] / 1e6:.1f} | {f['bandwidth_Bps'] * 8 / rate_bits(rate):.1%} | "
+                     f"{f['alpha_s'] * 1e6:.0f} |")
+    if doc["quality"]:
+        ref = next((q for q in doc["quality"] if q["strategy"] == "ddp"), {})
+        lines += ["", f"Time to target on the slowest link ({doc['quality'][0]['rate']}), experiment=seed_language_tiny, "
+                  "2 nodes x 1 rank:", "",
+                  "| strategy | status | time to target (s) | vs DDP | steps to target | samples/s | wire/rank/step (KiB) |",
+                  "|---|---|---|---|---|---|---|"]
+        for q in doc["quality"]:
+            rel = (q["time_to_target_s"] / ref["time_to_target_s"]
+                   if q.get("time_to_target_s") and ref.get("time_to_target_s") else None)
+            reached = q["status"] != "ok" or q.get("time_to_target_s") is not None
+            lines.append(f"| {q['strategy']} | {q['status']} | "
+                         f"{_f(q['time_to_target_s'], '.1f') if reached else 'not reached'} | {_f(rel, '.2f')} | "
+                         f"{_f(q['steps_to_target'], 'd')} | {_f(q['samples_per_s'], '.1f')} | "
+                         f"{_f(q['wire_bytes_per_rank'] and q['wire_bytes_per_rank'] / 1024, '.0f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.cluster.plan import rate_bits
+    fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
+    for fw in doc["frameworks"]:
+        pts = sorted((rate_bits(p["rate"]) / 1e9, p["samples_per_s"]) for p in doc["points"]
+                     if p["framework"] == fw and p.get("samples_per_s"))
+        if pts:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=fw)
+    ax.set_xscale("log")
+    ax.set_xlabel("inter-node link (Gbit/s, tbf)")
+    ax.set_ylabel("samples/s (2 nodes x 1 rank)")
+    ax.set_title("Throughput against link rate, gpt2_tiny, bench cluster")
+    ax.legend(loc="lower right")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--rates", default="10gbit,1gbit,100mbit")
+    ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    ap.add_argument("--base", help="the rate whose runs give (b)'s compute (default: the second rate, "
+                                   "else the first: the fastest link can be the machine's, not the shaper's)")
+    ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="read back results already in OUT_DIR")
+    args = ap.parse_args()
+    RESUME["on"] = args.resume
+    out = args.out.resolve()
+    rates = args.rates.split(",")
+    doc = sweep(out, rates, args.frameworks.split(","), not args.skip_quality)
+    cross_rate(out, doc, args.base or rates[min(1, len(rates) - 1)])
+    (out / "network_sweep.json").write_text(json.dumps(doc, indent=1))
+    text = markdown(doc)
+    (out / "network_sweep.md").write_text(text)
+    plot(doc, out / "throughput_vs_link.png")
+    subprocess.run([BENCH, "report", str(out), "-o", str(out / "report")], cwd=REPO, stdin=subprocess.DEVNULL,
+                   capture_output=True, timeout=900)
+    print(text)
+    for way, key in (("(a) from 1-rank compute", "predicted"), ("(b) from the base rate's run", "from_base")):
+        errs = [abs(q["relative_error"]) for p in doc["points"] for q in (p.get(key) or {}).values()
+                if isinstance(q, dict) and "relative_error" in q and p["rate"] != (p.get("from_base") or {}).get("base")]
+        if errs:
+            print(f"projection |error| {way}: mean {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
+                  f"over {len(errs)} predictions")
+    if RESUME["reused"]:
+        print(f"{RESUME['reused']} run(s) read back from {out} (--resume), not measured now")
+    print(f"written: {out / 'network_sweep.md'}, {out / 'throughput_vs_link.png'}, {out / 'report' / 'report.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
