@@ -291,7 +291,8 @@ def test_default_network_and_devices_per_node_follow_the_device():
     from bench.advise.command import default_network, devices_per_node, parse
     from bench.network.model import load
     assert parse(["model=gpt2_tiny", "devices=2"])[0]["network"] == "auto"
-    assert default_network("cpu") == "local_gloo" and default_network("cuda") == "dgx_h100"
+    assert default_network("cpu", {}) == "local_gloo" and default_network("cuda", {}) == "dgx_h100"
+    assert default_network("cpu", {"DDLBENCH_NETWORK": "/x/network.yaml"}) == "/x/network.yaml"   # bench cluster
     gpu_net = load(default_network("cuda"))
     assert gpu_net.dims[0].size == 8 and gpu_net.dims[0].bandwidth / load("local_gloo").dims[0].bandwidth > 100
     assert devices_per_node(None, "cuda", 4, gpu_net) == (4, "GPUs visible on this node")

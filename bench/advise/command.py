@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -88,11 +89,12 @@ def _int(opts: dict, key: str, default=0, low: int = 1):
 DEFAULT_NETWORK = {"cpu": "local_gloo", "cuda": "dgx_h100"}
 
 
-def default_network(device: str) -> str:
-    """network=auto: gloo between processes of this machine on CPU (calibrated here); on GPUs a
-    reference H100 NVLink + InfiniBand cluster (conf/network/dgx_h100.yaml) - never the CPU's
-    gloo figures, ~100x too slow for NCCL. Measure yours with `bench commbench`."""
-    return DEFAULT_NETWORK[device]
+def default_network(device: str, environ=os.environ) -> str:
+    """network=auto: inside `bench cluster`, the cluster's own description ($DDLBENCH_NETWORK);
+    else gloo between processes of this machine on CPU (calibrated here); on GPUs a reference
+    H100 NVLink + InfiniBand cluster (conf/network/dgx_h100.yaml) - never the CPU's gloo figures,
+    ~100x too slow for NCCL. Measure yours with `bench commbench` (its network.yaml)."""
+    return environ.get("DDLBENCH_NETWORK") or DEFAULT_NETWORK[device]
 
 
 def devices_per_node(given: int | None, device: str, visible_gpus: int, network) -> tuple[int, str]:
