@@ -251,7 +251,7 @@ def _write(raw: dict, opts: dict, out: Path, world: int) -> int:
 def _fitted_network_file(record: dict, opts: dict, out: Path) -> Path | None:
     """<out>/network.yaml: the base network with the all-reduce fit, where a base is named."""
     base_name = opts["network"] or os.environ.get("DDLBENCH_NETWORK")
-    fit = next((f for f in record["fits"] if f["kind"] == "all_reduce"), None)
+    fit = next((f for f in record["fits"] if f["kind"] == "all_reduce" and "error" not in f), None)
     if not base_name or fit is None:
         return None
     import yaml
@@ -274,6 +274,9 @@ def render(record: dict) -> str:
             line += f"{r['written_bytes_mean'] / r['wire_bytes_expected']:>14.4f}"
         lines.append(line)
     for f in record.get("fits", []):
+        if "error" in f:
+            lines.append(f"fit {f['kind']:<15} none: {f['error']}")
+            continue
         lines.append(f"fit {f['kind']:<15} alpha {f['alpha_s'] * 1e6:9.1f} us   bandwidth {f['bandwidth_Bps'] / 1e9:8.4f} GB/s"
                      f"   worst residual {f['max_rel_residual']:.1%}")
     return "\n".join(lines)

@@ -185,6 +185,9 @@ def test_alpha_beta_fit_in_the_models_terms():
             {"kind": "all_reduce", "bytes": 1e7, "time_s": 2e-4 + 1e7 / 1e8},
             {"kind": "send", "bytes": 1e6, "time_s": 1e-2}]            # one size: no fit
     (ar,) = fits(rows, 2)
+    flat = [{"kind": "broadcast", "bytes": b, "time_s": t} for b, t in ((1e6, 2e-3), (2e6, 1e-3))]   # said, not raised
+    assert fits(flat, 2) == [{"kind": "broadcast", "world_size": 2,
+                              "error": "broadcast: time does not grow with size; no bandwidth to fit"}]
     assert ar["alpha_s"] == pytest.approx(100e-6) and ar["bandwidth_Bps"] == pytest.approx(1e8)
     # the cluster's description: one rank per node, so the link dimension is what was measured
     cluster = {"name": "cluster_box", "dimensions": [

@@ -48,11 +48,20 @@ def fit_alpha_beta(points: list[tuple[float, float]], kind: str, p: int) -> dict
 
 
 def fits(rows: list[dict], world: int) -> list[dict]:
-    """commbench rows ({kind, bytes, time_s}) -> one fit per kind measured at >= 2 sizes."""
+    """commbench rows ({kind, bytes, time_s}) -> one fit per kind measured at >= 2 sizes; a kind
+    whose times do not grow with size (noise) gets {kind, error} instead of failing the others."""
     by_kind: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
         by_kind.setdefault(r["kind"], []).append((r["bytes"], r["time_s"]))
-    return [fit_alpha_beta(pts, kind, world) for kind, pts in by_kind.items() if len({b for b, _ in pts}) >= 2]
+    out = []
+    for kind, pts in by_kind.items():
+        if len({b for b, _ in pts}) < 2:
+            continue
+        try:
+            out.append(fit_alpha_beta(pts, kind, world))
+        except ValueError as exc:
+            out.append({"kind": kind, "world_size": world, "error": str(exc)})
+    return out
 
 
 def fitted_network(base: dict, fit: dict, world: int) -> dict:
