@@ -67,10 +67,10 @@ def commbench(out: Path) -> dict:
 
 
 def predictions(rec: dict, one: dict, fitted_path: Path) -> dict:
-    from bench.network.model import from_dict, load
+    from bench.network.model import load, recorded_network
     from bench.network.validate import predict
     out = {}
-    nets = {"configured": from_dict(rec["env"]["network"]["description"]), "fitted": load(str(fitted_path))}
+    nets = {"configured": recorded_network(rec), "fitted": load(str(fitted_path))}
     for label, net in nets.items():
         try:
             out[label] = predict(rec, one, net)
@@ -83,7 +83,7 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
     """`bench project`'s own path, held against each link: compute = the step measured at `base`
     minus its collectives modelled at `base` (multi-rank overheads stay in), plus the collectives
     modelled at each other rate; on the configured and on the fitted networks."""
-    from bench.network.model import from_dict, load
+    from bench.network.model import load, recorded_network
     from bench.network.project import comm_time, compute_seconds
     from bench.network.workload import from_record
     recs = {(p["rate"], p["framework"]): json.loads((out / p["rate"] / p["framework"] / "result.json").read_text())
@@ -95,7 +95,7 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
         for label in ("configured", "fitted"):
             def net(rate):
                 rec = recs[(rate, p["framework"])]
-                return (from_dict(rec["env"]["network"]["description"]) if label == "configured"
+                return (recorded_network(rec) if label == "configured"
                         else load(str(out / rate / "commbench" / "network.yaml")))
             compute, _ = compute_seconds(from_record(recs[(base, p["framework"])]), measured_on=net(base))
             work = from_record(recs[(p["rate"], p["framework"])])

@@ -132,11 +132,11 @@ def test_a_two_node_run_is_priced_on_the_link_it_ran_on(box, tmp_path):
     2 alpha + bytes / 12.5 MB/s), its compute from a 1-rank run on one node, each node's one rank
     on its own core (no oversubscription)."""
     from bench.network.validate import predict
-    from bench.report.render import network_ran_on
+    from bench.network.model import recorded_network
     rec = _records.get("ddp") or slurm_run(tmp_path / "two", 2, "framework=ddp")
     one = slurm_run(tmp_path / "one", 1, "framework=ddp", "run.global_batch=4")
     assert rec["status"] == one["status"] == "ok"
-    net = network_ran_on(rec)
+    net = recorded_network(rec)
     assert [d.name for d in net.dims] == ["node", "link"] and net.dims[1].bandwidth == 12.5e6
     p = predict(rec, one, net)
     payload = rec["comm"]["per_step_bytes"]["all_reduce"]

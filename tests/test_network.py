@@ -196,9 +196,5 @@ def test_alpha_beta_fit_in_the_models_terms():
     fitted = fitted_network(cluster, ar, 2)
     assert fitted["dimensions"][1]["bandwidth_GBps"] == pytest.approx(0.1) and fitted["dimensions"][1]["latency_us"] == 100.0
     assert fitted["dimensions"][0] == cluster["dimensions"][0] and fitted["name"] == "cluster_box_fitted"
-    assert load_fitted(fitted).dims[1].bandwidth == pytest.approx(1e8)
-
-
-def load_fitted(raw):
     from bench.network.model import from_dict
-    return from_dict(raw)
+    assert from_dict(fitted).dims[1].bandwidth == pytest.approx(1e8)

@@ -80,16 +80,11 @@ def run(args: list[str]) -> int:
         raise ConfigError("overlap must be within [0, 1]")
     compute_from = workload.from_record(_record(Path(o["compute_from"]))) if "compute_from" in o else None
     backend = (rec.get("env") or {}).get("backend")
-    recorded = (rec.get("env") or {}).get("network") or {}
-    if "measured_on" in o:
-        measured_on = model.load(o["measured_on"])
-    elif recorded.get("description"):     # the run recorded its network (inside `bench cluster`)
-        measured_on = model.from_dict(recorded["description"], recorded.get("source", "<result.json>"))
-    else:
-        measured_on = model.load("local_gloo")
+    recorded = model.recorded_network(rec)      # inside `bench cluster`: the link it ran on
+    measured_on = model.load(o["measured_on"]) if "measured_on" in o else recorded or model.load("local_gloo")
     if compute_from is not None or work.world == 1:
         measured_on = None
-    if backend == "nccl" and "measured_on" not in o and not recorded.get("description") and compute_from is None and work.world > 1:
+    if backend == "nccl" and "measured_on" not in o and recorded is None and compute_from is None and work.world > 1:
         raise ConfigError("a GPU (nccl) result needs measured_on=<the network it ran on> or compute_from=<1-rank result>")
     compute_s, compute_src = proj.compute_seconds(work, measured_on, compute_from, algorithm)
     rows = proj.project(work, net, sizes, compute_s, scaling, algorithm, overlap)

@@ -68,13 +68,10 @@ def fitted_network(base: dict, fit: dict, world: int) -> dict:
     """`base` (a conf/network description, as loaded from yaml) with the dimension that the fit's
     ranks spanned given the fit's latency and bandwidth: the outermost dimension the world
     crosses when it fills the network innermost-first (one rank per node on a cluster: the link)."""
+    from bench.network.model import from_dict, layout
+    used = layout(from_dict(base), world)
+    spanned = max((i for i, n in enumerate(used) if n > 1), default=0)
     dims = [dict(d) for d in base["dimensions"]]
-    spanned, left = 0, world
-    for i, d in enumerate(dims):
-        n = min(left, int(d["size"]))
-        if n > 1:
-            spanned = i
-        left = math.ceil(left / max(n, 1))
     dims[spanned].update(bandwidth_GBps=float(f"{fit['bandwidth_Bps'] / 1e9:.6g}"),
                          latency_us=float(f"{fit['alpha_s'] * 1e6:.6g}"))
     return {**base, "name": f"{base.get('name', 'network')}_fitted", "dimensions": dims,

@@ -71,6 +71,15 @@ def load(name_or_path: str, conf_dir: Path | None = None) -> Network:
     return from_dict(yaml.safe_load(path.read_text()) or {}, path)
 
 
+def recorded_network(rec: dict) -> "Network | None":
+    """The network a run recorded in result.json (env.network: inside `bench cluster`, its link
+    rates; bench.envinfo.network_ran_on), or None."""
+    described = (rec.get("env") or {}).get("network") or {}
+    if not described.get("description"):
+        return None
+    return from_dict(described["description"], described.get("source", "<result.json>"))
+
+
 def from_dict(raw: dict, path: Path | str = "<inline>") -> Network:
     """A network from its description (the yaml's content; result.json's env.network)."""
     from bench.errors import ConfigError

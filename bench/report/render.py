@@ -130,20 +130,11 @@ STRATEGY_NOTE = ("Each configuration's place in the taxonomy of distributed trai
                  "strategies) and its time to target, both relative to DDP at the same model and world size.")
 
 
-def network_ran_on(rec: dict):
-    """The network a run recorded (env.network: inside `bench cluster`, its link rates), or None."""
-    from bench.network.model import from_dict
-    described = ((rec.get("env") or {}).get("network") or {})
-    if not described.get("description"):
-        return None
-    return from_dict(described["description"], described.get("source", "<result.json>"))
-
-
 def projection_check_table(rep) -> tuple[list[str], list[list[str]]]:
     """CPU/gloo runs at > 1 rank with a 1-rank run of the same configuration (weak scaling):
     the step time `bench project`'s model predicts (1-rank compute + the run's collectives on
     the network it recorded, else conf/network/local_gloo.yaml) next to the measured one."""
-    from bench.network.model import load
+    from bench.network.model import load, recorded_network
     from bench.network.validate import predict
     head = ["framework", "model", "ranks", "measured step (ms)", "predicted (ms)", "error", "compute (ms)",
             "comm (ms)", "core oversubscription"]
@@ -159,7 +150,7 @@ def projection_check_table(rep) -> tuple[list[str], list[list[str]]]:
             continue
         net = net or load("local_gloo")
         try:
-            p = predict(rec, one, network_ran_on(rec) or net)
+            p = predict(rec, one, recorded_network(rec) or net)
         except Exception:      # a result the model cannot price (tp/pp > 1, ...): left out of the check
             continue
         rows.append([r.label, r.model, _num(r.world_size, ".0f"), _num(p["measured_step_s"] * 1e3, ".2f"),
