@@ -36,6 +36,7 @@ from runs import StaleResult
 REPO = Path(__file__).resolve().parents[1]
 
 MODELS = ("gpt2_small", "resnet50")
+PARTS = ("fork", "cells", "nproc2", "overhead", "report")
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -133,7 +134,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"comma list of {','.join(PARTS)} (the matmul peak is always measured)")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds from start after which no further cell starts (rows listed as not_run)")
     a = ap.parse_args()
+    parts = set(a.parts.split(","))
+    if parts - set(PARTS):
+        ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {','.join(PARTS)}")
+    started = time.monotonic()
     runs = a.out / "runs"
     if runs.exists() and any(runs.rglob("result.json")):
         raise StaleResult(f"{runs} already holds a result.json from an earlier run: choose an empty --out")
@@ -151,13 +160,19 @@ def main() -> int:
     dtypes = ("bf16", "tf32", "fp32") if a.device == "cuda" else ("bf16", "fp32")   # flops.peak_dtype's values
     checks["matmul_peak_flops"] = {d: matmul_peak(a.device, d) for d in dtypes}
     print("measured matmul peak:", {k: f"{v / 1e12:.1f} TFLOP/s" for k, v in checks["matmul_peak_flops"].items()})
-    checks.update(fork_checks(a.out, a.device, log, a.timeout))
-    save(a.out, checks)
-    print(f"two-cell sweep: {'ok' if checks['sweep_ok'] else 'FAILED'}; advise: {'ok' if checks['advise_ok'] else 'FAILED'}",
-          flush=True)
+    if "fork" in parts:
+        checks.update(fork_checks(a.out, a.device, log, a.timeout))
+        save(a.out, checks)
+        print(f"two-cell sweep: {'ok' if checks['sweep_ok'] else 'FAILED'}; "
+              f"advise: {'ok' if checks['advise_ok'] else 'FAILED'}", flush=True)
 
-    todo = cells(frameworks, a.models.split(","), a.precisions.split(","))
+    todo = cells(frameworks, a.models.split(","), a.precisions.split(",")) if "cells" in parts else []
+    checks["not_run"] = []
     for i, (fw, model, prec) in enumerate(todo, 1):
+        if a.deadline is not None and time.monotonic() - started > a.deadline:
+            checks["not_run"].append(f"{fw}-{model}-{prec}")
+            continue
+        cell_start = time.monotonic()
         d = runs / f"{fw}-{model}-{prec}"
         why = bench(["run", f"framework={fw}", f"model={model}", f"run.precision={prec}", f"run.dir={d}", *common],
                     log, a.timeout + 60)
@@ -176,11 +191,16 @@ def main() -> int:
                        energy_per_sample_j=(rec.get("gpu") or {}).get("energy_per_sample_j"))
         elif rec:
             row["error"] = (rec.get("error") or {}).get("message", "")[:300]
+        row["wall_s"] = round(time.monotonic() - cell_start, 1)
         checks["cells"].append(row)
         save(a.out, checks)   # a matrix stopped half-way keeps the rows it made
-        print(f"[{i}/{len(todo)}] {fw} {model} {prec}: {row['status']}", flush=True)
+        print(f"[{i}/{len(todo)}] {fw} {model} {prec}: {row['status']} ({row['wall_s']} s)"
+              + (f" {row['samples_per_s']:.1f} samples/s" if row.get("samples_per_s") else "")
+              + (f" -- {row['error'][:160]}" if row.get("error") else ""), flush=True)
+    if checks["not_run"]:
+        print(f"not run (past --deadline {a.deadline:g} s): {', '.join(checks['not_run'])}")
 
-    if a.device == "cuda":   # 2 ranks on one GPU must be refused with the reason
+    if a.device == "cuda" and "nproc2" in parts:   # 2 ranks on one GPU must be refused with the reason
         d = runs / "nproc2-on-one-gpu"
         why = bench(["run", "framework=ddp", "model=gpt2_small", f"run.dir={d}", *common[:1], "launcher.nproc=2",
                      *common[2:]], log, a.timeout, env={"CUDA_VISIBLE_DEVICES": "0"})
@@ -189,30 +209,35 @@ def main() -> int:
                                        "message": (rec.get("error") or {}).get("message") or why}
         checks["nproc2_on_one_gpu"]["refused"] = nproc2_refused(checks["nproc2_on_one_gpu"])
         print("2 ranks on 1 GPU:", checks["nproc2_on_one_gpu"])
-    overhead = a.out / "runner_overhead.json"
-    cmd = [sys.executable, "benchmarks/runner_overhead.py", "--model", a.models.split(",")[0], "--nproc", "1",
-           "--device", a.device, "--steps", str(max(a.steps, 5)), "--repeats", "3", "--json", str(overhead)]
-    log.append(" ".join(["python", *cmd[1:]]))
-    try:
-        subprocess.run(cmd, cwd=REPO, check=True, timeout=3 * 2 * (a.timeout + 60))
-        checks["runner_overhead"] = json.loads(overhead.read_text())
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        checks["runner_overhead"] = {"error": str(exc)}
-    report_error = bench(["report", str(runs), "--out", str(a.out / "report")], log, 600)
+    if "overhead" in parts:
+        overhead = a.out / "runner_overhead.json"
+        cmd = [sys.executable, "benchmarks/runner_overhead.py", "--model", a.models.split(",")[0], "--nproc", "1",
+               "--device", a.device, "--steps", str(max(a.steps, 5)), "--repeats", "3", "--json", str(overhead)]
+        log.append(" ".join(["python", *cmd[1:]]))
+        try:
+            subprocess.run(cmd, cwd=REPO, check=True, timeout=3 * 2 * (a.timeout + 60))
+            checks["runner_overhead"] = json.loads(overhead.read_text())
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            checks["runner_overhead"] = {"error": str(exc)}
+        print("runner overhead:", checks["runner_overhead"], flush=True)
+    report_error = ""
+    if "report" in parts and runs.exists():
+        report_error = bench(["report", str(runs), "--out", str(a.out / "report")], log, 600)
     if report_error:
         checks["report_error"] = report_error
     save(a.out, checks)
     (a.out / "COMMANDS.md").write_text("# Commands, as run by benchmarks/gpu_matrix.py\n\n```\n"
                                        + " ".join(["python", *sys.argv]) + "\n" + "\n".join(log) + "\n```\n")
     bad = [c for c in checks["cells"] if c["status"] not in ("ok", "unsupported")]
-    ratio = checks["runner_overhead"].get("ratio")
+    ratio = (checks.get("runner_overhead") or {}).get("ratio")
     print(f"{len(checks['cells']) - len(bad)}/{len(checks['cells'])} cells ok or unsupported with a reason; "
           f"runner/bare {ratio if ratio is None else round(ratio, 3)}; written to {a.out}")
-    failed = [name for name, ok in (("cells", not bad), ("runner_overhead", ratio is not None),
-                                    ("report", not report_error), ("sweep", checks["sweep_ok"]),
-                                    ("advise", checks["advise_ok"]),
-                                    ("nproc2_on_one_gpu", a.device != "cuda" or checks["nproc2_on_one_gpu"]["refused"]))
-              if not ok]
+    failed = [name for name, part, ok in (
+        ("cells", "cells", not bad), ("runner_overhead", "overhead", ratio is not None),
+        ("report", "report", not report_error), ("sweep", "fork", checks.get("sweep_ok")),
+        ("advise", "fork", checks.get("advise_ok")),
+        ("nproc2_on_one_gpu", "nproc2", a.device != "cuda" or (checks.get("nproc2_on_one_gpu") or {}).get("refused")))
+        if part in parts and not ok]
     checks["failed_checks"] = failed
     save(a.out, checks)
     print("failed checks: " + (", ".join(failed) if failed else "none"))
