@@ -131,3 +131,45 @@ def test_precision_auto_is_bf16_on_a_bf16_gpu_and_fp32_elsewhere(monkeypatch):
     assert plan.cfg.run.precision == "fp32" and plan.raw["run"]["precision"] == "fp32"
     monkeypatch.setattr(bench.gpus, "visible_gpus", lambda: bench.gpus.GpuInfo((), "test"))
     assert plan_from_overrides(["model=gpt2_tiny"]).cfg.run.precision == "fp32"
+
+
+@pytest.mark.parametrize("framework,kept", [("fsdp_full", "torch.float32"), ("deepspeed_zero2", "torch.bfloat16")])
+def test_batch_norm_parameters_match_their_running_statistics_at_bf16(framework, kept):
+    """On an H100 FSDP2 and DeepSpeed 0.19 at bf16 failed every ResNet run in backward: bf16
+    BatchNorm parameters beside fp32 running statistics, which cuDNN refuses. FSDP2 keeps batch
+    norm fp32 in units of its own (FSDP1's default), DeepSpeed casts the buffers with the
+    parameters (data_types.buffer_dtype, what module.bfloat16() did before 0.19); each records it.
+    One real step on one gloo rank, every layer's dtypes as its forward saw them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bench.launch.agent import free_port
+    script = Path(__file__).with_name("rank_batch_norm_dtypes.py")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+           "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    proc = subprocess.run([sys.executable, str(script), framework], capture_output=True, text=True, env=env,
+                          timeout=240, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(got["layers"]) == 20 and all(pair == [kept, kept] for pair in got["layers"]), got["layers"]
+    native = got["native_config"]
+    if framework == "fsdp_full":
+        assert native["fp32_batch_norm_units"] == 20
+    else:
+        assert native["deepspeed_config"]["data_types"] == {"buffer_dtype": "bf16"}
+
+
+def test_deepspeed_casts_buffers_only_for_batch_norm_at_low_precision():
+    import torch
+
+    from bench.adapters.base import RankContext
+    from bench.config import plan_from_overrides
+    plan = plan_from_overrides(["framework=deepspeed_zero2", "launcher.nproc=2"])
+    for precision, batch_norm, want in (("bf16", True, {"buffer_dtype": "bf16"}), ("fp16", True, {"buffer_dtype": "fp16"}),
+                                        ("bf16", False, None), ("fp32", True, None)):
+        ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"), backend="gloo",
+                          precision=precision)
+        cfg = plan.adapter_cls(plan.options, ctx, plan.dims).ds_config(plan.cfg.optim, batch_norm=batch_norm)
+        assert cfg.get("data_types") == want, (precision, batch_norm)

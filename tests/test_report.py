@@ -43,7 +43,9 @@ def test_summary_csv_numbers(known, tmp_path):
     assert (cell["runs"], cell["ok"], cell["samples_per_s"]) == (3, 3, 100.0)
     # 3 repeats: no 95% interval is claimed; the range of the repeats is kept instead
     assert math.isnan(cell["samples_per_s_ci_low"]) and cell["samples_per_s_range"] == (90.0, 110.0, 3)
-    assert "| ddp | gpt2_tiny | 1 | 3/3 | 100.0 (range 90.0-110.0, n=3) |" in (tmp_path / "out" / "report.md").read_text()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| ddp | gpt2_tiny | 1 | fp32 | 3/3 | 100.0 (range 90.0-110.0, n=3) |" in md
+    assert "nan" not in md   # a configuration whose every run failed has no MFU, scaling or taxonomy: "-"
     assert cell["time_to_target_s"] == 11.0
 
 

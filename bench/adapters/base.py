@@ -81,6 +81,13 @@ def forward_backward(model, batch: dict, grad_accum: int, ctx: RankContext, no_s
     return total / len(micro)
 
 
+def batch_norms(model: nn.Module) -> list[nn.Module]:
+    """The model's batch-norm layers with parameters: cuDNN's batch norm needs their parameters
+    in the dtype of their running statistics, which mixed-precision wrappers keep fp32."""
+    return [m for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.weight is not None]
+
+
 @contextlib.contextmanager
 def fsdp2_no_sync(model: nn.Module):
     """FSDP2's no_sync: no gradient reduce-scatter for the micro-batches inside the block."""

@@ -17,7 +17,7 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, param_row, split_micro, taxonomy_labels, unwrap
+from bench.adapters.base import Adapter, StepOut, batch_norms, param_row, split_micro, taxonomy_labels, unwrap
 from bench.metrics.comm import AnalyticComm, psi_units
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from bench.optim import param_groups
@@ -92,7 +92,8 @@ class DeepSpeedAdapter(Adapter):
             return "deepspeed is not installed (pip install 'ddlbench[deepspeed]')"
         return precision_reason(device_type, cfg.run.precision, device_type == "cpu" and _cpu_fp16_ok())
 
-    def ds_config(self, optim_cfg) -> dict:
+    def ds_config(self, optim_cfg, batch_norm: bool = False) -> dict:
+        """The engine's config. `batch_norm`: the model has BatchNorm layers (see below)."""
         o, d = self.options, self.dims
         zero = {"stage": o.stage, "overlap_comm": o.overlap_comm,
                 "contiguous_gradients": o.contiguous_gradients,
@@ -133,6 +134,12 @@ class DeepSpeedAdapter(Adapter):
         }
         if o.communication_data_type:
             cfg["communication_data_type"] = o.communication_data_type
+        if batch_norm and self.ctx.precision in ("bf16", "fp16"):
+            # DeepSpeed >= 0.19 casts parameters but keeps buffers fp32 unless data_types.buffer_dtype
+            # says otherwise; cuDNN's batch norm then fails in backward ("Expected running_mean to
+            # have type BFloat16 but got Float", seen on an H100). Its buffers in the training dtype
+            # are what module.bfloat16() gave before 0.19.
+            cfg["data_types"] = {"buffer_dtype": self.ctx.precision}
         if self._offload:
             if optim_cfg.name != "adamw":
                 from bench.errors import UnsupportedError
@@ -156,7 +163,7 @@ class DeepSpeedAdapter(Adapter):
         deepspeed.init_distributed(dist_backend=self.ctx.backend)  # reuses the launcher's group
         model = build_model().to(self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
-        self.config = self.ds_config(build_optimizer.optim_cfg)
+        self.config = self.ds_config(build_optimizer.optim_cfg, batch_norm=bool(batch_norms(model)))
         optimizer = None if self._offload else build_optimizer(model.parameters())
         oc = build_optimizer.optim_cfg   # the config-built optimizer gets the same decay groups
         self.model, self.optimizer, _, _ = deepspeed.initialize(

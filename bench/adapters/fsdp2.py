@@ -15,7 +15,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from models.spec import checkpoint_blocks
-from bench.adapters.base import Adapter, StepOut, forward_backward, fsdp2_no_sync, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut, batch_norms, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm, psi_units
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
@@ -97,6 +97,14 @@ class FSDP2Adapter(Adapter):
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.device.type == "cuda")
         if o.activation_checkpointing:   # before sharding, as torchtitan applies it
             checkpoint_blocks(model)
+        # BatchNorm in fp32 in units of its own, as FSDP1's MixedPrecision does by default
+        # (_module_classes_to_ignore_mixed_precision): with bf16 parameters and its fp32 running
+        # statistics cuDNN's batch norm fails in backward (seen on an H100). Inputs stay bf16
+        # (cast_forward_inputs=False); cuDNN and CPU batch norm take bf16 input with fp32 weights.
+        self.fp32_units = batch_norms(model) if mp is not None else []
+        for bn in self.fp32_units:
+            fully_shard(bn, **{**kw, "mp_policy": MixedPrecisionPolicy(
+                param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)})
         units = model.blocks() if o.wrap == "blocks" else []
         for block in units:
             fully_shard(block, **kw)
@@ -163,6 +171,7 @@ class FSDP2Adapter(Adapter):
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
             "reshard_after_forward": o.reshard_after_forward,
             "wrap": o.wrap, "fsdp_units": self.units,
+            "fp32_batch_norm_units": len(self.fp32_units),
             "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
             "mp_policy": None if self._mp is None else {
                 "param_dtype": str(self._mp.param_dtype), "reduce_dtype": str(self._mp.reduce_dtype)},

@@ -137,7 +137,7 @@ def summary_frame(records: list[dict], paths: list[str]) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     df["label"] = df["framework"].astype(str) + df["variant"].map(
-        lambda v: "" if v in (None, "default") else f":{v}")
+        lambda v: "" if v in (None, "default") or v != v else f":{v}")   # v != v: NaN, a record without one
     add_scaling(df)
     return df.sort_values(["model", "label", "world_size", "repeat", "run_id"], kind="stable").reset_index(drop=True)
 

@@ -39,6 +39,10 @@ def _bytes(n) -> str:
     return "-"
 
 
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
 def _ci(med, lo, hi, fmt=".1f", rng=None) -> str:
     """median [95% CI] from 5 repeats on; with 2-4 the median and their range, labelled."""
     if med is None or (isinstance(med, float) and math.isnan(med)):
@@ -51,15 +55,15 @@ def _ci(med, lo, hi, fmt=".1f", rng=None) -> str:
 
 
 def cell_table(rep) -> tuple[list[str], list[list[str]]]:
-    head = ["framework", "model", "ranks", "ok/runs", "samples/s [95% CI] or (range)", "scaling", "peak mem",
-            "theory", "comm/step", "MFU", "val loss", "val acc", "time to target (s)"]
+    head = ["framework", "model", "ranks", "precision", "ok/runs", "samples/s [95% CI] or (range)", "scaling",
+            "peak mem", "theory", "comm/step", "MFU", "val loss", "val acc", "time to target (s)"]
     rows = []
     for c in rep.cells.itertuples():
-        rows.append([c.label, c.model, _num(c.world_size, ".0f"), f"{c.ok}/{c.runs}",
+        rows.append([c.label, c.model, _num(c.world_size, ".0f"), "-" if _missing(c.precision) else c.precision, f"{c.ok}/{c.runs}",
                      _ci(c.samples_per_s, c.samples_per_s_ci_low, c.samples_per_s_ci_high, rng=c.samples_per_s_range),
-                     "-" if c.scaling_efficiency is None else f"{c.scaling_efficiency:.2f} ({c.scaling_kind})",
+                     "-" if _missing(c.scaling_efficiency) else f"{c.scaling_efficiency:.2f} ({c.scaling_kind})",
                      _bytes(c.peak_memory_bytes), _bytes(c.model_state_bytes_theory),
-                     _bytes(c.comm_bytes_per_step), "-" if c.mfu is None else f"{c.mfu:.1%}",
+                     _bytes(c.comm_bytes_per_step), "-" if _missing(c.mfu) else f"{c.mfu:.1%}",
                      _num(c.final_val_loss, ".4f"), _num(c.final_val_accuracy, ".3f"),
                      _ci(c.time_to_target_s, c.time_to_target_ci_low, c.time_to_target_ci_high, ".2f",
                          rng=c.time_to_target_range)])
@@ -117,7 +121,7 @@ def strategy_table(rep) -> tuple[list[str], list[list[str]]]:
             "compression", "sent per rank per step", "vs DDP", "time to target (s)", "vs DDP"]
     if rep.cells.empty:
         return head, []
-    rows = [[str(r.model), _num(r.world_size, ".0f"), str(r.label), *(str(x or "-") for x in (
+    rows = [[str(r.model), _num(r.world_size, ".0f"), str(r.label), *("-" if _missing(x) or not x else str(x) for x in (
         r.tax_parallelism, r.tax_synchronisation, r.tax_communication, r.tax_sharding, r.tax_compression)),
         _bytes(r.wire_bytes_per_rank), _num(r.wire_vs_ddp, ".2f"), _num(r.time_to_target_s, ".2f"),
         _num(r.time_to_target_vs_ddp, ".2f")] for r in strategies(rep.cells).itertuples()]

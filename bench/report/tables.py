@@ -28,6 +28,7 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
         out.append({
             "config_id": cid, "label": first["label"], "model": first["model"],
             "world_size": first["world_size"], "global_batch": first["global_batch"],
+            "precision": first["precision"] if "precision" in g else None,
             "runs": len(g), "ok": len(ok),
             "samples_per_s": sps[0], "samples_per_s_ci_low": sps[1], "samples_per_s_ci_high": sps[2],
             "time_to_target_s": ttt[0], "time_to_target_ci_low": ttt[1], "time_to_target_ci_high": ttt[2],
