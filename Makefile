@@ -8,7 +8,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile scripts/build_horovod.sh | sha1sum | cut -c1-12)
 BENCH_DIR ?= outputs/make-bench
 
-.PHONY: bench test setup system-deps clean
+.PHONY: bench test lint setup system-deps clean
 setup: $(STAMP)
 
 system-deps:   # Chromium for the report test (apt, as root)
@@ -36,8 +36,11 @@ bench: setup
 	    run.dir=$(BENCH_DIR)/n2 || rc=$$?; \
 	$(BIN)/bench table $(BENCH_DIR) && $(BIN)/bench report $(BENCH_DIR) -o $(BENCH_DIR)/report && exit $$rc
 
-test: setup system-deps
+test: setup system-deps lint
 	$(BIN)/python -m pytest -q
+
+lint: setup   # ruff, configured in pyproject.toml ([tool.ruff])
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) outputs

@@ -83,10 +83,9 @@ def cmd_multirun(overrides: list[str]) -> int:
 
     from bench.config import plan_from_overrides, validate
     from bench.launch.local import run_local
+    from bench.overrides import expand_sweep
     from bench.sinks import log_to_sinks
     from bench.table import render, rows
-
-    from bench.overrides import expand_sweep
 
     cells = expand_sweep(overrides)
     plans = [plan_from_overrides(cell) for cell in cells]  # all valid before anything starts

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from bench import envinfo
 from bench.hardware import cuda_tf32_enabled, peak_dtype, peak_flops
-from bench.metrics.convergence import eval_times, first_reached
 from bench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, per_step, rank_wire_bytes
+from bench.metrics.convergence import eval_times, first_reached
 from bench.metrics.mfu import MfuError, mfu
-from bench.metrics.stragglers import describe as describe_stragglers, find_stragglers
+from bench.metrics.stragglers import describe as describe_stragglers
+from bench.metrics.stragglers import find_stragglers
 from bench.metrics.throughput import throughput
 from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
 from bench.results import empty_record

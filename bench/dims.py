@@ -84,7 +84,7 @@ def infer_sizes(world_size: int, sizes: dict[str, int]) -> dict[str, int]:
     if len(free) > 1:
         raise ConfigError(f"only one parallel size may be -1 (infer), got {', '.join(free)}")
     fixed = 1
-    for k, v in sizes.items():
+    for v in sizes.values():
         if v != -1:
             fixed *= v
     shown = " x ".join(f"{k}={v}" for k, v in sizes.items() if v != 1 or k in free)

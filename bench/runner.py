@@ -22,12 +22,11 @@ from bench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from bench.config import Plan
 from bench.faults import FaultInjector
 from bench.launch import events, stop
-from bench.optim import build_optimizer_factory
 from bench.metrics.convergence import reached, resolve_target
+from bench.optim import build_optimizer_factory
 from bench.quality import Evaluator, batch_source, final_objective
-from models.datasets import build_dataset
 from bench.results import write_result
-
+from models.datasets import build_dataset
 
 STEP_SYNC = {"cuda": "torch.cuda.current_stream().synchronize()", "cpu": None}
 

@@ -1,7 +1,6 @@
 """A short terminal table of runs (what `make bench` prints). The full report is `bench report`."""
 from __future__ import annotations
 
-
 from bench.metrics.throughput import scaling_efficiency, scaling_kind
 from bench.results import find_results, load_result
 

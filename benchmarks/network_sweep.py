@@ -93,7 +93,7 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
             continue
         p["from_base"] = {"base": base}
         for label in ("configured", "fitted"):
-            def net(rate):
+            def net(rate, p=p, label=label):
                 rec = recs[(rate, p["framework"])]
                 return (recorded_network(rec) if label == "configured"
                         else load(str(out / rate / "commbench" / "network.yaml")))

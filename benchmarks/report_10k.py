@@ -59,10 +59,16 @@ def main(template_path: str, n: int = 10_000) -> None:
         rep = report.build([str(root)], Path(tmp) / "out", progress=False)
         total = time.perf_counter() - t0
         with paused_gc():
-            t = time.perf_counter(); files = find_results([str(root)]); recs = load_records(files, progress=False)
+            t = time.perf_counter()
+            files = find_results([str(root)])
+            recs = load_records(files, progress=False)
             t_load = time.perf_counter() - t
-            t = time.perf_counter(); df = summary_frame(recs, [str(f.parent) for f in files]); t_frame = time.perf_counter() - t
-        t = time.perf_counter(); plots.throughput(rep.cells, Path(tmp) / "out"); t_plot = time.perf_counter() - t
+            t = time.perf_counter()
+            df = summary_frame(recs, [str(f.parent) for f in files])
+            t_frame = time.perf_counter() - t
+        t = time.perf_counter()
+        plots.throughput(rep.cells, Path(tmp) / "out")
+        t_plot = time.perf_counter() - t
         print(f"bench report: {total:.2f} s total for {len(rep.summary)} runs, {len(rep.cells)} configurations "
               f"(stages, timed again separately: find+load {t_load:.2f} s, summary table {t_frame:.2f} s, "
               f"one plot {t_plot:.2f} s); target < 10 s: {'met' if total < 10 else 'NOT met'}")

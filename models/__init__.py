@@ -3,5 +3,5 @@
 `build(model_cfg)` returns a ModelSpec: a factory for the model (an nn.Module whose forward
 takes a batch dict and returns the mean loss), the synthetic data shape, and FLOP counting.
 """
-from models.spec import ModelSpec, build, count_params, modules_for  # noqa: F401
 from models.data import SyntheticData  # noqa: F401
+from models.spec import ModelSpec, build, count_params, modules_for  # noqa: F401

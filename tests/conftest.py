@@ -34,10 +34,11 @@ PR_SET_CHILD_SUBREAPER = 36
 def _warm_up() -> None:
     import torch
     torch.set_num_threads(1)  # see the module docstring: forked children may then use any count
+    import torchvision.models  # noqa: F401
+    import transformers.models.gpt2.modeling_gpt2  # noqa: F401
+
     import models  # noqa: F401
     from bench import runner  # noqa: F401
-    import transformers.models.gpt2.modeling_gpt2  # noqa: F401
-    import torchvision.models  # noqa: F401
 
 
 _warm_up()

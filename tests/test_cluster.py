@@ -13,11 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-
-from bench.cluster.plan import (hosts_file, make_plan, network_description, rate_bits, slurm_conf,
-                                split_cores, tbf_burst_bytes)
-from bench.errors import ConfigError
 from conftest import REPO, wait_for
+
+from bench.cluster.plan import (
+    hosts_file,
+    make_plan,
+    network_description,
+    rate_bits,
+    slurm_conf,
+    split_cores,
+    tbf_burst_bytes,
+)
+from bench.errors import ConfigError
 
 BENCH = str(REPO / ".venv" / "bin" / "bench")
 NAME = "ddlbtest"
@@ -131,8 +138,8 @@ def test_a_two_node_run_is_priced_on_the_link_it_ran_on(box, tmp_path):
     network it recorded: DDP's all-reduce over the 100 Mbit/s link between n1 and n2 (by hand:
     2 alpha + bytes / 12.5 MB/s), its compute from a 1-rank run on one node, each node's one rank
     on its own core (no oversubscription)."""
-    from bench.network.validate import predict
     from bench.network.model import recorded_network
+    from bench.network.validate import predict
     rec = _records.get("ddp") or slurm_run(tmp_path / "two", 2, "framework=ddp")
     one = slurm_run(tmp_path / "one", 1, "framework=ddp", "run.global_batch=4")
     assert rec["status"] == one["status"] == "ok"

@@ -1,9 +1,9 @@
 """Config composition of every group option, and bad input -> exit 2 with one clear line."""
 import pytest
-
-from bench.config import CONF_DIR, GROUPS, group_options, plan_from_overrides
-from bench.errors import ConfigError
 from conftest import bench
+
+from bench.config import GROUPS, group_options, plan_from_overrides
+from bench.errors import ConfigError
 
 ALL_OPTIONS = [(g, o) for g in GROUPS if g != "run" for o in group_options(g)]
 

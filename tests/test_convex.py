@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_record
 from convex_optimum import LAMBDA, TRAIN
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from bench.adapters.daso import Plateau, merge, next_skips, phase
 from conftest import run_record
 from test_equivalence import assert_same_params
+
+from bench.adapters.daso import Plateau, merge, next_skips, phase
 
 
 def test_phases_and_skips_follow_heat():

@@ -148,6 +148,7 @@ def test_eval_shards_count_every_sample_once(size, dp, batch):
 
 def test_dataloader_workers_give_the_same_batches(tmp_path):
     import torch
+
     from models.datasets import tensor_split
     from models.loader import TrainStream
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import bench
 
 from bench.device import gpus_expected, resolve_device
 from bench.errors import ConfigError
-from conftest import bench
 
 
 def test_hints_that_gpus_were_given():

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 DOCKERFILES = sorted((REPO / "docker").glob("Dockerfile.*"))

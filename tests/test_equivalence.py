@@ -14,10 +14,10 @@ import math
 
 import pytest
 import torch
+from conftest import run_record
 
 from bench.config import group_options, plan_from_overrides
 from bench.errors import ConfigError
-from conftest import run_record
 
 STEPS = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8",
          "run.param_fingerprint=true")

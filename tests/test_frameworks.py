@@ -4,9 +4,9 @@ import importlib.util
 import json
 
 import pytest
+from conftest import bench, run_record
 
 from bench.config import plan_from_overrides
-from conftest import bench, run_record
 
 FAST = ("run.warmup_steps=1", "run.measure_steps=2", "launcher.nproc=2")
 

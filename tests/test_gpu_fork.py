@@ -14,9 +14,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import REPO, bench_exe
 
 from bench.gpus import Gpu, bf16_native, driver_too_old, from_nvml, visible_indices
-from conftest import REPO, bench_exe
 
 STANDIN = REPO / "tests" / "standin_cuda"
 

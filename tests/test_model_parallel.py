@@ -9,14 +9,14 @@ import math
 
 import pytest
 import torch
+from conftest import bench, run_record
 
 import models
 from bench.adapters.pipeline import stage_owners
 from bench.config import plan_from_overrides
-from bench.dims import ParallelDims, infer_sizes, resolve_dims
+from bench.dims import infer_sizes, resolve_dims
 from bench.errors import ConfigError
 from bench.metrics.pipeline import analytic_bubble, measured_idle
-from conftest import bench, run_record
 from models.pipeline import loss_function, partition, piece_count, pieces, tied_parameters
 from models.tensor_parallel import qkv_permutation
 

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import bench, run_record
 
 from bench.network import model as m
 from bench.network.allocate import allocate, closed_form_split
 from bench.network.project import compute_seconds, project, spans_for
 from bench.network.workload import Collective, Workload, from_record, scope_of
-from conftest import bench, run_record
 
 D1 = m.Dimension("nvlink", 8, 100e9, 1e-6, 1.0)
 D2 = m.Dimension("nic", 4, 10e9, 1e-5, 4.0)

@@ -10,7 +10,6 @@ fp32 to the last bit did not apply its precision.
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_record
 
 FRAMEWORKS = ["ddp", "fsdp_full", "deepspeed_zero2", "horovod", "fairscale_oss", "pipeline_1f1b",

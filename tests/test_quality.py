@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import bench, run_record
 
 from bench.results import load_result
-from conftest import bench, run_record
 
 pytestmark = pytest.mark.slow
 

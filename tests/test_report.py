@@ -4,11 +4,11 @@ import json
 import math
 
 import pytest
+from conftest import bench
+from reportdata import make_record, write
 
 from bench import report
 from bench.report.frame import SUMMARY_COLUMNS
-from conftest import bench
-from reportdata import make_record, write
 
 
 @pytest.fixture

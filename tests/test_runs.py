@@ -3,9 +3,9 @@ import json
 import re
 
 import pytest
+from conftest import run_record, wait_until_training
 
 from bench.results import check_record
-from conftest import run_record, wait_until_training
 
 FAST = ("run.warmup_steps=1", "run.measure_steps=3")
 
@@ -183,6 +183,7 @@ def test_sigusr1_stops_cleanly_with_partial_measurements(run_dir):
     elastic does not forward it); the run ends as `timeout` with the steps it measured."""
     import signal
     import subprocess
+
     from conftest import REPO
     proc = subprocess.Popen([str(REPO / ".venv/bin/bench"), "run", "debug=fast", "launcher.nproc=2", "logger=none",
                              "run.measure_steps=100000", f"run.dir={run_dir}"], cwd=REPO,
@@ -206,6 +207,7 @@ def test_sigterm_to_the_launcher_kills_the_ranks_and_leaves_a_result(run_dir):
     """`kill PID` or scancel's SIGTERM reaches only the launcher (its ranks live in the agent's
     own session): it must end them and still leave exactly one result."""
     import signal
+
     from conftest import bench_background
     proc = bench_background("run", "debug=fast", "launcher.nproc=2", "logger=none", "run.progress=false",
                             "run.measure_steps=100000", f"run.dir={run_dir}")

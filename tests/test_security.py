@@ -8,7 +8,6 @@ import stat
 import subprocess
 
 import pytest
-
 from conftest import REPO, bench
 
 CANARIES = {"WANDB_API_KEY": "canaryWANDB7f3a9", "HF_TOKEN": "canaryHF51c2e",

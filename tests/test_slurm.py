@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO, bench, wait_for, wait_until_training
 
 from bench.sweep import manifest, status
 from bench.sweep.commands import _queued_ids
-from conftest import REPO, bench, wait_for, wait_until_training
 
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "scripts" / "slurm_local.sh"

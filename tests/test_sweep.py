@@ -2,13 +2,13 @@
 import json
 
 import pytest
+from conftest import bench
 
 from bench.errors import ConfigError
 from bench.launch.slurm import first_host, master_port, rank_env, task_threads, tasks_on_node
 from bench.sweep import manifest, status
 from bench.sweep.cells import expand
 from bench.sweep.slurm import array_spec
-from conftest import bench
 
 
 def test_cell_ids_are_stable_and_distinct():

@@ -6,9 +6,9 @@ runs are checked the same way in tests/test_equivalence.py::check_wire_bytes."""
 import json
 
 import pytest
+from conftest import bench
 
 from bench.commbench import KINDS
-from conftest import bench
 
 
 @pytest.mark.parametrize("nproc", [2, 3])

@@ -9,13 +9,16 @@ from __future__ import annotations
 import contextlib
 import resource
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from bench.dims import ParallelDims
+
+if TYPE_CHECKING:
+    from bench.metrics.comm import AnalyticComm
 
 
 class NoOptions(BaseModel):

@@ -13,11 +13,11 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from models.spec import checkpoint_blocks
 from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+from models.spec import checkpoint_blocks
 
 
 class DDPOptions(BaseModel):

@@ -9,7 +9,6 @@ requires DeepSpeedCPUAdam (DeepSpeed's "AdamW" type; cpu_adam JIT-builds once wi
 from __future__ import annotations
 
 import contextlib
-
 import importlib.util
 import logging
 from typing import Literal, Optional

@@ -14,9 +14,9 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict
 
 from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
-from bench.optim import param_groups
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+from bench.optim import param_groups
 
 
 class FairScaleOptions(BaseModel):

@@ -14,11 +14,11 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from models.spec import checkpoint_blocks
 from bench.adapters.base import Adapter, StepOut, batch_norms, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm, psi_units
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+from models.spec import checkpoint_blocks
 
 
 class FSDP2Options(BaseModel):

@@ -17,7 +17,6 @@ from bench.adapters.base import Adapter, StepOut, autocast, split_micro, taxonom
 from bench.metrics.comm import AnalyticComm, CommCounter
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
-
 # Horovod 0.28.1's fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 MiB
 # (horovod/common/operations.cc: SetTensorFusionThresholdBytes(128 * 1024 * 1024); horovodrun's
 # --fusion-threshold-mb help says the same). Its docs/tensor-fusion.md still says 64 MB, the

@@ -122,10 +122,10 @@ class PipelineAdapter(Adapter):
 
     # ---- setup ----
     def setup(self, build_model, build_optimizer) -> None:
+        import torch.distributed.pipelining as pipelining
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage
 
-        import torch.distributed.pipelining as pipelining
         from models.pipeline import Stage, loss_function, partition, pieces, tied_parameters
         from models.spec import count_params
 

@@ -15,12 +15,11 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from models.spec import checkpoint_blocks
-from bench.adapters.base import (Adapter, StepOut, autocast, forward_backward, fsdp2_no_sync,
-                                 taxonomy_labels)
+from bench.adapters.base import Adapter, StepOut, autocast, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
+from models.spec import checkpoint_blocks
 
 
 class TPOptions(BaseModel):

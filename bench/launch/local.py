@@ -17,12 +17,12 @@ from pathlib import Path
 
 from bench.config import Plan
 from bench.envinfo import usable_cores
+from bench.errors import ConfigError
 from bench.launch import events
 from bench.launch.agent import FAILURE_FILE, is_lost_peer
 from bench.launch.forked import Forked, rank_start_method
 from bench.launch.records import finish, innermost_frames, save_config, stack_path, stopped_result, where_each_rank_was
 from bench.launch.stop import ForwardUsr1
-from bench.errors import ConfigError
 from bench.results import RESULT_FILE, error_info, load_result, write_result
 
 TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")

@@ -76,11 +76,9 @@ def task_threads(environ=os.environ) -> int:
 
 def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
     """Run this task's rank; rank 0 returns the record."""
-    from bench.launch.records import save_config
-    from bench.launch.worker import run_rank
-
     from bench.launch.local import device_type
-    from bench.launch.records import finish
+    from bench.launch.records import finish, save_config
+    from bench.launch.worker import run_rank
 
     env = rank_env()
     if int(env["WORLD_SIZE"]) != plan.dims.world_size:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 MIN_CI_REPEATS = 5   # below this a bootstrap interval of the median is only [min, max]
 
 

@@ -43,13 +43,15 @@ def allocate(work: Workload, network: Network, devices: int, compute_s: float, o
         x0 = budget / weights.sum() * np.ones(k)
         cons = [{"type": "ineq", "fun": lambda x: budget - weights @ x, "jac": lambda x: -weights}]
         bounds = [(min_GBps, max_GBps or budget / w) for w in weights]
-        fun = lambda x: _step(work, network, devices, compute_s, x, algorithm)
+        def fun(x):
+            return _step(work, network, devices, compute_s, x, algorithm)
     elif objective == "perf_per_cost":
         if not (costs > 0).all():
             raise ValueError("perf_per_cost needs cost_per_GBps > 0 on every dimension")
         hi = max_GBps or float(current.max() * 4)
         x0, cons, bounds = np.clip(current, min_GBps, hi), [], [(min_GBps, hi)] * k
-        fun = lambda x: _step(work, network, devices, compute_s, x, algorithm) * float(costs @ x)
+        def fun(x):
+            return _step(work, network, devices, compute_s, x, algorithm) * float(costs @ x)
     else:
         raise ValueError("objective must be time or perf_per_cost")
     scale = fun(x0) or 1.0

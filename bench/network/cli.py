@@ -59,7 +59,8 @@ def _record(path: Path) -> dict:
 
 
 def run(args: list[str]) -> int:
-    from bench.network import model, project as proj, workload
+    from bench.network import model, workload
+    from bench.network import project as proj
 
     path, o = parse(args)
     rec = _record(path)

@@ -12,8 +12,8 @@ import pandas as pd
 from bench.report import plots
 from bench.report.frame import SUMMARY_COLUMNS, summary_frame
 from bench.report.load import load_advice, load_commbench, load_records, missing_cells, paused_gc
-from bench.results import find_results
 from bench.report.tables import cells, failures, parity
+from bench.results import find_results
 
 
 @dataclass

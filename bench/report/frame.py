@@ -7,7 +7,6 @@ import json
 
 import pandas as pd
 
-
 SUMMARY_COLUMNS = [  # DESIGN §6 contract, in this order; more columns follow
     "run_id", "status", "framework", "variant", "model", "world_size", "global_batch",
     "samples_per_s", "tokens_per_s", "step_time_median_s", "peak_memory_bytes", "mfu",

@@ -239,7 +239,8 @@ def flops_table(rep) -> tuple[list[str], list[list[str]]]:
         if rec.get("status") != "ok" or not f:
             continue
         fw = rec.get("framework") or {}
-        pct = (lambda v: "-" if v is None else f"{v:.1%}")
+        def pct(v):
+            return ("-" if v is None else f"{v:.1%}")
         rows.append([str(rec.get("run_id", run_id)), f"{fw.get('name')}:{fw.get('variant')}", str(rec.get("precision")),
                      pct(rec.get("mfu")), pct(f.get("hfu")), _num(f.get("train_per_sample"), ".4g"),
                      _num(f.get("hardware_train_per_sample"), ".4g"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bench.metrics.stats import MIN_CI_REPEATS, bootstrap_median_ci, repeat_range
+from bench.metrics.stats import bootstrap_median_ci, repeat_range
 
 # What must be equal between compared runs (DESIGN §7). Compared = same model, same world size.
 PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_decay", "precision", "grad_reduce_dtype",

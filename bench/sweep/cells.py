@@ -33,8 +33,8 @@ def cell_id(config: dict) -> str:
 def expand(overrides: list[str], repeats: int = 1) -> list[Cell]:
     """Hydra multirun semantics (cross product of comma lists, glob/range), times `repeats`.
     Every cell is composed and validated before anything is written or submitted."""
-    from bench.overrides import expand_sweep
     from bench.config import plan_from_overrides
+    from bench.overrides import expand_sweep
 
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
