@@ -104,7 +104,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     stats = summarize(step_times)
     window_step = window_step_time([g["step_time_s"] for g in gathered])
     tp = throughput(dims.global_batch, window_step, dims.world_size, spec.tokens_per_sample)
-    params = getattr(adapter, "params", None)
+    params = adapter.params
     flops = train_flops_per_sample(spec, recompute_blocks=adapter.recomputes_blocks())
     tf32 = ctx.device.type == "cuda" and cuda_tf32_enabled(getattr(cfg.model, "arch", None))
     peak, peak_source = peak_flops(cfg.hardware, ctx.device, ctx.precision, threads, tf32)

@@ -85,7 +85,7 @@ def _probe_comm(adapter, batches, ctx) -> dict:
     steps = adapter.comm_probe_steps()
     adapter.comm_stats()  # reset the adapter's own counters, if it has any
     world = dist.get_world_size()
-    probe = CollectiveCounter(getattr(adapter, "per_node", None) or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    probe = CollectiveCounter(adapter.per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     written = written_bytes() if ctx.backend == "gloo" else None
     with probe:
         for _ in range(steps):
@@ -102,8 +102,7 @@ def _busy_probe(adapter, device) -> float | None:
     """Model-parallel adapters' busy time per step, after the window: the fastest of 3 runs of
     each pass the adapter hands over (adapter.busy_probe()), summed, x its repeats per step.
     None where the adapter has no such probe."""
-    probe = getattr(adapter, "busy_probe", None)
-    got = probe() if probe else None
+    got = adapter.busy_probe()
     if got is None:
         return None
     passes, per_step = got
@@ -128,7 +127,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     adapter.setup(spec.build, build_optimizer_factory(cfg.optim))
     adapter.mark_setup_done()
     events.mark(run_dir, "model_ready", ctx.rank)
-    dp_rank = getattr(adapter, "dp_rank", ctx.rank)
+    dp_rank = adapter.dp_rank
     dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
     batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, dp_rank, ctx.device)
     warmup, warnings = cfg.run.warmup_steps, []

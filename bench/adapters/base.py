@@ -148,10 +148,15 @@ def taxonomy_labels(parallelism: str, sync: str, pattern: str, sharding: str = "
 
 
 class Adapter:
-    """Base with working defaults; subclasses implement setup and train_step."""
+    """The contract between a framework and the harness, with working defaults: subclasses
+    implement setup and train_step. Everything the runner, the collector and the launchers read
+    from an adapter is declared here (class members, the attributes set in __init__, methods)."""
 
     name: ClassVar[str] = "base"
     Options: ClassVar[type[BaseModel]] = NoOptions
+    # How the launchers start this framework's ranks: "elastic" (torch's elastic agent,
+    # bench.launch) or "horovodrun" (Horovod's own launcher).
+    launch: ClassVar[str] = "elastic"
     # modules the launcher imports once before it forks CPU ranks (bench.launch.local.preload);
     # only modules that merely import (no threads, no device work at import)
     preload_modules: ClassVar[tuple[str, ...]] = ()
@@ -204,6 +209,14 @@ class Adapter:
         self.dims = dims
         self.model: Optional[nn.Module] = None
         self.optimizer: Optional[torch.optim.Optimizer] = None
+        # Set by setup() where known; read by the runner and the collector after it:
+        self.params: Optional[int] = None     # parameters of the full model (not this rank's shard)
+        self.dp_rank: int = ctx.rank          # this rank's data-parallel index: which data shard it reads
+        # ranks per node this adapter's process groups assume (DASO's node groups); None = the
+        # launcher's LOCAL_WORLD_SIZE. The runner's collective counter splits intra/inter-node by it.
+        self.per_node: Optional[int] = None
+        self.scaler = None   # torch.amp.GradScaler where fp16 runs scale the loss themselves
+        self._setup_peaks: dict = {}
 
     def setup(self, build_model: ModelFactory, build_optimizer: OptimizerFactory) -> None:
         raise NotImplementedError
@@ -213,7 +226,7 @@ class Adapter:
 
     def step_optimizer(self) -> None:
         """optimizer.step (through the GradScaler when fp16 has one), then drop the gradients."""
-        scaler = getattr(self, "scaler", None)
+        scaler = self.scaler
         if scaler:
             scaler.step(self.optimizer)
             scaler.update()
@@ -248,7 +261,7 @@ class Adapter:
         it where an adapter's describe() does not say)."""
         if self.ctx.precision == "fp32":
             return "none (fp32)"
-        scaler = " + torch GradScaler" if getattr(self, "scaler", None) else ""
+        scaler = " + torch GradScaler" if self.scaler else ""
         return f"torch.autocast({self.ctx.device.type}, {self.ctx.precision}) around forward, fp32 parameters{scaler}"
 
     def mark_setup_done(self) -> None:
@@ -265,7 +278,7 @@ class Adapter:
         """Peaks of the training loop: device allocated/reserved (CUDA, reset after setup), host
         RSS (since process start), and setup's own peaks."""
         out = {"peak_allocated_bytes": None, "peak_reserved_bytes": None,
-               "peak_rss_bytes": peak_rss_bytes(), **getattr(self, "_setup_peaks", {})}
+               "peak_rss_bytes": peak_rss_bytes(), **self._setup_peaks}
         if self.ctx.device.type == "cuda":
             out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
             out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.ctx.device)
@@ -307,6 +320,15 @@ class Adapter:
     def param_fingerprint(self) -> list[list[float]]:
         """param_row of every full parameter, in the model's order (collective)."""
         return [row for _, row in self.param_stats()]
+
+    def busy_probe(self) -> Optional[tuple[list[Callable[[], None]], int]]:
+        """(passes, repeats per step) for the runner's busy-time probe after the window: callables
+        that each run one part of a step with no communication (a pipeline stage's forward and
+        backward), and how often a step runs each. None = no probe (the runner times them)."""
+        return None
+
+    def after_busy_probe(self) -> None:
+        """Undo what the busy probe left behind (its gradients), once it has run."""
 
     def rank_stats(self) -> dict:
         """Per-rank facts gathered after the window (model-parallel adapters: stages, params,

@@ -196,7 +196,7 @@ def _start(plan: Plan, run_dir: Path, threads: int, method: str):
     (ranks forked in turn inherit the imports preloaded here; spawned ranks import their own)."""
     cfg = plan.cfg
     nproc = cfg.launcher.nproc
-    if getattr(plan.adapter_cls, "launch", "elastic") == "horovodrun":
+    if plan.adapter_cls.launch == "horovodrun":
         from bench.launch.agent import free_port
         env = dict(os.environ)
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS=str(threads))

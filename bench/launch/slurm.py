@@ -99,7 +99,7 @@ def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
             return finish(run_dir, run_dir.name, plan, "unsupported", error_info("unsupported", reason))
         return None
     rendezvous = None
-    if getattr(plan.adapter_cls, "launch", "elastic") == "horovodrun":  # Horovod without horovodrun
+    if plan.adapter_cls.launch == "horovodrun":  # Horovod without horovodrun
         from bench.launch.hvd_slurm import Rendezvous, horovod_env
         env.update(horovod_env(os.environ, env["MASTER_ADDR"]), **plan.adapter_cls.launch_env(plan.options))
         env["LOCAL_WORLD_SIZE"] = env["HOROVOD_LOCAL_SIZE"]

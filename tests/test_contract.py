@@ -1,0 +1,42 @@
+"""The adapter contract is written down: every member of an adapter that the harness reads
+(the runner, the collector, the launchers, the sweep and advise) is declared on
+bench.adapters.base.Adapter, so a new framework learns what to provide from one class."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torch
+
+from bench.adapters.base import Adapter, RankContext
+from bench.config import plan_from_overrides
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+NAMES = {"adapter", "adapter_cls"}   # how the harness names an adapter or its class
+
+
+def read_members() -> dict[str, set[str]]:
+    """{attribute: {file}} for every `adapter.X` / `adapter_cls.X` / `plan.adapter_cls.X` outside
+    bench/adapters."""
+    found: dict[str, set[str]] = {}
+    for path in BENCH.rglob("*.py"):
+        if "adapters" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            v = node.value
+            name = v.id if isinstance(v, ast.Name) else v.attr if isinstance(v, ast.Attribute) else None
+            if name in NAMES:
+                found.setdefault(node.attr, set()).add(str(path.relative_to(BENCH)))
+    return found
+
+
+def test_every_adapter_member_the_harness_reads_is_declared_on_the_base():
+    plan = plan_from_overrides(["framework=ddp", "launcher.nproc=1"])
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", precision="fp32")
+    declared = Adapter(plan.options, ctx, plan.dims)
+    members = read_members()
+    assert {"train_step", "setup", "per_node", "dp_rank", "params", "busy_probe", "launch"} <= set(members), members
+    missing = {m: files for m, files in members.items() if not hasattr(declared, m)}
+    assert not missing, f"read from adapters but not declared on bench.adapters.base.Adapter: {missing}"
