@@ -46,6 +46,9 @@ def test_summary_csv_numbers(known, tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| ddp | gpt2_tiny | 1 | fp32 | 3/3 | 100.0 (range 90.0-110.0, n=3) |" in md
     assert "nan" not in md   # a configuration whose every run failed has no MFU, scaling or taxonomy: "-"
+    assert md.index("## Verdict") < md.index("## Comparison") and "- **gpt2_tiny, 1 rank, fp32**:" in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.index("<h2>Verdict</h2>") < html.index("<h2>Comparison</h2>")
     assert cell["time_to_target_s"] == 11.0
 
 

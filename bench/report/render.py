@@ -9,6 +9,8 @@ from pathlib import Path
 
 import jinja2
 
+from bench.report.verdict import verdict, verdict_markdown
+
 MAX_RUN_ROWS = 1000   # the per-run table in md/html; summary.csv always has every run
 
 CAPTIONS = {
@@ -319,9 +321,13 @@ def context(rep) -> dict:
         "advice": advice_table(rep), "advice_note": ADVICE_NOTE,
         "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
         "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
-        "parity_flags": int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0,
+        "parity_flags": _parity_flags(rep),
         "parity_notes": parity_notes(rep),
-    }
+    } | {"verdict": verdict(rep.cells, _parity_flags(rep), sorted({str(e.get("device")) for e in envs if e.get("device")}))}
+
+
+def _parity_flags(rep) -> int:
+    return int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0
 
 
 GRAD_DTYPE_NOTE = ("The gradient-reduction dtype differs: each framework runs its recommended recipe (DeepSpeed "
@@ -359,6 +365,7 @@ def write_markdown(rep) -> Path:
              f"Generated {c['generated']} from {c['n_runs']} runs ({c['n_ok']} ok). "
              f"Devices: {', '.join(c['devices']) or '-'}; torch {', '.join(c['torch']) or '-'}; "
              f"hosts: {', '.join(c['hosts']) or '-'}.", "",
+             "## Verdict", "", *verdict_markdown(c["verdict"], _md_escape), "",
              "## Comparison (median over repeats; 95% bootstrap CI from 5 repeats, the range below that)", "",
              _md_table(*c["cells"]), ""]
     for name, path, caption in c["plots"]:

@@ -1,0 +1,47 @@
+"""The report's verdict (bench/report/verdict.py), by hand: fastest with its margin and how sure,
+least memory, first to the target, what did not run, and the caveats."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from bench.report.verdict import verdict, verdict_markdown
+
+NAN = math.nan
+
+
+def cell(label, sps, mem, ttt=NAN, ok=1, runs=1, ci=(NAN, NAN), rng=None, world=2, precision="fp32"):
+    return {"label": label, "model": "gpt2_tiny", "world_size": world, "precision": precision, "ok": ok,
+            "runs": runs, "samples_per_s": sps, "samples_per_s_ci_low": ci[0], "samples_per_s_ci_high": ci[1],
+            "samples_per_s_range": rng, "peak_memory_bytes": mem, "time_to_target_s": ttt}
+
+
+def test_fastest_memory_target_and_failures_per_group():
+    cells = pd.DataFrame([
+        cell("ddp", 200.0, 3 * 2**30, ttt=12.0, ci=(190.0, 210.0)),
+        cell("fsdp2:full_shard", 160.0, 2**30, ttt=10.5, ci=(150.0, 170.0)),
+        cell("deepspeed:zero2", 100.0, 2 * 2**30, ok=0, runs=2),
+        cell("ddp", 90.0, 3 * 2**30, world=1),
+    ])
+    (head1, lines1), (head, lines) = verdict(cells, parity_flags=0, devices=["cuda:0"])
+    assert head == "gpt2_tiny, 2 ranks, fp32" and head1 == "gpt2_tiny, 1 rank, fp32"
+    assert lines[0] == "fastest: ddp 200.0 samples/s, 1.25x fsdp2:full_shard (their repeats do not overlap)"
+    assert lines[1] == "least memory: fsdp2:full_shard 1.0 GiB per rank (ddp: 3.0 GiB)"
+    assert lines[2] == "first to the target: fsdp2:full_shard in 10.50 s"
+    assert lines[3] == "not ok: deepspeed:zero2 (2 of 2)"
+    assert lines1 == ["only ddp ran ok (90.0 samples/s): nothing to compare"]
+
+
+def test_an_unclear_lead_and_single_runs_say_so_and_cpu_runs_carry_a_caveat():
+    overlap = pd.DataFrame([cell("ddp", 105.0, 1.0, rng=(95.0, 110.0, 3)), cell("horovod", 100.0, 2.0, rng=(98.0, 104.0, 3))])
+    [(_, lines), (caveats, why)] = verdict(overlap, parity_flags=1, devices=["cpu"])
+    assert "within the spread of their repeats: not a clear lead" in lines[0]
+    assert caveats == "caveats" and "1 configuration(s) differ" in why[0] and "gloo" in why[1]
+    single = pd.DataFrame([cell("ddp", 105.0, 1.0), cell("horovod", 100.0, 2.0)])
+    assert "one run each, no repeats" in verdict(single, 0, ["cuda:0"])[0][1][0]
+    # a label run in two configurations counts once, with its best
+    twice = pd.DataFrame([cell("ddp", 105.0, 1.0), cell("ddp", 101.0, 1.0), cell("horovod", 100.0, 2.0)])
+    assert "1.05x horovod" in verdict(twice, 0, ["cuda:0"])[0][1][0]
+    assert verdict_markdown([]) == ["No configuration ran ok: see Failures."]
+    assert verdict_markdown([("m, 2 ranks", ["a", "b"])]) == ["- **m, 2 ranks**: a; b"]
