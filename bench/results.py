@@ -1,4 +1,4 @@
-"""The result record (DESIGN §6): a contract other tools read. Written atomically, always."""
+"""The result record (docs/design.md §6): a contract other tools read. Written atomically, always."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The equivalence gate (DESIGN §7): every mathematically equivalent strategy gives DDP's loss
+"""The equivalence gate (docs/design.md §7): every mathematically equivalent strategy gives DDP's loss
 series (10 steps, fp32, same seed and global batch, 2 ranks) within 1e-5 relative, and the same
 final parameters, on gpt2_tiny and resnet18_tiny.
 

@@ -1,4 +1,4 @@
-"""The adapter contract (DESIGN §3).
+"""The adapter contract (docs/design.md §3).
 
 The runner owns the clock. An adapter builds the model and optimizer its framework's way,
 performs whole training steps, and reports what it really did. It never times itself, never

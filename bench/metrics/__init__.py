@@ -1,1 +1,1 @@
-"""Pure functions for every number ddlbench reports (DESIGN §5). No torch imports here."""
+"""Pure functions for every number ddlbench reports (docs/design.md §5). No torch imports here."""

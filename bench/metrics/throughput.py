@@ -1,4 +1,4 @@
-"""Throughput and scaling efficiency (DESIGN §5)."""
+"""Throughput and scaling efficiency (docs/design.md §5)."""
 from __future__ import annotations
 
 from typing import Optional

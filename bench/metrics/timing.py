@@ -1,4 +1,4 @@
-"""Step-time statistics (DESIGN §5): per step, the global time is the max over ranks."""
+"""Step-time statistics (docs/design.md §5): per step, the global time is the max over ranks."""
 from __future__ import annotations
 
 import math

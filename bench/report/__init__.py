@@ -1,6 +1,6 @@
 """`bench report DIR...`: summary.csv, report.md, a self-contained report.html and PNG plots.
 
-Result files are the source of truth; everything here is a view of them (DESIGN §6).
+Result files are the source of truth; everything here is a view of them (docs/design.md §6).
 """
 from __future__ import annotations
 

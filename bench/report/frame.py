@@ -1,4 +1,4 @@
-"""Result records -> the summary table (one row per run, DESIGN §6 columns first), plus the
+"""Result records -> the summary table (one row per run, docs/design.md §6 columns first), plus the
 groupings the report needs: repeats of one configuration, and scaling series."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 
-SUMMARY_COLUMNS = [  # DESIGN §6 contract, in this order; more columns follow
+SUMMARY_COLUMNS = [  # docs/design.md §6 contract, in this order; more columns follow
     "run_id", "status", "framework", "variant", "model", "world_size", "global_batch",
     "samples_per_s", "tokens_per_s", "step_time_median_s", "peak_memory_bytes", "mfu",
     "scaling_efficiency", "scaling_kind", "time_to_target_s",

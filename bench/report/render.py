@@ -373,7 +373,7 @@ def write_markdown(rep) -> Path:
     if c["strategies"][1]:
         parts += ["## Strategies: taxonomy, communication, time to target", "", STRATEGY_NOTE, "",
                   _md_table(*c["strategies"]), ""]
-    parts += ["## Parity (DESIGN §7): configurations of one model at one world size must agree", "",
+    parts += ["## Parity (docs/design.md §7): configurations of one model at one world size must agree", "",
               f"{c['parity_flags']} configuration(s) differ from the majority." if c["parity_flags"] else "All compared configurations agree.",
               *[x for note in c["parity_notes"] for x in ("", note)],
               "", _md_table(*c["parity"][:2]), "", "## Failures", ""]

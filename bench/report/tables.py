@@ -6,7 +6,7 @@ import pandas as pd
 
 from bench.metrics.stats import bootstrap_median_ci, repeat_range
 
-# What must be equal between compared runs (DESIGN §7). Compared = same model, same world size.
+# What must be equal between compared runs (docs/design.md §7). Compared = same model, same world size.
 PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_decay", "precision", "grad_reduce_dtype",
                  "epochs"]
 # Fields records before they existed do not carry: unknown there, compared where known.
