@@ -222,3 +222,33 @@ def test_an_auto_precision_config_is_one_configuration_per_precision_that_ran():
     assert rows["cpu"]["precision"] == "fp32"
     # an explicit precision is left as it is
     assert summary_row(make_record("x"))["config_id"] == summary_row(make_record("y"))["config_id"]
+
+
+def test_throughput_plot_keeps_its_legend_off_the_bars_and_one_colour_per_series(tmp_path, monkeypatch):
+    """12 frameworks, two precisions of one: the legend sits beside the axes (it covered the
+    bars), every series has its own colour (tab10 repeated after 10), a bf16 and an fp32 run of
+    one framework are two bars, and the saved figure holds the title and the legend whole."""
+    import matplotlib.colors as mcolors
+    import pandas as pd
+
+    from bench.report import plots
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    rows = [{"label": f"fw{i}", "model": "m", "world_size": 1, "precision": "bf16", "samples_per_s": 100.0 + i,
+             "samples_per_s_ci_low": math.nan, "samples_per_s_ci_high": math.nan} for i in range(12)]
+    rows.append({**rows[0], "precision": "fp32", "samples_per_s": 40.0})
+    plots.throughput(pd.DataFrame(rows), tmp_path)
+    fig = figs[0]
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend, axes_box = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.x0 >= axes_box.x1, (legend, axes_box)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(labels) == 13 and "fw0 bf16" in labels and "fw0 fp32" in labels
+    colours = {mcolors.to_hex(p.get_facecolor()) for p in ax.patches}
+    assert len(colours) == 13
+    title = fig._suptitle.get_window_extent(renderer)
+    tight = fig.get_tightbbox(renderer)   # what bbox_inches="tight" saves
+    assert tight.x0 <= title.x0 / fig.dpi and title.x1 / fig.dpi <= tight.x1
+    assert tight.x1 >= legend.x1 / fig.dpi

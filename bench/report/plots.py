@@ -35,7 +35,7 @@ def draw_all(cells: pd.DataFrame, conv_jobs: list[tuple], out: Path) -> dict[str
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")   # legends placed outside the axes stay in the file
     plt.close(fig)
     return path
 
@@ -50,6 +50,22 @@ def _per_model_axes(models: list, width: float, height: float = 4.0):
     return fig, axes[0]
 
 
+def _series(m: pd.DataFrame) -> pd.DataFrame:
+    """Bars per framework label, split by precision where one model ran in several (a bf16 and
+    an fp32 run of one framework are two bars, not one picked at random)."""
+    precisions = m["precision"].dropna().unique() if "precision" in m else []
+    series = m["label"].astype(str)
+    if len(precisions) > 1:
+        series = series + " " + m["precision"].fillna("?").astype(str)
+    return m.assign(series=series)
+
+
+def _colors(n: int) -> list:
+    """n distinct colours (tab10 repeats after 10: two frameworks would share a colour)."""
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
 def throughput(cells: pd.DataFrame, out: Path) -> Optional[Path]:
     c = cells.dropna(subset=["samples_per_s"])
     if c.empty:
@@ -57,19 +73,22 @@ def throughput(cells: pd.DataFrame, out: Path) -> Optional[Path]:
     models = sorted(c["model"].unique())
     fig, axes = _per_model_axes(models, 6.5)
     for ax, model in zip(axes, models):
-        m = c[c["model"] == model]
-        sizes, labels = sorted(m["world_size"].unique()), sorted(m["label"].unique())
+        m = _series(c[c["model"] == model])
+        sizes, labels = sorted(m["world_size"].unique()), sorted(m["series"].unique())
         width = 0.8 / len(labels)
+        colors = _colors(len(labels))
         for j, lab in enumerate(labels):
-            sub = m[m["label"] == lab].groupby("world_size").first()
+            sub = m[m["series"] == lab].groupby("world_size").first()
             xs = [sizes.index(n) + j * width for n in sub.index]
             err = np.array([(sub["samples_per_s"] - sub["samples_per_s_ci_low"]).fillna(0),
                             (sub["samples_per_s_ci_high"] - sub["samples_per_s"]).fillna(0)])
-            ax.bar(xs, sub["samples_per_s"], width, yerr=err, capsize=3, label=lab)
+            ax.bar(xs, sub["samples_per_s"], width, yerr=err if err.any() else None, capsize=3, label=lab,
+                   color=colors[j])
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))], [f"{n} rank(s)" for n in sizes])
         ax.set_ylabel("samples/s (median of repeats)")
         ax.set_title(model)
-        ax.legend(fontsize=8)
+        # beside the axes, never over the bars
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.suptitle("Throughput by framework and world size (error bars: 95% bootstrap CI, 5+ repeats)")
     return _save(fig, out / "throughput.png")
 
