@@ -20,61 +20,8 @@ import sys
 from pathlib import Path
 
 from bench.errors import ConfigError
-
-EXIT_BAD_INPUT = 2
-EXIT_RUN_NOT_OK = 1
-
-
-def _run_dir(plan) -> Path:
-    import os
-
-    if plan.cfg.run.dir:
-        return Path(plan.cfg.run.dir)
-    if plan.cfg.launcher.name == "slurm":  # every srun task must name the same directory
-        return Path("outputs") / "runs" / f"slurm-{os.environ.get('SLURM_JOB_ID', 'nojob')}.{os.environ.get('SLURM_STEP_ID', '0')}"
-    stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    name = f"{stamp}_{plan.cfg.framework.name}-{plan.cfg.framework.variant}_{plan.cfg.model.name}_n{plan.dims.world_size}"
-    base = Path("outputs") / "runs" / name
-    path, i = base, 1
-    while path.exists():
-        i += 1
-        path = base.with_name(f"{base.name}_{i}")
-    return path
-
-
-def cmd_run(overrides: list[str]) -> int:
-    import time
-
-    from bench.config import plan_from_overrides
-    from bench.launch.events import process_start_time
-
-    plan = plan_from_overrides(overrides)
-    validated = time.time()
-    if plan.cfg.run.dry_run:
-        import json
-        print(json.dumps({"parallel": plan.dims.as_dict(), "mesh": plan.dims.mesh_shape(),
-                          "framework": plan.cfg.framework.model_dump(), "model": plan.cfg.model.model_dump(),
-                          **plan.adapter_cls.dry_run_info(plan.options, plan.cfg, plan.dims)}, indent=2))
-        print("dry run: config is valid; nothing launched")
-        return 0
-    run_dir = _run_dir(plan)
-    if (run_dir / "result.json").exists():
-        raise ConfigError(f"run.dir {run_dir} already holds a result.json; choose another run.dir")
-    from bench.launch.local import run_local
-    from bench.sinks import log_to_sinks
-    from bench.table import render, rows
-
-    if plan.cfg.launcher.name == "slurm":
-        from bench.launch.slurm import run_slurm
-        record = run_slurm(plan, run_dir)
-        if record is None:  # ranks other than 0: the result is rank 0's to report
-            return 0
-    else:
-        record = run_local(plan, run_dir, started=process_start_time(), validated=validated)
-    log_to_sinks(plan, run_dir, record)
-    print(render(rows([record])))
-    print(f"result: {run_dir / 'result.json'}")
-    return 0 if record["status"] == "ok" else EXIT_RUN_NOT_OK
+from bench.run_entry import EXIT_BAD_INPUT, EXIT_RUN_NOT_OK
+from bench.run_entry import run as cmd_run  # `bench run`; sweep cells call bench.run_entry directly
 
 
 def cmd_multirun(overrides: list[str]) -> int:

@@ -40,3 +40,18 @@ def test_every_adapter_member_the_harness_reads_is_declared_on_the_base():
     assert {"train_step", "setup", "per_node", "dp_rank", "params", "busy_probe", "launch"} <= set(members), members
     missing = {m: files for m, files in members.items() if not hasattr(declared, m)}
     assert not missing, f"read from adapters but not declared on bench.adapters.base.Adapter: {missing}"
+
+
+def test_nothing_below_the_command_line_imports_it():
+    """argparse stays in bench/cli.py: a module it calls that imported it back (the sweep's cells
+    did, through bench.cli.main) would make a circle. Runs go through bench.run_entry."""
+    importers = []
+    for path in BENCH.rglob("*.py"):
+        if path.name == "cli.py" and path.parent == BENCH:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "bench.cli":
+                importers.append(str(path.relative_to(BENCH)))
+            elif isinstance(node, ast.Import) and any(a.name == "bench.cli" for a in node.names):
+                importers.append(str(path.relative_to(BENCH)))
+    assert not importers, f"import bench.cli from below it: {importers}"

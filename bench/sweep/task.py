@@ -63,7 +63,7 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
             return 0
         run_dir = manifest.cell_dir(sweep_dir, cell)
         archive_attempt(sweep_dir, run_dir)
-        args = ["run", *cell.overrides, quoted_override("run.dir", str(run_dir)), "run.progress=false"]
+        args = [*cell.overrides, quoted_override("run.dir", str(run_dir)), "run.progress=false"]
         preload_for(cell.overrides)
         # the child inherits the locked descriptor (and passes it on to its ranks)
         proc = Forked(lambda: _bench_in_child(args, extra_env or {}))
@@ -84,10 +84,10 @@ def preload_for(overrides: list[str]) -> None:
         preload(plan)
 
 
-def _bench_in_child(args: list[str], extra_env: dict) -> int:
-    from bench.cli import main
+def _bench_in_child(overrides: list[str], extra_env: dict) -> int:
+    from bench.run_entry import run_or_exit_code
     os.environ.update(extra_env)
-    return main(args)
+    return run_or_exit_code(overrides)
 
 
 def main(argv: list[str]) -> int:
