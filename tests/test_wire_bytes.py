@@ -13,7 +13,7 @@ from bench.commbench import KINDS
 
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_gloo_writes_what_the_wire_factors_say(tmp_path, nproc):
-    proc = bench("commbench", f"launcher.nproc={nproc}", "sizes=[1048576,16777216]", "iters=1", "warmup=1",
+    proc = bench("commbench", f"launcher.nproc={nproc}", "sizes=[1048576,16777216]", "iters=3", "warmup=1",
                  f"out={tmp_path}", "network=local_gloo", timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((tmp_path / "commbench.json").read_text())
@@ -27,7 +27,11 @@ def test_gloo_writes_what_the_wire_factors_say(tmp_path, nproc):
     # alpha-beta per kind, in the network model's terms, and the base network priced by the
     # all-reduce fit (the dimension the ranks spanned: local_gloo's only one)
     assert sorted(f["kind"] for f in rec["fits"]) == sorted(KINDS)
-    assert all(f["bandwidth_Bps"] > 0 and f["alpha_s"] >= 0 for f in rec["fits"])
+    # a kind whose 16 MiB time came out no longer than its 1 MiB time (a busy machine: CI saw it
+    # once at 3 ranks with iters=1) is recorded with the reason instead of a fit
+    for f in rec["fits"]:
+        assert (f.get("bandwidth_Bps", 0) > 0 and f["alpha_s"] >= 0) or f.get("error"), f
+    assert sum("bandwidth_Bps" in f for f in rec["fits"]) >= len(KINDS) - 1, rec["fits"]
     import yaml
     net = yaml.safe_load((tmp_path / "network.yaml").read_text())
     ar = next(f for f in rec["fits"] if f["kind"] == "all_reduce")
