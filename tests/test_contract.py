@@ -15,20 +15,26 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 NAMES = {"adapter", "adapter_cls"}   # how the harness names an adapter or its class
 
 
+def modules():
+    """(path relative to bench/, every AST node) of each module of bench/."""
+    for path in BENCH.rglob("*.py"):
+        yield path.relative_to(BENCH), ast.walk(ast.parse(path.read_text()))
+
+
 def read_members() -> dict[str, set[str]]:
     """{attribute: {file}} for every `adapter.X` / `adapter_cls.X` / `plan.adapter_cls.X` outside
     bench/adapters."""
     found: dict[str, set[str]] = {}
-    for path in BENCH.rglob("*.py"):
+    for path, nodes in modules():
         if "adapters" in path.parts:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in nodes:
             if not isinstance(node, ast.Attribute):
                 continue
             v = node.value
             name = v.id if isinstance(v, ast.Name) else v.attr if isinstance(v, ast.Attribute) else None
             if name in NAMES:
-                found.setdefault(node.attr, set()).add(str(path.relative_to(BENCH)))
+                found.setdefault(node.attr, set()).add(str(path))
     return found
 
 
@@ -46,12 +52,11 @@ def test_nothing_below_the_command_line_imports_it():
     """argparse stays in bench/cli.py: a module it calls that imported it back (the sweep's cells
     did, through bench.cli.main) would make a circle. Runs go through bench.run_entry."""
     importers = []
-    for path in BENCH.rglob("*.py"):
-        if path.name == "cli.py" and path.parent == BENCH:
+    for path, nodes in modules():
+        if str(path) == "cli.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "bench.cli":
-                importers.append(str(path.relative_to(BENCH)))
-            elif isinstance(node, ast.Import) and any(a.name == "bench.cli" for a in node.names):
-                importers.append(str(path.relative_to(BENCH)))
+        for node in nodes:
+            if (isinstance(node, ast.ImportFrom) and node.module == "bench.cli"
+                    or isinstance(node, ast.Import) and any(a.name == "bench.cli" for a in node.names)):
+                importers.append(str(path))
     assert not importers, f"import bench.cli from below it: {importers}"

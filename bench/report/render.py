@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-import math
 from pathlib import Path
 
 import jinja2
 
+from bench.report.fmt import human_bytes as _bytes
+from bench.report.fmt import missing as _missing
 from bench.report.verdict import verdict, verdict_markdown
 
 MAX_RUN_ROWS = 1000   # the per-run table in md/html; summary.csv always has every run
@@ -26,30 +27,16 @@ CAPTIONS = {
 
 
 def _num(x, fmt=".1f") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if _missing(x):
         return "-"
     return format(x, fmt)
 
 
-def _bytes(n) -> str:
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return "-"
-
-
-def _missing(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
 def _ci(med, lo, hi, fmt=".1f", rng=None) -> str:
     """median [95% CI] from 5 repeats on; with 2-4 the median and their range, labelled."""
-    if med is None or (isinstance(med, float) and math.isnan(med)):
+    if _missing(med):
         return "-"
-    if lo is None or (isinstance(lo, float) and math.isnan(lo)):
+    if _missing(lo):
         if rng is not None and rng[2] >= 2:
             return f"{_num(med, fmt)} (range {_num(rng[0], fmt)}-{_num(rng[1], fmt)}, n={rng[2]})"
         return _num(med, fmt)
@@ -295,7 +282,7 @@ def run_table(rep) -> tuple[list[str], list[list[str]]]:
             "step (ms)", "peak mem", "MFU", "val loss", "time to target (s)"]
     rows = [[r.run_id, r.status, r.label, r.model, _num(r.world_size, ".0f"), _num(r.global_batch, ".0f"),
              _num(r.repeat, ".0f"), _num(r.samples_per_s), _num(None if r.step_time_median_s is None else r.step_time_median_s * 1e3),
-             _bytes(r.peak_memory_bytes), "-" if r.mfu is None or r.mfu != r.mfu else f"{r.mfu:.1%}",
+             _bytes(r.peak_memory_bytes), "-" if _missing(r.mfu) else f"{r.mfu:.1%}",
              _num(r.final_val_loss, ".4f"), _num(r.time_to_target_s, ".2f")]
             for r in rep.summary.head(MAX_RUN_ROWS).itertuples()]
     return head, rows

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 
 from bench.metrics.stats import bootstrap_median_ci, repeat_range
+from bench.report.fmt import missing
 
 # What must be equal between compared runs (docs/design.md §7). Compared = same model, same world size.
 PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_decay", "precision", "grad_reduce_dtype",
@@ -70,7 +71,7 @@ def strategies(cells_df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _num_ok(x) -> bool:
-    return x is not None and not (isinstance(x, float) and x != x)
+    return not missing(x)
 
 
 def _median(s: pd.Series):

@@ -3,28 +3,18 @@ first, per model and world size (and precision), with how sure the reader can be
 the comparison unfair or incomplete. Pure: the report's tables in, sentences out."""
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
-
-def _ok(x) -> bool:
-    return x is not None and not (isinstance(x, float) and math.isnan(x))
-
-
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
+from bench.report.fmt import human_bytes as _bytes
+from bench.report.fmt import missing
 
 
 def _spread(row) -> tuple[float, float] | None:
     """The interval (95% CI) or the range of the repeats behind a median; None from one run."""
-    if _ok(row.get("samples_per_s_ci_low")):
+    if not missing(row.get("samples_per_s_ci_low")):
         return row["samples_per_s_ci_low"], row["samples_per_s_ci_high"]
     rng = row.get("samples_per_s_range")
-    if rng is not None and not (isinstance(rng, float) and math.isnan(rng)) and rng[2] >= 2:
+    if not missing(rng) and rng[2] >= 2:
         return rng[0], rng[1]
     return None
 
@@ -77,7 +67,7 @@ def verdict(cells: pd.DataFrame, parity_flags: int, devices: list[str]) -> list[
         for key, g in cells.groupby(keys, sort=True, dropna=False):
             model, world = key[0], key[1]
             prec = key[2] if len(key) > 2 and isinstance(key[2], str) else None
-            ranks = "? ranks" if not _ok(world) else f"{world:.0f} rank{'s' if world != 1 else ''}"
+            ranks = "? ranks" if missing(world) else f"{world:.0f} rank{'s' if world != 1 else ''}"
             heading = f"{model}, {ranks}" + (f", {prec}" if prec else "")
             lines = group_lines(g)
             if lines:
