@@ -6,42 +6,48 @@ from __future__ import annotations
 import json
 
 import pytest
+from costs import PROF, cost_of
 
-from bench.advise.memory import Layout, ModelProfile, estimate
-from bench.advise.predict import Collective, collectives, comm_seconds, messages, predict, spans, step_compute
+from bench.adapters.cost import Traffic
+from bench.advise.memory import Layout, estimate
+from bench.advise.predict import comm_seconds, predict, spans, step_compute
 from bench.metrics.stats import spearman
 from bench.network.model import Dimension, Network
 
-# params 1000, largest block 200, 4 blocks; per sample: 1000 B saved, 100 B checkpointed, 50 B block output
-PROF = ModelProfile(params=1000, largest_block_params=200, blocks=4, activation_bytes_per_sample=1000,
-                    checkpointed_bytes_per_sample=100, boundary_bytes_per_sample=50)
+
+def est(layout: Layout, precision: str = "fp32", optimizer: str = "adamw", momentum: float = 0.0, **edits) -> dict:
+    cost = cost_of(layout.framework, layout.dp, layout.tp, layout.pp, layout.micro_batch, layout.grad_accum,
+                   precision, **edits)
+    return estimate(layout, PROF, cost, optimizer, momentum)
 
 
-@pytest.mark.parametrize("layout,expected", [
+@pytest.mark.parametrize("layout,expected,edits", [
     # AdamW 8 B/param. params, grads, optimizer, activations (mb 2), buffers
-    (Layout("ddp", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 0)),
-    (Layout("horovod", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 4000)),          # fusion buffer = 4P
-    (Layout("fairscale_oss", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 0)),
-    (Layout("deepspeed_zero1", dp=4, micro_batch=2), (4000, 4000, 2000, 2000, 1000 + 4000)),
-    (Layout("deepspeed_zero2", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 1000 + 4000)),
-    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 800)),
-    (Layout("fsdp_full", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 800)),
-    (Layout("fsdp_grad_op", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 2 * 800)),
+    (Layout("ddp", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 0), {}),
+    (Layout("horovod", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 4000), {}),     # fusion buffer = 4P
+    (Layout("fairscale_oss", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 0), {}),
+    (Layout("deepspeed_zero1", dp=4, micro_batch=2), (4000, 4000, 2000, 2000, 1000 + 4000), {}),
+    (Layout("deepspeed_zero2", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 1000 + 4000), {}),
+    # ZeRO-3 keeps every gathered parameter from forward to backward (4 x 1000) + one unit's gradients (4 x 200)
+    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 4000 + 800), {}),
+    (Layout("fsdp_full", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 800), {}),
+    # shard_grad_op: fp32 shards + every unit gathered from forward to backward (4000) + two units' gradients
+    (Layout("fsdp_grad_op", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 4000 + 2 * 800), {}),
     # hybrid: sharded over groups of 2 (replicated twice), so model state / 2, not / 4
-    (Layout("fsdp_hybrid", dp=4, shard=2, micro_batch=2), (2000, 2000, 4000, 2000, 2 * 2 * 800)),
+    (Layout("fsdp_hybrid", dp=4, micro_batch=2), (2000, 2000, 4000, 2000, 2 * 2 * 800), {"hybrid_shard_size": 2}),
     # checkpointing: block inputs (100) + one block's full activations (1000 / 4), x mb 2
-    (Layout("ddp", dp=4, micro_batch=2, checkpointing=True), (4000, 4000, 8000, 700, 0)),
+    (Layout("ddp", dp=4, micro_batch=2, checkpointing=True), (4000, 4000, 8000, 700, 0), {}),
     # tp 2 x dp_shard 2: a 500-parameter slice sharded over 2; activations / tp; one unit 4*200/2
-    (Layout("tensor_parallel", dp=2, tp=2, micro_batch=2), (1000, 1000, 2000, 1000, 2 * 2 * 400)),
+    (Layout("tensor_parallel", dp=2, tp=2, micro_batch=2), (1000, 1000, 2000, 1000, 2 * 2 * 400), {}),
     # pp 2, 4 micro-batches of 2: 1F1B holds pp = 2 in flight, GPipe all 4; p2p: 2 x 2 x 50 x 2
-    (Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=2, grad_accum=4), (2000, 2000, 4000, 2000, 400)),
-    (Layout("pipeline_gpipe", dp=1, pp=2, micro_batch=2, grad_accum=4), (2000, 2000, 4000, 4000, 400)),
+    (Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=2, grad_accum=4), (2000, 2000, 4000, 2000, 400), {}),
+    (Layout("pipeline_gpipe", dp=1, pp=2, micro_batch=2, grad_accum=4), (2000, 2000, 4000, 4000, 400), {}),
 ])
-def test_memory_estimate_by_hand(layout, expected):
-    got = estimate(layout, PROF, "adamw")
+def test_memory_estimate_by_hand(layout, expected, edits):
+    got = est(layout, **edits)
     keys = ("params", "grads", "optimizer", "activations", "buffers")
     assert tuple(got[k] for k in keys) == expected
-    assert got["total"] == sum(expected)
+    assert got["total"] == sum(expected) and got["host"] == 0
 
 
 @pytest.mark.parametrize("layout,expected", [
@@ -50,76 +56,67 @@ def test_memory_estimate_by_hand(layout, expected):
     # DeepSpeed's bf16 engine: 2-byte params and grads, AdamW + fp32 master copy = 12 B/param sharded;
     # fp32 gradient partition 4P/4 + the bucket in bf16 (2P)
     (Layout("deepspeed_zero2", dp=4, micro_batch=2), (2000, 500, 3000, 2000, 1000 + 2000)),
-    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (500, 500, 3000, 2000, 2 * 2 * 400)),
+    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (500, 500, 3000, 2000, 2000 + 400)),
     # FSDP2: fp32 shards, units gathered in bf16 (2 B x 200)
     (Layout("fsdp_full", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 400)),
 ])
 def test_memory_estimate_at_bf16_by_hand(layout, expected):
-    got = estimate(layout, PROF, "adamw", precision="bf16")
+    got = est(layout, "bf16")
     assert tuple(got[k] for k in ("params", "grads", "optimizer", "activations", "buffers")) == expected
 
 
-@pytest.mark.parametrize("framework,expected", [
-    ("ddp", {"all_reduce": 1.0}),
-    ("fsdp_full", {"all_gather": 1.0, "reduce_scatter": 1.0}),        # 2 gathers in bf16, reduce in fp32
-    ("fsdp_grad_op", {"all_gather": 0.5, "reduce_scatter": 1.0}),
-    ("deepspeed_zero1", {"all_reduce": 0.5, "all_gather": 0.5}),       # the engine reduces in bf16
-    ("deepspeed_zero2", {"all_reduce": 0.5, "all_gather": 0.5}),
-    ("deepspeed_zero3", {"all_gather": 0.5, "reduce_scatter": 0.5}),
-    ("tensor_parallel", {"all_gather": 1.0, "reduce_scatter": 1.0}),
-    ("pipeline_1f1b", {"all_reduce": 1.0}),
-])
-def test_advise_payloads_at_bf16(framework, expected):
-    """advise's communication model at bf16 (it raised 'no analytic communication model' for
-    FSDP2 and ZeRO-1/2 at any precision but fp32)."""
-    from bench.advise.command import dp_payload
-    over = [f"framework={framework}", "model=gpt2_tiny", "launcher.nproc=4", "run.global_batch=8",
-            "run.precision=bf16"]
-    assert dp_payload({"framework": framework, "overrides": over}) == expected
-
-
-def test_memory_estimate_optimizer_and_unknown_framework():
-    assert estimate(Layout("ddp", dp=1), PROF, "sgd", momentum=0.9)["optimizer"] == 4000
-    assert estimate(Layout("ddp", dp=1), PROF, "sgd")["optimizer"] == 0
-    with pytest.raises(ValueError, match="no memory model"):
-        estimate(Layout("daso", dp=2), PROF)
+def test_memory_estimate_optimizer_and_offload():
+    assert est(Layout("ddp", dp=1), optimizer="sgd", momentum=0.9)["optimizer"] == 4000
+    assert est(Layout("ddp", dp=1), optimizer="sgd")["optimizer"] == 0
+    # ZeRO-3 + offload: parameter, gradient and optimizer shards on the host, the gathered ones on the device
+    got = est(Layout("deepspeed_zero3_offload", dp=4, micro_batch=2))
+    assert (got["params"], got["grads"], got["optimizer"], got["host"]) == (0, 0, 0, 1000 + 1000 + 2000)
+    assert got["total"] == 2000 + 4800
 
 
 def test_step_compute_interpolates_and_adds_bubble_and_recompute():
     calib = {1: 0.03, 5: 0.07}                       # t(m) = 0.02 + 0.01 m
-    assert step_compute(Layout("ddp", dp=2, micro_batch=3, grad_accum=2), calib) == pytest.approx(0.10)
+    ddp = cost_of("ddp", dp=2, mb=3, ga=2)
+    assert step_compute(Layout("ddp", dp=2, micro_batch=3, grad_accum=2), ddp, calib) == pytest.approx(0.10)
     # pipeline pp 2, 4 micro-batches of 3: (4 + 2 - 1) slots of t(3) / 2
-    assert step_compute(Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=3, grad_accum=4), calib) == pytest.approx(0.125)
-    assert step_compute(Layout("tensor_parallel", dp=1, tp=2, micro_batch=3), calib, 1.2) == pytest.approx(0.03)
-    assert step_compute(Layout("ddp", dp=1, micro_batch=4), {2: 0.05}) == pytest.approx(0.10)   # one point: proportional
+    pipe = cost_of("pipeline_1f1b", dp=1, pp=2, mb=3, ga=4)
+    assert step_compute(Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=3, grad_accum=4), pipe, calib) == pytest.approx(0.125)
+    # interleaved, 2 stages per rank: the bubble is (pp - 1) / 2 slots
+    inter = cost_of("pipeline_interleaved", dp=1, pp=2, mb=3, ga=4)
+    assert inter.bubble_slots == 0.5
+    tp = cost_of("tensor_parallel", dp=1, tp=2, mb=3)
+    assert step_compute(Layout("tensor_parallel", dp=1, tp=2, micro_batch=3), tp, calib, 1.2) == pytest.approx(0.03)
+    one = cost_of("ddp", dp=1, mb=4)
+    assert step_compute(Layout("ddp", dp=1, micro_batch=4), one, {2: 0.05}) == pytest.approx(0.10)   # one point: proportional
     # ranks sharing cores (CPU): compute stretches by the oversubscription; no network traffic at dp 1
     net = Network("toy", (Dimension("host", 8, 1e9, 1e-3),))
-    p = predict(Layout("ddp", dp=1, micro_batch=3, grad_accum=2), PROF, calib, net, {"all_reduce": 1.0},
+    p = predict(Layout("ddp", dp=1, micro_batch=3, grad_accum=2), cost_of("ddp", dp=1, mb=3, ga=2), calib, net,
                 compute_scale=2.0)
     assert p["compute_s"] == pytest.approx(0.20) and p["comm_s"] == 0 and p["step_s"] == pytest.approx(0.20)
 
 
-def test_collectives_and_their_time_on_a_network():
+def test_traffic_and_its_time_on_a_network():
     net = Network("toy", (Dimension("host", 8, 1e9, 1e-3),))
-    # DDP at dp 2: one all-reduce of Psi = 4000 B (one bucket)
-    items = collectives(Layout("ddp", dp=2, micro_batch=2), PROF, {"all_reduce": 1.0})
-    assert items == [Collective("all_reduce", 4000.0, 2, 1, 1)]
+    # DDP at dp 2: one all-reduce of Psi = 4000 B (one 25 MiB bucket)
+    items = cost_of("ddp", dp=2).traffic
+    assert items == (Traffic("all_reduce", 4000.0, 1, 2, 1, "gradients"),)
     t, parts = comm_seconds(items, net, "ring")
     assert t == pytest.approx(2 * 1e-3 + 4000 / 1e9)          # 2(p-1) alpha + 2(p-1)/p B / bw
-    # FSDP splits its payload over units: blocks + root = 5 messages of Psi/5
-    assert messages("fsdp_full", 4000, 4) == 5 and messages("ddp", 4000, 4) == 1
-    items = collectives(Layout("fsdp_full", dp=2), PROF, {"all_gather": 1.0, "reduce_scatter": 1.0})
-    assert [(c.kind, c.bytes, c.count) for c in items] == [("all_gather", 800.0, 5), ("reduce_scatter", 800.0, 5)]
+    # FSDP splits its payload over units (blocks + root = 5 messages of Psi / 5), gathers twice per micro-batch
+    items = cost_of("fsdp_full", dp=2, ga=3).traffic
+    assert [(c.kind, c.bytes, c.count) for c in items] == [("all_gather", 800.0, 5 * 2 * 3), ("reduce_scatter", 800.0, 5)]
     # hybrid, groups of 2 among 4: gather / reduce-scatter inside a group (adjacent ranks), then the
     # shard (Psi / 2) all-reduced across the 2 groups (ranks 2 apart), each in 5 unit messages
-    hyb = collectives(Layout("fsdp_hybrid", dp=4, shard=2), PROF, {"all_gather": 2.0, "reduce_scatter": 1.0})
-    assert hyb == [Collective("all_gather", 1600.0, 2, 1, 5), Collective("reduce_scatter", 800.0, 2, 1, 5),
-                   Collective("all_reduce", 400.0, 2, 2, 5)]
+    hyb = cost_of("fsdp_hybrid", dp=4, hybrid_shard_size=2).traffic
+    assert [(c.kind, c.bytes, c.count, c.ranks, c.stride) for c in hyb] == [
+        ("all_gather", 800.0, 10, 2, 1), ("reduce_scatter", 800.0, 5, 2, 1), ("all_reduce", 400.0, 5, 2, 2)]
+    # hybrid with no size given: the node's ranks
+    assert cost_of("fsdp_hybrid", dp=4, per_node=2).shard_ranks == 2
     # tp 2: 4 all-reduces of a block's output per block and micro-batch; pp 2: 2 sends per micro-batch
-    tp = collectives(Layout("tensor_parallel", dp=1, tp=2, micro_batch=2, grad_accum=3), PROF, {})
-    assert tp == [Collective("all_reduce", 100.0, 2, 1, 4 * 4 * 3)]
-    pp = collectives(Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=2, grad_accum=3), PROF, {})
-    assert pp == [Collective("send", 100.0, 2, 1, 6)]
+    tp = cost_of("tensor_parallel", dp=1, tp=2, mb=2, ga=3).traffic
+    assert [(c.kind, c.bytes, c.count, c.ranks) for c in tp] == [("all_reduce", 100.0, 4 * 4 * 3, 2)]
+    pp = cost_of("pipeline_1f1b", dp=1, pp=2, mb=2, ga=3).traffic
+    assert [(c.kind, c.bytes, c.count, c.ranks) for c in pp] == [("send", 100.0, 6, 2)]
     assert comm_seconds(pp, net)[0] == pytest.approx(6 * (1e-3 + 100 / 1e9))
 
 
@@ -253,8 +250,8 @@ def test_advise_rejects_bad_input():
         parse(["model=gpt2_tiny"])
     with pytest.raises(ConfigError, match="unknown option 'colour'"):
         parse(["model=gpt2_tiny", "devices=2", "colour=red"])
-    with pytest.raises(ConfigError, match="no memory and communication model for daso"):
-        parse(["model=gpt2_tiny", "devices=2", "frameworks=ddp,daso"])
+    with pytest.raises(ConfigError, match="no framework config nosuch"):
+        parse(["model=gpt2_tiny", "devices=2", "frameworks=ddp,nosuch"])
     with pytest.raises(ConfigError, match="budget_runs must be an integer"):
         parse(["model=gpt2_tiny", "devices=2", "budget_runs=many"])
     opts, extra = parse(["model=gpt2_tiny", "devices=2", "run.measure_steps=3", "logger=none"])

@@ -57,11 +57,15 @@ def test_horovod_counts_its_own_allreduces_without_lr_scaling(run_dir):
     assert rec["comm"]["source"] == "adapter"
     assert rec["comm"]["per_step_bytes"]["all_reduce"] == 4 * rec["model"]["params"]
     assert rec["framework"]["native_config"]["lr_scaled_by_world_size"] is False
-    # what ran: Horovod 0.28.1's own default (operations.cc), which advise's memory model uses too
-    from bench.adapters.horovod import DEFAULT_FUSION_THRESHOLD_MB
-    from bench.advise.memory import HOROVOD_FUSION_BYTES
+    # what ran: Horovod 0.28.1's own default (operations.cc), which its cost model (advise) uses too
+    from bench.adapters.cost import ModelProfile
+    from bench.adapters.horovod import DEFAULT_FUSION_THRESHOLD_MB, HorovodAdapter
+    from bench.dims import ParallelDims
     assert rec["framework"]["native_config"]["fusion_threshold_mb"] == DEFAULT_FUSION_THRESHOLD_MB == 128
-    assert HOROVOD_FUSION_BYTES == DEFAULT_FUSION_THRESHOLD_MB << 20
+    big = ModelProfile(params=10**9, largest_block_params=1, blocks=1, activation_bytes_per_sample=0,
+                       checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0)
+    cost = HorovodAdapter.cost_model(HorovodAdapter.Options(), ParallelDims(2, 2, 1, 1, 1, 1, 2), big, "fp32")
+    assert cost.buffers["fusion buffer"] == DEFAULT_FUSION_THRESHOLD_MB << 20
 
 
 def test_horovod_rank_failure_is_recorded(run_dir):
@@ -117,7 +121,7 @@ def test_fairscale_fsdp_is_its_own_strategy_not_oss():
     ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
                       precision="fp32")
     adapter = plan.adapter_cls(plan.options, ctx, plan.dims)
-    adapter.version = "0.4.13"
+    adapter.version, adapter.params = "0.4.13", 1000      # what setup() would have set
     native = adapter.describe()["native_config"]
     assert native["wrapper"].startswith("fairscale.nn.FullyShardedDataParallel") and native["flatten_parameters"]
     # ZeRO-3 accounting: everything sharded; 2 all-gathers + 1 reduce-scatter of Psi per step

@@ -18,6 +18,7 @@ from torch import nn
 from bench.dims import ParallelDims
 
 if TYPE_CHECKING:
+    from bench.adapters.cost import CostModel, ModelProfile
     from bench.metrics.comm import AnalyticComm
 
 
@@ -202,6 +203,22 @@ class Adapter:
         """Environment variables the framework reads at start-up (set by the launcher)."""
         return {}
 
+    @classmethod
+    def cost_model(cls, options, dims: ParallelDims, model: "ModelProfile", precision: str,
+                   per_node: Optional[int] = None) -> Optional["CostModel"]:
+        """What this variant holds and sends per optimizer step on `dims` (bench.adapters.cost):
+        what is sharded and over which ranks, its buffers, its collectives (per micro-batch where
+        the framework communicates per micro-batch), its pipeline bubble. `per_node`: ranks per
+        node where the variant's groups follow the nodes. None = no cost model (bench advise
+        then prunes the variant, saying so)."""
+        return None
+
+    @classmethod
+    def advise_options(cls, options, devices: int) -> list[dict]:
+        """The option edits `bench advise` tries for this variant on `devices` ranks (its ways of
+        splitting them: tp sizes, pipeline depths, shard-group sizes); [{}] = the variant as is."""
+        return [{}]
+
     # ---- per-rank lifecycle ----
     def __init__(self, options, ctx: RankContext, dims: ParallelDims):
         self.options = options
@@ -304,6 +321,15 @@ class Adapter:
         collective kind in units of Psi, the code path it follows, the paper's figure).
         None if there is no simple formula."""
         return None
+
+    def cost_payload_psi(self) -> Optional[dict]:
+        """This run's data-parallel payload per step, {kind: units of Psi}, from its cost model
+        (the one source for advise's prices and the record's analytic volume); None without one."""
+        from bench.adapters.cost import ModelProfile
+        prof = ModelProfile(params=self.params or 0, largest_block_params=0, blocks=1, activation_bytes_per_sample=0,
+                            checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0)
+        cost = type(self).cost_model(self.options, self.dims, prof, self.ctx.precision, self.per_node)
+        return None if cost is None else cost.payload_psi()
 
     def recomputes_blocks(self) -> bool:
         """Whether this run recomputes each block's forward in backward (activation checkpointing)."""

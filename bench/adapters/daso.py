@@ -35,6 +35,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
+from bench.adapters.cost import DTYPE_BYTES, CostModel, MiB, autocast_copies, buckets, split
 from bench.errors import ConfigError
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
@@ -109,6 +110,29 @@ class DASOAdapter(Adapter):
     @classmethod
     def grad_reduce_dtype(cls, options, precision: str) -> str:
         return "fp32" if options.downcast == "fp32" else f"fp32 in nodes, {options.downcast} parameters across"
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """Between warm-up and cool-down, at the skips the cycle starts with (INITIAL_SKIPS; the
+        plateau rule changes them later): every step DDP all-reduces gradients inside the node;
+        every global_skip steps one rank per node all-reduces its flat parameters in `downcast`
+        across the nodes (non-blocking) and then broadcasts them inside its node (per parameter:
+        here per unit)."""
+        world, psi = dims.world_size, 4.0 * model.params
+        node = min(options.ranks_per_node or per_node or world, world)
+        if world % node:
+            raise ConfigError(f"ranks per node {node} does not divide the world size {world}")
+        nodes, skip = world // node, INITIAL_SKIPS[0]
+        traffic = (split("all_reduce", psi, buckets(psi, 25 * MiB), node, what="gradients (in the node)")
+                   + split("all_reduce", DTYPE_BYTES[options.downcast] * model.params, 1, nodes, stride=node,
+                           per_step=1 / skip, what=f"parameters ({options.downcast}, across nodes)")
+                   + (split("broadcast", psi, model.units, node, per_step=1 / skip, what="parameters (in the node)")
+                      if nodes > 1 else []))
+        buffers = autocast_copies(model.params, precision)
+        if nodes > 1:
+            buffers["flat parameters in flight"] = DTYPE_BYTES[options.downcast] * model.params
+        return CostModel(f"DASO cycling phase, global_skip {skip}, {node} ranks per node", model.params,
+                         shard_ranks=world, buffers=buffers, traffic=tuple(traffic))
 
     @classmethod
     def check_config(cls, options, cfg, dims) -> None:

@@ -14,6 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
+from bench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
@@ -59,6 +60,34 @@ class DDPAdapter(Adapter):
         if options.comm_hook == "post_local_sgd" and dims.world_size % options.local_sgd_group_size:
             raise ConfigError(f"framework.options.local_sgd_group_size={options.local_sgd_group_size} must divide "
                               f"the world size {dims.world_size}")
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """DDP's Reducer all-reduces every gradient bucket (bucket_cap_mb of fp32 gradients) once
+        per step (no_sync on the other micro-batches); bucket_cap_mb is passed explicitly, so torch
+        caps the first bucket at it too (its 1 MiB first bucket is for bucket_cap_mb=None); the fp16/bf16 hooks halve the payload;
+        post-local SGD (after its warm-up) all-reduces gradients inside its groups and averages
+        the flattened parameters over the world every local_sgd_period steps. PowerSGD's payload
+        depends on every matrix's shape and rank: no cost model."""
+        o = options
+        if o.comm_hook == "powersgd":
+            return None
+        psi, dp = 4.0 * model.params, dims.dp
+        buffers = autocast_copies(model.params, precision)
+        if not o.gradient_as_bucket_view and dp > 1:
+            buffers["gradient buckets (copies: gradient_as_bucket_view=false)"] = psi
+        n = buckets(psi, o.bucket_cap_mb * MiB)
+        if o.comm_hook == "post_local_sgd":
+            traffic = (split("all_reduce", psi, n, o.local_sgd_group_size, what="gradients (local-SGD group)")
+                       + split("all_reduce", psi, 1, dp, per_step=1 / o.local_sgd_period, what="parameters (average)"))
+            source = ("post_localSGD_hook after its warm-up: gradients all-reduced inside groups of "
+                      "local_sgd_group_size, PeriodicModelAverager averages the flat parameters every period")
+        else:
+            payload = psi * (0.5 if o.comm_hook in ("fp16", "bf16") else 1.0)
+            traffic = split("all_reduce", payload, n, dp, what="gradients")
+            source = ("DDP Reducer: one all-reduce per gradient bucket, once per step"
+                      + (f" ({o.comm_hook} compression hook)" if o.comm_hook != "none" else ""))
+        return CostModel(source, model.params, shard_ranks=dp, buffers=buffers, traffic=tuple(traffic))
 
     def setup(self, build_model, build_optimizer) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -140,7 +169,7 @@ class DDPAdapter(Adapter):
     def analytic_comm(self) -> AnalyticComm | None:
         if self.options.comm_hook != "none":
             return None
-        return AnalyticComm({"all_reduce": 1.0}, "DDP Reducer: one all-reduce of every gradient bucket",
+        return AnalyticComm(self.cost_payload_psi(), "DDP Reducer: one all-reduce of every gradient bucket",
                             paper_psi=2.0, paper="ZeRO paper, data parallelism")
 
     def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:

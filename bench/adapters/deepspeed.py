@@ -17,7 +17,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from bench.adapters.base import Adapter, StepOut, batch_norms, param_row, split_micro, taxonomy_labels, unwrap
-from bench.metrics.comm import AnalyticComm, psi_units
+from bench.adapters.cost import DTYPE_BYTES, CostModel, buckets, low, split
+from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from bench.optim import param_groups
 
@@ -76,6 +77,49 @@ class DeepSpeedAdapter(Adapter):
                    3: "all-gather + reduce-scatter"}[options.stage]
         return taxonomy_labels("data (ZeRO)" if options.stage else "data", "sync", pattern, shard,
                                options.communication_data_type if options.communication_data_type in ("fp16", "bf16") else "none")
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """DeepSpeed 0.19's engine, as measured here (gpt2_tiny, 2 ranks, grad_accum 1 and 2:
+        tests/test_cost_model.py): at bf16/fp16 it holds 2-byte parameters and gradients and an
+        fp32 master copy in the optimizer; gradients cross in grad_reduce_dtype, parameters in the
+        training dtype.
+        0: engine.allreduce_gradients: an all-reduce per reduce bucket, at the accumulation boundary.
+        1: the same all-reduce (use_multi_rank_bucket_allreduce) at the boundary, then all_gather_dp_groups
+           of the updated partitions; 2: the all-reduce on every micro-step (gradients are partitioned
+           as backward produces them), the all-gather once. Buffers: the fp32 partition of the averaged
+           gradients and the flat reduce bucket.
+        3: reduce-scatter of gradients on every micro-step; parameters all-gathered per module, once per
+           step while the model fits in stage3_max_live_parameters (forward's gathers survive backward
+           and the next micro-batches), else in forward and backward of every micro-batch (upper bound).
+           The gathered parameters stay on the device: up to max_live_parameters of them."""
+        o, dp, p, s = options, dims.dp, model.params, options.stage
+        state = 2 if low(precision) else 4
+        grad_wire = DTYPE_BYTES.get(cls.grad_reduce_dtype(options, precision), 4)
+        grads, params = grad_wire * p, state * p
+        accum = dims.grad_accum
+        reduce_msgs = buckets(grads, grad_wire * o.reduce_bucket_size)
+        buffers: dict = {}
+        if s == 3:
+            fits = p <= o.stage3_max_live_parameters
+            traffic = (split("all_gather", params, model.units, dp, per_step=1 if fits else 2 * accum, what="parameters")
+                       + split("reduce_scatter", grads, model.units, dp, per_step=accum, what="gradients"))
+            if dp > 1:
+                buffers["gathered parameters (kept from forward to backward)"] = state * min(p, o.stage3_max_live_parameters)
+                buffers["one unit's gradients before reduce-scatter"] = state * model.largest_block_params
+        else:
+            traffic = split("all_reduce", grads, reduce_msgs, dp, per_step=accum if s == 2 else 1, what="gradients")
+            if s in (1, 2):
+                traffic += split("all_gather", params, buckets(params, state * o.allgather_bucket_size), dp,
+                                 what="parameters")
+                if dp > 1:
+                    buffers["fp32 partition of the averaged gradients"] = 4.0 * p / dp
+                    buffers["flat reduce bucket"] = min(state * o.reduce_bucket_size, state * p)
+        return CostModel(
+            f"DeepSpeed 0.19 ZeRO stage {s}", p, shard_ranks=dp, shard_optimizer=s >= 1, shard_grads=s >= 2,
+            shard_params=s >= 3, param_bytes=state, grad_bytes=state, fp32_master_copy=low(precision),
+            offload_optimizer=o.offload_optimizer != "none", offload_params=o.offload_param != "none",
+            buffers=buffers, traffic=tuple(traffic))
 
     @classmethod
     def check_config(cls, options, cfg, dims) -> None:
@@ -221,48 +265,27 @@ class DeepSpeedAdapter(Adapter):
         return options.communication_data_type or precision
 
     def analytic_comm(self) -> Optional[AnalyticComm]:
-        """What DeepSpeed 0.19 issues, per stage (fp32 parameters; at bf16/fp16 gathers move 2-byte
-        parameters and gradients cross in grad_reduce_dtype):
-        0: engine.allreduce_gradients -> all-reduce of every gradient bucket.
-        1, 2: stage_1_and_2.py average_tensor -> allreduce_and_scatter (use_multi_rank_bucket_allreduce
-           defaults to True: gradient buckets are all-reduced, not reduce-scattered), then step ->
-           all_gather_dp_groups of the updated partitions: 3 Psi (N-1)/N on a ring, not the paper's 2.
-        3: stage3.py reduce-scatters gradients; partitioned_param_coordinator.py all-gathers parameters
-           with prefetching. Measured here (gpt2_tiny, 2 ranks, tests/test_wire_bytes.py): each parameter
-           is gathered ONCE per step, with the default persistence threshold and reuse distance and with
-           both set to 0, so forward's gathers survive to backward. Past stage3_max_live_parameters
-           (1e9 elements) DeepSpeed must release and re-gather in backward: the analytic line is then
-           the upper bound of two gathers (persistent parameters once) - not verified at that size.
-        """
+        """The cost model's payloads (cost_model's docstring: per stage, per micro-step where
+        DeepSpeed reduces per micro-step), with the code path and the paper's figure beside them."""
         s = self.options.stage
-        # Psi = fp32 bytes; at bf16/fp16 the engine's parameters (gathered) are 2-byte, and its
-        # gradients cross in communication_data_type, by default the training dtype
-        grads = psi_units(self.grad_reduce_dtype(self.options, self.ctx.precision))
-        param = psi_units(self.ctx.precision)
+        payload = self.cost_payload_psi()
         if s == 0:
-            return AnalyticComm({"all_reduce": grads}, "DeepSpeed 0.19 engine.allreduce_gradients",
+            return AnalyticComm(payload, "DeepSpeed 0.19 engine.allreduce_gradients",
                                 paper_psi=2.0, paper="ZeRO paper, data parallelism")
         if s in (1, 2):
-            return AnalyticComm({"all_reduce": grads, "all_gather": param},
+            return AnalyticComm(payload,
                                 "DeepSpeed 0.19 stage_1_and_2.py: average_tensor -> allreduce_and_scatter "
-                                "(use_multi_rank_bucket_allreduce=True), step -> all_gather_dp_groups",
+                                "(use_multi_rank_bucket_allreduce=True"
+                                + (", on every micro-step" if s == 2 else ", at the accumulation boundary")
+                                + "), step -> all_gather_dp_groups",
                                 paper_psi=2.0, paper=f"ZeRO paper, stage {s}")
-        numel = sum(p.ds_numel for p in unwrap(self.model).parameters())
-        if numel <= self.options.stage3_max_live_parameters:
-            gathers, how = 1.0, f"the model ({numel} elements) fits in stage3_max_live_parameters: gathered once per step"
-        else:
-            persistent = self._persistent_fraction()
-            gathers, how = 2.0 - persistent, (f"upper bound: non-persistent parameters gathered in forward and "
-                                              f"backward, persistent ones ({persistent:.1%} of Psi) once")
-        return AnalyticComm({"all_gather": gathers * param, "reduce_scatter": grads},
+        fits = (self.params or 0) <= self.options.stage3_max_live_parameters
+        how = ("the model fits in stage3_max_live_parameters: gathered once per step" if fits else
+               "upper bound: gathered in forward and backward of every micro-batch")
+        return AnalyticComm(payload,
                             "DeepSpeed 0.19 stage3.py / partitioned_param_coordinator.py: reduce-scatter of "
-                            "gradients, all-gather of parameters per module; " + how,
+                            "gradients on every micro-step, all-gather of parameters per module; " + how,
                             paper_psi=3.0, paper="ZeRO paper, stage 3")
-
-    def _persistent_fraction(self) -> float:
-        params = list(unwrap(self.model).parameters())
-        total = sum(p.ds_numel for p in params)
-        return sum(p.ds_numel for p in params if getattr(p, "ds_persist", False)) / total if total else 0.0
 
     def describe(self) -> dict:
         native = {"deepspeed_config": self.config, "backend": self.ctx.backend,

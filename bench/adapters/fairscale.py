@@ -14,6 +14,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict
 
 from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
+from bench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from bench.optim import param_groups
@@ -40,6 +41,30 @@ class FairScaleAdapter(Adapter):
         shard = "gradients + optimizer state" if options.mode == "oss_sdp" else "optimizer state"
         return taxonomy_labels("data (ZeRO)", "sync", pattern, shard,
                                "fp16 (parameter broadcast)" if options.broadcast_fp16 else "none")
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """Once per step (no_sync on the other micro-batches), over the dp ranks:
+        oss_sdp: ShardedDataParallel reduces each gradient bucket (reduce_buffer_size elements) to
+        its owner, OSS broadcasts every owner's updated shard (fp16 with broadcast_fp16);
+        oss_ddp: DDP's bucketed all-reduce, then the broadcast; fsdp (one unit: the whole model):
+        all-gather in forward and again in backward per micro-batch, one reduce-scatter."""
+        psi, dp, o = 4.0 * model.params, dims.dp, options
+        bcast = split("broadcast", psi * (0.5 if o.broadcast_fp16 else 1.0), dp, dp, what="parameters")
+        common = dict(piece=model.params, shard_ranks=dp, buffers=autocast_copies(model.params, precision))
+        if o.mode == "oss_sdp":
+            return CostModel("FairScale ShardedDataParallel + OSS", shard_optimizer=True, shard_grads=True,
+                             traffic=tuple(split("reduce", psi, buckets(psi, 4 * o.reduce_buffer_size), dp,
+                                                 what="gradients") + bcast), **common)
+        if o.mode == "oss_ddp":
+            return CostModel("torch DDP + FairScale OSS", shard_optimizer=True,
+                             traffic=tuple(split("all_reduce", psi, buckets(psi, 25 * MiB), dp, what="gradients")
+                                           + bcast), **common)
+        gathered = {"the whole model gathered (params + gradients)": 2 * psi} if dp > 1 else {}
+        return CostModel("FairScale FSDP, one flat unit, reshard_after_forward", model.params, shard_ranks=dp,
+                         shard_optimizer=True, shard_grads=True, shard_params=True, buffers=gathered,
+                         traffic=tuple(split("all_gather", psi, 1, dp, per_step=2 * dims.grad_accum, what="parameters")
+                                       + split("reduce_scatter", psi, 1, dp, what="gradients")))
 
     @classmethod
     def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
@@ -102,13 +127,13 @@ class FairScaleAdapter(Adapter):
 
     def analytic_comm(self) -> Optional[AnalyticComm]:
         if self.options.mode == "fsdp":   # reshard_after_forward (default): gather in forward and backward
-            return AnalyticComm({"all_gather": 2.0, "reduce_scatter": 1.0},
+            return AnalyticComm(self.cost_payload_psi(),
                                 "FairScale FSDP: all-gather in forward, again in backward, reduce-scatter of gradients",
                                 paper_psi=3.0, paper="ZeRO paper, stage 3 (P_os+g+p)")
         if self.options.mode == "oss_ddp":
-            return AnalyticComm({"all_reduce": 1.0, "broadcast": 1.0},
+            return AnalyticComm(self.cost_payload_psi(),
                                 "torch DDP all-reduce of gradients, then OSS broadcasts each shard's updated parameters")
-        return AnalyticComm({"reduce": 1.0, "broadcast": 1.0},
+        return AnalyticComm(self.cost_payload_psi(),
                             "ShardedDataParallel reduces each gradient to its owner, OSS broadcasts updated parameters",
                             paper_psi=2.0, paper="ZeRO paper, stage 2 (P_os+g)")
 

@@ -15,8 +15,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from bench.adapters.base import Adapter, StepOut, batch_norms, forward_backward, fsdp2_no_sync, taxonomy_labels
+from bench.adapters.cost import DTYPE_BYTES, CostModel, split
 from bench.errors import ConfigError
-from bench.metrics.comm import AnalyticComm, psi_units
+from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from models.spec import checkpoint_blocks
 
@@ -48,6 +49,46 @@ class FSDP2Adapter(Adapter):
         if options.cpu_offload:
             shard += ", offloaded to CPU"
         return taxonomy_labels("data (sharded)", "sync", "all-gather + reduce-scatter", shard)
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """fully_shard per block (wrap=blocks) or once (root), measured here at grad_accum 1 and 2
+        (tests/test_cost_model.py): parameters all-gathered per unit in forward and, resharded after
+        forward, again in backward, on every micro-batch, in MixedPrecisionPolicy's param_dtype;
+        gradients reduce-scattered once per step (set_requires_gradient_sync(False) on the others)
+        in reduce_dtype. Hybrid: the shard group is hybrid_shard_size (or the node's) ranks, and
+        every shard's gradient is then all-reduced across the groups. fp32 shards (offloaded to the
+        host with cpu_offload); gathered: two units and their gradients (prefetch), or, with
+        reshard_after_forward=false, every unit from forward to backward."""
+        o, dp, p = options, dims.dp, model.params
+        shard = (o.hybrid_shard_size or per_node or dp) if o.hybrid else dp
+        shard = min(shard, dp)
+        gather = DTYPE_BYTES[precision]
+        grads = DTYPE_BYTES[cls.grad_reduce_dtype(options, precision)] * p
+        units = model.units if o.wrap == "blocks" else 1
+        unit = p if o.wrap == "root" else model.largest_block_params
+        traffic = (split("all_gather", gather * p, units, shard, per_step=(2 if o.reshard_after_forward else 1)
+                         * dims.grad_accum, what="parameters")
+                   + split("reduce_scatter", grads, units, shard, what="gradients")
+                   + split("all_reduce", grads / shard, units, dp // shard, stride=shard, what="gradient shards"))
+        buffers: dict = {}
+        if shard > 1:
+            if o.reshard_after_forward:
+                buffers["two units gathered (prefetch), with their gradients"] = 2 * 2 * gather * unit
+            else:
+                buffers["every unit gathered from forward to backward"] = gather * p
+                buffers["two units' gradients"] = 2 * gather * unit
+        return CostModel(
+            "torch FSDP2 fully_shard" + (f", hybrid ({shard}-rank shard groups)" if o.hybrid else ""), p,
+            shard_ranks=shard, shard_optimizer=True, shard_grads=True, shard_params=True,
+            offload_optimizer=o.cpu_offload, offload_params=o.cpu_offload, buffers=buffers, traffic=tuple(traffic))
+
+    @classmethod
+    def advise_options(cls, options, devices: int) -> list[dict]:
+        """Hybrid: every shard-group size that divides the ranks (neither 1 nor all of them)."""
+        if not options.hybrid:
+            return [{}]
+        return [{"hybrid_shard_size": h} for h in range(2, devices) if devices % h == 0]
 
     @classmethod
     def check_config(cls, options, cfg, dims) -> None:
@@ -152,15 +193,14 @@ class FSDP2Adapter(Adapter):
     def analytic_comm(self) -> Optional[AnalyticComm]:
         if self.options.hybrid:
             return None
-        # all-gather in forward (+ again in backward when resharded), in MixedPrecisionPolicy's
-        # param_dtype; reduce-scatter of gradients in its reduce_dtype (Psi = fp32 bytes)
+        # the cost model's payloads: all-gathers on every micro-batch (again in backward when
+        # resharded) in MixedPrecisionPolicy's param_dtype, one reduce-scatter in its reduce_dtype
         gathers = 2.0 if self.options.reshard_after_forward else 1.0
-        param = psi_units(self.ctx.precision)
-        grads = psi_units(self.grad_reduce_dtype(self.options, self.ctx.precision))
-        return AnalyticComm({"all_gather": gathers * param, "reduce_scatter": grads},
+        return AnalyticComm(self.cost_payload_psi(),
                             "fully_shard: all-gather per unit in forward"
                             + (" and again in backward (reshard_after_forward)" if gathers == 2 else "")
-                            + f" in {'fp32' if param == 1 else self.ctx.precision}, reduce-scatter of gradients in "
+                            + f" on each of {self.dims.grad_accum} micro-batch(es), in {self.ctx.precision}; "
+                            + "reduce-scatter of gradients once per step in "
                             + self.grad_reduce_dtype(self.options, self.ctx.precision),
                             paper_psi=gathers + 1.0, paper="ZeRO paper, stage 3" if gathers == 2 else "ZeRO-2-like")
 

@@ -14,6 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from bench.adapters.base import Adapter, StepOut, autocast, split_micro, taxonomy_labels
+from bench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from bench.metrics.comm import AnalyticComm, CommCounter
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
@@ -39,6 +40,23 @@ class HorovodAdapter(Adapter):
     def taxonomy(cls, options) -> dict:
         return taxonomy_labels("data", "sync", "all-reduce (ring, tensor fusion)",
                                compression="fp16" if options.fp16_compression else "none")
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """hvd.DistributedOptimizer: one all-reduce per fusion buffer of gradients after the last
+        of backward_passes_per_step (once per step), fp16 on the wire with compression; the fusion
+        buffer itself on the device. Fusion off: one message per gradient (here per unit)."""
+        psi, dp = 4.0 * model.params, dims.dp
+        fusion = (DEFAULT_FUSION_THRESHOLD_MB if options.fusion_threshold_mb is None
+                  else options.fusion_threshold_mb) * MiB
+        buffers = autocast_copies(model.params, precision)
+        if fusion and dp > 1:
+            buffers["fusion buffer"] = min(fusion, psi)
+        payload = psi * (0.5 if options.fp16_compression else 1.0)
+        traffic = split("all_reduce", payload, buckets(psi, fusion) if fusion else model.units, dp, what="gradients")
+        return CostModel(f"Horovod DistributedOptimizer, fusion threshold {fusion / MiB:g} MiB"
+                         + (", fp16 compression" if options.fp16_compression else ""),
+                         model.params, shard_ranks=dp, buffers=buffers, traffic=tuple(traffic))
 
     @classmethod
     def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
@@ -126,7 +144,7 @@ class HorovodAdapter(Adapter):
     def analytic_comm(self) -> Optional[AnalyticComm]:
         if self.options.fp16_compression:
             return None
-        return AnalyticComm({"all_reduce": 1.0}, "hvd.DistributedOptimizer: one allreduce per gradient (fused)",
+        return AnalyticComm(self.cost_payload_psi(), "hvd.DistributedOptimizer: one allreduce per gradient (fused)",
                             paper_psi=2.0, paper="ZeRO paper, data parallelism")
 
     def describe(self) -> dict:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
 from bench.adapters.base import Adapter, StepOut, autocast, canonical_parameters, param_row, taxonomy_labels
+from bench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, split
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
@@ -96,6 +97,39 @@ class PipelineAdapter(Adapter):
         errors = model_fit_errors(dims, cfg.model, dims.pp * v, options.schedule)
         if errors:
             raise ConfigError("; ".join(errors))
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """A rank holds 1/pp of the blocks (v stage pieces of 1/(pp v) each), split again by tp.
+        Per micro-batch it sends its stages' outputs forward and their gradients backward (v
+        boundaries each way, in the activations' dtype), to the next/previous stage dp x tp ranks
+        away; inside a stage, tensor parallelism all-reduces a block's output twice in forward and
+        twice in backward. After the schedule, one flattened fp32 all-reduce of the gradients over
+        dp. Bubble: (pp - 1) micro-batch slots for GPipe and 1F1B, (pp - 1) / v interleaved
+        (Narayanan et al. 2021); zero-bubble schedules have no closed form: the interleaved bound.
+        Activations in flight: GPipe all micro-batches, the others at most pp."""
+        o, pp, tp, dp, m = options, dims.pp, dims.tp, dims.dp, dims.grad_accum
+        v = cls.stages_per_rank(options)
+        piece = model.params / (tp * pp)
+        act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / tp
+        traffic = (split("send", act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
+                         what="activations and their gradients", data_parallel=False)
+                   + split("all_reduce", act * tp, 1, tp, per_step=4 * (model.blocks // pp) * m,
+                           what="block outputs (tensor parallel)", data_parallel=False)
+                   + split("all_reduce", 4.0 * piece, 1, dp, stride=tp, what="gradients"))
+        buffers = autocast_copies(piece, precision)
+        if pp > 1:
+            buffers["send and receive buffers"] = 2 * 2 * act
+        return CostModel(
+            f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank", piece, shard_ranks=dp,
+            buffers=buffers, activation_share=1 / (tp * pp), in_flight=m if o.schedule == "gpipe" else min(pp, m),
+            compute_share=1 / (tp * pp), bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
+            traffic=tuple(traffic))
+
+    @classmethod
+    def advise_options(cls, options, devices: int) -> list[dict]:
+        """Every pipeline depth > 1 that divides the ranks, data parallelism over the rest."""
+        return [{"pp": p, "dp": devices // p} for p in range(2, devices + 1) if devices % p == 0]
 
     @classmethod
     def dry_run_info(cls, options, cfg, dims) -> dict:

@@ -16,6 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from bench.adapters.base import Adapter, StepOut, autocast, forward_backward, fsdp2_no_sync, taxonomy_labels
+from bench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, split
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
@@ -43,6 +44,33 @@ class TensorParallelAdapter(Adapter):
     @classmethod
     def parallel_shape(cls, options, cfg) -> dict:
         return {"tp": options.tp, "dp_shard": options.dp_shard, "dp_replicate": 1}
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """Megatron-style blocks: a block's output all-reduced twice in forward and twice in
+        backward per micro-batch among the tp ranks (adjacent), in the activations' dtype. With
+        dp_shard > 1, FSDP2 over each tp slice: all-gathers in forward and backward per micro-batch
+        (bf16 param_dtype), one reduce-scatter in fp32, tp ranks apart; two units gathered. Pure TP
+        at bf16 runs under autocast (its cached weight copies)."""
+        tp, shard, m = dims.tp, dims.dp_shard, dims.grad_accum
+        piece = model.params / tp
+        gather = DTYPE_BYTES[precision]
+        act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * gather
+        traffic = (split("all_reduce", act, 1, tp, per_step=4 * model.blocks * m, what="block outputs",
+                         data_parallel=False)
+                   + split("all_gather", gather * piece, model.units, shard, stride=tp, per_step=2 * m,
+                           what="parameters")
+                   + split("reduce_scatter", 4.0 * piece, model.units, shard, stride=tp, what="gradients"))
+        buffers = ({"two units gathered (prefetch), with their gradients": 2 * 2 * gather * model.largest_block_params / tp}
+                   if shard > 1 else autocast_copies(piece, precision))
+        return CostModel(f"DTensor tensor parallel (tp {tp})" + (f" + FSDP2 over {shard}" if shard > 1 else ""),
+                         piece, shard_ranks=shard, shard_optimizer=True, shard_grads=True, shard_params=True,
+                         buffers=buffers, activation_share=1 / tp, compute_share=1 / tp, traffic=tuple(traffic))
+
+    @classmethod
+    def advise_options(cls, options, devices: int) -> list[dict]:
+        """Every tp > 1 that divides the ranks, FSDP2 over the rest."""
+        return [{"tp": t, "dp_shard": devices // t} for t in range(2, devices + 1) if devices % t == 0]
 
     @classmethod
     def check_config(cls, options, cfg, dims) -> None:

@@ -61,11 +61,11 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
            "frameworks": opts["frameworks"].split(",") if "frameworks" in opts else list(DEFAULT_FRAMEWORKS),
            "dir": opts.get("dir"), "algorithm": opts.get("algorithm", "best"),
            "calibrate": opts.get("calibrate", "frameworks")}
-    from bench.advise.memory import SHARDING
-    unknown = [f for f in out["frameworks"] if f not in SHARDING]
-    if unknown:
-        raise ConfigError(f"bench advise has no memory and communication model for {', '.join(unknown)} "
-                          f"(it covers: {', '.join(SHARDING)})")
+    from bench.config import group_options
+    unknown = [f for f in out["frameworks"] if f not in group_options("framework")]
+    if unknown:       # any conf/framework variant is priced by its adapter's cost model
+        raise ConfigError(f"bench advise: no framework config {', '.join(unknown)} "
+                          f"(conf/framework has: {', '.join(group_options('framework'))})")
     if out["calibrate"] not in ("ddp", "frameworks"):
         raise ConfigError(f"calibrate must be ddp or frameworks, got {out['calibrate']!r}")
     if out["backend"] not in ("local", "slurm"):
@@ -177,6 +177,8 @@ def start(args: list[str]) -> int:
         raise ConfigError("no candidate is valid: " + "; ".join(f"{c.label()}: {c.pruned}" for c in grid[:5]))
     cfg = valid[0].plan.cfg
     prof = profile(cfg.model, cfg.run.precision)
+    for c in valid:
+        attach_cost(c, prof, per_node)
     limit, limit_source = device_memory_bytes(opts, device)
     survivors = [c for c in grid if not c.pruned]
     state = {"phase": "calibrate", "options": opts, "extra_overrides": extra, "network": network.name,
@@ -197,10 +199,13 @@ def start(args: list[str]) -> int:
     for cell in calibration_cells(survivors, opts["calibrate"]):
         over = calibration_overrides(cell["framework"], opts["model"], cell["micro_batch"], extra, threads)
         try:
-            raws.append(plan_from_overrides(over).raw)
+            plan = plan_from_overrides(over)
+            cost = plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, per_node)
         except ConfigError as exc:     # this framework cannot run on one rank: DDP's compute stands in
             state["calibration"]["skipped"][cell["framework"]] = str(exc)
             continue
+        raws.append(plan.raw)
+        cell["cost_model"] = cost.to_dict()
         state["calibration"]["cells"].append(cell)
         overrides.append(over)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,11 +218,32 @@ def start(args: list[str]) -> int:
     return resume(out)
 
 
+def attach_cost(c: Candidate, prof, per_node: int) -> None:
+    """The candidate's cost model from its adapter (bench.adapters.cost); a variant without one is
+    pruned, saying so."""
+    import dataclasses
+
+    plan = c.plan
+    try:
+        cost = plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, per_node)
+    except ConfigError as exc:
+        c.pruned = c.pruned or f"invalid: {exc}"
+        return
+    if cost is None:
+        c.pruned = c.pruned or (f"no cost model: the {plan.adapter_cls.name} adapter declares none for these "
+                                "options (bench advise cannot price it)")
+        return
+    c.cost = cost
+    if cost.shard_ranks < c.layout.dp:
+        c.layout = dataclasses.replace(c.layout, shard=cost.shard_ranks)
+
+
 def _candidate_row(c: Candidate, prof, cfg) -> dict:
     row = {"id": c.id, "label": c.label(), "framework": c.framework, "overrides": c.overrides, "pruned": c.pruned,
            "layout": c.layout.__dict__ if c.layout else None}
-    if c.layout is not None:
-        row["memory_estimate"] = estimate(c.layout, prof, cfg.optim.name, cfg.optim.momentum, cfg.run.precision)
+    if c.cost is not None:
+        row["cost_model"] = c.cost.to_dict()
+        row["memory_estimate"] = estimate(c.layout, prof, c.cost, cfg.optim.name, cfg.optim.momentum)
     return row
 
 
@@ -286,8 +312,8 @@ def _finished(out: Path, phase: str, backend: str) -> list[dict] | None:
 
 def rank_candidates(state: dict, calibration: list[dict]) -> None:
     """Predict every surviving candidate, prune by memory, rank, mark the ones to measure."""
-    from bench.advise.memory import ModelProfile
-    from bench.advise.predict import predict, step_compute
+    from bench.adapters.cost import CostModel, ModelProfile
+    from bench.advise.predict import compute_at, predict
     from bench.network.model import load
     from bench.report.frame import training_memory_bytes
 
@@ -305,20 +331,19 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
             state["calibration"]["skipped"][fw] = f"{r['status']}: {(r.get('error') or {}).get('message')}"
             continue
         # the framework's own compute on one device, relative to DDP's at the same micro-batch
-        factor[fw] = float(r["timing"]["step_time_s"]["median"]) / step_compute(Layout("ddp", dp=1, micro_batch=m), ddp)
+        factor[fw] = float(r["timing"]["step_time_s"]["median"]) / compute_at(m, ddp)
         # what its runtime adds beyond the estimate (allocator, libraries, engine buffers)
         measured = training_memory_bytes(r)
         if measured is not None:
-            est = estimate(Layout(fw, dp=1, micro_batch=m), prof, opt["name"], opt["momentum"],
-                           state.get("precision", "fp32"))["total"]
+            est = estimate(Layout(fw, dp=1, micro_batch=m), prof, CostModel.from_dict(cell["cost_model"]),
+                           opt["name"], opt["momentum"])["total"]
             overhead[fw] = min(overhead.get(fw, measured - est), measured - est)
     overhead = {fw: max(0, v) for fw, v in overhead.items()}
     state["calibration"].update({"ddp_step_s": {str(k): v for k, v in ddp.items()}, "compute_factor": factor,
                                  "runtime_overhead_bytes": overhead, "recompute": _recompute(state)})
     limit = state["device_memory_bytes"]
-    payloads: dict[tuple, dict] = {}
     for c in state["candidates"]:
-        if c["pruned"] or c["layout"] is None:
+        if c["pruned"] or c.get("cost_model") is None:
             continue
         lay = Layout(**c["layout"])
         fw = c["framework"]
@@ -327,10 +352,7 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
             c["pruned"] = (f"memory: estimated {c['memory_estimate']['with_overhead'] / GiB:.2f} GiB > "
                            f"{limit / GiB:.2f} GiB per device")
             c["pruned_by_memory"] = True
-        key = tuple(o for o in c["overrides"] if not o.startswith(("run.micro_batch=", "framework.options.activation_")))
-        if key not in payloads:         # the adapter's analytic volumes do not depend on the micro-batch
-            payloads[key] = dp_payload(c)
-        p = predict(lay, prof, ddp, network, payloads[key], state["calibration"]["recompute"],
+        p = predict(lay, CostModel.from_dict(c["cost_model"]), ddp, network, state["calibration"]["recompute"],
                     state["options"]["algorithm"], compute_scale=state.get("oversubscription", 1.0) * factor.get(fw, 1.0))
         p["samples_per_s"] = state["options"].get("global_batch") / p["step_s"] if p["step_s"] > 0 else None
         c["predicted"] = p
@@ -356,36 +378,6 @@ def _recompute(state: dict) -> float:
     cfg = plan_from_overrides([f"model={state['options']['model']}", *state["extra_overrides"]]).cfg
     f = train_flops_per_sample(build(cfg.model, state["device"]), recompute_blocks=True)
     return f["hardware_flops"] / f["flops"]
-
-
-def dp_payload(c: dict) -> dict[str, float]:
-    """The data-parallel collectives of the candidate, in units of Psi (fp32 parameter bytes),
-    from its adapter's own analytic_comm (bench.metrics.comm.AnalyticComm) where that needs no
-    built model; at bf16/fp16 gathered parameters are 2-byte and gradients cross in the adapter's
-    grad_reduce_dtype."""
-    import torch
-
-    from bench.adapters.base import RankContext
-    from bench.config import plan_from_overrides
-    from bench.metrics.comm import psi_units
-
-    fw = c["framework"]
-    plan = plan_from_overrides(c["overrides"])
-    precision = plan.cfg.run.precision
-    param = psi_units(precision)
-    grads = psi_units(plan.adapter_cls.grad_reduce_dtype(plan.options, precision))
-    if fw in ("tensor_parallel", "fsdp_hybrid"):
-        return {"all_gather": 2.0 * param, "reduce_scatter": grads}   # FSDP2 in the shard group (reshard_after_forward)
-    if fw.startswith("pipeline"):
-        return {"all_reduce": grads}                                  # flattened all-reduce over dp after the schedule
-    if fw == "deepspeed_zero3":
-        return {"all_gather": param, "reduce_scatter": grads}         # gathered once per step below max_live_parameters
-    ctx = RankContext(rank=0, local_rank=0, world_size=plan.dims.world_size, device=torch.device("cpu"),
-                      backend="gloo", precision=precision)
-    spec = plan.adapter_cls(plan.options, ctx, plan.dims).analytic_comm()
-    if spec is None:
-        raise ConfigError(f"{fw}: no analytic communication model to predict from")
-    return dict(spec.payload_psi)
 
 
 def collect(state: dict, results: list[dict]) -> None:

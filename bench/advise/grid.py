@@ -14,7 +14,6 @@ from bench.errors import ConfigError
 DEFAULT_FRAMEWORKS = ("ddp", "fsdp_full", "fsdp_grad_op", "fsdp_hybrid", "deepspeed_zero1", "deepspeed_zero2",
                       "deepspeed_zero3",
                       "horovod", "fairscale_oss", "tensor_parallel", "pipeline_1f1b", "pipeline_gpipe")
-PIPELINES = ("pipeline_1f1b", "pipeline_gpipe")
 
 
 @dataclass
@@ -25,6 +24,7 @@ class Candidate:
     layout: Optional[Layout] = None
     pruned: Optional[str] = None          # why it is not run (None = it is a candidate)
     plan: object = field(default=None, repr=False)
+    cost: object = field(default=None, repr=False)   # its adapter's CostModel (bench.adapters.cost)
 
     def label(self) -> str:
         if self.layout is None:     # invalid: the request as given
@@ -42,16 +42,18 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(framework: str, devices: int) -> list[tuple[dict, dict]]:
-    """(sizes, framework options) for each way `framework` can split `devices`."""
-    if framework == "tensor_parallel":
-        return [({"tp": t, "dp": devices // t}, {"tp": t, "dp_shard": devices // t})
-                for t in divisors(devices) if t > 1]
-    if framework in PIPELINES:
-        return [({"pp": p, "dp": devices // p}, {"pp": p, "dp": devices // p}) for p in divisors(devices) if p > 1]
-    if framework == "fsdp_hybrid":      # shard groups of h ranks, replicated devices / h times
-        return [({"dp": devices, "shard": h}, {"hybrid_shard_size": h}) for h in divisors(devices) if 1 < h < devices]
-    return [({"dp": devices}, {})]
+def _data_parallel(composed: dict, edits: dict, devices: int) -> int:
+    """Data-parallel ranks of the composed config with these framework options (all the devices
+    where it is invalid: its candidates then say why)."""
+    import copy
+
+    from bench.config import validate
+    raw = copy.deepcopy(composed)
+    raw["framework"].setdefault("options", {}).update(edits)
+    try:
+        return validate(raw).dims.dp
+    except ConfigError:
+        return devices
 
 
 def enumerate_grid(model: str, devices: int, global_batch: int, frameworks=DEFAULT_FRAMEWORKS,
@@ -68,8 +70,13 @@ def enumerate_grid(model: str, devices: int, global_batch: int, frameworks=DEFAU
     for fw in frameworks:
         base = [f"framework={fw}", f"model={model}", f"launcher.nproc={devices}", f"run.global_batch={global_batch}"]
         composed = compose_raw([*base, *extra])
-        for sizes, opts in layouts(fw, devices):
-            dp = sizes["dp"]
+        try:     # the variant's own ways of splitting the devices (Adapter.advise_options)
+            plan = validate(copy.deepcopy(composed))
+            option_edits = plan.adapter_cls.advise_options(plan.options, devices)
+        except ConfigError:
+            option_edits = [{}]          # invalid as given: its candidates say why
+        for opts in option_edits:
+            dp = _data_parallel(composed, opts, devices)
             local = global_batch // dp if global_batch % dp == 0 else None
             mbs = [m for m in (micro_batches or divisors(local or 1)) if local and local % m == 0] or [None]
             for m in mbs:
@@ -94,7 +101,7 @@ def enumerate_grid(model: str, devices: int, global_batch: int, frameworks=DEFAU
                     d = plan.dims
                     cand.plan = plan
                     cand.layout = Layout(fw, dp=d.dp, tp=d.tp, pp=d.pp, micro_batch=d.micro_batch,
-                                         grad_accum=d.grad_accum, checkpointing=ckpt, shard=sizes.get("shard", 0))
+                                         grad_accum=d.grad_accum, checkpointing=ckpt)
                     if devices_per_node and d.tp > devices_per_node:
                         cand.pruned = f"topology: tp {d.tp} > {devices_per_node} devices per node"
                         continue

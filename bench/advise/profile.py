@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.advise.memory import ModelProfile
+from bench.adapters.cost import ModelProfile
 
 
 def _saved_bytes(spec, batch_size: int, checkpointed: bool, dtype=torch.float32) -> tuple[int, int]:
