@@ -313,3 +313,28 @@ def test_advise_on_the_local_backend_fails_when_a_cell_left_no_result(tmp_path, 
     atomic_write_json(tmp_path / ADVICE, {**state, "options": {"backend": "slurm"}})
     assert resume(tmp_path) == 0                      # Slurm: still queued or running, follow it
     assert "calibration not finished" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_advise_evaluate_all_measures_the_grid_and_judges_the_advice(tmp_path):
+    """evaluate=all: every candidate measured; the advice (its top budget_runs by prediction) judged by
+    its regret against the true best, with what finding it cost against measuring the grid."""
+    from conftest import bench
+    out = tmp_path / "ev"
+    proc = bench("advise", "model=gpt2_tiny", "devices=2", "global_batch=8", "micro_batches=[4]",
+                 "frameworks=ddp,fsdp_full", "budget_runs=1", "evaluate=all", "device_memory_gib=1000", f"dir={out}",
+                 "run.warmup_steps=1", "run.measure_steps=3", "run.progress=false", "logger=none", timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((out / "advice.json").read_text())
+    ranked = sorted((c for c in state["candidates"] if c.get("rank")), key=lambda c: c["rank"])
+    assert len(ranked) == 4 and all(c["measured"]["status"] == "ok" for c in ranked)     # ddp, fsdp x ckpt
+    ev = state["evaluation"]
+    assert ev["candidates"] == ev["feasible"] == 4 and ev["budget"] == 1
+    steps = [c["measured"]["step_s"] for c in ranked]
+    assert ev["best_measured"] == min(steps) and ev["regret"]["1"] == pytest.approx(steps[0] / min(steps))
+    assert ev["best_in_top"]["5"] and ev["regret"]["5"] == 1.0
+    assert ev["spread"] == pytest.approx(max(steps) / min(steps))
+    assert ev["cost"]["budget_fraction"] == 0.25 and ev["cost"]["grid_device_s"] > 0
+    # the recommendation is the advice's own (its budget), not the grid's best
+    assert state["recommendation"]["id"] == ranked[0]["id"]
+    assert "regret @1" in proc.stdout and "cost to find" in proc.stdout

@@ -27,10 +27,10 @@ ADVICE = "advice.json"
 GiB = 1 << 30
 PASS_THROUGH = ("run.", "optim.", "data.", "model.")    # config overrides given to every run
 KEYS = {"model", "devices", "global_batch", "micro_batches", "device_memory_gib", "network", "frameworks",
-        "budget_runs", "backend", "dir", "verify_pruned", "devices_per_node", "algorithm", "calibrate"}
+        "budget_runs", "backend", "dir", "verify_pruned", "devices_per_node", "algorithm", "calibrate", "evaluate"}
 USAGE = ("usage: bench advise model=PRESET devices=N [global_batch=G] [micro_batches=[1,2,...]] "
          "[device_memory_gib=X] [network=NAME] [frameworks=a,b,...] [budget_runs=K] [backend=local|slurm] "
-         "[verify_pruned=K] [devices_per_node=N] [calibrate=frameworks|ddp] [dir=DIR] [run.KEY=VALUE logger=... ...]   |   bench advise resume DIR")
+         "[verify_pruned=K] [devices_per_node=N] [calibrate=frameworks|ddp] [evaluate=none|all] [dir=DIR] [run.KEY=VALUE logger=... ...]   |   bench advise resume DIR")
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -60,7 +60,7 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
            "network": opts.get("network", "auto"), "backend": opts.get("backend", "local"),
            "frameworks": opts["frameworks"].split(",") if "frameworks" in opts else list(DEFAULT_FRAMEWORKS),
            "dir": opts.get("dir"), "algorithm": opts.get("algorithm", "best"),
-           "calibrate": opts.get("calibrate", "frameworks")}
+           "calibrate": opts.get("calibrate", "frameworks"), "evaluate": opts.get("evaluate", "none")}
     from bench.config import group_options
     unknown = [f for f in out["frameworks"] if f not in group_options("framework")]
     if unknown:       # any conf/framework variant is priced by its adapter's cost model
@@ -68,6 +68,9 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
                           f"(conf/framework has: {', '.join(group_options('framework'))})")
     if out["calibrate"] not in ("ddp", "frameworks"):
         raise ConfigError(f"calibrate must be ddp or frameworks, got {out['calibrate']!r}")
+    if out["evaluate"] not in ("none", "all"):
+        raise ConfigError(f"evaluate must be none or all (measure every candidate and judge the advice by its "
+                          f"regret), got {out['evaluate']!r}")
     if out["backend"] not in ("local", "slurm"):
         raise ConfigError(f"backend must be local or slurm, got {out['backend']!r}")
     return out, extra
@@ -358,13 +361,23 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
         c["predicted"] = p
     ranked = sorted((c for c in state["candidates"] if c.get("predicted") and not c["pruned"]),
                     key=lambda c: c["predicted"]["step_s"])
+    everything = state["options"].get("evaluate") == "all"     # the exhaustive grid, to judge the advice by
     for i, c in enumerate(ranked, 1):
         c["rank"] = i
-        c["measure"] = i <= state["options"]["budget_runs"]
+        c["measure"] = everything or i <= state["options"]["budget_runs"]
     over = sorted((c for c in state["candidates"] if c.get("pruned_by_memory")),
                   key=lambda c: c["memory_estimate"]["with_overhead"])
-    for c in over[:state["options"]["verify_pruned"]]:
+    for c in over if everything else over[:state["options"]["verify_pruned"]]:
         c["measure"] = c["verify_pruned"] = True
+    state["calibration"]["device_s"] = sum(device_seconds(r) for _, r in cells)
+
+
+def device_seconds(r: dict) -> float:
+    """What a run cost: its ranks x (start-up to the first step + the timed window's wall time);
+    probes and teardown are left out (the same for every candidate)."""
+    start = (r.get("startup_s") or {}).get("total_to_first_step") or 0.0
+    wall = (r.get("timing") or {}).get("wall_s") or 0.0
+    return ((r.get("parallel") or {}).get("world_size") or 1) * (start + wall)
 
 
 def _recompute(state: dict) -> float:
@@ -386,7 +399,7 @@ def collect(state: dict, results: list[dict]) -> None:
 
     chosen = [c for c in state["candidates"] if c.get("measure")]
     for c, r in zip(chosen, results):
-        m = {"status": r["status"], "run_id": r.get("run_id"),
+        m = {"status": r["status"], "run_id": r.get("run_id"), "device_s": device_seconds(r),
              "error": (r.get("error") or {}).get("message") if r["status"] != "ok" else None}
         if r["status"] == "ok":
             step = float(r["timing"]["step_time_s"]["median"])
@@ -409,11 +422,35 @@ def collect(state: dict, results: list[dict]) -> None:
     # with experiment= (a quality target), the first to reach the target wins; else the fastest step
     by_target = bool(ok) and all(c["measured"]["time_to_target_s"] is not None for c in ok)
     key = "time_to_target_s" if by_target else "step_s"
-    best = min(ok, key=lambda c: c["measured"][key], default=None)
+    if state["options"].get("evaluate") == "all":
+        state["evaluation"] = evaluation(state, key)
+    budget = state["options"]["budget_runs"]      # what the advice alone measured (all of it without evaluate=all)
+    best = min((c for c in ok if state["options"].get("evaluate") != "all" or c["rank"] <= budget),
+               key=lambda c: c["measured"][key], default=None)
     state["recommendation"] = ({"id": best["id"], "label": best["label"], "overrides": best["overrides"],
                                 "by": key, "measured_step_s": best["measured"]["step_s"],
                                 "time_to_target_s": best["measured"]["time_to_target_s"],
                                 "samples_per_s": best["measured"]["samples_per_s"]} if best else None)
+
+
+def evaluation(state: dict, key: str) -> dict:
+    """evaluate=all: the advice (its top budget_runs by prediction) against every candidate
+    measured (bench.advise.regret), and what finding it cost against measuring the grid."""
+    from bench.advise.regret import evaluate
+    ranked = sorted((c for c in state["candidates"] if c.get("rank") and c.get("measured")), key=lambda c: c["rank"])
+    if not any(c["measured"]["status"] == "ok" for c in ranked):
+        return {"error": "no candidate ran"}
+    budget = state["options"]["budget_runs"]
+    measured = [c["measured"][key] if c["measured"]["status"] == "ok" else math.inf for c in ranked]
+    out = evaluate([c["predicted"]["step_s"] for c in ranked], measured, budget=budget or None)
+    out["regret"] = {k: (v if math.isfinite(v) else None) for k, v in out["regret"].items()}   # None: all of the top k failed
+    advice_s = state["calibration"].get("device_s", 0.0) + sum(c["measured"]["device_s"] for c in ranked[:budget])
+    grid_s = sum(c["measured"]["device_s"] for c in ranked)
+    out.update({"by": key, "best": next(c["label"] for c, m in zip(ranked, measured) if m == out["best_measured"]),
+                "cost": {"advice_device_s": advice_s, "grid_device_s": grid_s,
+                         "advice_over_grid": advice_s / grid_s if grid_s else None,
+                         "budget_fraction": budget / len(ranked)}})
+    return out
 
 
 # ---- output --------------------------------------------------------------------------------------
@@ -453,6 +490,9 @@ def _print_result(state: dict, out: Path) -> None:
           f"{_fmt(rc, 1, '.2f')}")
     for fw, errs in sorted((state.get("memory_error_by_framework") or {}).items()):
         print(f"memory estimate error {fw}: " + ", ".join(f"{e:+.0%}" for e in errs))
+    ev = state.get("evaluation")
+    if ev and "regret" in ev:
+        print(_evaluation_text(ev))
     rec = state.get("recommendation")
     if rec:
         why = (f"reached the target first: {rec['time_to_target_s']:.2f} s" if rec.get("by") == "time_to_target_s"
@@ -460,6 +500,22 @@ def _print_result(state: dict, out: Path) -> None:
         print(f"recommendation: {rec['label']} ({rec['samples_per_s']:.1f} samples/s measured; {why})\n"
               f"  bench run {' '.join(rec['overrides'])}")
     print(f"advice: {out / ADVICE}   report: bench report {out}")
+
+
+def _evaluation_text(ev: dict) -> str:
+    regrets = ", ".join(f"@{k} {_fmt(v, 1, '.3f')}" for k, v in ev["regret"].items())
+    tau, ci = ev["kendall_tau_b"], ev["kendall_tau_b_interval"]
+    cost = ev["cost"]
+    lines = [f"evaluation ({ev['candidates']} candidates measured, {ev['feasible']} ran; true best {ev['best']}, by {ev['by']}):",
+             f"  regret {regrets}; true best in the top: " + ", ".join(f"@{k} {'yes' if v else 'no'}"
+                                                                       for k, v in ev["best_in_top"].items()),
+             "  infeasible in the top: " + ", ".join(f"@{k} {v}" for k, v in ev["infeasible_in_top"].items()),
+             f"  Kendall tau-b {_fmt(tau, 1, '.2f')}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
+             f"  spread (slowest / fastest) {ev['spread']:.2f}" + (" - every candidate within 5%: low regret is trivial here"
+                                                                    if ev["trivial"] else ""),
+             f"  cost to find: {cost['advice_device_s']:.0f} device-s (calibration + budget) vs {cost['grid_device_s']:.0f} "
+             f"for the grid ({_fmt(cost['advice_over_grid'], 100, '.0f')}%; budget {cost['budget_fraction']:.0%} of the grid)"]
+    return "\n".join(lines)
 
 
 def run(args: list[str]) -> int:
