@@ -4,4 +4,5 @@
 takes a batch dict and returns the mean loss), the synthetic data shape, and FLOP counting.
 """
 from models.data import SyntheticData  # noqa: F401
-from models.spec import ModelSpec, build, count_params, modules_for  # noqa: F401
+from models.registry import build, modules_for  # noqa: F401
+from models.spec import ModelSpec, count_params  # noqa: F401

@@ -47,19 +47,3 @@ def checkpoint_blocks(model: nn.Module) -> int:
     ids = {id(b) for b in model.blocks()}
     apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
     return len(ids)
-
-
-def modules_for(model_cfg) -> tuple[str, ...]:
-    """The libraries `build(model_cfg).build()` imports (a launcher preloads them)."""
-    if model_cfg.kind == "language":
-        return ("models.language", "transformers.models.gpt2.modeling_gpt2")
-    return ("models.vision", "torchvision.models")
-
-
-def build(model_cfg, device_type: str = "cpu") -> ModelSpec:
-    """The model's spec for a run on `device_type` (device-dependent defaults: GPT-2 attention)."""
-    if model_cfg.kind == "language":
-        from models.language import gpt2_spec
-        return gpt2_spec(model_cfg, device_type)
-    from models.vision import vision_spec
-    return vision_spec(model_cfg)

@@ -60,3 +60,65 @@ def test_nothing_below_the_command_line_imports_it():
                     or isinstance(node, ast.Import) and any(a.name == "bench.cli" for a in node.names)):
                 importers.append(str(path))
     assert not importers, f"import bench.cli from below it: {importers}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: modules of bench/ and models/ it imports}, counting imports inside functions too
+    (a lazy import still ties two modules into one)."""
+    root = BENCH.parent
+    paths = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+             for pkg in ("bench", "models") for p in (root / pkg).rglob("*.py")}
+    graph = {}
+    for mod, path in paths.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                while name and name not in paths:
+                    name = name.rpartition(".")[0]
+                if name and name != mod and not mod.startswith(name + "."):   # not its own package
+                    deps.add(name)
+        graph[mod] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    """No two modules of bench/ or models/ import each other, directly or round a loop (the
+    launch agent and its ranks shared failure rules; the model factory and the models it builds
+    imported each other: bench/launch/failures.py and models/registry.py now hold them)."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]   # the detector
+    graph = import_graph()
+    assert "models.registry" in graph["models"] and "bench.launch.failures" in graph["bench.launch.worker"]
+    assert not cycles(graph), cycles(graph)

@@ -82,7 +82,7 @@ class _Failure:
 
 
 def test_the_root_cause_is_not_the_rank_that_lost_its_peer():
-    from bench.launch.agent import is_lost_peer, root_cause
+    from bench.launch.failures import is_lost_peer, root_cause
     lost = "RuntimeError: [gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:63671"
     assert is_lost_peer(lost) and not is_lost_peer("RuntimeError: injected fault at step 2") and not is_lost_peer(None)
     # same second (elastic's timestamps are whole seconds): a SIGKILLed rank 1 (no error file)

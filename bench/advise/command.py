@@ -387,7 +387,7 @@ def _recompute(state: dict) -> float:
         return 1.0
     from bench.config import plan_from_overrides
     from models.flops import train_flops_per_sample
-    from models.spec import build
+    from models.registry import build
     cfg = plan_from_overrides([f"model={state['options']['model']}", *state["extra_overrides"]]).cfg
     f = train_flops_per_sample(build(cfg.model, state["device"]), recompute_blocks=True)
     return f["hardware_flops"] / f["flops"]

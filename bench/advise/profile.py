@@ -47,7 +47,8 @@ def profile(model_cfg, precision: str = "fp32") -> ModelProfile:
     """At bf16/fp16 the activations are counted with the model in that dtype: what DeepSpeed's
     2-byte engine saves; autocast keeps a few in fp32 (norms, softmax, the loss), so for autocast
     frameworks this is a lower bound."""
-    from models.spec import build, count_params
+    from models.registry import build
+    from models.spec import count_params
 
     spec = build(model_cfg, "cpu")
     with torch.device("meta"):

@@ -19,7 +19,7 @@ from bench.config import Plan
 from bench.envinfo import usable_cores
 from bench.errors import ConfigError
 from bench.launch import events
-from bench.launch.agent import FAILURE_FILE, is_lost_peer
+from bench.launch.failures import FAILURE_FILE, is_lost_peer
 from bench.launch.forked import Forked, rank_start_method
 from bench.launch.records import finish, innermost_frames, save_config, stack_path, stopped_result, where_each_rank_was
 from bench.launch.stop import ForwardUsr1

@@ -102,7 +102,7 @@ def rank_main(run_dir: str, threads: int) -> None:
     try:
         run_rank(run_dir, threads)
     except Exception as exc:
-        from bench.launch.agent import is_lost_peer
+        from bench.launch.failures import is_lost_peer
         if is_lost_peer(str(exc)):
             # a consequence of another rank's death: exit after it, so the agent (which reports
             # the first dead process it polls) names the rank that caused it
