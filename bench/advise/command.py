@@ -208,7 +208,7 @@ def start(args: list[str]) -> int:
             state["calibration"]["skipped"][cell["framework"]] = str(exc)
             continue
         raws.append(plan.raw)
-        cell["cost_model"] = cost.to_dict()
+        cell["cost_model"] = cost.to_dict() if cost is not None else None
         state["calibration"]["cells"].append(cell)
         overrides.append(over)
     out.mkdir(parents=True, exist_ok=True)
@@ -337,7 +337,7 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
         factor[fw] = float(r["timing"]["step_time_s"]["median"]) / compute_at(m, ddp)
         # what its runtime adds beyond the estimate (allocator, libraries, engine buffers)
         measured = training_memory_bytes(r)
-        if measured is not None:
+        if measured is not None and cell.get("cost_model"):
             est = estimate(Layout(fw, dp=1, micro_batch=m), prof, CostModel.from_dict(cell["cost_model"]),
                            opt["name"], opt["momentum"])["total"]
             overhead[fw] = min(overhead.get(fw, measured - est), measured - est)
