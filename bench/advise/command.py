@@ -422,10 +422,11 @@ def collect(state: dict, results: list[dict]) -> None:
     # with experiment= (a quality target), the first to reach the target wins; else the fastest step
     by_target = bool(ok) and all(c["measured"]["time_to_target_s"] is not None for c in ok)
     key = "time_to_target_s" if by_target else "step_s"
-    if state["options"].get("evaluate") == "all":
+    everything = state.get("options", {}).get("evaluate") == "all"
+    if everything:
         state["evaluation"] = evaluation(state, key)
-    budget = state["options"]["budget_runs"]      # what the advice alone measured (all of it without evaluate=all)
-    best = min((c for c in ok if state["options"].get("evaluate") != "all" or c["rank"] <= budget),
+    # what the advice alone measured: its budget under evaluate=all, else all it measured
+    best = min((c for c in ok if not everything or c["rank"] <= state["options"]["budget_runs"]),
                key=lambda c: c["measured"][key], default=None)
     state["recommendation"] = ({"id": best["id"], "label": best["label"], "overrides": best["overrides"],
                                 "by": key, "measured_step_s": best["measured"]["step_s"],
