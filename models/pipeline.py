@@ -38,8 +38,10 @@ class _Block(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         from transformers.masking_utils import create_causal_mask
         pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        # no position_ids for the mask: with them HF looks for packed sequences (a data-dependent
+        # .item(), impossible on meta); positions here are 0..T-1, never packed
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                                  past_key_values=None, position_ids=pos)
+                                  past_key_values=None, position_ids=None)
         return self.block(hidden, None, mask, position_ids=pos)
 
 

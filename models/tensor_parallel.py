@@ -112,6 +112,30 @@ def apply_tensor_parallel(module: nn.Module, mesh) -> int:
     return len(blocks)
 
 
+# per block kind: the layers the plan shards, and whether their bias is sharded too (column-wise)
+# or replicated (row-wise); names in the model as built (before the Conv1D / attention conversions)
+SPLIT_LAYERS = {"GPT2Block": {"attn.c_attn": True, "attn.c_proj": False, "mlp.c_fc": True, "mlp.c_proj": False},
+                "EncoderBlock": {"self_attention.in_proj": True, "self_attention.out_proj": False,
+                                 "mlp.0": True, "mlp.3": False}}
+
+
+def split_param_count(module: nn.Module) -> int:
+    """Parameters of `module` (as built) that the plan shards over the tp ranks; the rest
+    (embeddings, norms, row-wise biases, the head) every tp rank keeps whole."""
+    n = 0
+    for kind, block in tp_blocks(module):
+        for name, bias_split in SPLIT_LAYERS[kind].items():
+            parent, _, leaf = name.rpartition(".")
+            owner = block.get_submodule(parent)
+            if leaf == "in_proj" and isinstance(owner, nn.MultiheadAttention):
+                weight, bias = owner.in_proj_weight, owner.in_proj_bias
+            else:
+                layer = owner.get_submodule(leaf)
+                weight, bias = layer.weight, layer.bias
+            n += weight.numel() + (bias.numel() if bias_split and bias is not None else 0)
+    return n
+
+
 PLAN_DESCRIPTION = {
     "GPT2Block": {"attn.c_attn": "ColwiseParallel (Conv1D->Linear, rows permuted per rank's heads)",
                   "attn.c_proj": "RowwiseParallel (Conv1D->Linear)",

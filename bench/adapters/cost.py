@@ -22,6 +22,37 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
+class Piece:
+    """One pipeline piece of the model (models/pipeline.py: embedding | each block | head)."""
+    params: int                  # its parameters; a weight tied to another piece's is counted in both
+    split_params: int = 0        # of which the tensor-parallel plan shards (models/tensor_parallel.py)
+    tied_params: int = 0         # of which are tied to another piece's (GPT-2: wte = lm_head)
+    flops: float = 0.0           # forward FLOPs per sample
+    activation_bytes: int = 0    # saved for backward per sample (the last piece: with the loss)
+
+    def kept_params(self, tp: int) -> float:
+        return self.params - self.split_params + self.split_params / tp
+
+    def kept_flops(self, tp: int) -> float:
+        """Compute follows the parameters: a block's matmuls and its heads' attention are split,
+        the embedding lookup, norms and an unsplit head are not."""
+        return self.flops * (1 - (1 - 1 / tp) * self.split_params / self.params) if self.params else self.flops
+
+    def kept_activations(self, tp: int) -> float:
+        """Activations of a split piece divided by tp (norms and residuals, which Megatron keeps
+        replicated without sequence parallelism, are counted as split: a lower bound)."""
+        return self.activation_bytes / (tp if self.split_params else 1)
+
+
+@dataclass(frozen=True)
+class Share:
+    """What a rank holding some of the pieces, split by tp, keeps and computes."""
+    params: float           # parameters, a tied weight held twice on the rank counted once
+    compute: float          # of one replica's forward FLOPs
+    activations: float      # of one replica's activations per sample
+
+
+@dataclass(frozen=True)
 class ModelProfile:
     """What a cost model needs to know about a model (bench.advise.profile measures it on meta)."""
     params: int
@@ -30,11 +61,32 @@ class ModelProfile:
     activation_bytes_per_sample: int        # saved for backward, no checkpointing
     checkpointed_bytes_per_sample: int      # saved for backward with every block checkpointed
     boundary_bytes_per_sample: int          # one block's output (pipeline p2p, tensor-parallel all-reduce)
+    pieces: tuple = ()                      # Piece, in pipeline order; () = unknown: uniform splits
 
     @property
     def units(self) -> int:
         """Sharded units of a per-block wrap: every block, and the root for the rest."""
         return self.blocks + 1
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelProfile":
+        return cls(**{**d, "pieces": tuple(Piece(**p) for p in d.get("pieces", ()))})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def share(self, indices, tp: int = 1, of: int = 1) -> Share:
+        """A rank holding the pieces `indices`, each split by tp. Without pieces: 1 / of of the
+        model's blocks split by tp, the uniform rule (embeddings and head split like the rest)."""
+        if not self.pieces:
+            return Share(self.params / (tp * of), 1 / (tp * of), 1 / (tp * of))
+        mine = [self.pieces[i] for i in sorted(set(indices))]
+        tied = [p.tied_params for p in mine if p.tied_params]
+        params = sum(p.kept_params(tp) for p in mine) - (sum(tied) - max(tied) if len(tied) > 1 else 0)
+        flops = sum(p.flops for p in self.pieces)
+        acts = sum(p.activation_bytes for p in self.pieces)
+        return Share(params, sum(p.kept_flops(tp) for p in mine) / flops if flops else 1 / (tp * of),
+                     sum(p.kept_activations(tp) for p in mine) / acts if acts else 1 / (tp * of))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
 from bench.adapters.base import Adapter, StepOut, autocast, canonical_parameters, param_row, taxonomy_labels
-from bench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, split
+from bench.adapters.cost import DTYPE_BYTES, CostModel, Share, autocast_copies, split
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError
 from bench.metrics.memory import optimizer_state_bytes_per_param
@@ -107,10 +107,15 @@ class PipelineAdapter(Adapter):
         twice in backward. After the schedule, one flattened fp32 all-reduce of the gradients over
         dp. Bubble: (pp - 1) micro-batch slots for GPipe and 1F1B, (pp - 1) / v interleaved
         (Narayanan et al. 2021); zero-bubble schedules have no closed form: the interleaved bound.
-        Activations in flight: GPipe all micro-batches, the others at most pp."""
+        Activations in flight: GPipe all micro-batches, the others at most pp. Stages are cut as
+        the adapter cuts them (models.pipeline.partition, stage_owners): the embedding joins the
+        first stage and the head (GPT-2: a second copy of the tied embedding) the last; memory and
+        compute are the busiest rank's (the most parameters, the most compute and the most
+        activations, each over the ranks: an upper bound where different ranks have them)."""
         o, pp, tp, dp, m = options, dims.pp, dims.tp, dims.dp, dims.grad_accum
         v = cls.stages_per_rank(options)
-        piece = model.params / (tp * pp)
+        mine = cls.busiest_rank(model, o.schedule, pp, v, tp)
+        piece = mine.params
         act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / tp
         traffic = (split("send", act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
                          what="activations and their gradients", data_parallel=False)
@@ -122,9 +127,21 @@ class PipelineAdapter(Adapter):
             buffers["send and receive buffers"] = 2 * 2 * act
         return CostModel(
             f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank", piece, shard_ranks=dp,
-            buffers=buffers, activation_share=1 / (tp * pp), in_flight=m if o.schedule == "gpipe" else min(pp, m),
-            compute_share=1 / (tp * pp), bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
+            buffers=buffers, activation_share=mine.activations, in_flight=m if o.schedule == "gpipe" else min(pp, m),
+            compute_share=mine.compute, bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
             traffic=tuple(traffic))
+
+    @staticmethod
+    def busiest_rank(model, schedule: str, pp: int, v: int, tp: int):
+        """The Share of the busiest pipeline rank: its stages' pieces, split by tp (each
+        figure the maximum over the ranks); uniform 1 / pp without the model's pieces."""
+        from models.pipeline import partition
+        if pp == 1 or len(model.pieces) < pp * v:
+            return model.share(range(len(model.pieces)), tp, of=pp)
+        ranges, owners = partition(len(model.pieces), pp * v), stage_owners(schedule, pp, v)
+        ranks = [model.share([i for s, r in enumerate(ranges) if owners[s] == rank for i in r], tp)
+                 for rank in range(pp)]
+        return Share(max(r.params for r in ranks), max(r.compute for r in ranks), max(r.activations for r in ranks))
 
     @classmethod
     def advise_options(cls, options, devices: int) -> list[dict]:

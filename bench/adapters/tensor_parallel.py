@@ -51,9 +51,12 @@ class TensorParallelAdapter(Adapter):
         backward per micro-batch among the tp ranks (adjacent), in the activations' dtype. With
         dp_shard > 1, FSDP2 over each tp slice: all-gathers in forward and backward per micro-batch
         (bf16 param_dtype), one reduce-scatter in fp32, tp ranks apart; two units gathered. Pure TP
-        at bf16 runs under autocast (its cached weight copies)."""
+        at bf16 runs under autocast (its cached weight copies). Only the blocks are split (the
+        plan's layers): embeddings, norms and the head stay whole on every tp rank, in memory and
+        in compute (ModelProfile.share)."""
         tp, shard, m = dims.tp, dims.dp_shard, dims.grad_accum
-        piece = model.params / tp
+        mine = model.share(range(len(model.pieces)), tp)
+        piece = mine.params
         gather = DTYPE_BYTES[precision]
         act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * gather
         traffic = (split("all_reduce", act, 1, tp, per_step=4 * model.blocks * m, what="block outputs",
@@ -65,7 +68,8 @@ class TensorParallelAdapter(Adapter):
                    if shard > 1 else autocast_copies(piece, precision))
         return CostModel(f"DTensor tensor parallel (tp {tp})" + (f" + FSDP2 over {shard}" if shard > 1 else ""),
                          piece, shard_ranks=shard, shard_optimizer=True, shard_grads=True, shard_params=True,
-                         buffers=buffers, activation_share=1 / tp, compute_share=1 / tp, traffic=tuple(traffic))
+                         buffers=buffers, activation_share=mine.activations, compute_share=mine.compute,
+                         traffic=tuple(traffic))
 
     @classmethod
     def advise_options(cls, options, devices: int) -> list[dict]:

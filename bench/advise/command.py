@@ -188,7 +188,7 @@ def start(args: list[str]) -> int:
              "devices_per_node": per_node, "device": device, "precision": cfg.run.precision,
              "device_memory_bytes": limit, "device_memory_source": limit_source,
              "optimizer": {"name": cfg.optim.name, "momentum": cfg.optim.momentum},
-             "profile": prof.__dict__, "calibration": {"cells": [], "skipped": {}},
+             "profile": prof.to_dict(), "calibration": {"cells": [], "skipped": {}},
              "candidates": [_candidate_row(c, prof, cfg) for c in grid]}
     threads = None
     if device == "cpu":
@@ -320,7 +320,7 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
     from bench.network.model import load
     from bench.report.frame import training_memory_bytes
 
-    prof = ModelProfile(**state["profile"])
+    prof = ModelProfile.from_dict(state["profile"])
     network = load(state["network"])
     opt = state["optimizer"]
     ddp, factor, overhead = {}, {}, {}

@@ -2,12 +2,16 @@
 compute, so XL presets cost nothing): parameters, the largest block, and the bytes autograd saves
 for backward per sample — counted by torch.autograd.graph.saved_tensors_hooks, with and without
 activation checkpointing, over two batch sizes so that the per-sample slope excludes what does
-not grow with the batch."""
+not grow with the batch — and the same per pipeline piece (models/pipeline.py: embedding, each
+block, head with the loss), with the piece's forward FLOPs (torch.utils.flop_counter) and the
+parameters the tensor-parallel plan splits: what lets tensor and pipeline parallelism keep the
+embedding and head whole instead of dividing the whole model evenly."""
 from __future__ import annotations
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from bench.adapters.cost import ModelProfile
+from bench.adapters.cost import ModelProfile, Piece
 
 
 def _saved_bytes(spec, batch_size: int, checkpointed: bool, dtype=torch.float32) -> tuple[int, int]:
@@ -40,6 +44,56 @@ def _saved_bytes(spec, batch_size: int, checkpointed: bool, dtype=torch.float32)
     return sum(saved.values()), (boundary[0] if boundary else 0)
 
 
+def _per_piece(spec, batch_size: int, dtype) -> list[tuple[float, int]]:
+    """[(forward FLOPs, bytes saved for backward)] of each pipeline piece for one batch on meta,
+    the pieces applied in order as the pipeline stages apply them (the last one with the loss)."""
+    from models.pipeline import loss_function, pieces
+    from models.spec import example_batch
+
+    with torch.device("meta"):
+        model = spec.build().to(dtype)
+    params = {id(p) for p in model.parameters()}
+    batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in example_batch(spec, batch_size, "meta").items()}
+    x, loss, plist = batch["input_ids" if "input_ids" in batch else "images"], loss_function(model), pieces(model)
+    out, seen = [], set()       # a tensor two pieces save (one's output, the next one's input) counts once
+    for i, piece in enumerate(plist):
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor, saved=saved):
+            base = t._base if t._base is not None else t
+            if id(t) not in params and id(base) not in params and id(base) not in seen:
+                saved[id(base)] = base.numel() * base.element_size()
+            return t
+        counter = FlopCounterMode(display=False)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), counter:
+            x = piece(x)
+            if i == len(plist) - 1:
+                loss(x, batch["labels"])
+        seen.update(saved)
+        out.append((float(counter.get_total_flops()), sum(saved.values())))
+    return out
+
+
+def pieces_profile(spec, dtype=torch.float32) -> tuple[Piece, ...]:
+    """Piece of every pipeline piece: parameters (a tied weight in each piece that uses it), the
+    tensor-parallel plan's share of them, forward FLOPs and saved bytes per sample (slopes
+    between batch 2 and 4)."""
+    from models.pipeline import pieces, tied_parameters
+    from models.spec import count_params
+    from models.tensor_parallel import split_param_count
+
+    with torch.device("meta"):
+        plist = pieces(spec.build())
+    tied = [0] * len(plist)
+    for p, idx in tied_parameters(plist):
+        for i in idx:
+            tied[i] += p.numel()
+    two, four = _per_piece(spec, 2, dtype), _per_piece(spec, 4, dtype)
+    return tuple(Piece(params=count_params(piece), split_params=split_param_count(piece), tied_params=tied[i],
+                       flops=(four[i][0] - two[i][0]) / 2, activation_bytes=(four[i][1] - two[i][1]) // 2)
+                 for i, piece in enumerate(plist))
+
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -65,4 +119,5 @@ def profile(model_cfg, precision: str = "fp32") -> ModelProfile:
         blocks=max(len(blocks), 1),
         activation_bytes_per_sample=(full4 - full2) // 2,
         checkpointed_bytes_per_sample=(ck4 - ck2) // 2,
-        boundary_bytes_per_sample=out2 // 2)
+        boundary_bytes_per_sample=out2 // 2,
+        pieces=pieces_profile(spec, dtype))
