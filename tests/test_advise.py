@@ -142,7 +142,7 @@ def advised(tmp_path_factory):
     from conftest import bench
     out = tmp_path_factory.mktemp("advise") / "adv"
     proc = bench("advise", "model=gpt2_tiny", "devices=2", "global_batch=8", "micro_batches=[1,4,8]",
-                 "frameworks=ddp,fairscale_oss,tensor_parallel,pipeline_1f1b", "budget_runs=3",
+                 "frameworks=ddp,fairscale_oss,tensor_parallel,pipeline_1f1b", "budget_runs=3", "repeats=2",
                  "device_memory_gib=1000", f"dir={out}", "run.warmup_steps=1", "run.measure_steps=4",
                  "run.progress=false", "logger=none", timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -177,10 +177,20 @@ def test_advise_end_to_end(advised):
         assert m["step_error"] == pytest.approx((c["predicted"]["step_s"] - m["step_s"]) / m["step_s"])
         assert m["memory_bytes"] > 0 and m["memory_error"] == pytest.approx(
             (c["memory_estimate"]["with_overhead"] - m["memory_bytes"]) / m["memory_bytes"])
-    # the recommendation is the fastest measured run, with the command that reproduces it
+    # the recommendation is the fastest measured (median over its runs), with the command that reproduces it
     best = min(measured, key=lambda c: c["measured"]["step_s"])
-    assert state["recommendation"]["id"] == best["id"]
+    rec = state["recommendation"]
+    assert rec["id"] == best["id"]
     assert "recommendation: " + best["label"] in proc.stdout
+    # the two best measured twice (repeats=2: their noise), the third once; its margin against their
+    # spread decides, or it is a tie that names them
+    two = sorted(measured, key=lambda c: c["measured"]["step_s"])[:2]
+    assert [c["measured"]["runs"] for c in two] == [2, 2] and len(best["runs"]) == 2
+    assert best["measured"]["step_s"] == pytest.approx(sum(best["measured"]["step_s_runs"]) / 2)
+    assert [r["dir"] for r in state["rounds"]] == ["measure", "measure-2"]
+    assert rec["runner_up"] == two[1]["label"] and rec["spread"] is not None
+    assert rec["settled"] == (rec["margin"] > rec["spread"]) and (rec["tie"] is None) == rec["settled"]
+    assert ("tie: " in proc.stdout) != rec["settled"]
     assert "bench run " + " ".join(best["overrides"]) in proc.stdout
     assert state["rank_correlation"] is None or -1 <= state["rank_correlation"] <= 1
     # the calibration: 1-rank DDP at the smallest and largest micro-batch (the compute line), every
@@ -261,7 +271,7 @@ def test_advise_rejects_bad_input():
 def test_collect_recommends_the_first_to_reach_the_target_when_there_is_one():
     """With a quality target (experiment=), time to target decides, not the step time; without,
     the fastest measured step. Errors and the rank correlation come from the same records."""
-    from bench.advise.command import collect
+    from bench.advise.command import collect, fold
 
     def cand(i, pred):
         return {"id": f"c{i}", "label": f"x{i}", "framework": "ddp", "overrides": [f"o{i}"], "measure": True,
@@ -271,13 +281,15 @@ def test_collect_recommends_the_first_to_reach_the_target_when_there_is_one():
         return {"status": "ok", "timing": {"step_time_s": {"median": step}}, "throughput": {"samples_per_s": 8 / step},
                 "memory": {"per_rank": [{"peak_allocated_bytes": 80}]}, "convergence": {"time_to_target_s": ttt}}
     state = {"candidates": [cand(1, 0.1), cand(2, 0.2), cand(3, 0.3)]}
-    collect(state, [rec(0.1, 9.0), rec(0.3, 5.0), rec(0.2, 7.0)])
+    fold(state, ["c1", "c2", "c3"], [rec(0.1, 9.0), rec(0.3, 5.0), rec(0.2, 7.0)])
+    collect(state)
     assert state["recommendation"]["id"] == "c2" and state["recommendation"]["by"] == "time_to_target_s"
     assert state["rank_correlation"] == pytest.approx(0.5)       # predicted 1,2,3 vs measured 1,3,2
     m = state["candidates"][0]["measured"]
     assert m["step_error"] == pytest.approx(0.0) and m["memory_error"] == pytest.approx(0.25)   # (100 - 80) / 80
     state = {"candidates": [cand(1, 0.1), cand(2, 0.2)]}
-    collect(state, [rec(0.1, None), rec(0.3, 5.0)])
+    fold(state, ["c1", "c2"], [rec(0.1, None), rec(0.3, 5.0)])
+    collect(state)
     assert state["recommendation"]["id"] == "c1" and state["recommendation"]["by"] == "step_s"
 
 

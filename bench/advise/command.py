@@ -27,10 +27,11 @@ ADVICE = "advice.json"
 GiB = 1 << 30
 PASS_THROUGH = ("run.", "optim.", "data.", "model.")    # config overrides given to every run
 KEYS = {"model", "devices", "global_batch", "micro_batches", "device_memory_gib", "network", "frameworks",
-        "budget_runs", "backend", "dir", "verify_pruned", "devices_per_node", "algorithm", "calibrate", "evaluate"}
+        "budget_runs", "backend", "dir", "verify_pruned", "devices_per_node", "algorithm", "calibrate", "evaluate",
+        "repeats"}
 USAGE = ("usage: bench advise model=PRESET devices=N [global_batch=G] [micro_batches=[1,2,...]] "
          "[device_memory_gib=X] [network=NAME] [frameworks=a,b,...] [budget_runs=K] [backend=local|slurm] "
-         "[verify_pruned=K] [devices_per_node=N] [calibrate=frameworks|ddp] [evaluate=none|all] [dir=DIR] [run.KEY=VALUE logger=... ...]   |   bench advise resume DIR")
+         "[verify_pruned=K] [devices_per_node=N] [calibrate=frameworks|ddp] [evaluate=none|all] [repeats=R] [dir=DIR] [run.KEY=VALUE logger=... ...]   |   bench advise resume DIR")
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -53,7 +54,7 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
             raise ConfigError(f"bench advise: {k}= is required\n{USAGE}")
     out = {"model": opts["model"], "devices": _int(opts, "devices"),
            "global_batch": _int(opts, "global_batch", None), "budget_runs": _int(opts, "budget_runs", 3, low=0),
-           "verify_pruned": _int(opts, "verify_pruned", 0, low=0),
+           "verify_pruned": _int(opts, "verify_pruned", 0, low=0), "repeats": _int(opts, "repeats", 3),
            "devices_per_node": _int(opts, "devices_per_node", None),
            "micro_batches": [int(x) for x in opts["micro_batches"].strip("[]").split(",")] if "micro_batches" in opts else None,
            "device_memory_gib": float(opts["device_memory_gib"]) if "device_memory_gib" in opts else None,
@@ -283,15 +284,32 @@ def resume(out: Path) -> int:
         rank_candidates(state, results)
         chosen = [c for c in state["candidates"] if c.get("measure")]
         state["phase"] = "measure" if chosen else "done"
+        state["rounds"] = [{"dir": "measure", "cells": [[c["id"], 0] for c in chosen], "why": "first"}] if chosen else []
         atomic_write_json(path, state)
         _print_ranking(state)
         if chosen:
             _sweep(out / "measure", [c["overrides"] for c in chosen], state["options"]["backend"])
-    if state["phase"] == "measure":
-        results = _finished(Path(out), "measure", state["options"]["backend"])
-        if results is None:
-            return 1 if state["options"]["backend"] == "local" else 0
-        collect(state, results)
+    while state["phase"] == "measure":
+        rounds = state.setdefault("rounds", [{"dir": "measure", "cells": [[c["id"], 0] for c in state["candidates"]
+                                                                         if c.get("measure")], "why": "first"}])
+        last = rounds[-1]
+        if not last.get("folded"):
+            results = _finished(Path(out), last["dir"], state["options"]["backend"])
+            if results is None:
+                return 1 if state["options"]["backend"] == "local" else 0
+            fold(state, [cid for cid, _ in last["cells"]], results)
+            last["folded"] = True
+        cells, why = next_round(state)
+        if cells:
+            rounds.append({"dir": f"measure-{len(rounds) + 1}", "cells": cells, "why": why})
+            atomic_write_json(path, state)
+            by_id = {c["id"]: c for c in state["candidates"]}
+            print(f"advise: measuring again ({why}): " + ", ".join(f"{by_id[i]['label']} (run {n + 1})" for i, n in cells),
+                  flush=True)
+            _sweep(out / rounds[-1]["dir"], [by_id[i]["overrides"] + ([f"run.repeat={n}"] if n else []) for i, n in cells],
+                   state["options"]["backend"])
+            continue
+        collect(state)
         state["phase"] = "done"
         atomic_write_json(path, state)
     _print_result(state, out)
@@ -393,23 +411,77 @@ def _recompute(state: dict) -> float:
     return f["hardware_flops"] / f["flops"]
 
 
-def collect(state: dict, results: list[dict]) -> None:
-    from bench.metrics.stats import spearman
+def _run_row(r: dict) -> dict:
     from bench.report.frame import training_memory_bytes
+    row = {"status": r["status"], "run_id": r.get("run_id"), "device_s": device_seconds(r),
+           "error": (r.get("error") or {}).get("message") if r["status"] != "ok" else None}
+    if r["status"] == "ok":
+        row.update({"step_s": float(r["timing"]["step_time_s"]["median"]),
+                    "samples_per_s": r["throughput"].get("samples_per_s"), "memory_bytes": training_memory_bytes(r),
+                    "time_to_target_s": (r.get("convergence") or {}).get("time_to_target_s")})
+    return row
 
-    chosen = [c for c in state["candidates"] if c.get("measure")]
-    for c, r in zip(chosen, results):
-        m = {"status": r["status"], "run_id": r.get("run_id"), "device_s": device_seconds(r),
-             "error": (r.get("error") or {}).get("message") if r["status"] != "ok" else None}
-        if r["status"] == "ok":
-            step = float(r["timing"]["step_time_s"]["median"])
-            m.update({"step_s": step, "samples_per_s": r["throughput"].get("samples_per_s"),
-                      "memory_bytes": training_memory_bytes(r),
-                      "time_to_target_s": (r.get("convergence") or {}).get("time_to_target_s")})
+
+def fold(state: dict, ids: list[str], results: list[dict]) -> None:
+    """One round's results, in the order of its cells, as runs of their candidates."""
+    by_id = {c["id"]: c for c in state["candidates"]}
+    for cid, r in zip(ids, results):
+        by_id[cid].setdefault("runs", []).append(_run_row(r))
+
+
+def _ranked(state: dict) -> list[dict]:
+    return sorted((c for c in state["candidates"] if c.get("rank") and not c.get("pruned")), key=lambda c: c["rank"])
+
+
+def _key(state: dict) -> str:
+    """With experiment= (a quality target) the first to reach the target wins; else the fastest step."""
+    from bench.advise.rounds import value
+    ok = [c for c in state["candidates"] if value(c, "step_s") is not None and not c.get("verify_pruned")]
+    return "time_to_target_s" if ok and all(value(c, "time_to_target_s") is not None for c in ok) else "step_s"
+
+
+def next_round(state: dict) -> tuple[list[list], str]:
+    """([candidate id, repeat index] to measure next, why): failed candidates of the budget
+    replaced, the two best repeated until their order is clear (bench.advise.rounds)."""
+    from bench.advise.rounds import decide
+    budget = state["options"]["budget_runs"]
+    d = decide(_ranked(state), budget, _key(state), state["options"].get("repeats", 1))
+    state["decision"] = d
+    by_id = {c["id"]: c for c in state["candidates"]}
+    if d["measure"]:
+        return [[i, 0] for i in d["measure"]], "in place of failed candidates"
+    if d["repeat"]:
+        return [[i, len(by_id[i]["runs"])] for i in d["repeat"]], "the margin between the two best is within their noise"
+    return [], ""
+
+
+def _measured(c: dict) -> dict:
+    """A candidate's runs in one row: medians of its successful runs, the last failure if none."""
+    from bench.advise.rounds import value
+    runs = c["runs"]
+    ok = [r for r in runs if r["status"] == "ok"]
+    m = dict(ok[0] if ok else runs[-1])
+    if ok:
+        ttt = [r["time_to_target_s"] for r in ok]
+        m.update({"step_s": value(c, "step_s"), "samples_per_s": value(c, "samples_per_s"),
+                  "time_to_target_s": value(c, "time_to_target_s") if None not in ttt else None,
+                  "memory_bytes": max((r["memory_bytes"] for r in ok if r["memory_bytes"]), default=None),
+                  "step_s_runs": [r["step_s"] for r in ok]})
+    m.update({"runs": len(runs), "device_s": sum(r["device_s"] for r in runs)})
+    return m
+
+
+def collect(state: dict) -> None:
+    from bench.metrics.stats import spearman
+
+    chosen = [c for c in state["candidates"] if c.get("runs")]
+    for c in chosen:
+        m = _measured(c)
+        if m["status"] == "ok":
             if m["memory_bytes"]:
                 est = c["memory_estimate"]["with_overhead"]
                 m["memory_error"] = (est - m["memory_bytes"]) / m["memory_bytes"]
-            m["step_error"] = (c["predicted"]["step_s"] - step) / step
+            m["step_error"] = (c["predicted"]["step_s"] - m["step_s"]) / m["step_s"]
         c["measured"] = m
     ok = [c for c in chosen if c["measured"]["status"] == "ok" and c.get("predicted") and not c.get("verify_pruned")]
     state["rank_correlation"] = spearman([c["predicted"]["step_s"] for c in ok], [c["measured"]["step_s"] for c in ok])
@@ -419,19 +491,34 @@ def collect(state: dict, results: list[dict]) -> None:
         if e is not None:
             by.setdefault(c["framework"], []).append(e)
     state["memory_error_by_framework"] = by
-    # with experiment= (a quality target), the first to reach the target wins; else the fastest step
-    by_target = bool(ok) and all(c["measured"]["time_to_target_s"] is not None for c in ok)
-    key = "time_to_target_s" if by_target else "step_s"
-    everything = state.get("options", {}).get("evaluate") == "all"
-    if everything:
+    key = _key(state)
+    if state.get("options", {}).get("evaluate") == "all":
         state["evaluation"] = evaluation(state, key)
-    # what the advice alone measured: its budget under evaluate=all, else all it measured
-    best = min((c for c in ok if not everything or c["rank"] <= state["options"]["budget_runs"]),
-               key=lambda c: c["measured"][key], default=None)
-    state["recommendation"] = ({"id": best["id"], "label": best["label"], "overrides": best["overrides"],
-                                "by": key, "measured_step_s": best["measured"]["step_s"],
-                                "time_to_target_s": best["measured"]["time_to_target_s"],
-                                "samples_per_s": best["measured"]["samples_per_s"]} if best else None)
+    state["recommendation"] = recommendation(state, key)
+
+
+def recommendation(state: dict, key: str) -> dict | None:
+    """The best the advice measured (its budget, failed candidates replaced), with its margin over
+    the runner-up and their run-to-run spread; a tie lists every candidate within that spread."""
+    from bench.advise.rounds import decide
+    d = decide(_ranked(state), state.get("options", {}).get("budget_runs", 1 << 30), key,
+               state.get("options", {}).get("repeats", 1))
+    by_id = {c["id"]: c for c in state["candidates"]}
+    best = by_id.get(d["best"])
+    if best is None:
+        return None
+    m = best["measured"]
+    return {"id": best["id"], "label": best["label"], "overrides": best["overrides"], "by": key,
+            "measured_step_s": m["step_s"], "time_to_target_s": m["time_to_target_s"], "samples_per_s": m["samples_per_s"],
+            "runs": m["runs"], "runner_up": by_id[d["runner_up"]]["label"] if d["runner_up"] else None,
+            "margin": d["margin"], "spread": d["spread"], "settled": d["settled"],
+            "tie": [by_id[i]["label"] for i in d["tie"]] if d["tie"] else None,
+            "advice": [c["label"] for c in _advice(state)]}
+
+
+def _advice(state: dict) -> list[dict]:
+    from bench.advise.rounds import advice_set
+    return advice_set(_ranked(state), state.get("options", {}).get("budget_runs", 1 << 30))
 
 
 def evaluation(state: dict, key: str) -> dict:
@@ -445,12 +532,18 @@ def evaluation(state: dict, key: str) -> dict:
     measured = [c["measured"][key] if c["measured"]["status"] == "ok" else math.inf for c in ranked]
     out = evaluate([c["predicted"]["step_s"] for c in ranked], measured, budget=budget or None)
     out["regret"] = {k: (v if math.isfinite(v) else None) for k, v in out["regret"].items()}   # None: all of the top k failed
-    advice_s = state["calibration"].get("device_s", 0.0) + sum(c["measured"]["device_s"] for c in ranked[:budget])
-    grid_s = sum(c["measured"]["device_s"] for c in ranked)
+    advice = _advice(state)
+    # the advice: calibration, its budget (failed ones replaced) with their repeats; the grid: one run each
+    advice_s = state["calibration"].get("device_s", 0.0) + sum(c["measured"]["device_s"] for c in advice)
+    grid_s = sum(c["runs"][0]["device_s"] for c in ranked)
     out.update({"by": key, "best": next(c["label"] for c, m in zip(ranked, measured) if m == out["best_measured"]),
+                "advice": [c["label"] for c in advice],
                 "cost": {"advice_device_s": advice_s, "grid_device_s": grid_s,
                          "advice_over_grid": advice_s / grid_s if grid_s else None,
                          "budget_fraction": budget / len(ranked)}})
+    rec = recommendation(state, key)
+    chosen = (rec["measured_step_s"] if key == "step_s" else rec["time_to_target_s"]) if rec else None
+    out["regret_of_recommendation"] = chosen / out["best_measured"] if chosen else None
     return out
 
 
@@ -498,9 +591,24 @@ def _print_result(state: dict, out: Path) -> None:
     if rec:
         why = (f"reached the target first: {rec['time_to_target_s']:.2f} s" if rec.get("by") == "time_to_target_s"
                else "the fastest step")
-        print(f"recommendation: {rec['label']} ({rec['samples_per_s']:.1f} samples/s measured; {why})\n"
+        runs = rec.get("runs") or 1
+        print(f"recommendation: {rec['label']} ({rec['samples_per_s']:.1f} samples/s measured"
+              f"{f', median of {runs} runs' if runs > 1 else ''}; {why})\n  {margin_text(rec)}\n"
               f"  bench run {' '.join(rec['overrides'])}")
     print(f"advice: {out / ADVICE}   report: bench report {out}")
+
+
+def margin_text(rec: dict) -> str:
+    """How sure the recommendation is: its margin over the runner-up against their noise."""
+    if rec.get("runner_up") is None:
+        return "the only candidate of the advice that ran"
+    margin = f"{rec['margin']:.1%} ahead of {rec['runner_up']}"
+    if rec.get("tie"):
+        return (f"tie: {', '.join(rec['tie'])} are within the run-to-run spread ({rec['spread']:.1%}) of the "
+                f"fastest after {rec['runs']} runs of the two best; any of them")
+    if rec.get("spread") is None:
+        return f"{margin}; run-to-run noise not measured (repeats=1)"
+    return f"{margin}, beyond the run-to-run spread of both ({rec['spread']:.1%})"
 
 
 def _evaluation_text(ev: dict) -> str:
@@ -510,6 +618,8 @@ def _evaluation_text(ev: dict) -> str:
     lines = [f"evaluation ({ev['candidates']} candidates measured, {ev['feasible']} ran; true best {ev['best']}, by {ev['by']}):",
              f"  regret {regrets}; true best in the top: " + ", ".join(f"@{k} {'yes' if v else 'no'}"
                                                                        for k, v in ev["best_in_top"].items()),
+             f"  the recommendation (failed candidates replaced, the two best repeated): regret "
+             f"{_fmt(ev.get('regret_of_recommendation'), 1, '.3f')}",
              "  infeasible in the top: " + ", ".join(f"@{k} {v}" for k, v in ev["infeasible_in_top"].items()),
              f"  Kendall tau-b {_fmt(tau, 1, '.2f')}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
              f"  spread (slowest / fastest) {ev['spread']:.2f}" + (" - every candidate within 5%: low regret is trivial here"
