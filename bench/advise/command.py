@@ -304,7 +304,7 @@ def resume(out: Path) -> int:
             rounds.append({"dir": f"measure-{len(rounds) + 1}", "cells": cells, "why": why})
             atomic_write_json(path, state)
             by_id = {c["id"]: c for c in state["candidates"]}
-            print(f"advise: measuring again ({why}): " + ", ".join(f"{by_id[i]['label']} (run {n + 1})" for i, n in cells),
+            print(f"advise: measuring ({why}): " + ", ".join(f"{by_id[i]['label']} (run {n + 1})" for i, n in cells),
                   flush=True)
             _sweep(out / rounds[-1]["dir"], [by_id[i]["overrides"] + ([f"run.repeat={n}"] if n else []) for i, n in cells],
                    state["options"]["backend"])
@@ -451,7 +451,7 @@ def next_round(state: dict) -> tuple[list[list], str]:
     if d["measure"]:
         return [[i, 0] for i in d["measure"]], "in place of failed candidates"
     if d["repeat"]:
-        return [[i, len(by_id[i]["runs"])] for i in d["repeat"]], "the margin between the two best is within their noise"
+        return [[i, len(by_id[i]["runs"])] for i in d["repeat"]], "again: the margin between the two best is within their noise"
     return [], ""
 
 
