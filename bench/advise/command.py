@@ -284,14 +284,13 @@ def resume(out: Path) -> int:
         rank_candidates(state, results)
         chosen = [c for c in state["candidates"] if c.get("measure")]
         state["phase"] = "measure" if chosen else "done"
-        state["rounds"] = [{"dir": "measure", "cells": [[c["id"], 0] for c in chosen], "why": "first"}] if chosen else []
+        state["rounds"] = [_first_round(state)] if chosen else []
         atomic_write_json(path, state)
         _print_ranking(state)
         if chosen:
             _sweep(out / "measure", [c["overrides"] for c in chosen], state["options"]["backend"])
     while state["phase"] == "measure":
-        rounds = state.setdefault("rounds", [{"dir": "measure", "cells": [[c["id"], 0] for c in state["candidates"]
-                                                                         if c.get("measure")], "why": "first"}])
+        rounds = state.setdefault("rounds", [_first_round(state)])      # a state written before rounds
         last = rounds[-1]
         if not last.get("folded"):
             results = _finished(Path(out), last["dir"], state["options"]["backend"])
@@ -314,6 +313,10 @@ def resume(out: Path) -> int:
         atomic_write_json(path, state)
     _print_result(state, out)
     return 0
+
+
+def _first_round(state: dict) -> dict:
+    return {"dir": "measure", "cells": [[c["id"], 0] for c in state["candidates"] if c.get("measure")], "why": "first"}
 
 
 def _finished(out: Path, phase: str, backend: str) -> list[dict] | None:
@@ -444,8 +447,7 @@ def next_round(state: dict) -> tuple[list[list], str]:
     """([candidate id, repeat index] to measure next, why): failed candidates of the budget
     replaced, the two best repeated until their order is clear (bench.advise.rounds)."""
     from bench.advise.rounds import decide
-    budget = state["options"]["budget_runs"]
-    d = decide(_ranked(state), budget, _key(state), state["options"].get("repeats", 1))
+    d = decide(_ranked(state), _budget(state), _key(state), state["options"].get("repeats", 1))
     state["decision"] = d
     by_id = {c["id"]: c for c in state["candidates"]}
     if d["measure"]:
@@ -492,17 +494,16 @@ def collect(state: dict) -> None:
             by.setdefault(c["framework"], []).append(e)
     state["memory_error_by_framework"] = by
     key = _key(state)
+    state["recommendation"] = recommendation(state, key)
     if state.get("options", {}).get("evaluate") == "all":
         state["evaluation"] = evaluation(state, key)
-    state["recommendation"] = recommendation(state, key)
 
 
 def recommendation(state: dict, key: str) -> dict | None:
     """The best the advice measured (its budget, failed candidates replaced), with its margin over
     the runner-up and their run-to-run spread; a tie lists every candidate within that spread."""
     from bench.advise.rounds import decide
-    d = decide(_ranked(state), state.get("options", {}).get("budget_runs", 1 << 30), key,
-               state.get("options", {}).get("repeats", 1))
+    d = decide(_ranked(state), _budget(state), key, state.get("options", {}).get("repeats", 1))
     by_id = {c["id"]: c for c in state["candidates"]}
     best = by_id.get(d["best"])
     if best is None:
@@ -518,7 +519,12 @@ def recommendation(state: dict, key: str) -> dict | None:
 
 def _advice(state: dict) -> list[dict]:
     from bench.advise.rounds import advice_set
-    return advice_set(_ranked(state), state.get("options", {}).get("budget_runs", 1 << 30))
+    return advice_set(_ranked(state), _budget(state))
+
+
+def _budget(state: dict) -> int:
+    """The advice's budget of measured candidates (a state without options: all of them)."""
+    return state.get("options", {}).get("budget_runs", len(state["candidates"]))
 
 
 def evaluation(state: dict, key: str) -> dict:
@@ -541,7 +547,7 @@ def evaluation(state: dict, key: str) -> dict:
                 "cost": {"advice_device_s": advice_s, "grid_device_s": grid_s,
                          "advice_over_grid": advice_s / grid_s if grid_s else None,
                          "budget_fraction": budget / len(ranked)}})
-    rec = recommendation(state, key)
+    rec = state["recommendation"]
     chosen = (rec["measured_step_s"] if key == "step_s" else rec["time_to_target_s"]) if rec else None
     out["regret_of_recommendation"] = chosen / out["best_measured"] if chosen else None
     return out

@@ -14,6 +14,17 @@ from torch.utils.flop_counter import FlopCounterMode
 from bench.adapters.cost import ModelProfile, Piece
 
 
+def _saver(params: set, saved: dict, seen: set = frozenset()):
+    """A saved_tensors_hooks pack function recording {storage id: bytes} of what autograd saves,
+    parameters (not activations) and storages in `seen` left out."""
+    def pack(t: torch.Tensor):
+        base = t._base if t._base is not None else t
+        if id(t) not in params and id(base) not in params and id(base) not in seen:
+            saved[id(base)] = base.numel() * base.element_size()
+        return t
+    return pack
+
+
 def _saved_bytes(spec, batch_size: int, checkpointed: bool, dtype=torch.float32) -> tuple[int, int]:
     """(bytes saved for backward by one forward, bytes of one block's output) on meta, with the
     model's floating-point parameters in `dtype`."""
@@ -25,19 +36,12 @@ def _saved_bytes(spec, batch_size: int, checkpointed: bool, dtype=torch.float32)
         checkpoint_blocks(model)
     params = {id(p) for p in model.parameters()}
     saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        base = t._base if t._base is not None else t
-        if id(t) not in params and id(base) not in params:      # parameters are not activations
-            saved[id(base)] = base.numel() * base.element_size()
-        return t
-
     boundary = []
     blocks = model.blocks()
     hook = blocks[0].register_forward_hook(
         lambda m, i, o: boundary.append((o[0] if isinstance(o, tuple) else o).numel() * 4)) if blocks else None
     batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in example_batch(spec, batch_size, "meta").items()}
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved), lambda t: t):
         model(**batch)
     if hook is not None:
         hook.remove()
@@ -58,14 +62,8 @@ def _per_piece(spec, batch_size: int, dtype) -> list[tuple[float, int]]:
     out, seen = [], set()       # a tensor two pieces save (one's output, the next one's input) counts once
     for i, piece in enumerate(plist):
         saved: dict[int, int] = {}
-
-        def pack(t: torch.Tensor, saved=saved):
-            base = t._base if t._base is not None else t
-            if id(t) not in params and id(base) not in params and id(base) not in seen:
-                saved[id(base)] = base.numel() * base.element_size()
-            return t
         counter = FlopCounterMode(display=False)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), counter:
+        with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved, seen), lambda t: t), counter:
             x = piece(x)
             if i == len(plist) - 1:
                 loss(x, batch["labels"])
