@@ -60,9 +60,9 @@ def payload_bytes(name: str, args) -> int:
     return max((_arg_bytes(a) for a in args), default=0)
 
 
-def group_key(name: str, args, ranks_per_node: int):
+def group_key(name: str, args, node: list[int]):
     """'<ranks>@<nodes>' of the process group a c10d op runs in: its size and how many nodes
-    (blocks of `ranks_per_node` consecutive ranks) it spans. None if it cannot be told."""
+    (node[r]: rank r's node, bench/topology.py) it spans. None if it cannot be told."""
     import torch.distributed as dist
     try:
         pg = None
@@ -79,7 +79,7 @@ def group_key(name: str, args, ranks_per_node: int):
         if pg is None:
             return None
         ranks = dist.get_process_group_ranks(pg)
-        return f"{len(ranks)}@{len({r // ranks_per_node for r in ranks})}"
+        return f"{len(ranks)}@{len({node[r] for r in ranks})}"
     except Exception:   # an op layout this torch does not have: counted without a group
         return None
 
@@ -104,10 +104,10 @@ class CollectiveCounter(TorchDispatchMode):
     """Counts every c10d op dispatched on the thread that enters it, and the torch.distributed
     calls made on any other thread meanwhile (future callbacks)."""
 
-    def __init__(self, ranks_per_node: int = 1 << 30) -> None:
+    def __init__(self, node: list[int]) -> None:
         super().__init__()
         self.counter = CommCounter()
-        self.ranks_per_node = ranks_per_node
+        self.node = node          # rank -> its node
         self._lock = threading.Lock()
         self._saved: dict = {}
 
@@ -115,7 +115,7 @@ class CollectiveCounter(TorchDispatchMode):
         kind = op_kind(name)
         if kind and not name.startswith(SKIP):
             with self._lock:
-                self.counter.add(kind, payload_bytes(name, args), group=group_key(name, args, self.ranks_per_node))
+                self.counter.add(kind, payload_bytes(name, args), group=group_key(name, args, self.node))
 
     def _wrap(self, fn, op_name: str):
         import torch.distributed as dist

@@ -8,7 +8,6 @@ and rank 0 writes the result (bench/collect.py).
 """
 from __future__ import annotations
 
-import os
 import platform
 import time
 from pathlib import Path
@@ -84,8 +83,8 @@ def _probe_comm(adapter, batches, ctx) -> dict:
 
     steps = adapter.comm_probe_steps()
     adapter.comm_stats()  # reset the adapter's own counters, if it has any
-    world = dist.get_world_size()
-    probe = CollectiveCounter(adapter.per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    from bench.topology import gather_hosts, node_groups, node_of
+    probe = CollectiveCounter(node_of(adapter.node_groups or node_groups(gather_hosts())))
     written = written_bytes() if ctx.backend == "gloo" else None
     with probe:
         for _ in range(steps):

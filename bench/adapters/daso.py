@@ -1,8 +1,8 @@
 """DASO — Distributed Asynchronous and Selective Optimization (Coquelin et al. 2021), written on
 torch.distributed subgroups after Heat's reference implementation (heat.optim.DASO).
 
-Hierarchical data parallelism. Ranks form nodes of `ranks_per_node` (on one machine: groups of
-consecutive ranks). Every step, gradients are all-reduced inside the node (DDP over the node's
+Hierarchical data parallelism. Ranks form nodes: the ranks of each host (bench/topology.py),
+or blocks of `ranks_per_node` to emulate nodes on one machine. Every step, gradients are all-reduced inside the node (DDP over the node's
 process group) and every rank steps its own optimizer. Across nodes the *parameters* are
 averaged only every `global_skip` steps, by one rank per node (round-robin over the node's local
 ranks: the "selective" part), in a reduced precision (`downcast`), without blocking: the sum
@@ -27,7 +27,6 @@ is a test. With Adam it is not (the update is not linear in the gradient).
 """
 from __future__ import annotations
 
-import os
 from typing import Literal, Optional
 
 import torch
@@ -38,13 +37,14 @@ from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_lab
 from bench.adapters.cost import DTYPE_BYTES, CostModel, MiB, autocast_copies, buckets, split
 from bench.errors import ConfigError
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+from bench.topology import cross_groups, gather_hosts, node_groups, node_of
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class DASOOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    ranks_per_node: Optional[PositiveInt] = None   # null = LOCAL_WORLD_SIZE (the real node)
+    ranks_per_node: Optional[PositiveInt] = None   # null = the ranks of each host (the real node)
     warmup_steps: NonNegativeInt = 4               # blocking global average every step
     cooldown_steps: NonNegativeInt = 4
     max_global_skips: PositiveInt = 8
@@ -150,19 +150,18 @@ class DASOAdapter(Adapter):
     def setup(self, build_model, build_optimizer) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        o, world, rank = self.options, self.ctx.world_size, self.ctx.rank
-        self.per_node = o.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        if world % self.per_node:
-            raise ConfigError(f"ranks per node {self.per_node} does not divide the world size {world}")
-        self.nodes, self.local = world // self.per_node, rank % self.per_node
-        node = rank // self.per_node
+        o, rank = self.options, self.ctx.rank
+        # the nodes: ranks grouped by their host (whatever order the launcher numbered them in),
+        # or that one host's ranks cut into blocks of ranks_per_node to emulate nodes
+        self.node_groups = node_groups(gather_hosts(), o.ranks_per_node)
+        self.per_node, self.nodes = len(self.node_groups[0]), len(self.node_groups)
+        node = node_of(self.node_groups)[rank]
+        self.node_ranks = self.node_groups[node]
+        self.local = self.node_ranks.index(rank)
         # every rank creates every group, in the same order (torch.distributed requires it)
-        node_groups = [dist.new_group(list(range(n * self.per_node, (n + 1) * self.per_node)))
-                       for n in range(self.nodes)]
-        global_groups = [dist.new_group([n * self.per_node + i for n in range(self.nodes)])
-                         for i in range(self.per_node)]
-        self.node_group, self.node_ranks = node_groups[node], list(range(node * self.per_node, (node + 1) * self.per_node))
-        self.global_groups = global_groups
+        groups = [dist.new_group(g) for g in self.node_groups]
+        self.global_groups = [dist.new_group(g) for g in cross_groups(self.node_groups)]
+        self.node_group = groups[node]
         model = build_model().to(self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
         self.model = DDP(model, process_group=self.node_group,
@@ -276,7 +275,7 @@ class DASOAdapter(Adapter):
         o = self.options
         return {"version": torch.__version__, "native_config": {
             "implementation": "ddlbench DASO on torch.distributed subgroups (after heat.optim.DASO)",
-            "ranks_per_node": self.per_node, "nodes": self.nodes,
+            "ranks_per_node": self.per_node, "nodes": self.nodes, "node_groups": self.node_groups,
             "local_sync": "torch DDP over the node's process group, every step",
             "global_sync": f"all-reduce of parameters in {o.downcast} among one rank per node (round-robin)",
             "warmup_steps": o.warmup_steps, "cooldown_steps": o.cooldown_steps,

@@ -8,7 +8,6 @@ hybrid sharding uses a 2-D (replicate, shard) DeviceMesh.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Literal, Optional
 
 import torch
@@ -19,6 +18,7 @@ from bench.adapters.cost import DTYPE_BYTES, CostModel, split
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+from bench.topology import gather_hosts, node_groups
 from models.spec import checkpoint_blocks
 
 
@@ -104,19 +104,17 @@ class FSDP2Adapter(Adapter):
                     "needs a sharded gradient scaler, which this adapter does not wire")
         return None
 
-    def _shard_world(self) -> int:
-        o = self.options
-        if not o.hybrid:
-            return self.ctx.world_size
-        return o.hybrid_shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", self.ctx.world_size))
-
     def _mesh(self):
-        from torch.distributed.device_mesh import init_device_mesh
-        h, world = self._shard_world(), self.ctx.world_size
+        """1-D over the world, or hybrid: rows are shard groups (the ranks of a node, or
+        hybrid_shard_size ranks in host order: bench/topology.py), columns replicate across them."""
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+        world = self.ctx.world_size
         if not self.options.hybrid:
             return init_device_mesh(self.ctx.device.type, (world,), mesh_dim_names=("dp_shard",))
-        return init_device_mesh(self.ctx.device.type, (world // h, h),
-                                mesh_dim_names=("dp_replicate", "dp_shard"))
+        self.node_groups = node_groups(gather_hosts(), self.options.hybrid_shard_size)
+        self.per_node = len(self.node_groups[0])
+        return DeviceMesh(self.ctx.device.type, torch.tensor(self.node_groups),
+                          mesh_dim_names=("dp_replicate", "dp_shard"))
 
     def setup(self, build_model, build_optimizer) -> None:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -181,7 +179,7 @@ class FSDP2Adapter(Adapter):
         # At rest FSDP2 keeps fp32 sharded parameters, gradients and optimizer states (bf16
         # copies exist only transiently for unsharded units).
         return model_state_bytes_per_rank(
-            params, self._shard_world(), param_bytes=4, grad_bytes=4,
+            params, self.per_node or self.ctx.world_size, param_bytes=4, grad_bytes=4,
             optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
             shard_optim=True, shard_grads=True, shard_params=True)
 
@@ -208,7 +206,8 @@ class FSDP2Adapter(Adapter):
         o = self.options
         native = {
             "api": "torch.distributed.fsdp.fully_shard (FSDP2)",
-            "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
+            "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names),
+                     "ranks": self.mesh.mesh.tolist()},
             "reshard_after_forward": o.reshard_after_forward,
             "wrap": o.wrap, "fsdp_units": self.units,
             "fp32_batch_norm_units": len(self.fp32_units),
