@@ -1,4 +1,9 @@
 """Node groups follow the hosts the ranks run on (bench/topology.py), by hand."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from bench.errors import ConfigError
@@ -28,3 +33,43 @@ def test_uneven_nodes_are_refused():
         node_groups(["a", "a", "b"])
     with pytest.raises(ConfigError, match="does not divide the world size 4"):
         node_groups(["h"] * 4, 3)
+
+
+def test_the_lost_node_is_the_same_from_both_sides_of_a_dead_link():
+    from bench.launch.liveness import lost_nodes
+    hosts = ["n1", "n2", "n1", "n2"]
+    # from n1 (its network up): both ranks on n2 unreachable -> n2
+    assert lost_nodes(hosts, ["self", "unreachable", "up", "unreachable"], 0, True) == ["n2"]
+    # from n2 (its own interface down): everything unreachable -> its own node
+    assert lost_nodes(hosts, ["unreachable", "self", "unreachable", "up"], 1, False) == ["n2"]
+    # a rank that exited on a reachable host is not a lost node
+    assert lost_nodes(hosts, ["self", "refused", "up", "unreachable"], 0, True) == []
+
+
+def test_a_beacon_answers_and_a_closed_port_refuses():
+    import socket
+    import threading
+
+    from bench.launch.liveness import _accept_forever, knock
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        threading.Thread(target=_accept_forever, args=(s,), daemon=True).start()
+        assert knock("127.0.0.1", s.getsockname()[1], 2.0) == "up"
+        assert knock("127.0.0.1", s.getsockname()[1], 2.0) == "up"      # the beacon keeps answering
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]                                       # bound, not listening
+        assert knock("127.0.0.1", port, 2.0) == "refused"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+def test_own_network_is_read_in_the_processes_namespace():
+    """In a fresh network namespace: only loopback -> down; a veth pair up -> up; one end
+    taken down -> down (no carrier on the other)."""
+    py = f"{sys.executable} -c 'from bench.launch.liveness import own_network_up as f; print(f())'"
+    veth = "ip link add name va type veth peer name vb && ip link set va up && ip link set vb up"
+    script = f"{py} && {veth} && {py} && ip link set vb down && {py}"
+    out = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.split() == ["False", "True", "False"], out.stderr

@@ -110,6 +110,9 @@ def slurm_conf(plan: Plan, mem_mb: int) -> str:
         f"AccountingStorageHost={plan.head}", f"AccountingStoragePort={plan.ports['slurmdbd']}",
         "JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherFrequency=5",
         "MinJobAge=300", "KillWait=5", "InactiveLimit=0",
+        # a node whose slurmd does not answer for 30 s is DOWN and its jobs end (NODE_FAIL), as on
+        # a real cluster (default 300 s); a node lost mid-run then leaves nothing waiting on it
+        "SlurmdTimeout=30",
     ]
     out += [f"NodeName={n.name} NodeAddr={n.addr} CPUs={len(n.cores)} RealMemory={mem_mb} State=UNKNOWN"
             for n in plan.nodes]

@@ -127,9 +127,16 @@ def _record_failure(plan: Plan, run_dir: Path, rank: int, exc: BaseException) ->
     if path.exists() and load_result(path).get("status") == "ok":
         return
     import socket
-    host = socket.gethostname()     # across nodes, which host's rank failed (a node lost, a link down)
+
+    from bench.launch import liveness
+    host = socket.gethostname()     # across nodes, which host's rank failed, and which node was lost
+    diagnosis = liveness.diagnose()
+    message = f"rank {rank} on {host}: {str(exc) or type(exc).__name__}"
+    if diagnosis:
+        message = f"{liveness.summary(diagnosis)}; {message}"
     record = empty_record(run_dir.name, plan.raw, status="failed", precision=plan.cfg.run.precision)
-    record["error"] = error_info(type(exc).__name__, f"rank {rank} on {host}: {str(exc) or type(exc).__name__}",
-                                 rank, host=host, traceback="".join(traceback.format_exception(exc))[-4000:])
+    record["error"] = error_info(type(exc).__name__, message, rank, host=host,
+                                 lost_nodes=diagnosis["lost_nodes"] if diagnosis else None, peers=diagnosis,
+                                 traceback="".join(traceback.format_exception(exc))[-4000:])
     record["parallel"] = plan.dims.as_dict()
     write_result(run_dir, record)

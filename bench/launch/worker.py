@@ -49,6 +49,9 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     baseline_rss = peak_rss_bytes()
     dist.init_process_group(backend, timeout=timedelta(seconds=plan.cfg.run.pg_timeout_s))
     events.mark(run_dir_p, "process_group", dist.get_rank())
+    if dist.get_world_size() > 1:
+        from bench.launch import liveness
+        liveness.start(dist.get_rank())    # so a failure can tell which node was lost
     from bench.launch.stop import install_rank_handler
     install_rank_handler(run_dir, dist.get_rank(), _srun_stop(plan, run_dir_p, dist.get_rank()))
     # SIGUSR1: save the series so far, exit
