@@ -166,6 +166,23 @@ def test_node_groups_follow_the_nodes(box, tmp_path, framework):
 
 
 @pytest.mark.slow
+def test_a_slurm_sweep_whose_cells_span_two_nodes(box, tmp_path):
+    """`bench sweep --backend slurm` with launcher=slurm cells of 2 ranks on 2 nodes: the array
+    task asks for 2 nodes x 2 tasks and starts the cell's ranks with srun; every cell's record
+    has a rank on each node and the cluster's network."""
+    sweep = tmp_path / "sweep"
+    proc = login(BENCH, "sweep", "--backend", "slurm", "--dir", str(sweep), "launcher=slurm", "launcher.nodes=2",
+                 "launcher.nproc=2", "framework=ddp,daso", "model=gpt2_tiny", "debug=fast")
+    assert proc.returncode == 0 and "2 node(s) x 2 task(s)" in proc.stdout, proc.stdout + proc.stderr
+    wait_for(lambda: "2 cells: 2 ok" in login(BENCH, "sweep", "status", str(sweep)).stdout, 180, "both cells ok")
+    records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/result.json"))]
+    assert sorted(r["framework"]["name"] for r in records) == ["daso", "ddp"]
+    for rec in records:
+        assert rec["env"]["rank_hosts"] == ["n1", "n2"] and rec["parallel"]["nodes"] == 2
+        assert rec["env"]["network"]["description"]["name"] == f"cluster_{NAME}"
+
+
+@pytest.mark.slow
 def test_a_two_node_run_is_priced_on_the_link_it_ran_on(box, tmp_path):
     """The projection check (bench report, bench project) prices a run's collectives on the
     network it recorded: DDP's all-reduce over the 100 Mbit/s link between n1 and n2 (by hand:

@@ -120,3 +120,19 @@ def test_sweep_cli_errors(tmp_path):
     proc = bench("sweep", "--dir", str(tmp_path / "logs_%A"), "debug=fast")
     assert proc.returncode == 2 and "'%' is not allowed in a sweep directory" in proc.stderr
     assert not (tmp_path / "logs_%A").exists()
+
+
+def test_an_array_task_asks_slurm_for_its_cells_shape():
+    from types import SimpleNamespace as L
+
+    from bench.sweep.slurm import Shape, cell_shape
+    from bench.sweep.task import srun_command
+    # the local launcher: one task holding every rank, a CPU per rank
+    assert cell_shape(L(name="local", nproc=4, nodes=1), 2) == Shape(1, 1, 8)
+    # launcher=slurm: a task per rank on its nodes, started by srun inside the array task
+    two = L(name="slurm", nproc=4, nodes=2)
+    assert cell_shape(two, 1) == Shape(2, 4, 1)
+    assert Shape(2, 4, 1).sbatch_args() == ["--nodes=2", "--ntasks=4", "--cpus-per-task=1"]
+    cmd = srun_command(two, ["framework=ddp", "run.dir='/x'"])
+    assert cmd[:4] == ["srun", "--nodes=2", "--ntasks=4", "--kill-on-bad-exit=1"]
+    assert cmd[-4:] == ["bench.cli", "run", "framework=ddp", "run.dir='/x'"]

@@ -16,14 +16,23 @@ from bench.sweep.cells import expand
 UNSAFE_DIR = re.compile(r"[%\x00-\x1f\x7f]|\$\{")
 
 
-def _slurm_shape(cells, cpus_per_rank: int) -> tuple[int, int]:
-    """(cpus per array task, minutes): the largest cell's ranks x cpus_per_rank; the longest
-    wall-clock bound among cells plus 5 minutes for start-up and the result."""
+def _slurm_minutes(cells) -> int:
+    """The array's time limit: the longest wall-clock bound among cells plus 5 minutes for
+    start-up and the result."""
     from bench.config import plan_from_overrides
-    plans = [plan_from_overrides(c.overrides) for c in cells]
-    cpus = max(p.cfg.launcher.nproc for p in plans) * cpus_per_rank
-    minutes = math.ceil(max(p.cfg.run.timeout_s for p in plans) / 60) + 5
-    return cpus, minutes
+    return math.ceil(max(plan_from_overrides(c.overrides).cfg.run.timeout_s for c in cells) / 60) + 5
+
+
+def _slurm_arrays(cells, indices: list[int], cpus_per_rank: int) -> dict:
+    """Array tasks grouped by what each asks Slurm for (bench.sweep.slurm.cell_shape): one job
+    array per shape, so a cell spanning two nodes gets two nodes and a 1-rank cell one CPU."""
+    from bench.config import plan_from_overrides
+    from bench.sweep.slurm import cell_shape
+    groups: dict = {}
+    for i in indices:
+        shape = cell_shape(plan_from_overrides(cells[i].overrides).cfg.launcher, cpus_per_rank)
+        groups.setdefault(shape, []).append(i)
+    return groups
 
 
 def start(args) -> int:
@@ -42,9 +51,8 @@ def start_cells(sweep_dir: Path, cells: list, meta: dict, backend: str, cpus_per
     """Write the manifest of `cells` (validated) and run them (local) or submit them (Slurm)."""
     meta = {"created": _dt.datetime.now().astimezone().isoformat(), **meta, "backend": backend, "jobs": []}
     if backend == "slurm":
-        cpus, minutes = _slurm_shape(cells, cpus_per_rank)
-        meta["slurm"] = {"cpus_per_task": cpus, "time_limit_min": minutes, "throttle": throttle,
-                         "job_name": job_name}
+        meta["slurm"] = {"cpus_per_rank": cpus_per_rank, "time_limit_min": _slurm_minutes(cells),
+                         "throttle": throttle, "job_name": job_name}
     try:
         manifest.create(sweep_dir, cells, meta)
     except FileExistsError as exc:
@@ -61,14 +69,17 @@ def _launch(sweep_dir: Path, meta: dict, indices: list[int]) -> int:
         return 0 if all(c == 0 for c in codes.values()) else 1
     from bench.sweep import slurm
     s = meta["slurm"]
-    try:
-        job = slurm.submit(sweep_dir, indices, cpus_per_task=s["cpus_per_task"], time_limit_min=s["time_limit_min"],
-                           throttle=s["throttle"], job_name=s["job_name"])
-    except slurm.SlurmError as exc:
-        raise ConfigError(str(exc)) from None
-    meta["jobs"].append(job)
-    atomic_write_json(sweep_dir / manifest.META, meta)
-    print(f"submitted job array {job} ({len(indices)} tasks); follow with: bench sweep status {sweep_dir}")
+    arrays = _slurm_arrays(manifest.read(sweep_dir), indices, s.get("cpus_per_rank", 1))
+    for shape, group in arrays.items():
+        try:
+            job = slurm.submit(sweep_dir, group, shape=shape, time_limit_min=s["time_limit_min"],
+                               throttle=s["throttle"], job_name=s["job_name"])
+        except slurm.SlurmError as exc:
+            raise ConfigError(str(exc)) from None
+        meta["jobs"].append(job)
+        atomic_write_json(sweep_dir / manifest.META, meta)
+        print(f"submitted job array {job} ({len(group)} tasks, {shape.nodes} node(s) x {shape.ntasks} task(s) x "
+              f"{shape.cpus_per_task} CPU(s) each); follow with: bench sweep status {sweep_dir}")
     return 0
 
 

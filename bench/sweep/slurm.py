@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.errors import ConfigError
@@ -52,14 +53,34 @@ def write_script(sweep_dir: Path, workdir: Path) -> Path:
     return path
 
 
-def submit(sweep_dir: Path, indices: list[int], *, cpus_per_task: int, time_limit_min: int,
+@dataclass(frozen=True)
+class Shape:
+    """What one array task asks Slurm for."""
+    nodes: int
+    ntasks: int
+    cpus_per_task: int
+
+    def sbatch_args(self) -> list[str]:
+        return [f"--nodes={self.nodes}", f"--ntasks={self.ntasks}", f"--cpus-per-task={self.cpus_per_task}"]
+
+
+def cell_shape(launcher, cpus_per_rank: int) -> Shape:
+    """A cell with the local launcher: one task on one node holding all its ranks. A cell with
+    launcher=slurm (launcher.nodes, launcher.nproc): one task per rank on that many nodes, which
+    the array task starts with srun (bench/sweep/task.py)."""
+    if launcher.name == "slurm":
+        return Shape(launcher.nodes, launcher.nproc, cpus_per_rank)
+    return Shape(1, 1, launcher.nproc * cpus_per_rank)
+
+
+def submit(sweep_dir: Path, indices: list[int], *, shape: Shape, time_limit_min: int,
            throttle: int | None, job_name: str, extra: list[str] = ()) -> str:
     if not re.fullmatch(r"[\w.-]{1,64}", job_name):
         raise ConfigError(f"--job-name {job_name!r}: use letters, digits, '.', '_' or '-'")
     script = write_script(sweep_dir, Path.cwd())
     (sweep_dir / "logs").mkdir(exist_ok=True)
     cmd = ["sbatch", "--parsable", f"--array={array_spec(indices, throttle)}", f"--job-name={job_name}",
-           f"--output={sweep_dir.resolve()}/logs/%A_%a.out", f"--cpus-per-task={cpus_per_task}",
+           f"--output={sweep_dir.resolve()}/logs/%A_%a.out", *shape.sbatch_args(),
            f"--time={time_limit_min}", *extra, str(script)]
     return _call(cmd).strip().split(";")[0]
 

@@ -9,6 +9,7 @@ import fcntl
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,11 +65,33 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
         run_dir = manifest.cell_dir(sweep_dir, cell)
         archive_attempt(sweep_dir, run_dir)
         args = [*cell.overrides, quoted_override("run.dir", str(run_dir)), "run.progress=false"]
-        preload_for(cell.overrides)
-        # the child inherits the locked descriptor (and passes it on to its ranks)
-        proc = Forked(lambda: _bench_in_child(args, extra_env or {}))
+        launcher = _launcher(cell.overrides)
+        if launcher is not None and launcher.name == "slurm":
+            # a cell of launcher.nproc ranks on launcher.nodes nodes: one srun task per rank, in
+            # this array task's allocation (bench.sweep.slurm.cell_shape asked for it)
+            proc = subprocess.Popen(srun_command(launcher, args), env={**os.environ, **(extra_env or {})})
+        else:
+            preload_for(cell.overrides)
+            # the child inherits the locked descriptor (and passes it on to its ranks)
+            proc = Forked(lambda: _bench_in_child(args, extra_env or {}))
         with ForwardUsr1(proc, group=False):   # `#SBATCH --signal=B:USR1@...` reaches this process
             return proc.wait()
+
+
+def srun_command(launcher, args: list[str]) -> list[str]:
+    """The ranks of a launcher=slurm cell: `bench run` in each of launcher.nproc srun tasks on
+    launcher.nodes nodes; one rank failing ends the others."""
+    return ["srun", f"--nodes={launcher.nodes}", f"--ntasks={launcher.nproc}", "--kill-on-bad-exit=1",
+            sys.executable, "-m", "bench.cli", "run", *args]
+
+
+def _launcher(overrides: list[str]):
+    """The cell's launcher config, or None when its config is bad (left to fail in the run)."""
+    from bench.config import plan_from_overrides
+    try:
+        return plan_from_overrides(overrides).cfg.launcher
+    except ConfigError:
+        return None
 
 
 def preload_for(overrides: list[str]) -> None:
