@@ -249,7 +249,8 @@ def _write(raw: dict, opts: dict, out: Path, world: int) -> int:
 
 
 def _fitted_network_file(record: dict, opts: dict, out: Path) -> Path | None:
-    """<out>/network.yaml: the base network with the all-reduce fit, where a base is named."""
+    """<out>/network.yaml: the base network with the all-reduce fit (and every other kind's fit
+    under `kinds`), where a base is named."""
     base_name = opts["network"] or os.environ.get("DDLBENCH_NETWORK")
     fit = next((f for f in record["fits"] if f["kind"] == "all_reduce" and "error" not in f), None)
     if not base_name or fit is None:
@@ -260,7 +261,7 @@ def _fitted_network_file(record: dict, opts: dict, out: Path) -> Path | None:
     from bench.network.model import load
     base = yaml.safe_load(Path(load(base_name).source).read_text())
     path = out / "network.yaml"
-    path.write_text(yaml.safe_dump(fitted_network(base, fit, record["world_size"]), sort_keys=False))
+    path.write_text(yaml.safe_dump(fitted_network(base, fit, record["world_size"], record["fits"]), sort_keys=False))
     return path
 
 

@@ -57,13 +57,24 @@ def srun_bench(run_dir: Path, nodes: int, *overrides: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"status": "no result", "error": {"message": str(run_dir)}}
 
 
-def commbench(out: Path) -> dict:
+def commbench(out: Path, rate: str) -> dict:
     if not (RESUME["on"] and (out / "commbench.json").exists()):
         proc = login("srun", "-N2", "--ntasks-per-node=1", BENCH, "commbench", "launcher=slurm",
-                     "sizes=[262144,1048576,4194304]", "iters=3", "warmup=1", f"out={out}")
+                     "sizes=[262144,1048576,4194304]", "iters=5", "warmup=1", f"out={out}")
         if proc.returncode != 0:
             raise SystemExit(f"commbench failed: {proc.stderr[-2000:]}")
-    return json.loads((out / "commbench.json").read_text())
+    record = json.loads((out / "commbench.json").read_text())
+    # the fitted network from the measurements, by this code's fit (a resumed sweep's earlier
+    # network.yaml may predate per-kind fits): the cluster's description, the link priced by
+    # the all-reduce fit, every other kind by its own
+    import yaml
+
+    from bench.cluster.plan import make_plan, network_description
+    from bench.network.fit import fitted_network
+    base = network_description(make_plan(2, rate, [0, 1], "-", NAME))
+    fit = next(f for f in record["fits"] if f["kind"] == "all_reduce")
+    (out / "network.yaml").write_text(yaml.safe_dump(fitted_network(base, fit, 2, record["fits"]), sort_keys=False))
+    return record
 
 
 def predictions(rec: dict, one: dict, fitted_path: Path) -> dict:
@@ -118,7 +129,7 @@ def sweep(out: Path, rates: list[str], frameworks: list[str], quality: bool) -> 
         up(rate)
         try:
             t0 = time.monotonic()
-            cb = commbench(out / rate / "commbench")
+            cb = commbench(out / rate / "commbench", rate)
             fit = next(f for f in cb["fits"] if f["kind"] == "all_reduce")
             doc["commbench"][rate] = {"hosts": cb["hosts"], "all_reduce_fit": fit}
             for fw in frameworks:

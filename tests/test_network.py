@@ -198,3 +198,29 @@ def test_alpha_beta_fit_in_the_models_terms():
     assert fitted["dimensions"][0] == cluster["dimensions"][0] and fitted["name"] == "cluster_box_fitted"
     from bench.network.model import from_dict
     assert from_dict(fitted).dims[1].bandwidth == pytest.approx(1e8)
+
+
+def test_each_collective_kind_is_priced_by_its_own_fit():
+    """gloo's reduce-scatter moves as much as an all-reduce: on the cluster's 100 Mbit/s link
+    commbench fits all-reduce at 12.0 MB/s and reduce-scatter at 6.0 MB/s in the ring model's
+    terms. The fitted network keeps the second under `kinds`, and the model prices a 2-rank
+    reduce-scatter of 6 MB at (1/2 x 6 MB) / 6 MB/s = 0.5 s (the ring model at the link's
+    12 MB/s: 0.25 s); every other kind stays on the link's fit."""
+    from bench.network.fit import fitted_network
+    from bench.network.model import collective_time, from_dict, kind_spans
+    from bench.network.project import spans_for
+    cluster = {"name": "cluster_box", "dimensions": [
+        {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 100.0},
+        {"name": "link", "size": 2, "bandwidth_GBps": 0.0125, "latency_us": 100.0}]}
+    ar = {"kind": "all_reduce", "world_size": 2, "alpha_s": 0.0, "bandwidth_Bps": 12e6, "sizes": [1, 2]}
+    rs = {"kind": "reduce_scatter", "world_size": 2, "alpha_s": 0.0, "bandwidth_Bps": 6e6, "sizes": [1, 2]}
+    bad = {"kind": "broadcast", "world_size": 2, "error": "no fit"}
+    fitted = fitted_network(cluster, ar, 2, [ar, rs, bad])
+    assert fitted["kinds"] == {"reduce_scatter": {"link": {"bandwidth_GBps": 0.006, "latency_us": 0.0}}}
+    net = from_dict(fitted)
+    spans = spans_for("world", net, 2)
+    t_rs, _ = collective_time("reduce_scatter", 6e6, kind_spans(net, "reduce_scatter", spans), "ring")
+    t_ag, _ = collective_time("all_gather", 6e6, kind_spans(net, "all_gather", spans), "ring")
+    assert t_rs == pytest.approx(0.5) and t_ag == pytest.approx(0.25)
+    assert kind_spans(net, "all_gather", spans) == spans
+    assert "kinds" not in fitted_network(cluster, ar, 2)

@@ -24,7 +24,7 @@ import math
 
 from bench.adapters.cost import CostModel, Traffic
 from bench.advise.memory import Layout
-from bench.network.model import Network, collective_time
+from bench.network.model import Network, collective_time, kind_spans
 
 
 def compute_at(micro_batch: int, calibration: dict[int, float]) -> float:
@@ -60,7 +60,8 @@ def spans(network: Network, ranks: int, stride: int) -> list:
 def comm_seconds(items: tuple[Traffic, ...] | list[Traffic], network: Network, algorithm: str = "best") -> tuple[float, dict]:
     total, parts = 0.0, {}
     for c in items:
-        t, alg = collective_time(c.kind, c.bytes, spans(network, c.ranks, c.stride), algorithm)
+        t, alg = collective_time(c.kind, c.bytes, kind_spans(network, c.kind, spans(network, c.ranks, c.stride)),
+                                 algorithm)
         t *= c.count
         total += t
         key = f"{c.kind} x{c.count:g} over {c.ranks} ({alg})"

@@ -64,18 +64,27 @@ def fits(rows: list[dict], world: int) -> list[dict]:
     return out
 
 
-def fitted_network(base: dict, fit: dict, world: int) -> dict:
+def fitted_network(base: dict, fit: dict, world: int, others: list[dict] = ()) -> dict:
     """`base` (a conf/network description, as loaded from yaml) with the dimension that the fit's
     ranks spanned given the fit's latency and bandwidth: the outermost dimension the world
-    crosses when it fills the network innermost-first (one rank per node on a cluster: the link)."""
+    crosses when it fills the network innermost-first (one rank per node on a cluster: the link).
+    `others`: fits of other collective kinds at the same world size, kept under `kinds` for that
+    dimension (bench.network.model.kind_spans prices each kind by its own fit: gloo's
+    reduce-scatter, for one, moves as much as an all-reduce, half the ring model's bandwidth)."""
     from bench.network.model import from_dict, layout
     used = layout(from_dict(base), world)
     spanned = max((i for i, n in enumerate(used) if n > 1), default=0)
     dims = [dict(d) for d in base["dimensions"]]
-    dims[spanned].update(bandwidth_GBps=float(f"{fit['bandwidth_Bps'] / 1e9:.6g}"),
-                         latency_us=float(f"{fit['alpha_s'] * 1e6:.6g}"))
+    dims[spanned].update(bandwidth_GBps=_g(fit["bandwidth_Bps"] / 1e9), latency_us=_g(fit["alpha_s"] * 1e6))
+    kinds = {f["kind"]: {dims[spanned]["name"]: {"bandwidth_GBps": _g(f["bandwidth_Bps"] / 1e9),
+                                                 "latency_us": _g(f["alpha_s"] * 1e6)}}
+             for f in others if "error" not in f and f["kind"] != fit["kind"] and f["world_size"] == world}
     return {**base, "name": f"{base.get('name', 'network')}_fitted", "dimensions": dims,
             "description": f"{base.get('description', '')} -- dimension '{dims[spanned]['name']}' fitted by "
                            f"bench commbench ({fit['kind']}, {world} ranks, sizes {fit['sizes'][0]}.."
-                           f"{fit['sizes'][-1]} B)".strip(" -"),
-            "source": "bench commbench (alpha-beta least squares)"}
+                           f"{fit['sizes'][-1]} B)".strip(" -") + (f"; per-kind fits: {', '.join(kinds)}" if kinds else ""),
+            "source": "bench commbench (alpha-beta least squares)", **({"kinds": kinds} if kinds else {})}
+
+
+def _g(x: float) -> float:
+    return float(f"{x:.6g}")

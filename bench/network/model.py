@@ -166,6 +166,16 @@ def flat(kind: str, algorithm: str, b: float, spans: list[tuple[int, Dimension]]
     raise ValueError(f"no flat model for {kind}")
 
 
+def kind_spans(network: Network, kind: str, spans: list[tuple[int, Dimension]]) -> list[tuple[int, Dimension]]:
+    """`spans` with each dimension that a per-kind fit priced (the network's `kinds`:
+    {kind: {dimension: {bandwidth_GBps, latency_us}}}, written by bench commbench) at that kind's
+    fitted bandwidth and latency; the others as described."""
+    fitted = (network.meta.get("kinds") or {}).get(kind) or {}
+    return [(n, Dimension(d.name, d.size, float(fitted[d.name]["bandwidth_GBps"]) * GB,
+                          float(fitted[d.name]["latency_us"]) * 1e-6, d.cost_per_GBps) if d.name in fitted else d)
+            for n, d in spans]
+
+
 def collective_time(kind: str, b: float, spans: list[tuple[int, Dimension]], algorithm: str = "best") -> tuple[float, str]:
     """(seconds, algorithm used) for one collective of `kind` over the ranks `spans` describes:
     [(ranks along dimension i, dimension i)]. 'best' = the fastest of ring, tree, hierarchical."""

@@ -12,7 +12,7 @@ Scaling efficiency = throughput per device / one device's throughput without com
 """
 from __future__ import annotations
 
-from bench.network.model import Dimension, Network, collective_time, layout
+from bench.network.model import Dimension, Network, collective_time, kind_spans, layout
 from bench.network.workload import Collective, Workload
 
 
@@ -45,7 +45,7 @@ def comm_time(work: Workload, network: Network, devices: int, algorithm: str = "
     total, parts = 0.0, {}
     for c in work.collectives:
         spans = measured_spans(c, network) if measured_groups else spans_for(c.scope, network, devices)
-        t, alg = collective_time(c.kind, c.bytes, spans, algorithm)
+        t, alg = collective_time(c.kind, c.bytes, kind_spans(network, c.kind, spans), algorithm)
         total += t
         key = f"{c.kind}/{c.scope} ({alg})"
         parts[key] = parts.get(key, 0.0) + t
