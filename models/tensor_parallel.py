@@ -37,7 +37,7 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor 
             transposed: bool = False) -> nn.Linear:
     """nn.Linear with the given (out, in) weight, rows optionally permuted. It carries
     `canonical_layout` = (rows, transposed), how to put its parameters back in the layout of the
-    module it replaced (bench.adapters.base.canonical_parameters: fingerprints compare with DDP's)."""
+    module it replaced (bench.adapters.common.canonical_parameters: fingerprints compare with DDP's)."""
     out_f, in_f = weight.shape
     lin = nn.Linear(in_f, out_f, bias=bias is not None, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():

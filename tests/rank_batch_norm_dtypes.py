@@ -17,7 +17,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import models  # noqa: E402
-from bench.adapters.base import RankContext, batch_norms  # noqa: E402
+from bench.adapters.base import RankContext  # noqa: E402
+from bench.adapters.common import batch_norms  # noqa: E402
 from bench.config import plan_from_overrides  # noqa: E402
 from bench.optim import build_optimizer_factory  # noqa: E402
 from bench.quality import batch_source  # noqa: E402

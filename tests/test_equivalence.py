@@ -122,7 +122,7 @@ def assert_same_params(a: list, b: list, rel: float, loose: set[int] = frozenset
 def test_the_fingerprint_sees_moved_values():
     """A permuted parameter (e.g. Q, K, V blocks in another order) has the same sum, sum of
     squares and sum of |x|; only the position-weighted sum tells, and the check fails on it."""
-    from bench.adapters.base import param_row
+    from bench.adapters.common import param_row
     w = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
     moved = torch.cat([w[2:4], w[0:2], w[4:6]])
     a, b = param_row(w), param_row(moved)

@@ -63,7 +63,7 @@ def test_converted_parameters_map_back_to_the_original_layout():
     fingerprint puts them back, so a layout bug shows against DDP instead of hiding."""
     from transformers.pytorch_utils import Conv1D
 
-    from bench.adapters.base import canonical_parameters
+    from bench.adapters.common import canonical_parameters
     from models.tensor_parallel import _from_conv1d
     conv = Conv1D(12, 4)                      # W: 4 x 12 ([q | k | v], width 4)
     with torch.no_grad():

@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut
+from bench.adapters.common import forward_backward, taxonomy_labels
 from bench.adapters.cost import DTYPE_BYTES, CostModel, MiB, autocast_copies, buckets, split
 from bench.errors import ConfigError
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param

@@ -13,7 +13,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut
+from bench.adapters.common import forward_backward, taxonomy_labels
 from bench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm

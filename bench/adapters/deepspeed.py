@@ -16,7 +16,8 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, batch_norms, param_row, split_micro, taxonomy_labels, unwrap
+from bench.adapters.base import Adapter, StepOut
+from bench.adapters.common import batch_norms, param_row, split_micro, taxonomy_labels, unwrap
 from bench.adapters.cost import DTYPE_BYTES, CostModel, buckets, low, split
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param

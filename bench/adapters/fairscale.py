@@ -13,7 +13,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.adapters.base import Adapter, StepOut, forward_backward, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut
+from bench.adapters.common import forward_backward, taxonomy_labels
 from bench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param

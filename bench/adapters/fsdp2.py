@@ -13,7 +13,8 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
-from bench.adapters.base import Adapter, StepOut, batch_norms, forward_backward, fsdp2_no_sync, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut
+from bench.adapters.common import batch_norms, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.adapters.cost import DTYPE_BYTES, CostModel, split
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm

@@ -13,7 +13,8 @@ from typing import ClassVar, Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from bench.adapters.base import Adapter, StepOut, autocast, split_micro, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut
+from bench.adapters.common import autocast, split_micro, taxonomy_labels
 from bench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from bench.metrics.comm import AnalyticComm, CommCounter
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param

@@ -27,7 +27,8 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
-from bench.adapters.base import Adapter, StepOut, autocast, canonical_parameters, param_row, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut
+from bench.adapters.common import autocast, canonical_parameters, param_row, taxonomy_labels
 from bench.adapters.cost import DTYPE_BYTES, CostModel, Share, autocast_copies, split
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError

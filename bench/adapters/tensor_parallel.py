@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from bench.adapters.base import Adapter, StepOut, autocast, forward_backward, fsdp2_no_sync, taxonomy_labels
+from bench.adapters.base import Adapter, StepOut
+from bench.adapters.common import autocast, forward_backward, fsdp2_no_sync, taxonomy_labels
 from bench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, split
 from bench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from bench.errors import ConfigError

@@ -32,7 +32,8 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     import torch.distributed as dist
 
     from bench import runner
-    from bench.adapters.base import RankContext, peak_rss_bytes
+    from bench.adapters.base import RankContext
+    from bench.adapters.common import peak_rss_bytes
     from bench.config import validate
 
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)   # the agent ignores it; a rank must not
