@@ -43,7 +43,7 @@ def test_every_adapter_member_the_harness_reads_is_declared_on_the_base():
     ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", precision="fp32")
     declared = Adapter(plan.options, ctx, plan.dims)
     members = read_members()
-    assert {"train_step", "setup", "per_node", "dp_rank", "params", "busy_probe", "launch"} <= set(members), members
+    assert {"train_step", "setup", "node_groups", "dp_rank", "params", "busy_probe", "launch"} <= set(members), members
     missing = {m: files for m, files in members.items() if not hasattr(declared, m)}
     assert not missing, f"read from adapters but not declared on bench.adapters.base.Adapter: {missing}"
 

@@ -73,3 +73,20 @@ def test_own_network_is_read_in_the_processes_namespace():
     out = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.split() == ["False", "True", "False"], out.stderr
+
+
+def test_a_timeout_names_the_ranks_work_not_its_beacon():
+    """A rank's stack dump lists the beacon's thread (waiting in accept, through bench's own
+    code) before the thread that hangs: the summary names the hang."""
+    from bench.launch.records import where_each_rank_was
+    dump = ('Thread 0x00007f01 (most recent call first):\n'
+            '  File "/usr/lib/python3.11/socket.py", line 294 in accept\n'
+            '  File "/repo/bench/launch/liveness.py", line 32 in _accept_forever\n'
+            '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
+            '\n'
+            'Current thread 0x00007f02 (most recent call first):\n'
+            '  File "/repo/bench/faults.py", line 30 in hang\n'
+            '  File "/repo/bench/runner.py", line 120 in run\n')
+    assert where_each_rank_was({"1": dump}) == "rank 1: faults.py:30 hang"
+    only_beacon = dump.split("\n\n")[0]
+    assert where_each_rank_was({"0": only_beacon}) == "rank 0: socket.py:294 accept <- bench/launch/liveness.py:32 _accept_forever"

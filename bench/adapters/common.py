@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import resource
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from bench.adapters.base import RankContext
 
 
 def peak_rss_bytes() -> int:
@@ -19,8 +15,8 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def autocast(ctx: RankContext):
-    """Autocast for the run's precision; fp32 runs have none."""
+def autocast(ctx):
+    """Autocast for the run's precision (ctx: the rank's RankContext); fp32 runs have none."""
     if ctx.precision == "fp32":
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if ctx.precision == "bf16" else torch.float16
@@ -35,7 +31,7 @@ def split_micro(batch: dict, n: int) -> list[dict]:
     return [{k: parts[k][i] for k in batch} for i in range(n)]
 
 
-def forward_backward(model, batch: dict, grad_accum: int, ctx: RankContext, no_sync,
+def forward_backward(model, batch: dict, grad_accum: int, ctx, no_sync,
                      scaler=None) -> torch.Tensor:
     """Forward+backward over `grad_accum` micro-batches; gradients are synchronised only on the
     last one (`no_sync()` is the framework's context for the others). Returns the mean loss."""

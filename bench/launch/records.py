@@ -59,9 +59,13 @@ def stack_path(run_dir: Path, rank: int) -> Path:
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
+HELPER_THREADS = {"_accept_forever"}     # bench's own background threads (launch/liveness.py)
+
+
 def where_each_rank_was(stacks: dict[str, str]) -> str:
     """One line per rank from its stack dump (innermost_frames): the innermost frame of the
-    thread that runs the rank (the one through bench's own code, else the first), and the
+    thread that runs the rank (the one through bench's own code that is not one of its helper
+    threads, else the first), and the
     innermost frame of bench's code on it -- what a reader of a timeout needs first.
     "rank 1: faults.py:30 hang <- bench/runner.py:120 run; rank 0: ..."."""
     parts = []
@@ -72,7 +76,8 @@ def where_each_rank_was(stacks: dict[str, str]) -> str:
         if not threads:
             continue
         ours = [t for t in threads if any("/bench/" in m["path"] for m in t)]
-        frames = (ours or threads)[0]
+        work = [t for t in ours if not any(m["func"] in HELPER_THREADS for m in t)]
+        frames = (work or ours or threads)[0]
         where = f"{Path(frames[0]['path']).name}:{frames[0]['line']} {frames[0]['func']}"
         own = next((m for m in frames[1:] if "/bench/" in m["path"] and "/bench/" not in frames[0]["path"]), None)
         if own is not None:
