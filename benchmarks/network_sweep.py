@@ -7,7 +7,7 @@ strategies against DDP on the slowest link, time to target included.
 
 Root only (network namespaces; see docs/cluster.md). For each rate: `bench cluster up nodes=2
 link=RATE`; `bench commbench launcher=slurm` across the two nodes (α-β fit -> a fitted network);
-each framework at 2 nodes x 1 rank under `srun` (gpt2_tiny, per-rank batch 8); its step time
+each framework at 2 nodes x 1 and x 2 ranks under `srun` (gpt2_tiny, per-rank batch 8); its step time
 predicted from a 1-rank run of the same configuration on one node (its compute) plus its own
 collectives priced on (a) the link rate as configured and (b) commbench's fit; on the slowest
 rate, experiment=seed_language_tiny for DDP, DASO (one rank per node), post-local SGD, PowerSGD
@@ -33,6 +33,7 @@ STRATEGIES = {"ddp": ["framework=ddp"], "daso": ["framework=daso", "framework.op
               "ddp:local_sgd": ["framework=ddp_local_sgd"], "ddp:powersgd": ["framework=ddp_powersgd"],
               "ddp:fp16_hook": ["framework=ddp_fp16_hook"]}
 PER_RANK_BATCH = 8
+PER_NODE = (1, 2)        # ranks per node: 2 and 4 ranks on the 2 nodes
 STEPS = ["model=gpt2_tiny", "run.warmup_steps=3", "run.measure_steps=15", "run.progress=false", "logger=none"]
 RESUME = {"on": False, "reused": 0}
 
@@ -46,13 +47,14 @@ def login(*cmd: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     return cluster("exec", f"name={NAME}", "--", *cmd, timeout=timeout)
 
 
-def srun_bench(run_dir: Path, nodes: int, *overrides: str) -> dict:
-    """`bench run launcher=slurm` as an srun step of `nodes` nodes x 1 task inside the cluster."""
+def srun_bench(run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> dict:
+    """`bench run launcher=slurm` as an srun step of `nodes` nodes x `per_node` tasks inside the
+    cluster (more tasks than a node's cores: --overcommit, the node's ranks share its core)."""
     if reuse(run_dir, RESUME["on"]):
         RESUME["reused"] += 1
     else:
-        login("srun", f"-N{nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", BENCH, "run", "launcher=slurm",
-              f"run.dir={run_dir}", "run.timeout_s=900", *overrides)
+        login("srun", f"-N{nodes}", f"-n{nodes * per_node}", "--overcommit", "--kill-on-bad-exit=1", BENCH, "run",
+              "launcher=slurm", f"run.dir={run_dir}", "run.timeout_s=900", *overrides)
     path = run_dir / "result.json"
     return json.loads(path.read_text()) if path.exists() else {"status": "no result", "error": {"message": str(run_dir)}}
 
@@ -97,19 +99,25 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
     from bench.network.model import load, recorded_network
     from bench.network.project import comm_time, compute_seconds
     from bench.network.workload import from_record
-    recs = {(p["rate"], p["framework"]): json.loads((out / p["rate"] / p["framework"] / "result.json").read_text())
-            for p in doc["points"] if p["status"] == "ok"}
+    def key(p):
+        return p["rate"], p["framework"], p.get("ranks", 2)
+
+    def path(p):
+        name = p["framework"] if p.get("ranks", 2) == 2 else f"{p['framework']}_x{p['ranks']}"
+        return out / p["rate"] / name / "result.json"
+    recs = {key(p): json.loads(path(p).read_text()) for p in doc["points"] if p["status"] == "ok"}
     for p in doc["points"]:
-        if (base, p["framework"]) not in recs or (p["rate"], p["framework"]) not in recs:
+        at_base = (base, p["framework"], p.get("ranks", 2))
+        if at_base not in recs or key(p) not in recs:
             continue
         p["from_base"] = {"base": base}
         for label in ("configured", "fitted"):
             def net(rate, p=p, label=label):
-                rec = recs[(rate, p["framework"])]
+                rec = recs[(rate, p["framework"], p.get("ranks", 2))]
                 return (recorded_network(rec) if label == "configured"
                         else load(str(out / rate / "commbench" / "network.yaml")))
-            compute, _ = compute_seconds(from_record(recs[(base, p["framework"])]), measured_on=net(base))
-            work = from_record(recs[(p["rate"], p["framework"])])
+            compute, _ = compute_seconds(from_record(recs[at_base]), measured_on=net(base))
+            work = from_record(recs[key(p)])
             comm, _ = comm_time(work, net(p["rate"]), work.world, measured_groups=True)
             p["from_base"][label] = {"predicted_step_s": compute + comm,
                                      "relative_error": (compute + comm - work.step_s) / work.step_s}
@@ -136,16 +144,19 @@ def sweep(out: Path, rates: list[str], frameworks: list[str], quality: bool) -> 
                 if fw not in singles:     # compute does not depend on the link: one 1-rank run each
                     singles[fw] = srun_bench(out / "one_rank" / fw, 1, f"framework={fw}", *STEPS,
                                              f"run.global_batch={PER_RANK_BATCH}")
-                rec = srun_bench(out / rate / fw, 2, f"framework={fw}", *STEPS, f"run.global_batch={2 * PER_RANK_BATCH}")
-                point = {"rate": rate, "framework": fw, "status": rec["status"],
-                         "error": (rec.get("error") or {}).get("message")}
-                if rec["status"] == "ok" and singles[fw]["status"] == "ok":
-                    point.update(samples_per_s=rec["throughput"]["samples_per_s"],
-                                 step_s=rec["timing"]["step_time_s"]["median"], hosts=rec["env"]["rank_hosts"],
-                                 wire_bytes_per_rank=rec["comm"]["wire_bytes_per_rank"],
-                                 one_rank_step_s=singles[fw]["timing"]["step_time_s"]["median"],
-                                 predicted=predictions(rec, singles[fw], out / rate / "commbench" / "network.yaml"))
-                doc["points"].append(point)
+                for per_node in PER_NODE:
+                    ranks = 2 * per_node
+                    rec = srun_bench(out / rate / (fw if per_node == 1 else f"{fw}_x{ranks}"), 2, f"framework={fw}",
+                                     *STEPS, f"run.global_batch={ranks * PER_RANK_BATCH}", per_node=per_node)
+                    point = {"rate": rate, "framework": fw, "ranks": ranks, "status": rec["status"],
+                             "error": (rec.get("error") or {}).get("message")}
+                    if rec["status"] == "ok" and singles[fw]["status"] == "ok":
+                        point.update(samples_per_s=rec["throughput"]["samples_per_s"],
+                                     step_s=rec["timing"]["step_time_s"]["median"], hosts=rec["env"]["rank_hosts"],
+                                     wire_bytes_per_rank=rec["comm"]["wire_bytes_per_rank"],
+                                     one_rank_step_s=singles[fw]["timing"]["step_time_s"]["median"],
+                                     predicted=predictions(rec, singles[fw], out / rate / "commbench" / "network.yaml"))
+                    doc["points"].append(point)
             if quality and rate == rates[-1]:
                 for label, ov in STRATEGIES.items():
                     rec = srun_bench(out / rate / "quality" / label.replace(":", "_"), 2,
@@ -171,10 +182,10 @@ def markdown(doc: dict) -> str:
     lines = ["Step time predicted two ways: (a) compute from a 1-rank run on one node (bench report's projection "
              f"check), (b) compute from the run at {base} less its modelled collectives (`bench project`'s "
              "measured_on path); collectives priced on the link as configured / on commbench's fit.", "",
-             "| link | framework | status | samples/s | step (ms) | 1-rank step (ms) | wire/rank/step (KiB) "
+             "| link | framework | ranks | status | samples/s | step (ms) | 1-rank step (ms) | wire/rank/step (KiB) "
              "| (a) configured (ms) | error | (a) fitted (ms) | error "
              f"| (b) from {base}, configured (ms) | error | (b) fitted (ms) | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in doc["points"]:
         cells = []
         for pr in (p.get("predicted") or {}, p.get("from_base") or {}):
@@ -182,7 +193,8 @@ def markdown(doc: dict) -> str:
                 q = pr.get(key) or {}
                 cells += ([_f(q["predicted_step_s"] * 1e3, ".1f"), f"{q['relative_error']:+.1%}"]
                           if "predicted_step_s" in q else [q.get("error", "-"), "-"])
-        lines.append(f"| {p['rate']} | {p['framework']} | {p['status']} | {_f(p.get('samples_per_s'), '.1f')} | "
+        lines.append(f"| {p['rate']} | {p['framework']} | {p.get('ranks', 2)} | {p['status']} | "
+                     f"{_f(p.get('samples_per_s'), '.1f')} | "
                      f"{_f(p.get('step_s') and p['step_s'] * 1e3, '.1f')} | "
                      f"{_f(p.get('one_rank_step_s') and p['one_rank_step_s'] * 1e3, '.1f')} | "
                      f"{_f(p.get('wire_bytes_per_rank') and p['wire_bytes_per_rank'] / 1024, '.0f')} | " + " | ".join(cells) + " |")
@@ -216,16 +228,18 @@ def plot(doc: dict, path: Path) -> None:
 
     from bench.cluster.plan import rate_bits
     fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
-    for fw in doc["frameworks"]:
-        pts = sorted((rate_bits(p["rate"]) / 1e9, p["samples_per_s"]) for p in doc["points"]
-                     if p["framework"] == fw and p.get("samples_per_s"))
-        if pts:
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=fw)
+    for i, fw in enumerate(doc["frameworks"]):
+        for ranks, style in ((2, "-"), (4, "--")):
+            pts = sorted((rate_bits(p["rate"]) / 1e9, p["samples_per_s"]) for p in doc["points"]
+                         if p["framework"] == fw and p.get("ranks", 2) == ranks and p.get("samples_per_s"))
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], style, marker="o", color=f"C{i}",
+                        label=f"{fw} ({ranks} ranks)")
     ax.set_xscale("log")
     ax.set_xlabel("inter-node link (Gbit/s, tbf)")
-    ax.set_ylabel("samples/s (2 nodes x 1 rank)")
+    ax.set_ylabel("samples/s (2 nodes x 1 or 2 ranks)")
     ax.set_title("Throughput against link rate, gpt2_tiny, bench cluster")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize=7, ncol=2)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -161,3 +161,10 @@ def tied_parameters(piece_list: list[nn.Module]) -> list[tuple[nn.Parameter, lis
             if i not in entry[1]:
                 entry[1].append(i)
     return [(p, idx) for p, idx in seen.values() if len(idx) > 1]
+
+
+def stage_owners(schedule: str, pp: int, v: int) -> list[int]:
+    """Pipeline rank of every stage: loop placement, or V for zbv."""
+    if schedule == "zbv_zero_bubble":
+        return [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
+    return [s % pp for s in range(pp * v)]

@@ -124,8 +124,7 @@ def test_pipeline_piece_is_what_the_busiest_rank_holds(real_vocab, framework):
     import torch
     from costs import variant
 
-    from bench.adapters.pipeline import stage_owners
-    from models.pipeline import partition, pieces
+    from models.pipeline import partition, pieces, stage_owners
     from models.registry import build
 
     cfg, prof = real_vocab

@@ -12,12 +12,11 @@ import torch
 from conftest import bench, run_record
 
 import models
-from bench.adapters.pipeline import stage_owners
 from bench.config import plan_from_overrides
 from bench.dims import infer_sizes, resolve_dims
 from bench.errors import ConfigError
 from bench.metrics.pipeline import analytic_bubble, measured_idle
-from models.pipeline import loss_function, partition, piece_count, pieces, tied_parameters
+from models.pipeline import loss_function, partition, piece_count, pieces, stage_owners, tied_parameters
 from models.tensor_parallel import qkv_permutation
 
 

@@ -52,13 +52,6 @@ class PipelineOptions(BaseModel):
     n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
 
 
-def stage_owners(schedule: str, pp: int, v: int) -> list[int]:
-    """Pipeline rank of every stage: loop placement, or V for zbv."""
-    if schedule == "zbv_zero_bubble":
-        return [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
-    return [s % pp for s in range(pp * v)]
-
-
 class PipelineAdapter(Adapter):
     name = "pipeline"
     Options = PipelineOptions
@@ -136,7 +129,7 @@ class PipelineAdapter(Adapter):
     def busiest_rank(model, schedule: str, pp: int, v: int, tp: int):
         """The Share of the busiest pipeline rank: its stages' pieces, split by tp (each
         figure the maximum over the ranks); uniform 1 / pp without the model's pieces."""
-        from models.pipeline import partition
+        from models.pipeline import partition, stage_owners
         if pp == 1 or len(model.pieces) < pp * v:
             return model.share(range(len(model.pieces)), tp, of=pp)
         ranges, owners = partition(len(model.pieces), pp * v), stage_owners(schedule, pp, v)
@@ -153,7 +146,7 @@ class PipelineAdapter(Adapter):
     def dry_run_info(cls, options, cfg, dims) -> dict:
         """Stage layout and parameters per stage, from the model built on the meta device."""
         import models
-        from models.pipeline import partition, pieces
+        from models.pipeline import partition, pieces, stage_owners
         from models.spec import count_params
         with torch.device("meta"):
             piece_list = pieces(models.build(cfg.model).build())   # meta: the layout only
@@ -178,7 +171,7 @@ class PipelineAdapter(Adapter):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage
 
-        from models.pipeline import Stage, loss_function, partition, pieces, tied_parameters
+        from models.pipeline import Stage, loss_function, partition, pieces, stage_owners, tied_parameters
         from models.spec import count_params
 
         o, dims, ctx = self.options, self.dims, self.ctx
