@@ -96,7 +96,7 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
     """`bench project`'s own path, held against each link: compute = the step measured at `base`
     minus its collectives modelled at `base` (multi-rank overheads stay in), plus the collectives
     modelled at each other rate; on the configured and on the fitted networks."""
-    from bench.network.model import load, recorded_network
+    from bench.network.model import backend_algorithm, load, recorded_network
     from bench.network.project import comm_time, compute_seconds
     from bench.network.workload import from_record
     def key(p):
@@ -116,9 +116,10 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
                 rec = recs[(rate, p["framework"], p.get("ranks", 2))]
                 return (recorded_network(rec) if label == "configured"
                         else load(str(out / rate / "commbench" / "network.yaml")))
-            compute, _ = compute_seconds(from_record(recs[at_base]), measured_on=net(base))
+            alg = backend_algorithm(recs[key(p)]["env"].get("backend"))     # gloo: flat rings
+            compute, _ = compute_seconds(from_record(recs[at_base]), measured_on=net(base), algorithm=alg)
             work = from_record(recs[key(p)])
-            comm, _ = comm_time(work, net(p["rate"]), work.world, measured_groups=True)
+            comm, _ = comm_time(work, net(p["rate"]), work.world, alg, measured_groups=True)
             p["from_base"][label] = {"predicted_step_s": compute + comm,
                                      "relative_error": (compute + comm - work.step_s) / work.step_s}
 

@@ -224,3 +224,18 @@ def test_each_collective_kind_is_priced_by_its_own_fit():
     assert t_rs == pytest.approx(0.5) and t_ag == pytest.approx(0.25)
     assert kind_spans(net, "all_gather", spans) == spans
     assert "kinds" not in fitted_network(cluster, ar, 2)
+
+
+def test_a_run_is_priced_by_the_algorithm_its_backend_runs():
+    """4 ranks on 2 nodes (2 each), 1.8 MB all-reduced, link 12.5 MB/s, node 1 GB/s, no latency.
+    gloo runs one flat ring across the link: 2 (4-1)/4 x 1.8 MB / 12.5 MB/s = 216 ms. A hierarchy
+    (NCCL may pick one) reduce-scatters inside the node first: 2 x 1/2 x 0.9 MB / 12.5 MB/s = 72 ms
+    on the link + 2 x 1/2 x 1.8 MB / 1 GB/s = 1.8 ms in the node."""
+    from bench.network.model import Dimension, backend_algorithm, collective_time
+    assert backend_algorithm("gloo") == "ring" and backend_algorithm("nccl") == "best"
+    assert backend_algorithm(None) == "best"
+    spans = [(2, Dimension("node", 2, 1e9, 0.0)), (2, Dimension("link", 2, 12.5e6, 0.0))]
+    ring, alg = collective_time("all_reduce", 1.8e6, spans, backend_algorithm("gloo"))
+    assert alg == "ring" and ring == pytest.approx(0.216)
+    best, alg = collective_time("all_reduce", 1.8e6, spans, backend_algorithm("nccl"))
+    assert alg == "hierarchical" and best == pytest.approx(0.072 + 0.0018)

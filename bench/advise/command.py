@@ -60,7 +60,7 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
            "device_memory_gib": float(opts["device_memory_gib"]) if "device_memory_gib" in opts else None,
            "network": opts.get("network", "auto"), "backend": opts.get("backend", "local"),
            "frameworks": opts["frameworks"].split(",") if "frameworks" in opts else list(DEFAULT_FRAMEWORKS),
-           "dir": opts.get("dir"), "algorithm": opts.get("algorithm", "best"),
+           "dir": opts.get("dir"), "algorithm": opts.get("algorithm", "auto"),
            "calibrate": opts.get("calibrate", "frameworks"), "evaluate": opts.get("evaluate", "none")}
     from bench.config import group_options
     unknown = [f for f in out["frameworks"] if f not in group_options("framework")]
@@ -338,7 +338,7 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
     """Predict every surviving candidate, prune by memory, rank, mark the ones to measure."""
     from bench.adapters.cost import CostModel, ModelProfile
     from bench.advise.predict import compute_at, predict
-    from bench.network.model import load
+    from bench.network.model import backend_algorithm, load
     from bench.report.frame import training_memory_bytes
 
     prof = ModelProfile.from_dict(state["profile"])
@@ -366,6 +366,9 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
     state["calibration"].update({"ddp_step_s": {str(k): v for k, v in ddp.items()}, "compute_factor": factor,
                                  "runtime_overhead_bytes": overhead, "recompute": _recompute(state)})
     limit = state["device_memory_bytes"]
+    algorithm = state["options"]["algorithm"]
+    if algorithm == "auto":     # what the backend of the device runs (gloo's flat rings on CPU)
+        algorithm = backend_algorithm("gloo" if state["device"] == "cpu" else "nccl")
     for c in state["candidates"]:
         if c["pruned"] or c.get("cost_model") is None:
             continue
@@ -377,7 +380,7 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
                            f"{limit / GiB:.2f} GiB per device")
             c["pruned_by_memory"] = True
         p = predict(lay, CostModel.from_dict(c["cost_model"]), ddp, network, state["calibration"]["recompute"],
-                    state["options"]["algorithm"], compute_scale=state.get("oversubscription", 1.0) * factor.get(fw, 1.0))
+                    algorithm, compute_scale=state.get("oversubscription", 1.0) * factor.get(fw, 1.0))
         p["samples_per_s"] = state["options"].get("global_batch") / p["step_s"] if p["step_s"] > 0 else None
         c["predicted"] = p
     ranked = sorted((c for c in state["candidates"] if c.get("predicted") and not c["pruned"]),

@@ -166,6 +166,14 @@ def flat(kind: str, algorithm: str, b: float, spans: list[tuple[int, Dimension]]
     raise ValueError(f"no flat model for {kind}")
 
 
+def backend_algorithm(backend: str | None) -> str:
+    """The algorithm a backend's collectives run, for pricing its runs: gloo's are flat rings over
+    every rank of the group, blind to nodes (4 ranks on 2 nodes: one ring that crosses the link
+    with 2 (p-1)/p of the buffer, not a reduce-scatter inside the node first); NCCL chooses ring,
+    tree or a hierarchy per size and topology: the fastest ('best')."""
+    return "ring" if backend == "gloo" else "best"
+
+
 def kind_spans(network: Network, kind: str, spans: list[tuple[int, Dimension]]) -> list[tuple[int, Dimension]]:
     """`spans` with each dimension that a per-kind fit priced (the network's `kinds`:
     {kind: {dimension: {bandwidth_GBps, latency_us}}}, written by bench commbench) at that kind's

@@ -7,7 +7,7 @@ max(1, ranks x threads_per_rank / usable_cores) — this machine's effect, state
 """
 from __future__ import annotations
 
-from bench.network.model import Network
+from bench.network.model import Network, backend_algorithm
 from bench.network.project import comm_time, compute_seconds
 from bench.network.workload import from_record
 
@@ -23,8 +23,10 @@ def oversubscription(rec: dict) -> float:
     return max(1.0, per_node * threads / cores) if cores and threads else 1.0
 
 
-def predict(rec: dict, single: dict, network: Network, algorithm: str = "best") -> dict:
-    """Predicted vs measured step of `rec` (ok, world >= 1) from the 1-rank run `single`."""
+def predict(rec: dict, single: dict, network: Network, algorithm: str | None = None) -> dict:
+    """Predicted vs measured step of `rec` (ok, world >= 1) from the 1-rank run `single`; its
+    collectives priced by the algorithm its backend runs (bench.network.model.backend_algorithm)."""
+    algorithm = algorithm or backend_algorithm((rec.get("env") or {}).get("backend"))
     work, one = from_record(rec), from_record(single)
     if one.world != 1:
         raise ValueError("the reference must be a 1-rank run")
@@ -33,5 +35,5 @@ def predict(rec: dict, single: dict, network: Network, algorithm: str = "best") 
     predicted = compute + comm
     return {"strategy": work.label, "world": work.world, "measured_step_s": work.step_s,
             "predicted_step_s": predicted, "compute_s": compute, "comm_s": comm, "comm_parts_s": parts,
-            "oversubscription": oversubscription(rec),
+            "oversubscription": oversubscription(rec), "algorithm": algorithm,
             "relative_error": (predicted - work.step_s) / work.step_s}
