@@ -127,10 +127,11 @@ class Adapter:
         # Set by setup() where known; read by the runner and the collector after it:
         self.params: Optional[int] = None     # parameters of the full model (not this rank's shard)
         self.dp_rank: int = ctx.rank          # this rank's data-parallel index: which data shard it reads
-        # the nodes this adapter's process groups assume (DASO's node groups, hybrid sharding's
-        # shard groups: lists of ranks) and their size; None = the hosts the ranks run on
-        # (bench/topology.py). The runner's collective counter splits intra/inter-node by them.
+        # the nodes this adapter's process groups assume when it emulates them (DASO's
+        # ranks_per_node: lists of ranks); None = the hosts the ranks run on (bench/topology.py).
+        # The runner's collective counter splits intra/inter-node by them.
         self.node_groups: Optional[list[list[int]]] = None
+        # ranks per node (or per shard group: FSDP2 hybrid) its cost model assumes
         self.per_node: Optional[int] = None
         self.scaler = None   # torch.amp.GradScaler where fp16 runs scale the loss themselves
         self._setup_peaks: dict = {}

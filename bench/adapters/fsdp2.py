@@ -112,10 +112,10 @@ class FSDP2Adapter(Adapter):
         world = self.ctx.world_size
         if not self.options.hybrid:
             return init_device_mesh(self.ctx.device.type, (world,), mesh_dim_names=("dp_shard",))
-        self.node_groups = node_groups(gather_hosts(), self.options.hybrid_shard_size)
-        self.per_node = len(self.node_groups[0])
-        return DeviceMesh(self.ctx.device.type, torch.tensor(self.node_groups),
-                          mesh_dim_names=("dp_replicate", "dp_shard"))
+        # shard groups, not nodes: the collective counter keeps counting nodes by host
+        shard_groups = node_groups(gather_hosts(), self.options.hybrid_shard_size)
+        self.per_node = len(shard_groups[0])
+        return DeviceMesh(self.ctx.device.type, torch.tensor(shard_groups), mesh_dim_names=("dp_replicate", "dp_shard"))
 
     def setup(self, build_model, build_optimizer) -> None:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
