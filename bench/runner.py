@@ -83,8 +83,8 @@ def _probe_comm(adapter, batches, ctx) -> dict:
 
     steps = adapter.comm_probe_steps()
     adapter.comm_stats()  # reset the adapter's own counters, if it has any
-    from bench.topology import gather_hosts, node_groups, node_of
-    probe = CollectiveCounter(node_of(adapter.node_groups or node_groups(gather_hosts())))
+    from bench.topology import hosts_of, node_groups, node_of
+    probe = CollectiveCounter(node_of(adapter.node_groups or node_groups(hosts_of(ctx))))
     written = written_bytes() if ctx.backend == "gloo" else None
     with probe:
         for _ in range(steps):

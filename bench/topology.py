@@ -49,6 +49,12 @@ def cross_groups(groups: list[list[int]]) -> list[list[int]]:
     return [list(ranks) for ranks in zip(*groups)]
 
 
+def hosts_of(ctx) -> list[str]:
+    """Every rank's host, in rank order: the RankContext's (exchanged when the process group
+    formed), else gathered now (a collective: every rank calls it)."""
+    return list(ctx.hosts) or gather_hosts()
+
+
 def gather_hosts() -> list[str]:
     """Every rank's host name, in rank order (a collective: every rank calls it)."""
     import torch.distributed as dist

@@ -90,3 +90,13 @@ def test_a_timeout_names_the_ranks_work_not_its_beacon():
     assert where_each_rank_was({"1": dump}) == "rank 1: faults.py:30 hang"
     only_beacon = dump.split("\n\n")[0]
     assert where_each_rank_was({"0": only_beacon}) == "rank 0: socket.py:294 accept <- bench/launch/liveness.py:32 _accept_forever"
+
+
+def test_the_hosts_exchanged_when_the_group_formed_are_used_without_a_collective():
+    import torch
+
+    from bench.adapters.base import RankContext
+    from bench.topology import hosts_of
+    ctx = RankContext(rank=1, local_rank=0, world_size=2, device=torch.device("cpu"), backend="gloo",
+                      precision="fp32", hosts=("n1", "n2"))
+    assert hosts_of(ctx) == ["n1", "n2"]      # no process group exists here: a gather would raise

@@ -34,6 +34,8 @@ class RankContext:
     device: torch.device
     backend: str          # gloo | nccl
     precision: str        # fp32 | bf16 | fp16 (the run's; adapters must honour it)
+    hosts: tuple[str, ...] = ()   # every rank's host, in rank order, exchanged once when the
+                                  # process group forms (empty where no launcher filled it)
 
 
 @dataclass

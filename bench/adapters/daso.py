@@ -38,7 +38,7 @@ from bench.adapters.common import forward_backward, taxonomy_labels
 from bench.adapters.cost import DTYPE_BYTES, CostModel, MiB, autocast_copies, buckets, split
 from bench.errors import ConfigError
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
-from bench.topology import cross_groups, gather_hosts, node_groups, node_of
+from bench.topology import cross_groups, hosts_of, node_groups, node_of
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -154,7 +154,7 @@ class DASOAdapter(Adapter):
         o, rank = self.options, self.ctx.rank
         # the nodes: ranks grouped by their host (whatever order the launcher numbered them in),
         # or that one host's ranks cut into blocks of ranks_per_node to emulate nodes
-        self.node_groups = node_groups(gather_hosts(), o.ranks_per_node)
+        self.node_groups = node_groups(hosts_of(self.ctx), o.ranks_per_node)
         self.per_node, self.nodes = len(self.node_groups[0]), len(self.node_groups)
         node = node_of(self.node_groups)[rank]
         self.node_ranks = self.node_groups[node]

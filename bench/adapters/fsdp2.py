@@ -19,7 +19,7 @@ from bench.adapters.cost import DTYPE_BYTES, CostModel, split
 from bench.errors import ConfigError
 from bench.metrics.comm import AnalyticComm
 from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
-from bench.topology import gather_hosts, node_groups
+from bench.topology import hosts_of, node_groups
 from models.spec import checkpoint_blocks
 
 
@@ -113,7 +113,7 @@ class FSDP2Adapter(Adapter):
         if not self.options.hybrid:
             return init_device_mesh(self.ctx.device.type, (world,), mesh_dim_names=("dp_shard",))
         # shard groups, not nodes: the collective counter keeps counting nodes by host
-        shard_groups = node_groups(gather_hosts(), self.options.hybrid_shard_size)
+        shard_groups = node_groups(hosts_of(self.ctx), self.options.hybrid_shard_size)
         self.per_node = len(shard_groups[0])
         return DeviceMesh(self.ctx.device.type, torch.tensor(shard_groups), mesh_dim_names=("dp_replicate", "dp_shard"))
 

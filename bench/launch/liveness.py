@@ -35,9 +35,10 @@ def _accept_forever(sock: socket.socket) -> None:
         conn.close()
 
 
-def start(rank: int) -> None:
+def start(rank: int) -> list[str]:
     """Open this rank's beacon and exchange every rank's (host, address, port): a collective,
-    called by every rank right after the process group forms."""
+    called by every rank right after the process group forms. Returns every rank's host (the
+    RankContext carries them: the one exchange of hosts in a run)."""
     import torch.distributed as dist
     global _beacon, _me
     _beacon = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -53,6 +54,7 @@ def start(rank: int) -> None:
     dist.all_gather_object(table, (host, addr, _beacon.getsockname()[1]))
     _peers[:] = [tuple(t) for t in table]
     _me = rank
+    return [t[0] for t in _peers]
 
 
 def knock(addr: str, port: int, timeout_s: float) -> str:

@@ -6,6 +6,7 @@ import faulthandler
 import json
 import os
 import signal
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -52,14 +53,16 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     events.mark(run_dir_p, "process_group", dist.get_rank())
     if dist.get_world_size() > 1:
         from bench.launch import liveness
-        liveness.start(dist.get_rank())    # so a failure can tell which node was lost
+        hosts = liveness.start(dist.get_rank())    # so a failure can tell which node was lost
+    else:
+        hosts = [socket.gethostname()]
     from bench.launch.stop import install_rank_handler
     install_rank_handler(run_dir, dist.get_rank(), _srun_stop(plan, run_dir_p, dist.get_rank()))
     # SIGUSR1: save the series so far, exit
     try:
         ctx = RankContext(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
                           world_size=dist.get_world_size(), device=device, backend=backend,
-                          precision=plan.cfg.run.precision)
+                          precision=plan.cfg.run.precision, hosts=tuple(hosts))
         runner.run(plan, ctx, run_dir_p, baseline_rss, threads)
     finally:
         dist.destroy_process_group()
