@@ -8,6 +8,7 @@ and rank 0 writes the result (bench/collect.py).
 """
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from bench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from bench.config import Plan
 from bench.faults import FaultInjector
 from bench.launch import events, stop
+from bench.memtrack import RunTracker
 from bench.metrics.convergence import reached, resolve_target
 from bench.optim import build_optimizer_factory
 from bench.quality import Evaluator, batch_source, final_objective
@@ -122,64 +124,70 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     cfg, dims = plan.cfg, plan.dims
     torch.manual_seed(cfg.run.seed)
     spec = models.build(cfg.model, ctx.device.type)
-    adapter = plan.adapter_cls(plan.options, ctx, dims)
-    adapter.setup(spec.build, build_optimizer_factory(cfg.optim))
-    adapter.mark_setup_done()
-    events.mark(run_dir, "model_ready", ctx.rank)
-    dp_rank = adapter.dp_rank
-    dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
-    batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, dp_rank, ctx.device)
-    warmup, warnings = cfg.run.warmup_steps, []
-    evaluate = None
-    if cfg.run.epochs:  # quality mode: whole epochs, evaluation between steps
-        total = cfg.run.epochs * steps_per_epoch
-        if dataset.val.size:     # data.val_fraction=0: train only, nothing to evaluate
-            evaluate = Evaluator(adapter, dataset, dims, dp_rank, ctx.device, steps_per_epoch, cfg.run.eval_every)
-    else:
-        total = warmup + cfg.run.measure_steps
-    adapter.plan_steps(total, steps_per_epoch if cfg.run.epochs else None)
-    fault = FaultInjector(cfg.fault, ctx.rank, run_dir)
-    step_s: list[float] = []     # every step, warm-up included (eval pauses excluded)
-    host_s: list[float] = []     # per step: previous step's end -> this rank calls train_step
-    losses: list = []
-    evals: list[dict] = []
-    target = resolve_target(cfg.run.target, cfg.run.target_metric, cfg.run.target_vs_floor,
-                            dataset.floor["loss"] if dataset else None)
-    progress = _Progress(cfg.run.progress and ctx.rank == 0, total, warmup, dims.global_batch)
-    stop.expose(step_s, losses, warmup)   # what a SIGUSR1 stop saves (bench/launch/stop.py)
+    tracking = RunTracker(ctx.device) if cfg.run.memory_tracker else contextlib.nullcontext()
+    with tracking:   # run.memory_tracker: every storage from before setup to the end of the loop
+        adapter = plan.adapter_cls(plan.options, ctx, dims)
+        adapter.setup(spec.build, build_optimizer_factory(cfg.optim))
+        adapter.mark_setup_done()
+        if cfg.run.memory_tracker:
+            tracking.label(adapter.model, adapter.optimizer)
+        events.mark(run_dir, "model_ready", ctx.rank)
+        dp_rank = adapter.dp_rank
+        dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
+        batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, dp_rank, ctx.device)
+        warmup, warnings = cfg.run.warmup_steps, []
+        evaluate = None
+        if cfg.run.epochs:  # quality mode: whole epochs, evaluation between steps
+            total = cfg.run.epochs * steps_per_epoch
+            if dataset.val.size:     # data.val_fraction=0: train only, nothing to evaluate
+                evaluate = Evaluator(adapter, dataset, dims, dp_rank, ctx.device, steps_per_epoch, cfg.run.eval_every)
+        else:
+            total = warmup + cfg.run.measure_steps
+        adapter.plan_steps(total, steps_per_epoch if cfg.run.epochs else None)
+        fault = FaultInjector(cfg.fault, ctx.rank, run_dir)
+        step_s: list[float] = []     # every step, warm-up included (eval pauses excluded)
+        host_s: list[float] = []     # per step: previous step's end -> this rank calls train_step
+        losses: list = []
+        evals: list[dict] = []
+        target = resolve_target(cfg.run.target, cfg.run.target_metric, cfg.run.target_vs_floor,
+                                dataset.floor["loss"] if dataset else None)
+        progress = _Progress(cfg.run.progress and ctx.rank == 0, total, warmup, dims.global_batch)
+        stop.expose(step_s, losses, warmup)   # what a SIGUSR1 stop saves (bench/launch/stop.py)
 
-    from bench.nvml import for_device
-    gpu = for_device(ctx.device)       # NVML sampler thread (CUDA only): outside every step
-    _sync(ctx.device)
-    wall0 = time.perf_counter()
-    if evaluate:
-        evals.append({**evaluate(0), "wall_s": 0.0})
-    t_prev = time.perf_counter()
-    for step in range(total):
-        if fault.active:
-            fault.at_step(step)
-        batch = next(batches)
-        host_s.append(time.perf_counter() - t_prev)
-        out = adapter.train_step(batch)
-        if fault.active:
-            fault.after_step(step)
+        from bench.nvml import for_device
+        gpu = for_device(ctx.device)       # NVML sampler thread (CUDA only): outside every step
         _sync(ctx.device)
-        t = time.perf_counter()
-        step_s.append(t - t_prev)
-        if step == 0:
-            first_step_end = time.time()   # start-up timeline; written after the loop
-        if step == warmup:
-            window_start = t_prev          # the measured window: start of the first measured step
-        losses.append(out.loss)
-        progress.update(step, out.loss, t - t_prev)
-        t_prev = t
-        if evaluate and evaluate.due(step + 1):
-            evals.append({**evaluate(step + 1), "wall_s": time.perf_counter() - wall0})
-            progress.note(val_loss=evals[-1]["loss"])
-            if cfg.run.stop_at_target and reached(evals[-1][cfg.run.target_metric], target, cfg.run.target_metric):
-                break
-            t_prev = time.perf_counter()  # evaluation is not part of any step
-    wall_s = time.perf_counter() - wall0
+        wall0 = time.perf_counter()
+        if evaluate:
+            evals.append({**evaluate(0), "wall_s": 0.0})
+        t_prev = time.perf_counter()
+        for step in range(total):
+            if fault.active:
+                fault.at_step(step)
+            batch = next(batches)
+            if step == 1 and cfg.run.memory_tracker:
+                tracking.reset_peak()          # the steady state: the optimizer's state exists
+            host_s.append(time.perf_counter() - t_prev)
+            out = adapter.train_step(batch)
+            if fault.active:
+                fault.after_step(step)
+            _sync(ctx.device)
+            t = time.perf_counter()
+            step_s.append(t - t_prev)
+            if step == 0:
+                first_step_end = time.time()   # start-up timeline; written after the loop
+            if step == warmup:
+                window_start = t_prev          # the measured window: start of the first measured step
+            losses.append(out.loss)
+            progress.update(step, out.loss, t - t_prev)
+            t_prev = t
+            if evaluate and evaluate.due(step + 1):
+                evals.append({**evaluate(step + 1), "wall_s": time.perf_counter() - wall0})
+                progress.note(val_loss=evals[-1]["loss"])
+                if cfg.run.stop_at_target and reached(evals[-1][cfg.run.target_metric], target, cfg.run.target_metric):
+                    break
+                t_prev = time.perf_counter()  # evaluation is not part of any step
+        wall_s = time.perf_counter() - wall0
     gpu_stats = gpu.stop() if gpu is not None else {"available": False, "reason": f"{ctx.device.type} run"}
     gpu_stats["steps"] = len(losses)
     unix_offset = time.time() - time.perf_counter()
@@ -192,6 +200,10 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         warmup = len(step_s) - 1
 
     memory = adapter.memory_stats()  # peaks of the training loop, before the probe step
+    if cfg.run.memory_tracker:
+        memory["tracker"] = {**tracking.result(), "steps": max(len(step_s) - 1, 0)}
+        warnings.append("run.memory_tracker: every step ran under torch's MemTracker (a Python dispatch "
+                        "mode): its step times and throughput are not comparable with other runs")
     objective = (final_objective(adapter, dataset, dims, dp_rank, ctx.device, cfg.optim, len(losses))
                  if cfg.run.final_objective else None)
     comm = _probe_comm(adapter, batches, ctx)

@@ -206,6 +206,7 @@ class RunCfg(Strict):
     final_objective: bool = False     # after training: mean loss over the whole training split
                                       # + weight_decay/2 x sum of decayed parameters squared
     comm_profile: bool = True         # one more untimed step under torch.profiler: comm time, overlap
+    memory_tracker: bool = False      # every step under torch's MemTracker: memory.tracker per rank (slow)
     param_fingerprint: bool = False   # record [sum, sum^2, sum |x|, position-weighted sum] per final parameter (gathers!)
     dir: Optional[str] = None
 

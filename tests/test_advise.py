@@ -25,11 +25,18 @@ def est(layout: Layout, precision: str = "fp32", optimizer: str = "adamw", momen
     # AdamW 8 B/param. params, grads, optimizer, activations (mb 2), buffers
     (Layout("ddp", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 0), {}),
     (Layout("horovod", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 4000), {}),     # fusion buffer = 4P
-    (Layout("fairscale_oss", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 0), {}),
-    (Layout("deepspeed_zero1", dp=4, micro_batch=2), (4000, 4000, 2000, 2000, 1000 + 4000), {}),
-    (Layout("deepspeed_zero2", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 1000 + 4000), {}),
-    # ZeRO-3 keeps every gathered parameter from forward to backward (4 x 1000) + one unit's gradients (4 x 200)
-    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 4000 + 800), {}),
+    # OSS zeroes gradients in place: every rank keeps all of them
+    (Layout("fairscale_oss", dp=4, micro_batch=2), (4000, 4000, 2000, 2000, 0), {}),
+    # ZeRO-1/2: the fp32 gradient partition (4 x 1000 / 4) + two full reduce buckets (overlap_comm) of
+    # reduce_bucket_size elements, however small the model
+    (Layout("deepspeed_zero1", dp=4, micro_batch=2), (4000, 4000, 2000, 2000, 1000 + 2 * 4 * 500),
+     {"reduce_bucket_size": 500}),
+    (Layout("deepspeed_zero2", dp=4, micro_batch=2), (4000, 1000, 2000, 2000, 1000 + 2 * 4 * 500),
+     {"reduce_bucket_size": 500}),
+    # ZeRO-3 keeps every gathered parameter from forward to backward (4 x 1000) + one unit's gradients
+    # (4 x 200) + one reduce bucket
+    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 4000 + 800 + 4 * 500),
+     {"reduce_bucket_size": 500}),
     (Layout("fsdp_full", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 800), {}),
     # shard_grad_op: fp32 shards + every unit gathered from forward to backward (4000) + two units' gradients
     (Layout("fsdp_grad_op", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 4000 + 2 * 800), {}),
@@ -54,14 +61,14 @@ def test_memory_estimate_by_hand(layout, expected, edits):
     # bf16. DDP: fp32 params + grads, autocast's 2-byte weight copies (2P) as a buffer
     (Layout("ddp", dp=4, micro_batch=2), (4000, 4000, 8000, 2000, 2000)),
     # DeepSpeed's bf16 engine: 2-byte params and grads, AdamW + fp32 master copy = 12 B/param sharded;
-    # fp32 gradient partition 4P/4 + the bucket in bf16 (2P)
-    (Layout("deepspeed_zero2", dp=4, micro_batch=2), (2000, 500, 3000, 2000, 1000 + 2000)),
-    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (500, 500, 3000, 2000, 2000 + 400)),
+    # fp32 gradient partition 4P/4 + two reduce buckets of 500 elements in bf16
+    (Layout("deepspeed_zero2", dp=4, micro_batch=2), (2000, 500, 3000, 2000, 1000 + 2 * 2 * 500)),
+    (Layout("deepspeed_zero3", dp=4, micro_batch=2), (500, 500, 3000, 2000, 2000 + 400 + 2 * 500)),
     # FSDP2: fp32 shards, units gathered in bf16 (2 B x 200)
     (Layout("fsdp_full", dp=4, micro_batch=2), (1000, 1000, 2000, 2000, 2 * 2 * 400)),
 ])
 def test_memory_estimate_at_bf16_by_hand(layout, expected):
-    got = est(layout, "bf16")
+    got = est(layout, "bf16", reduce_bucket_size=500) if "deepspeed" in layout.framework else est(layout, "bf16")
     assert tuple(got[k] for k in ("params", "grads", "optimizer", "activations", "buffers")) == expected
 
 
@@ -69,9 +76,9 @@ def test_memory_estimate_optimizer_and_offload():
     assert est(Layout("ddp", dp=1), optimizer="sgd", momentum=0.9)["optimizer"] == 4000
     assert est(Layout("ddp", dp=1), optimizer="sgd")["optimizer"] == 0
     # ZeRO-3 + offload: parameter, gradient and optimizer shards on the host, the gathered ones on the device
-    got = est(Layout("deepspeed_zero3_offload", dp=4, micro_batch=2))
+    got = est(Layout("deepspeed_zero3_offload", dp=4, micro_batch=2), reduce_bucket_size=500)
     assert (got["params"], got["grads"], got["optimizer"], got["host"]) == (0, 0, 0, 1000 + 1000 + 2000)
-    assert got["total"] == 2000 + 4800
+    assert got["total"] == 2000 + 4800 + 4 * 500
 
 
 def test_step_compute_interpolates_and_adds_bubble_and_recompute():

@@ -62,6 +62,21 @@ class ModelProfile:
     checkpointed_bytes_per_sample: int      # saved for backward with every block checkpointed
     boundary_bytes_per_sample: int          # one block's output (pipeline p2p, tensor-parallel all-reduce)
     pieces: tuple = ()                      # Piece, in pipeline order; () = unknown: uniform splits
+    largest_weight_params: int = 0          # the largest single parameter tensor (GPT-2: the tied wte)
+    output_bytes_per_sample: int = 0        # the model's output (GPT-2: the logits, seq x vocab)
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the blocks (embeddings, final norm, head): a per-block wrap's root unit."""
+        return max(0, self.params - self.blocks * self.largest_block_params)
+
+    def tied_pair_params(self, pp: int, tp: int = 1) -> float:
+        """A weight that one rank uses twice (GPT-2's wte as embedding and head): its parameters on
+        that rank, or 0 where no rank holds both uses (pipeline stages each hold their own copy)."""
+        tied = [p for p in self.pieces if p.tied_params]
+        if pp > 1 or len(tied) < 2:
+            return 0.0
+        return max(p.tied_params * p.kept_params(tp) / p.params for p in tied)
 
     @property
     def units(self) -> int:
@@ -121,6 +136,8 @@ class CostModel:
     in_flight: int = 1               # micro-batches whose activations a rank holds at once
     compute_share: float = 1.0       # of one replica's compute per micro-batch, on the busiest rank
     bubble_slots: float = 0.0        # idle micro-batch slots per step (pipeline fill and drain)
+    grads_preallocated: bool = False  # gradients live in storage made before backward (DDP's bucket
+                                      # views, grads zeroed in place): a contribution is added into it
     traffic: tuple = ()              # Traffic, per optimizer step
 
     def payload_psi(self) -> dict[str, float]:

@@ -118,7 +118,7 @@ class DASOAdapter(Adapter):
         plateau rule changes them later): every step DDP all-reduces gradients inside the node;
         every global_skip steps one rank per node all-reduces its flat parameters in `downcast`
         across the nodes (non-blocking) and then broadcasts them inside its node (per parameter:
-        here per unit)."""
+        here per unit). The node's DDP holds its gradient buckets as copies."""
         world, psi = dims.world_size, 4.0 * model.params
         node = min(options.ranks_per_node or per_node or world, world)
         if world % node:
@@ -130,6 +130,8 @@ class DASOAdapter(Adapter):
                    + (split("broadcast", psi, model.units, node, per_step=1 / skip, what="parameters (in the node)")
                       if nodes > 1 else []))
         buffers = autocast_copies(model.params, precision)
+        if node > 1:      # its DDP keeps torch's default gradient_as_bucket_view=False
+            buffers["DDP gradient buckets (copies)"] = psi
         if nodes > 1:
             buffers["flat parameters in flight"] = DTYPE_BYTES[options.downcast] * model.params
         return CostModel(f"DASO cycling phase, global_skip {skip}, {node} ranks per node", model.params,

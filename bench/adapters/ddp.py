@@ -88,7 +88,8 @@ class DDPAdapter(Adapter):
             traffic = split("all_reduce", payload, n, dp, what="gradients")
             source = ("DDP Reducer: one all-reduce per gradient bucket, once per step"
                       + (f" ({o.comm_hook} compression hook)" if o.comm_hook != "none" else ""))
-        return CostModel(source, model.params, shard_ranks=dp, buffers=buffers, traffic=tuple(traffic))
+        return CostModel(source, model.params, shard_ranks=dp, buffers=buffers, traffic=tuple(traffic),
+                         grads_preallocated=o.gradient_as_bucket_view)
 
     def setup(self, build_model, build_optimizer) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP

@@ -89,11 +89,14 @@ class DeepSpeedAdapter(Adapter):
         1: the same all-reduce (use_multi_rank_bucket_allreduce) at the boundary, then all_gather_dp_groups
            of the updated partitions; 2: the all-reduce on every micro-step (gradients are partitioned
            as backward produces them), the all-gather once. Buffers: the fp32 partition of the averaged
-           gradients and the flat reduce bucket.
+           gradients, and with contiguous_gradients the reduce bucket, allocated at its full
+           reduce_bucket_size elements whatever the model's size, twice with overlap_comm
+           (stage_1_and_2.py: setup_buckets; found by torch's MemTracker: benchmarks/memory_check.py).
         3: reduce-scatter of gradients on every micro-step; parameters all-gathered per module, once per
            step while the model fits in stage3_max_live_parameters (forward's gathers survive backward
            and the next micro-batches), else in forward and backward of every micro-batch (upper bound).
-           The gathered parameters stay on the device: up to max_live_parameters of them."""
+           The gathered parameters stay on the device: up to max_live_parameters of them. With
+           contiguous_gradients one reduce bucket of reduce_bucket_size elements (stage3.py, at init)."""
         o, dp, p, s = options, dims.dp, model.params, options.stage
         state = 2 if low(precision) else 4
         grad_wire = DTYPE_BYTES.get(cls.grad_reduce_dtype(options, precision), 4)
@@ -115,7 +118,9 @@ class DeepSpeedAdapter(Adapter):
                                  what="parameters")
                 if dp > 1:
                     buffers["fp32 partition of the averaged gradients"] = 4.0 * p / dp
-                    buffers["flat reduce bucket"] = min(state * o.reduce_bucket_size, state * p)
+        if o.contiguous_gradients and s >= 1:
+            copies = 2 if o.overlap_comm and s < 3 else 1
+            buffers["reduce bucket (contiguous_gradients, full reduce_bucket_size)"] = copies * state * o.reduce_bucket_size
         return CostModel(
             f"DeepSpeed 0.19 ZeRO stage {s}", p, shard_ranks=dp, shard_optimizer=s >= 1, shard_grads=s >= 2,
             shard_params=s >= 3, param_bytes=state, grad_bytes=state, fp32_master_copy=low(precision),

@@ -49,12 +49,15 @@ class FairScaleAdapter(Adapter):
         oss_sdp: ShardedDataParallel reduces each gradient bucket (reduce_buffer_size elements) to
         its owner, OSS broadcasts every owner's updated shard (fp16 with broadcast_fp16);
         oss_ddp: DDP's bucketed all-reduce, then the broadcast; fsdp (one unit: the whole model):
-        all-gather in forward and again in backward per micro-batch, one reduce-scatter."""
+        all-gather in forward and again in backward per micro-batch, one reduce-scatter. OSS modes
+        zero gradients in place, so every rank keeps all of them, unsharded, between steps."""
         psi, dp, o = 4.0 * model.params, dims.dp, options
         bcast = split("broadcast", psi * (0.5 if o.broadcast_fp16 else 1.0), dp, dp, what="parameters")
-        common = dict(piece=model.params, shard_ranks=dp, buffers=autocast_copies(model.params, precision))
+        # gradients zeroed in place (set_to_none=False): every parameter keeps its .grad between steps
+        common = dict(piece=model.params, shard_ranks=dp, buffers=autocast_copies(model.params, precision),
+                      grads_preallocated=True)
         if o.mode == "oss_sdp":
-            return CostModel("FairScale ShardedDataParallel + OSS", shard_optimizer=True, shard_grads=True,
+            return CostModel("FairScale ShardedDataParallel + OSS", shard_optimizer=True,
                              traffic=tuple(split("reduce", psi, buckets(psi, 4 * o.reduce_buffer_size), dp,
                                                  what="gradients") + bcast), **common)
         if o.mode == "oss_ddp":

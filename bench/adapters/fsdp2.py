@@ -59,8 +59,9 @@ class FSDP2Adapter(Adapter):
         gradients reduce-scattered once per step (set_requires_gradient_sync(False) on the others)
         in reduce_dtype. Hybrid: the shard group is hybrid_shard_size (or the node's) ranks, and
         every shard's gradient is then all-reduced across the groups. fp32 shards (offloaded to the
-        host with cpu_offload); gathered: two units and their gradients (prefetch), or, with
-        reshard_after_forward=false, every unit from forward to backward."""
+        host with cpu_offload); gathered: two units and their gradients (prefetch) or, at the end of
+        backward, the root unit (embeddings and head: the largest unit of a real-vocabulary GPT-2)
+        with its gradients; with reshard_after_forward=false, every unit from forward to backward."""
         o, dp, p = options, dims.dp, model.params
         shard = (o.hybrid_shard_size or per_node or dp) if o.hybrid else dp
         shard = min(shard, dp)
@@ -74,8 +75,9 @@ class FSDP2Adapter(Adapter):
                    + split("all_reduce", grads / shard, units, dp // shard, stride=shard, what="gradient shards"))
         buffers: dict = {}
         if shard > 1:
-            if o.reshard_after_forward:
-                buffers["two units gathered (prefetch), with their gradients"] = 2 * 2 * gather * unit
+            if o.reshard_after_forward:    # mid-backward two blocks; at its end the root unit alone
+                buffers["gathered units with their gradients (two blocks, or the root unit)"] = max(
+                    2 * 2 * gather * unit, 2 * gather * (model.root_params if o.wrap == "blocks" else 0))
             else:
                 buffers["every unit gathered from forward to backward"] = gather * p
                 buffers["two units' gradients"] = 2 * gather * unit

@@ -105,7 +105,9 @@ class PipelineAdapter(Adapter):
         the adapter cuts them (models.pipeline.partition, stage_owners): the embedding joins the
         first stage and the head (GPT-2: a second copy of the tied embedding) the last; memory and
         compute are the busiest rank's (the most parameters, the most compute and the most
-        activations, each over the ranks: an upper bound where different ranks have them)."""
+        activations, each over the ranks: an upper bound where different ranks have them). The
+        last stage keeps its output of every micro-batch until the next step begins (the stage's
+        output_chunks; GPT-2: the logits, found with torch's MemTracker)."""
         o, pp, tp, dp, m = options, dims.pp, dims.tp, dims.dp, dims.grad_accum
         v = cls.stages_per_rank(options)
         mine = cls.busiest_rank(model, o.schedule, pp, v, tp)
@@ -119,6 +121,9 @@ class PipelineAdapter(Adapter):
         buffers = autocast_copies(piece, precision)
         if pp > 1:
             buffers["send and receive buffers"] = 2 * 2 * act
+            # the last stage keeps every micro-batch's output until the next step (output_chunks)
+            buffers["last stage's outputs, every micro-batch"] = (m * dims.micro_batch * model.output_bytes_per_sample
+                                                                  / tp)
         return CostModel(
             f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank", piece, shard_ranks=dp,
             buffers=buffers, activation_share=mine.activations, in_flight=m if o.schedule == "gpipe" else min(pp, m),

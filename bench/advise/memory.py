@@ -12,6 +12,14 @@ hand-checked in tests/test_advise.py and tests/test_cost_model.py). Bytes:
                    block's full activations (its recompute in backward)
     buffers      = what the framework adds (its cost model's `buffers`: buckets, fusion buffers,
                    gathered units, send/receive buffers, autocast's weight copies)
+    temporaries  = gradients autograd makes before they reach .grad (measured with torch's MemTracker
+                   on real runs of every strategy: benchmarks/memory_check.py). Backward's first
+                   gradients arrive while every activation is still saved: one weight's gradient (the
+                   largest weight's) on top of them. A weight used twice on the rank (GPT-2's tied
+                   embedding and head) gets two contributions that the engine sums out of place, at
+                   the end of backward when the activations are freed: the two contributions and
+                   their sum, of which .grad keeps the sum (2 extra copies) unless the gradients live
+                   in preallocated storage that the sum is added into (3 extra). The larger phase counts.
 """
 from __future__ import annotations
 
@@ -43,9 +51,17 @@ def activation_bytes(layout: Layout, model: ModelProfile, cost: CostModel) -> fl
     return per_sample * layout.micro_batch * cost.in_flight * cost.activation_share
 
 
+def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activations: float) -> float:
+    """Beyond the activations: max(largest weight's gradient, tied sum's copies - activations)."""
+    first = model.largest_weight_params * cost.grad_bytes
+    copies = 3 if cost.grads_preallocated else 2
+    tied_sum = copies * model.tied_pair_params(layout.pp, layout.tp) * cost.grad_bytes
+    return max(first, tied_sum - activations)
+
+
 def estimate(layout: Layout, model: ModelProfile, cost: CostModel, optimizer: str = "adamw",
              momentum: float = 0.0) -> dict:
-    """{'params', 'grads', 'optimizer', 'activations', 'buffers', 'total', 'host'} bytes on the
+    """{'params', 'grads', 'optimizer', 'activations', 'temporaries', 'buffers', 'total', 'host'} bytes on the
     busiest rank ('total' is the device's; 'host': what the framework offloads)."""
     p, n = cost.piece, max(cost.shard_ranks, 1)
 
@@ -60,6 +76,7 @@ def estimate(layout: Layout, model: ModelProfile, cost: CostModel, optimizer: st
         host += out[key]
         out[key] = 0.0
     out["activations"] = activation_bytes(layout, model, cost)
+    out["temporaries"] = temporary_bytes(layout, model, cost, out["activations"])
     out["buffers"] = float(sum(cost.buffers.values()))
     out = {k2: int(round(v)) for k2, v in out.items()}
     out["total"] = sum(out.values())

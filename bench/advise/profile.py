@@ -48,9 +48,10 @@ def _saved_bytes(spec, batch_size: int, checkpointed: bool, dtype=torch.float32)
     return sum(saved.values()), (boundary[0] if boundary else 0)
 
 
-def _per_piece(spec, batch_size: int, dtype) -> list[tuple[float, int]]:
+def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int]], int]:
     """[(forward FLOPs, bytes saved for backward)] of each pipeline piece for one batch on meta,
-    the pieces applied in order as the pipeline stages apply them (the last one with the loss)."""
+    the pieces applied in order as the pipeline stages apply them (the last one with the loss),
+    and the bytes of the last piece's output (GPT-2: the logits)."""
     from models.pipeline import loss_function, pieces
     from models.spec import example_batch
 
@@ -69,13 +70,13 @@ def _per_piece(spec, batch_size: int, dtype) -> list[tuple[float, int]]:
                 loss(x, batch["labels"])
         seen.update(saved)
         out.append((float(counter.get_total_flops()), sum(saved.values())))
-    return out
+    return out, x.numel() * x.element_size()
 
 
-def pieces_profile(spec, dtype=torch.float32) -> tuple[Piece, ...]:
+def pieces_profile(spec, dtype=torch.float32) -> tuple[tuple[Piece, ...], int]:
     """Piece of every pipeline piece: parameters (a tied weight in each piece that uses it), the
     tensor-parallel plan's share of them, forward FLOPs and saved bytes per sample (slopes
-    between batch 2 and 4)."""
+    between batch 2 and 4); and the model's output bytes per sample."""
     from models.pipeline import pieces, tied_parameters
     from models.spec import count_params
     from models.tensor_parallel import split_param_count
@@ -86,10 +87,10 @@ def pieces_profile(spec, dtype=torch.float32) -> tuple[Piece, ...]:
     for p, idx in tied_parameters(plist):
         for i in idx:
             tied[i] += p.numel()
-    two, four = _per_piece(spec, 2, dtype), _per_piece(spec, 4, dtype)
+    (two, out2), (four, out4) = _per_piece(spec, 2, dtype), _per_piece(spec, 4, dtype)
     return tuple(Piece(params=count_params(piece), split_params=split_param_count(piece), tied_params=tied[i],
                        flops=(four[i][0] - two[i][0]) / 2, activation_bytes=(four[i][1] - two[i][1]) // 2)
-                 for i, piece in enumerate(plist))
+                 for i, piece in enumerate(plist)), (out4 - out2) // 2
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -111,6 +112,7 @@ def profile(model_cfg, precision: str = "fp32") -> ModelProfile:
     full4, _ = _saved_bytes(spec, 4, False, dtype)
     ck2, _ = _saved_bytes(spec, 2, True, dtype) if blocks else (full2, 0)
     ck4, _ = _saved_bytes(spec, 4, True, dtype) if blocks else (full4, 0)
+    pieces, output = pieces_profile(spec, dtype)
     return ModelProfile(
         params=count_params(model),
         largest_block_params=max((count_params(b) for b in blocks), default=count_params(model)),
@@ -118,4 +120,6 @@ def profile(model_cfg, precision: str = "fp32") -> ModelProfile:
         activation_bytes_per_sample=(full4 - full2) // 2,
         checkpointed_bytes_per_sample=(ck4 - ck2) // 2,
         boundary_bytes_per_sample=out2 // 2,
-        pieces=pieces_profile(spec, dtype))
+        pieces=pieces,
+        output_bytes_per_sample=output,
+        largest_weight_params=max((p.numel() for p in model.parameters()), default=0))

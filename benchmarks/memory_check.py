@@ -1,0 +1,93 @@
+"""bench advise's memory estimator against torch's MemTracker, for every data-parallel strategy and
+for tensor and pipeline parallelism at 2, on a GPT-2 with its real vocabulary (gpt2_small's 50,257
+tokens and 768 wide, 2 blocks, 128 tokens: the embedding and head are most of the model, as the
+issue asks), 2 ranks on this machine's CPU.
+
+    .venv/bin/python benchmarks/memory_check.py OUT_DIR [--resume] [--only ddp,fsdp_full]
+
+Each configuration runs `bench run ... run.memory_tracker=true` (bench/memtrack.py: every tensor
+storage on the rank from before setup to the end of the loop); the busiest rank's peak after the
+first step is set beside `bench.advise.memcheck.predicted` (what advise would estimate for that
+candidate). Writes OUT_DIR/memory_check.json and .md; exit 1 when any estimate is off by more than
+10%."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs import reuse  # noqa: E402
+
+MODEL = ["model=gpt2_small", "model.n_layer=2", "model.seq_len=128"]
+RUN = ["launcher.nproc=2", "run.global_batch=4", "run.warmup_steps=1", "run.measure_steps=2",
+       "run.memory_tracker=true", "run.comm_profile=false", "run.progress=false", "logger=none"]
+# every data-parallel strategy (one yaml each), then model parallelism at 2
+CASES = {
+    "ddp": [], "ddp_local_sgd": [], "daso": [], "horovod": [],
+    "fairscale_oss": [], "fairscale_oss_ddp": [], "fairscale_fsdp": [],
+    "fsdp_full": [], "fsdp_grad_op": [], "fsdp_offload": [],
+    "deepspeed_zero0": [], "deepspeed_zero1": [], "deepspeed_zero2": [], "deepspeed_zero3": [],
+    "deepspeed_zero3_offload": [],
+    "tensor_parallel": [], "pipeline_1f1b": [],
+}
+LIMIT = 0.10
+
+
+def run_one(out: Path, name: str, extra: list[str], resume: bool) -> dict:
+    run_dir = out / name
+    if not reuse(run_dir, resume):
+        subprocess.run([sys.executable, "-m", "bench.cli", "run", f"framework={name}", *MODEL, *RUN, *extra,
+                        f"run.dir={run_dir}"], check=False, timeout=900)
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def check(name: str, record: dict) -> dict:
+    from bench.advise.memcheck import compare
+    from bench.config import validate
+    if record["status"] != "ok":
+        return {"framework": name, "status": record["status"],
+                "error_message": (record.get("error") or {}).get("message", "")[:200]}
+    return {"status": "ok", **compare(record, validate(record["config"])), "framework": name}
+
+
+def markdown(rows: list[dict]) -> str:
+    mib = 1 << 20
+    out = ["| framework | layout | estimate (MiB) | tracker peak (MiB) | error | estimate's parts (MiB) |",
+           "|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        if r["status"] != "ok":
+            out.append(f"| {r['framework']} | | | | {r['status']} | {r['error_message']} |")
+            continue
+        e = r["estimate"]
+        parts = ", ".join(f"{k} {e[k] / mib:.0f}" for k in ("params", "grads", "optimizer", "activations",
+                                                            "temporaries", "buffers", "host") if e.get(k))
+        parts += "".join(f"; not seen by the tracker: {k} {v / mib:.0f}" for k, v in e["unseen_by_tracker"].items())
+        out.append(f"| {r['framework']} | {r['layout']} | {e['compared'] / mib:.0f} | "
+                   f"{r['measured']['peak_bytes'] / mib:.0f} | {r['error']:+.1%} | {parts} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    names = a.only.split(",") if a.only else list(CASES)
+    rows = []
+    for name in names:
+        rows.append(check(name, run_one(a.out, name, CASES.get(name, []), a.resume)))
+        r = rows[-1]
+        print(f"{name:26s} " + (f"{r['error']:+.1%}" if r["status"] == "ok" else r["status"]), flush=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "memory_check.json").write_text(json.dumps(rows, indent=1, default=str))
+    (a.out / "memory_check.md").write_text(markdown(rows))
+    print(markdown(rows))
+    return int(any(r["status"] not in ("ok", "unsupported") or abs(r.get("error", 0)) > LIMIT for r in rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
