@@ -21,8 +21,10 @@ from __future__ import annotations
 import torch
 
 SOURCE = f"torch.distributed._tools.mem_tracker.MemTracker (torch {torch.__version__.split('+')[0]})"
-KINDS = {"Parameter": "params", "Buffer": "buffers", "Optstate": "optimizer", "Other": "other",
-         "Activation": "rest"}   # rest: gradients, activations, temporaries, the framework's own buffers
+KINDS = {"Parameter": "params", "Buffer": "buffers", "Gradient": "grads", "Optstate": "optimizer",
+         "Other": "other", "Activation": "rest"}
+# grads: only those that existed when `label` ran; rest: other gradients, activations, temporaries and
+# the framework's own buffers; optimizer: its state and its step's temporaries
 
 
 def _tracker_class():

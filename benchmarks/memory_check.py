@@ -4,6 +4,7 @@ tokens and 768 wide, 2 blocks, 128 tokens: the embedding and head are most of th
 issue asks), 2 ranks on this machine's CPU.
 
     .venv/bin/python benchmarks/memory_check.py OUT_DIR [--resume] [--only ddp,fsdp_full]
+        [--layers 2] [--seq-len 128] [--global-batch 4]
 
 Each configuration runs `bench run ... run.memory_tracker=true` (bench/memtrack.py: every tensor
 storage on the rank from before setup to the end of the loop); the busiest rank's peak after the
@@ -21,9 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import reuse  # noqa: E402
 
-MODEL = ["model=gpt2_small", "model.n_layer=2", "model.seq_len=128"]
-RUN = ["launcher.nproc=2", "run.global_batch=4", "run.warmup_steps=1", "run.measure_steps=2",
-       "run.memory_tracker=true", "run.comm_profile=false", "run.progress=false", "logger=none"]
+RUN = ["launcher.nproc=2", "run.warmup_steps=1", "run.measure_steps=2", "run.memory_tracker=true", "run.comm_profile=false", "run.progress=false", "logger=none"]
 # every data-parallel strategy (one yaml each), then model parallelism at 2
 CASES = {
     "ddp": [], "ddp_local_sgd": [], "daso": [], "horovod": [],
@@ -39,7 +38,7 @@ LIMIT = 0.10
 def run_one(out: Path, name: str, extra: list[str], resume: bool) -> dict:
     run_dir = out / name
     if not reuse(run_dir, resume):
-        subprocess.run([sys.executable, "-m", "bench.cli", "run", f"framework={name}", *MODEL, *RUN, *extra,
+        subprocess.run([sys.executable, "-m", "bench.cli", "run", f"framework={name}", *extra,
                         f"run.dir={run_dir}"], check=False, timeout=900)
     return json.loads((run_dir / "result.json").read_text())
 
@@ -75,11 +74,16 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--only", default="")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--global-batch", type=int, default=4, help="over 2 ranks")
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(CASES)
+    common = ["model=gpt2_small", f"model.n_layer={a.layers}", f"model.seq_len={a.seq_len}",
+              f"run.global_batch={a.global_batch}", *RUN]
     rows = []
     for name in names:
-        rows.append(check(name, run_one(a.out, name, CASES.get(name, []), a.resume)))
+        rows.append(check(name, run_one(a.out, name, [*common, *CASES.get(name, [])], a.resume)))
         r = rows[-1]
         print(f"{name:26s} " + (f"{r['error']:+.1%}" if r["status"] == "ok" else r["status"]), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ def test_an_old_result_is_an_error_unless_resuming(tmp_path):
     ("fault_matrix.py", "case0", []),
     ("model_parallel.py", "00_ddp_2", []),
     ("comm_strategies.py", "quality/ddp", ["--skip-validation"]),
+    ("memory_check.py", "ddp", []),
 ])
 def test_scripts_refuse_an_out_dir_with_old_results(tmp_path, script, first_run, args):
     """Each script stops at its first run directory, before starting any run."""

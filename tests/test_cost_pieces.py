@@ -48,7 +48,9 @@ def test_pipeline_stages_hold_the_embedding_and_the_head(framework, per_rank):
 def test_pipeline_busiest_rank_compute_and_activations():
     cost = cost_of("pipeline_1f1b", dp=1, pp=2, mb=1, ga=4, model=PIECES)
     assert cost.compute_share == pytest.approx(max(2000, 2000 + 400) / 4400)
-    assert cost.activation_share == pytest.approx(max(10 + 200, 200 + 50) / 460)
+    # 1F1B: stage 0 holds 2 micro-batches in flight, the last stage 1: max(210 x 2, 250 x 1) / 2
+    assert cost.in_flight == 2
+    assert cost.activation_share == pytest.approx(max((10 + 200) * 2, (200 + 50) * 1) / 2 / 460)
 
 
 def test_without_pieces_the_split_is_uniform():

@@ -22,7 +22,7 @@ TIED = ModelProfile(params=1000, largest_block_params=150, blocks=2, activation_
 def temporaries(framework: str, dp: int = 2, pp: int = 1, model: ModelProfile = TIED) -> int:
     cost = cost_of(framework, dp=dp, pp=pp, model=model, mb=1, ga=2 if pp > 1 else 1)
     return estimate(Layout(framework, dp=dp, pp=pp, micro_batch=1, grad_accum=2 if pp > 1 else 1),
-                    model, cost)["temporaries"]
+                    model, cost, optimizer="sgd")["temporaries"]      # SGD: no step temporaries
 
 
 def test_tied_weight_gradients_summed_out_of_place_by_hand():
@@ -38,6 +38,26 @@ def test_tied_weight_gradients_summed_out_of_place_by_hand():
     # no tied weight: the largest weight's gradient
     untied = ModelProfile(**{**TIED.__dict__, "pieces": ()})
     assert temporaries("ddp", model=untied) == 1200
+    # or, where larger, two gradients of the model's output (GPT-2: the logits, through the loss's
+    # log-softmax), 700 B per sample at mb 1
+    logits = ModelProfile(**{**TIED.__dict__, "pieces": (), "output_bytes_per_sample": 700})
+    assert temporaries("ddp", model=logits) == 2 * 700
+
+
+def test_optimizer_step_temporaries_by_hand():
+    from bench.advise.memory import optimizer_step_bytes
+    ddp, zero1 = cost_of("ddp", dp=2, model=TIED), cost_of("deepspeed_zero1", dp=2, model=TIED)
+    # CPU: AdamW's single-tensor path, two temporaries of the largest weight (300) at a time
+    assert optimizer_step_bytes(TIED, ddp, "adamw", "cpu") == 2 * 4 * 300
+    assert optimizer_step_bytes(TIED, zero1, "adamw", "cpu") == 2 * 4 * 300 / 2      # its shard
+    # CUDA: the foreach path, one temporary of every parameter it updates
+    assert optimizer_step_bytes(TIED, ddp, "adamw", "cuda") == 4 * 1000
+    assert optimizer_step_bytes(TIED, ddp, "sgd", "cuda") == 0
+    assert optimizer_step_bytes(TIED, cost_of("deepspeed_zero3_offload", dp=2, model=TIED), "adamw", "cuda") == 0
+    # after backward: the gradients and the larger of the tied copies and the step's temporaries
+    big_step = estimate(Layout("horovod", dp=2, micro_batch=1), TIED, cost_of("horovod", dp=2, model=TIED),
+                        device="cuda")
+    assert big_step["temporaries"] == 4000 - 100     # the step's 4000 > the tied copies' 2 x 1200
 
 
 def test_fsdp2_root_unit_is_gathered_with_its_gradients_by_hand():
@@ -79,7 +99,7 @@ def test_estimate_within_ten_percent_of_memtracker(framework, tmp_path):
     FSDP2: the root unit gathered; ZeRO-2: full reduce buckets; tp 2: embedding whole; pp 2."""
     from bench.advise.memcheck import compare
     from bench.config import validate
-    _, rec = run_record(tmp_path / framework, f"framework={framework}", *MODEL, *RUN, timeout=300)
+    _, rec = run_record(tmp_path / framework, f"framework={framework}", *MODEL, *RUN, timeout=240)
     assert rec["status"] == "ok", rec.get("error")
     tracked = [r["tracker"] for r in rec["memory"]["per_rank"]]
     assert len(tracked) == 2 and all(t["peak_bytes"] > t["by_kind"]["params"] > 0 for t in tracked)

@@ -101,7 +101,8 @@ class PipelineAdapter(Adapter):
         twice in backward. After the schedule, one flattened fp32 all-reduce of the gradients over
         dp. Bubble: (pp - 1) micro-batch slots for GPipe and 1F1B, (pp - 1) / v interleaved
         (Narayanan et al. 2021); zero-bubble schedules have no closed form: the interleaved bound.
-        Activations in flight: GPipe all micro-batches, the others at most pp. Stages are cut as
+        Activations in flight: GPipe all micro-batches, 1F1B pp - r on stage r (the last stage,
+        whose head and loss save the most, holds one), the others at most pp on every rank. Stages are cut as
         the adapter cuts them (models.pipeline.partition, stage_owners): the embedding joins the
         first stage and the head (GPT-2: a second copy of the tied embedding) the last; memory and
         compute are the busiest rank's (the most parameters, the most compute and the most
@@ -110,7 +111,10 @@ class PipelineAdapter(Adapter):
         output_chunks; GPT-2: the logits, found with torch's MemTracker)."""
         o, pp, tp, dp, m = options, dims.pp, dims.tp, dims.dp, dims.grad_accum
         v = cls.stages_per_rank(options)
-        mine = cls.busiest_rank(model, o.schedule, pp, v, tp)
+        in_flight = m if o.schedule == "gpipe" else min(pp, m)
+        # 1F1B: stage r holds min(pp - r, m) micro-batches (the last stage, with the head, one)
+        flights = [min(pp - r, m) for r in range(pp)] if o.schedule == "1f1b" else [in_flight] * pp
+        mine = cls.busiest_rank(model, o.schedule, pp, v, tp, flights)
         piece = mine.params
         act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / tp
         traffic = (split("send", act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
@@ -126,21 +130,25 @@ class PipelineAdapter(Adapter):
                                                                   / tp)
         return CostModel(
             f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank", piece, shard_ranks=dp,
-            buffers=buffers, activation_share=mine.activations, in_flight=m if o.schedule == "gpipe" else min(pp, m),
+            buffers=buffers, activation_share=mine.activations, in_flight=in_flight,
             compute_share=mine.compute, bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
             traffic=tuple(traffic))
 
     @staticmethod
-    def busiest_rank(model, schedule: str, pp: int, v: int, tp: int):
+    def busiest_rank(model, schedule: str, pp: int, v: int, tp: int, flights: list[int] | None = None):
         """The Share of the busiest pipeline rank: its stages' pieces, split by tp (each
-        figure the maximum over the ranks); uniform 1 / pp without the model's pieces."""
+        figure the maximum over the ranks); uniform 1 / pp without the model's pieces.
+        `flights`: micro-batches each rank holds in flight; activations are then the largest
+        share x flight over the ranks, per micro-batch of the most any rank holds."""
         from models.pipeline import partition, stage_owners
         if pp == 1 or len(model.pieces) < pp * v:
             return model.share(range(len(model.pieces)), tp, of=pp)
         ranges, owners = partition(len(model.pieces), pp * v), stage_owners(schedule, pp, v)
         ranks = [model.share([i for s, r in enumerate(ranges) if owners[s] == rank for i in r], tp)
                  for rank in range(pp)]
-        return Share(max(r.params for r in ranks), max(r.compute for r in ranks), max(r.activations for r in ranks))
+        flights = flights or [1] * pp
+        acts = max(r.activations * f for r, f in zip(ranks, flights)) / max(flights)
+        return Share(max(r.params for r in ranks), max(r.compute for r in ranks), acts)
 
     @classmethod
     def advise_options(cls, options, devices: int) -> list[dict]:

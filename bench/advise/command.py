@@ -190,7 +190,7 @@ def start(args: list[str]) -> int:
              "device_memory_bytes": limit, "device_memory_source": limit_source,
              "optimizer": {"name": cfg.optim.name, "momentum": cfg.optim.momentum},
              "profile": prof.to_dict(), "calibration": {"cells": [], "skipped": {}},
-             "candidates": [_candidate_row(c, prof, cfg) for c in grid]}
+             "candidates": [_candidate_row(c, prof, cfg, device) for c in grid]}
     threads = None
     if device == "cpu":
         from bench.envinfo import usable_cores
@@ -242,12 +242,12 @@ def attach_cost(c: Candidate, prof, per_node: int) -> None:
         c.layout = dataclasses.replace(c.layout, shard=cost.shard_ranks)
 
 
-def _candidate_row(c: Candidate, prof, cfg) -> dict:
+def _candidate_row(c: Candidate, prof, cfg, device: str) -> dict:
     row = {"id": c.id, "label": c.label(), "framework": c.framework, "overrides": c.overrides, "pruned": c.pruned,
            "layout": c.layout.__dict__ if c.layout else None}
     if c.cost is not None:
         row["cost_model"] = c.cost.to_dict()
-        row["memory_estimate"] = estimate(c.layout, prof, c.cost, cfg.optim.name, cfg.optim.momentum)
+        row["memory_estimate"] = estimate(c.layout, prof, c.cost, cfg.optim.name, cfg.optim.momentum, device)
     return row
 
 
@@ -360,7 +360,7 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
         measured = training_memory_bytes(r)
         if measured is not None and cell.get("cost_model"):
             est = estimate(Layout(fw, dp=1, micro_batch=m), prof, CostModel.from_dict(cell["cost_model"]),
-                           opt["name"], opt["momentum"])["total"]
+                           opt["name"], opt["momentum"], state["device"])["total"]
             overhead[fw] = min(overhead.get(fw, measured - est), measured - est)
     overhead = {fw: max(0, v) for fw, v in overhead.items()}
     state["calibration"].update({"ddp_step_s": {str(k): v for k, v in ddp.items()}, "compute_factor": factor,

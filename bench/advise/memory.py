@@ -14,12 +14,15 @@ hand-checked in tests/test_advise.py and tests/test_cost_model.py). Bytes:
                    gathered units, send/receive buffers, autocast's weight copies)
     temporaries  = gradients autograd makes before they reach .grad (measured with torch's MemTracker
                    on real runs of every strategy: benchmarks/memory_check.py). Backward's first
-                   gradients arrive while every activation is still saved: one weight's gradient (the
-                   largest weight's) on top of them. A weight used twice on the rank (GPT-2's tied
+                   gradients arrive while every activation is still saved: two output-sized gradients
+                   (the loss's, through log-softmax, while its saved output lives; GPT-2: the logits')
+                   or, once that is freed, the largest weight's gradient, on top of them. A weight used twice on the rank (GPT-2's tied
                    embedding and head) gets two contributions that the engine sums out of place, at
                    the end of backward when the activations are freed: the two contributions and
                    their sum, of which .grad keeps the sum (2 extra copies) unless the gradients live
-                   in preallocated storage that the sum is added into (3 extra). The larger phase counts.
+                   in preallocated storage that the sum is added into (3 extra). The larger phase counts,
+                   net of the gradients and activations already counted: gradients that do not exist
+                   before backward are made as the activations are freed, so the net can be negative.
 """
 from __future__ import annotations
 
@@ -51,18 +54,43 @@ def activation_bytes(layout: Layout, model: ModelProfile, cost: CostModel) -> fl
     return per_sample * layout.micro_batch * cost.in_flight * cost.activation_share
 
 
-def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activations: float) -> float:
-    """Beyond the activations: max(largest weight's gradient, tied sum's copies - activations)."""
-    first = model.largest_weight_params * cost.grad_bytes
-    copies = 3 if cost.grads_preallocated else 2
-    tied_sum = copies * model.tied_pair_params(layout.pp, layout.tp) * cost.grad_bytes
-    return max(first, tied_sum - activations)
+def optimizer_step_bytes(model: ModelProfile, cost: CostModel, optimizer: str, device: str) -> float:
+    """Temporaries of torch's AdamW step (measured with MemTracker: tests/test_memory_check.py): on
+    CPU it updates one tensor at a time (single-tensor path) and makes two of that tensor's size
+    (sqrt of exp_avg_sq and its quotient): 2 x the largest weight (its shard where the optimizer
+    is sharded); on CUDA the foreach path takes the square roots of every tensor at once: 1 x the
+    parameters it updates. SGD updates in place; an offloaded optimizer steps on the host."""
+    if optimizer != "adamw" or cost.offload_optimizer:
+        return 0.0
+    shard = max(cost.shard_ranks, 1) if cost.shard_optimizer else 1
+    if device == "cpu":
+        return 2 * 4.0 * model.largest_weight_params / shard
+    return 4.0 * cost.piece / shard
+
+
+def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activations: float,
+                    grads: float, step: float = 0.0) -> float:
+    """What a training step adds at its peak beyond the gradients and activations counted whole;
+    negative where the two never all live at once (gradients made only as activations are freed).
+    Start of backward: activations + the first gradients (two output-sized ones or the largest
+    weight's) + the gradients: all of them if they already exist (preallocated, or accumulating
+    over micro-batches), else all but a tied embedding's, which backward reaches last (counting
+    the others is conservative: a CNN makes its largest weights' gradients while the early
+    layers' activations still live). End of backward and the optimizer step: the gradients + the
+    tied weight's extra copies or the optimizer's temporaries (`step`), whichever is larger."""
+    first = max(2 * model.output_bytes_per_sample * layout.micro_batch, model.largest_weight_params * cost.grad_bytes)
+    tied = model.tied_pair_params(layout.pp, layout.tp) * cost.grad_bytes
+    held = cost.grads_preallocated or layout.grad_accum > 1
+    start = activations + first + (grads if held else max(0.0, grads - tied))
+    end = grads + max((3 if cost.grads_preallocated else 2) * tied, step)
+    return max(start, end) - grads - activations
 
 
 def estimate(layout: Layout, model: ModelProfile, cost: CostModel, optimizer: str = "adamw",
-             momentum: float = 0.0) -> dict:
+             momentum: float = 0.0, device: str = "cuda") -> dict:
     """{'params', 'grads', 'optimizer', 'activations', 'temporaries', 'buffers', 'total', 'host'} bytes on the
-    busiest rank ('total' is the device's; 'host': what the framework offloads)."""
+    busiest rank ('total' is the device's; 'host': what the framework offloads), training on
+    `device` ('cpu' or a GPU: the optimizer's temporaries differ)."""
     p, n = cost.piece, max(cost.shard_ranks, 1)
 
     def part(nbytes: float, sharded: bool) -> float:
@@ -76,7 +104,8 @@ def estimate(layout: Layout, model: ModelProfile, cost: CostModel, optimizer: st
         host += out[key]
         out[key] = 0.0
     out["activations"] = activation_bytes(layout, model, cost)
-    out["temporaries"] = temporary_bytes(layout, model, cost, out["activations"])
+    out["temporaries"] = temporary_bytes(layout, model, cost, out["activations"], out["grads"],
+                                         optimizer_step_bytes(model, cost, optimizer, device))
     out["buffers"] = float(sum(cost.buffers.values()))
     out = {k2: int(round(v)) for k2, v in out.items()}
     out["total"] = sum(out.values())
