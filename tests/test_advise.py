@@ -358,3 +358,39 @@ def test_advise_evaluate_all_measures_the_grid_and_judges_the_advice(tmp_path):
     # the recommendation is the advice's own (its budget), not the grid's best
     assert state["recommendation"]["id"] == ranked[0]["id"]
     assert "regret @1" in proc.stdout and "cost to find" in proc.stdout
+
+
+def test_a_model_too_big_for_one_device_is_calibrated_by_a_sharded_run(tmp_path):
+    """When the 1-rank DDP calibration would not fit one device (by the estimate), FSDP2 full shard
+    over every device measures the compute instead (its step less the communication the network
+    model prices), and the advice goes on; before, the advice aborted. The device limit sits
+    between DDP's 1-rank estimate and FSDP's 2-rank one (gpt2_tiny, micro-batch 4)."""
+    from conftest import bench
+
+    from bench.advise.command import calibration_overrides
+    from bench.advise.profile import profile
+    from bench.config import plan_from_overrides
+
+    def est(fw, ranks):
+        plan = plan_from_overrides(calibration_overrides(fw, "gpt2_tiny", 4, [], None, ranks))
+        prof = profile(plan.cfg.model, plan.cfg.run.precision)
+        cost = plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, None)
+        return estimate(Layout(fw, dp=ranks, micro_batch=4), prof, cost, device="cpu")["total"]
+    one, sharded = est("ddp", 1), est("fsdp_full", 2)
+    assert sharded < one
+    limit_gib = (one + sharded) / 2 / (1 << 30)
+    out = tmp_path / "big"
+    proc = bench("advise", "model=gpt2_tiny", "devices=2", "global_batch=8", "micro_batches=[4]",
+                 "frameworks=ddp,fsdp_full", "budget_runs=1", f"device_memory_gib={limit_gib:.9f}", f"dir={out}",
+                 "run.warmup_steps=1", "run.measure_steps=2", "run.progress=false", "logger=none", timeout=230)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "over 2 ranks (DDP does not fit one device)" in proc.stdout
+    state = json.loads((out / "advice.json").read_text())
+    cells = state["calibration"]["cells"]
+    assert [(c["framework"], c.get("ranks"), c.get("stands_in_for")) for c in cells] == [("fsdp_full", 2, "ddp")]
+    assert "does not fit one device" in state["calibration"]["skipped"]["fsdp_full"]   # its own 1-rank cell
+    assert float(state["calibration"]["ddp_step_s"]["4"]) > 0 and cells[0]["comm_s"] > 0
+    plain_ddp = [c for c in state["candidates"] if c["framework"] == "ddp" and "checkpointing=true" not in
+                 " ".join(c["overrides"])]
+    assert plain_ddp and all(c["pruned"].startswith("memory:") for c in plain_ddp)
+    assert state["recommendation"] is not None and state["recommendation"]["measured_step_s"] > 0

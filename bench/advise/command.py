@@ -128,11 +128,42 @@ def device_memory_bytes(opts: dict, device: str) -> tuple[int, str]:
 
 
 def calibration_overrides(framework: str, model: str, micro_batch: int, extra: list[str],
-                          threads: int | None) -> list[str]:
-    """One rank, no accumulation; on CPU with the threads each candidate's rank gets (the
-    cores divided among the devices), so its compute is a device's compute."""
-    return [f"framework={framework}", f"model={model}", "launcher.nproc=1", f"run.global_batch={micro_batch}",
+                          threads: int | None, ranks: int = 1) -> list[str]:
+    """One rank (or `ranks`: the sharded calibration), no accumulation; on CPU with the threads
+    each candidate's rank gets (the cores divided among the devices), so its compute is a
+    device's compute."""
+    return [f"framework={framework}", f"model={model}", f"launcher.nproc={ranks}",
+            f"run.global_batch={micro_batch * ranks}",
             *([f"launcher.threads_per_rank={threads}"] if threads else []), *extra]
+
+
+SHARDED_CALIBRATION = "fsdp_full"
+
+
+def calibration_plan(cell: dict, opts: dict, extra: list[str], threads: int | None, prof, per_node: int,
+                     limit: int, device: str):
+    """(overrides, plan, cost) of a calibration cell that fits one device by the estimate. A 1-rank
+    DDP cell that does not fit (a model too big for one device: where sharding advice matters
+    most) becomes FSDP2 full shard over every device, whose compute is the step it measures less
+    the communication the network model prices (rank_candidates); any other 1-rank cell that does
+    not fit is skipped. Raises ConfigError with the reason."""
+    from bench.config import plan_from_overrides
+
+    for ranks in ([1, opts["devices"]] if cell["framework"] == "ddp" and opts["devices"] > 1 else [1]):
+        fw = cell["framework"] if ranks == 1 else SHARDED_CALIBRATION
+        over = calibration_overrides(fw, opts["model"], cell["micro_batch"], extra, threads, ranks)
+        plan = plan_from_overrides(over)
+        cost = plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, per_node)
+        if cost is None:
+            return over, plan, cost
+        est = estimate(Layout(fw, dp=ranks, micro_batch=cell["micro_batch"]), prof, cost,
+                       plan.cfg.optim.name, plan.cfg.optim.momentum, device)["total"]
+        if est <= limit:
+            if ranks > 1:
+                cell.update(framework=fw, ranks=ranks, stands_in_for="ddp")
+            return over, plan, cost
+    raise ConfigError(f"does not fit one device: estimated {est / GiB:.2f} GiB > {limit / GiB:.2f} GiB"
+                      + (f", and {SHARDED_CALIBRATION} over {opts['devices']} devices neither" if ranks > 1 else ""))
 
 
 def calibration_cells(survivors: list[Candidate], calibrate: str) -> list[dict]:
@@ -151,7 +182,7 @@ def calibration_cells(survivors: list[Candidate], calibrate: str) -> list[dict]:
 
 def start(args: list[str]) -> int:
     from bench.advise.profile import profile
-    from bench.config import compose_raw, plan_from_overrides
+    from bench.config import compose_raw
     from bench.device import launcher_device
     from bench.gpus import visible_gpus
     from bench.network.model import load
@@ -201,10 +232,8 @@ def start(args: list[str]) -> int:
                                      / max(1.0, threads / usable_cores()))
     overrides, raws = [], []
     for cell in calibration_cells(survivors, opts["calibrate"]):
-        over = calibration_overrides(cell["framework"], opts["model"], cell["micro_batch"], extra, threads)
         try:
-            plan = plan_from_overrides(over)
-            cost = plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, per_node)
+            over, plan, cost = calibration_plan(cell, opts, extra, threads, prof, per_node, limit, device)
         except ConfigError as exc:     # this framework cannot run on one rank: DDP's compute stands in
             state["calibration"]["skipped"][cell["framework"]] = str(exc)
             continue
@@ -212,12 +241,17 @@ def start(args: list[str]) -> int:
         cell["cost_model"] = cost.to_dict() if cost is not None else None
         state["calibration"]["cells"].append(cell)
         overrides.append(over)
+    if not state["calibration"]["cells"]:
+        raise ConfigError("no calibration run can measure one device's compute: "
+                          + "; ".join(f"{k}: {v}" for k, v in state["calibration"]["skipped"].items()))
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / ADVICE, state)
     pruned = sum(1 for c in grid if c.pruned)
     print(f"grid: {len(grid)} candidates, {pruned} pruned by validation; calibration: "
-          + ", ".join(f"{c['framework']} mb{c['micro_batch']}" for c in state["calibration"]["cells"])
-          + " (1 rank each)", flush=True)
+          + ", ".join(f"{c['framework']} mb{c['micro_batch']}"
+                      + (f" over {c['ranks']} ranks (DDP does not fit one device)" if c.get("ranks", 1) > 1 else "")
+                      for c in state["calibration"]["cells"])
+          + " (1 rank unless said)", flush=True)
     _sweep(out / "calibration", overrides, opts["backend"], raws)
     return resume(out)
 
@@ -337,7 +371,7 @@ def _finished(out: Path, phase: str, backend: str) -> list[dict] | None:
 def rank_candidates(state: dict, calibration: list[dict]) -> None:
     """Predict every surviving candidate, prune by memory, rank, mark the ones to measure."""
     from bench.adapters.cost import CostModel, ModelProfile
-    from bench.advise.predict import compute_at, predict
+    from bench.advise.predict import comm_seconds, compute_at, predict
     from bench.network.model import backend_algorithm, load
     from bench.report.frame import training_memory_bytes
 
@@ -346,13 +380,29 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
     opt = state["optimizer"]
     ddp, factor, overhead = {}, {}, {}
     cells = list(zip(state["calibration"]["cells"], calibration))
+    algorithm = state["options"]["algorithm"]
+    if algorithm == "auto":     # what the backend of the device runs (gloo's flat rings on CPU)
+        algorithm = backend_algorithm("gloo" if state["device"] == "cpu" else "nccl")
     for cell, r in cells:
-        if cell["framework"] == "ddp" and r["status"] == "ok":
-            ddp[cell["micro_batch"]] = float(r["timing"]["step_time_s"]["median"])
+        if r["status"] != "ok":
+            continue
+        step = float(r["timing"]["step_time_s"]["median"])
+        if cell["framework"] == "ddp":
+            ddp[cell["micro_batch"]] = step
+        elif cell.get("stands_in_for") == "ddp":    # sharded: its step less its priced communication
+            comm, _ = comm_seconds(CostModel.from_dict(cell["cost_model"]).traffic, network, algorithm)
+            cell["comm_s"] = comm
+            ddp[cell["micro_batch"]] = max(step - comm, 0.05 * step) / state.get("oversubscription", 1.0)
+    if not ddp:
+        reasons = ([f"{k}: {v}" for k, v in state["calibration"]["skipped"].items()]
+                   + [f"{c['framework']} mb{c['micro_batch']}: {r['status']}" for c, r in cells])
+        raise ConfigError("no calibration run measured the compute of one device: " + "; ".join(reasons))
     for cell, r in cells:
         fw, m = cell["framework"], cell["micro_batch"]
         if r["status"] != "ok":
             state["calibration"]["skipped"][fw] = f"{r['status']}: {(r.get('error') or {}).get('message')}"
+            continue
+        if cell.get("stands_in_for"):
             continue
         # the framework's own compute on one device, relative to DDP's at the same micro-batch
         factor[fw] = float(r["timing"]["step_time_s"]["median"]) / compute_at(m, ddp)
@@ -366,9 +416,6 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
     state["calibration"].update({"ddp_step_s": {str(k): v for k, v in ddp.items()}, "compute_factor": factor,
                                  "runtime_overhead_bytes": overhead, "recompute": _recompute(state)})
     limit = state["device_memory_bytes"]
-    algorithm = state["options"]["algorithm"]
-    if algorithm == "auto":     # what the backend of the device runs (gloo's flat rings on CPU)
-        algorithm = backend_algorithm("gloo" if state["device"] == "cpu" else "nccl")
     for c in state["candidates"]:
         if c["pruned"] or c.get("cost_model") is None:
             continue
