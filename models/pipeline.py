@@ -163,6 +163,34 @@ def tied_parameters(piece_list: list[nn.Module]) -> list[tuple[nn.Parameter, lis
     return [(p, idx) for p, idx in seen.values() if len(idx) > 1]
 
 
+def untie(tied: list[tuple[nn.Parameter, list[int]]], stage_of: dict[int, int],
+          local: dict[int, nn.Module]) -> tuple[list[tuple[list[nn.Parameter], list[int]]], set[int]]:
+    """Give every stage its own copy of each tied parameter (zero-bubble schedules compute weight
+    gradients per stage and do not accumulate into a Parameter shared by two local stages): the
+    first stage that uses it keeps the parameter itself, every other stage in `local` (stage id ->
+    this rank's module) gets a clone. `stage_of`: piece index -> stage. Returns, per tied
+    parameter, (this rank's copies, the stages holding one), and the ids of the clones made."""
+    out, made = [], set()
+    for param, piece_ids in tied:
+        stages = sorted({stage_of[i] for i in piece_ids})
+        copies: list[nn.Parameter] = []
+        for s in stages:
+            if s not in local:
+                continue
+            copy = param if not copies and s == stages[0] else None
+            for sub in local[s].modules():
+                for name, p in list(sub._parameters.items()):
+                    if p is param:
+                        if copy is None:
+                            copy = nn.Parameter(param.detach().clone())
+                            made.add(id(copy))
+                        sub._parameters[name] = copy
+            if copy is not None and all(copy is not c for c in copies):
+                copies.append(copy)
+        out.append((copies, stages))
+    return out, made
+
+
 def stage_owners(schedule: str, pp: int, v: int) -> list[int]:
     """Pipeline rank of every stage: loop placement, or V for zbv."""
     if schedule == "zbv_zero_bubble":

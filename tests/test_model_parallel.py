@@ -16,7 +16,7 @@ from bench.config import plan_from_overrides
 from bench.dims import infer_sizes, resolve_dims
 from bench.errors import ConfigError
 from bench.metrics.pipeline import analytic_bubble, measured_idle
-from models.pipeline import loss_function, partition, piece_count, pieces, stage_owners, tied_parameters
+from models.pipeline import loss_function, partition, piece_count, pieces, stage_owners, tied_parameters, untie
 from models.tensor_parallel import qkv_permutation
 
 
@@ -89,6 +89,31 @@ def test_stage_placement_loop_and_v():
     assert stage_owners("1f1b", 4, 1) == [0, 1, 2, 3]
     assert stage_owners("interleaved_1f1b", 2, 2) == [0, 1, 0, 1]
     assert stage_owners("zbv_zero_bubble", 2, 2) == [0, 1, 1, 0]
+
+
+def test_untie_gives_each_stage_its_own_copy():
+    """A weight used by pieces 0 and 2 (embedding and head) of stages 0 and 1: where this rank holds
+    both stages the first keeps the parameter and the second gets a clone; where it holds only
+    the second, that stage gets a clone; every slot that used the weight holds its stage's copy."""
+    import torch
+    from torch import nn
+
+    def model():
+        w = nn.Parameter(torch.randn(4, 3))
+        embed, body, head = nn.Module(), nn.Linear(3, 3), nn.Module()
+        embed.weight, head.weight = w, w
+        return w, [embed, body, head]
+    stage_of = {0: 0, 1: 0, 2: 1}
+    w, plist = model()
+    tied = tied_parameters(plist)
+    assert [(p is w, idx) for p, idx in tied] == [(True, [0, 2])]
+    [(copies, stages)], made = untie(tied, stage_of, {0: plist[0], 1: plist[2]})
+    assert stages == [0, 1] and len(copies) == 2 and copies[0] is w and made == {id(copies[1])}
+    assert plist[0].weight is w and plist[2].weight is copies[1] and torch.equal(copies[1], w)
+    w, plist = model()
+    [(copies, stages)], made = untie(tied_parameters(plist), stage_of, {1: plist[2]})
+    assert stages == [0, 1] and len(copies) == 1 and copies[0] is not w and plist[2].weight is copies[0]
+    assert made == {id(copies[0])} and plist[0].weight is w     # stage 0 is another rank's
 
 
 def test_bubble_fractions_by_hand():

@@ -211,8 +211,8 @@ class PipelineAdapter(Adapter):
             from models.tensor_parallel import apply_tensor_parallel
             for module in self.stage_modules:
                 apply_tensor_parallel(module, self.mesh["tp"])
-        self._copies: set[int] = set()   # ids of the extra copies of tied parameters
-        self._tied = self._untie(piece_list, tied_parameters(piece_list))
+        self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
+        self._tied = self._untie(tied_parameters(piece_list))
         self.model = nn.ModuleList(self.stage_modules)
         local = {id(p): p for m in self.stage_modules for p in m.parameters()}
         self.local_params = list(local.values())
@@ -244,33 +244,16 @@ class PipelineAdapter(Adapter):
                 self._inputs[stage_id] = args[0].detach()
         return hook
 
-    def _untie(self, piece_list, tied) -> list[tuple[list[nn.Parameter], Optional[dist.ProcessGroup]]]:
-        """Give every stage its own copy of each tied parameter (zero-bubble schedules compute
-        weight gradients per stage and do not accumulate into a Parameter shared by two local
-        stages), and, where the copies sit on two pipeline ranks, a group of those ranks per
-        (dp, tp) coordinate. Every rank creates every group (new_group is collective).
-        Returns [(local copies, group or None)]."""
+    def _untie(self, tied) -> list[tuple[list[nn.Parameter], Optional[dist.ProcessGroup]]]:
+        """Each stage its own copy of every tied parameter (models.pipeline.untie) and, where the
+        copies sit on two pipeline ranks, a group of those ranks per (dp, tp) coordinate. Every
+        rank creates every group (new_group is collective). Returns [(local copies, group or None)]."""
+        from models.pipeline import untie
         stage_of = {i: s for s, r in enumerate(self.ranges) for i in r}
-        grid = torch.arange(self.dims.world_size).reshape(tuple(self.dims.mesh_shape().values()))
-        columns = grid.reshape(self.dims.pp, -1)
+        untied, self._copies = untie(tied, stage_of, dict(zip(self.local_ids, self.stage_modules)))
+        columns = torch.arange(self.dims.world_size).reshape(self.dims.pp, -1)
         out = []
-        for param, piece_ids in tied:
-            stages = sorted({stage_of[i] for i in piece_ids})
-            copies = []
-            for s in stages:
-                if self.owners[s] != self.pp_rank:
-                    continue
-                module = self.stage_modules[self.local_ids.index(s)]
-                copy = param if not copies and s == stages[0] else None
-                for sub in module.modules():
-                    for name, p in list(sub._parameters.items()):
-                        if p is param:
-                            if copy is None:
-                                copy = nn.Parameter(param.detach().clone())
-                                self._copies.add(id(copy))
-                            sub._parameters[name] = copy
-                if copy is not None and all(copy is not c for c in copies):
-                    copies.append(copy)
+        for copies, stages in untied:
             holders = sorted({self.owners[s] for s in stages})
             mine = None
             if len(holders) > 1:
