@@ -22,7 +22,7 @@ import torch
 
 SOURCE = f"torch.distributed._tools.mem_tracker.MemTracker (torch {torch.__version__.split('+')[0]})"
 KINDS = {"Parameter": "params", "Buffer": "buffers", "Gradient": "grads", "Optstate": "optimizer",
-         "Other": "other", "Activation": "rest"}
+         "Other": "other", "Activation": "rest", "Temp": "rest"}
 # grads: only those that existed when `label` ran; rest: other gradients, activations, temporaries and
 # the framework's own buffers; optimizer: its state and its step's temporaries
 
@@ -94,6 +94,9 @@ class RunTracker:
                     return {str(k.value if hasattr(k, "value") else k): int(v) for k, v in snap.items()}
             return {}
         peak, now = on_device("peak"), on_device("current")
-        return {"peak_bytes": peak.get("Total", 0),
-                "by_kind": {KINDS[k]: v for k, v in peak.items() if k in KINDS},
+        kinds: dict[str, int] = {}
+        for k, v in peak.items():
+            if k in KINDS:
+                kinds[KINDS[k]] = kinds.get(KINDS[k], 0) + v
+        return {"peak_bytes": peak.get("Total", 0), "by_kind": kinds,
                 "current_bytes": now.get("Total", 0), "source": SOURCE, "device": self.device.type}

@@ -4,7 +4,7 @@ tokens and 768 wide, 2 blocks, 128 tokens: the embedding and head are most of th
 issue asks), 2 ranks on this machine's CPU.
 
     .venv/bin/python benchmarks/memory_check.py OUT_DIR [--resume] [--only ddp,fsdp_full]
-        [--layers 2] [--seq-len 128] [--global-batch 4]
+        [--layers 2] [--seq-len 128] [--global-batch 4] [--precision fp32|bf16]
 
 Each configuration runs `bench run ... run.memory_tracker=true` (bench/memtrack.py: every tensor
 storage on the rank from before setup to the end of the loop); the busiest rank's peak after the
@@ -77,10 +77,11 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--global-batch", type=int, default=4, help="over 2 ranks")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(CASES)
     common = ["model=gpt2_small", f"model.n_layer={a.layers}", f"model.seq_len={a.seq_len}",
-              f"run.global_batch={a.global_batch}", *RUN]
+              f"run.global_batch={a.global_batch}", f"run.precision={a.precision}", *RUN]
     rows = []
     for name in names:
         rows.append(check(name, run_one(a.out, name, [*common, *CASES.get(name, [])], a.resume)))

@@ -67,6 +67,15 @@ def test_fsdp2_root_unit_is_gathered_with_its_gradients_by_hand():
     assert sum(cost_of("fsdp_full", dp=2).buffers.values()) == 2 * 2 * 4 * 200   # blocks larger than the root
 
 
+def test_fsdp2_makes_unsharded_gradients_in_param_dtype_by_hand():
+    # bf16: sharded fp32 gradients 4 x 1000 / 2 = 2000; backward makes the tied weight's two
+    # contributions in bf16: end = 2000 + 2 x (2 x 300) = 3200, less gradients and activations (100)
+    cost = cost_of("fsdp_full", dp=2, model=TIED, mb=1, precision="bf16")
+    assert (cost.grad_bytes, cost.backward_grad_bytes) == (4, 2)
+    got = estimate(Layout("fsdp_full", dp=2, micro_batch=1), TIED, cost, optimizer="sgd", device="cpu")
+    assert got["grads"] == 2000 and got["temporaries"] == 3200 - 2000 - 100
+
+
 def test_deepspeed_reduce_buckets_are_allocated_whole_by_hand():
     # stage_1_and_2.py allocates reduce_bucket_size elements, twice with overlap_comm, for any model
     for stage in ("deepspeed_zero1", "deepspeed_zero2"):

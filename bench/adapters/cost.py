@@ -138,6 +138,8 @@ class CostModel:
     bubble_slots: float = 0.0        # idle micro-batch slots per step (pipeline fill and drain)
     grads_preallocated: bool = False  # gradients live in storage made before backward (DDP's bucket
                                       # views, grads zeroed in place): a contribution is added into it
+    backward_grad_bytes: int = 0      # bytes per element of a gradient as backward makes it, where it
+                                      # differs from grad_bytes (FSDP2 mixed precision: param_dtype); 0 = same
     traffic: tuple = ()              # Traffic, per optimizer step
 
     def payload_psi(self) -> dict[str, float]:

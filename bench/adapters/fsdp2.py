@@ -84,7 +84,8 @@ class FSDP2Adapter(Adapter):
         return CostModel(
             "torch FSDP2 fully_shard" + (f", hybrid ({shard}-rank shard groups)" if o.hybrid else ""), p,
             shard_ranks=shard, shard_optimizer=True, shard_grads=True, shard_params=True,
-            offload_optimizer=o.cpu_offload, offload_params=o.cpu_offload, buffers=buffers, traffic=tuple(traffic))
+            offload_optimizer=o.cpu_offload, offload_params=o.cpu_offload, buffers=buffers, traffic=tuple(traffic),
+            backward_grad_bytes=gather)
 
     @classmethod
     def advise_options(cls, options, devices: int) -> list[dict]:

@@ -78,8 +78,9 @@ def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activa
     the others is conservative: a CNN makes its largest weights' gradients while the early
     layers' activations still live). End of backward and the optimizer step: the gradients + the
     tied weight's extra copies or the optimizer's temporaries (`step`), whichever is larger."""
-    first = max(2 * model.output_bytes_per_sample * layout.micro_batch, model.largest_weight_params * cost.grad_bytes)
-    tied = model.tied_pair_params(layout.pp, layout.tp) * cost.grad_bytes
+    made = cost.backward_grad_bytes or cost.grad_bytes
+    first = max(2 * model.output_bytes_per_sample * layout.micro_batch, model.largest_weight_params * made)
+    tied = model.tied_pair_params(layout.pp, layout.tp) * made
     held = cost.grads_preallocated or layout.grad_accum > 1
     start = activations + first + (grads if held else max(0.0, grads - tied))
     end = grads + max((3 if cost.grads_preallocated else 2) * tied, step)
