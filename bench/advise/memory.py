@@ -12,17 +12,16 @@ hand-checked in tests/test_advise.py and tests/test_cost_model.py). Bytes:
                    block's full activations (its recompute in backward)
     buffers      = what the framework adds (its cost model's `buffers`: buckets, fusion buffers,
                    gathered units, send/receive buffers, autocast's weight copies)
-    temporaries  = gradients autograd makes before they reach .grad (measured with torch's MemTracker
-                   on real runs of every strategy: benchmarks/memory_check.py). Backward's first
-                   gradients arrive while every activation is still saved: two output-sized gradients
-                   (the loss's, through log-softmax, while its saved output lives; GPT-2: the logits')
-                   or, once that is freed, the largest weight's gradient, on top of them. A weight used twice on the rank (GPT-2's tied
-                   embedding and head) gets two contributions that the engine sums out of place, at
-                   the end of backward when the activations are freed: the two contributions and
-                   their sum, of which .grad keeps the sum (2 extra copies) unless the gradients live
-                   in preallocated storage that the sum is added into (3 extra). The larger phase counts,
-                   net of the gradients and activations already counted: gradients that do not exist
-                   before backward are made as the activations are freed, so the net can be negative.
+    temporaries  = what a step adds at its peak beyond the parts above (found with torch's MemTracker
+                   on real runs of every strategy: benchmarks/memory_check.py, docs/memory-check.md).
+                   Backward's first gradients arrive while every activation is still saved: two
+                   output-sized gradients (through the loss's log-softmax; GPT-2: the logits) or the
+                   largest weight's gradient. A weight used twice on the rank (GPT-2's tied embedding
+                   and head) gets two contributions that autograd sums out of place at the end of
+                   backward, when the activations are freed: 2 extra copies (3 where gradients live
+                   in preallocated storage); AdamW's step adds its own temporaries. The larger phase
+                   counts, net of the gradients and activations counted whole: gradients that do not
+                   exist before backward are made as activations are freed, so the net can be negative.
 """
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ from bench.adapters.cost import CostModel, ModelProfile
 from bench.metrics.memory import optimizer_state_bytes_per_param
 
 __all__ = ["Layout", "ModelProfile", "estimate"]
-
 
 
 @dataclass(frozen=True)
