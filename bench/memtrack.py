@@ -87,7 +87,8 @@ class RunTracker:
         t._peak_mem_snap = now
 
     def result(self) -> dict:
-        """{'peak_bytes', 'by_kind': {params, buffers, optimizer, other, rest} at that peak, 'current_bytes', 'source'} on the rank's device."""
+        """{'peak_bytes', 'by_kind': {params, buffers, grads, optimizer, other, rest} at that peak,
+        'current_bytes', 'source', 'device'} on the rank's device."""
         def on_device(kind: str) -> dict:
             for dev, snap in self.tracker.get_tracker_snapshot(kind).items():
                 if torch.device(dev).type == self.device.type:

@@ -147,17 +147,17 @@ def calibration_plan(cell: dict, opts: dict, extra: list[str], threads: int | No
     most) becomes FSDP2 full shard over every device, whose compute is the step it measures less
     the communication the network model prices (rank_candidates); any other 1-rank cell that does
     not fit is skipped. Raises ConfigError with the reason."""
+    from bench.advise.memcheck import cost_of_plan, estimate_plan
     from bench.config import plan_from_overrides
 
     for ranks in ([1, opts["devices"]] if cell["framework"] == "ddp" and opts["devices"] > 1 else [1]):
         fw = cell["framework"] if ranks == 1 else SHARDED_CALIBRATION
         over = calibration_overrides(fw, opts["model"], cell["micro_batch"], extra, threads, ranks)
         plan = plan_from_overrides(over)
-        cost = plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, per_node)
+        cost = cost_of_plan(plan, prof, per_node)
         if cost is None:
             return over, plan, cost
-        est = estimate(Layout(fw, dp=ranks, micro_batch=cell["micro_batch"]), prof, cost,
-                       plan.cfg.optim.name, plan.cfg.optim.momentum, device)["total"]
+        est = estimate_plan(plan, prof, cost, device)["total"]
         if est <= limit:
             if ranks > 1:
                 cell.update(framework=fw, ranks=ranks, stands_in_for="ddp")

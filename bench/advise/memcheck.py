@@ -22,14 +22,23 @@ def layout_of(plan, shard_ranks: int) -> Layout:
                   grad_accum=d.grad_accum, checkpointing=ckpt, shard=shard_ranks if shard_ranks < d.dp else 0)
 
 
+def cost_of_plan(plan, prof, per_node: int | None = None):
+    return plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, per_node)
+
+
+def estimate_plan(plan, prof, cost, device: str) -> dict:
+    """estimate() for this plan's layout, optimizer and the cost model its adapter declared."""
+    return estimate(layout_of(plan, cost.shard_ranks), prof, cost, plan.cfg.optim.name, plan.cfg.optim.momentum,
+                    device)
+
+
 def predicted(plan, prof=None, per_node: int | None = None, device: str = "cpu") -> dict:
     """advise's memory estimate for this plan's busiest rank ({part: bytes, 'total', 'host'})."""
     prof = prof or profile(plan.cfg.model, plan.cfg.run.precision)
-    cost = plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, per_node)
+    cost = cost_of_plan(plan, prof, per_node)
     if cost is None:
         raise ValueError(f"{plan.cfg.framework.name} declares no cost model")
-    return estimate(layout_of(plan, cost.shard_ranks), prof, cost, plan.cfg.optim.name, plan.cfg.optim.momentum,
-                    device)
+    return estimate_plan(plan, prof, cost, device)
 
 
 def error(estimate_bytes: float, measured_bytes: float) -> float:
@@ -47,9 +56,11 @@ def compare(record: dict, plan, prof=None) -> dict:
         raise ValueError(f"{record.get('run_id')}: no memory.tracker (run with run.memory_tracker=true)")
     busiest = max(ranks, key=lambda t: t["peak_bytes"])
     prof = prof or profile(plan.cfg.model, plan.cfg.run.precision)
-    cost = plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, None)
-    unseen = {k: v for k, v in (cost.buffers if cost else {}).items() if any(u in k for u in UNSEEN)}
-    est = predicted(plan, prof, device=busiest["device"])
+    cost = cost_of_plan(plan, prof)
+    if cost is None:
+        raise ValueError(f"{plan.cfg.framework.name} declares no cost model")
+    unseen = {k: v for k, v in cost.buffers.items() if any(u in k for u in UNSEEN)}
+    est = estimate_plan(plan, prof, cost, busiest["device"])
     on_device = est["total"] + (est["host"] if busiest["device"] == "cpu" else 0) - int(sum(unseen.values()))
     d = plan.dims
     return {"framework": plan.cfg.framework.name, "layout": f"dp{d.dp} tp{d.tp} pp{d.pp} mb{d.micro_batch}x{d.grad_accum}",
