@@ -212,7 +212,7 @@ def test_commbench_across_nodes_fits_the_link(box, tmp_path):
     import yaml
     out = tmp_path / "cb"
     proc = login("srun", "-N2", "--ntasks-per-node=1", BENCH, "commbench", "launcher=slurm", "kinds=[all_reduce]",
-                 "sizes=[262144,1048576]", "iters=3", "warmup=1", f"out={out}")
+                 "sizes=[262144,1048576,2097152]", "iters=5", "warmup=1", f"out={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((out / "commbench.json").read_text())
     assert sorted(rec["hosts"]) == ["n1", "n2"] and rec["launcher"] == "slurm" and rec["world_size"] == 2
