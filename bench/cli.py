@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 from pathlib import Path
 
@@ -25,40 +24,25 @@ from bench.run_entry import run as cmd_run  # `bench run`; sweep cells call benc
 
 
 def cmd_multirun(overrides: list[str]) -> int:
-    import copy
-    import time
-
-    from bench.config import plan_from_overrides, validate
-    from bench.launch.local import run_local
-    from bench.overrides import expand_sweep
-    from bench.sinks import log_to_sinks
+    """`bench run -m`: a local sweep (bench/sweep: manifest, per-cell lock, resumable with `bench
+    sweep resume DIR`) whose cells have readable directories, <index>_<swept values>, under
+    run.dir; one table of every cell's record at the end."""
+    from bench import rundir
+    from bench.sweep import manifest
+    from bench.sweep.cells import expand
+    from bench.sweep.commands import start_cells
     from bench.table import render, rows
 
-    cells = expand_sweep(overrides)
-    plans = [plan_from_overrides(cell) for cell in cells]  # all valid before anything starts
-    parent = Path(plans[0].cfg.run.dir) if plans[0].cfg.run.dir else (
-        Path("outputs") / "multirun" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
-    records = []
-    for i, (cell, plan) in enumerate(zip(cells, plans)):
-        label = "_".join(c.split("=", 1)[1] for c in cell if "," not in c and c.split("=", 1)[0] in _swept(overrides))
-        run_dir = parent / f"{i:03d}_{label or 'run'}".replace("/", "-")
-        if (run_dir / "result.json").exists():
-            raise ConfigError(f"{run_dir} already holds a result.json; choose another run.dir")
-        print(f"[{i + 1}/{len(cells)}] {' '.join(cell)}", flush=True)
-        raw = copy.deepcopy(plan.raw)
-        raw["run"]["dir"] = str(run_dir)   # the saved config names the cell's own directory
-        started = time.time()
-        plan = validate(raw)
-        record = run_local(plan, run_dir, started=started, validated=time.time())
-        log_to_sinks(plan, run_dir, record)
-        records.append(record)
-    print(render(rows(records)))
+    given = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "run.dir"]
+    rest = [o for o in overrides if o not in given]
+    cells = expand(rest, readable_names=True)   # all valid before anything starts
+    parent = Path(given[-1].split("=", 1)[1]) if given else rundir.sweep_root("multirun")
+    start_cells(parent, cells, {"overrides": overrides, "repeats": 1, "command": "bench run -m"}, "local")
+    records = [manifest.cell_result(parent, c) for c in cells]
+    print(render(rows([r for r in records if r is not None])))
     print(f"results under: {parent}")
-    return 0 if all(r["status"] in ("ok", "unsupported") for r in records) else EXIT_RUN_NOT_OK
-
-
-def _swept(overrides: list[str]) -> set[str]:
-    return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "," in o or "glob(" in o or "range(" in o}
+    ok = all(r is not None and r["status"] in ("ok", "unsupported") for r in records)
+    return 0 if ok else EXIT_RUN_NOT_OK
 
 
 def cmd_table(paths: list[str]) -> int:

@@ -14,6 +14,7 @@ from bench.metrics.stragglers import find_stragglers
 from bench.metrics.throughput import throughput
 from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
 from bench.results import empty_record
+from bench.rundir import RunDir
 
 
 def _global_losses(gathered: list) -> list[float]:
@@ -200,7 +201,7 @@ def write_metrics_jsonl(run_dir: Path, record: dict, gathered: list) -> None:
     """One line per step: global step time (max over ranks), global loss, per-rank times."""
     warmup = record["timing"]["warmup_steps"]
     gb = record["parallel"]["global_batch"]
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     with open(path, "w") as f:
         for step, loss in record["convergence"]["train_loss"]:
             row = {"step": step, "phase": "warmup" if step < warmup else "measure", "loss": loss}

@@ -7,9 +7,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from bench.rundir import RESULT as RESULT_FILE  # the run directory's names live in bench/rundir.py
+from bench.rundir import RunDir
+
 SCHEMA = "ddlbench.result/1"
 STATUSES = ("ok", "failed", "timeout", "oom", "unsupported")
-RESULT_FILE = "result.json"
 REQUIRED = ("schema", "run_id", "status", "error", "framework", "model", "parallel", "precision",
             "seed", "env", "timing", "throughput", "memory", "comm", "mfu", "convergence", "config")
 
@@ -86,7 +88,7 @@ def write_result(run_dir: Path, record: dict) -> Path:
     problems = check_record(record)
     if problems:
         raise ValueError(f"refusing to write an invalid result: {problems}")
-    path = Path(run_dir) / RESULT_FILE
+    path = RunDir(run_dir).result
     atomic_write_json(path, record)
     return path
 

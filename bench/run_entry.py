@@ -3,31 +3,13 @@
 calls back up through it."""
 from __future__ import annotations
 
-import datetime as _dt
 import sys
-from pathlib import Path
 
+from bench import rundir
 from bench.errors import ConfigError
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_NOT_OK = 1
-
-
-def run_dir_for(plan) -> Path:
-    import os
-
-    if plan.cfg.run.dir:
-        return Path(plan.cfg.run.dir)
-    if plan.cfg.launcher.name == "slurm":  # every srun task must name the same directory
-        return Path("outputs") / "runs" / f"slurm-{os.environ.get('SLURM_JOB_ID', 'nojob')}.{os.environ.get('SLURM_STEP_ID', '0')}"
-    stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    name = f"{stamp}_{plan.cfg.framework.name}-{plan.cfg.framework.variant}_{plan.cfg.model.name}_n{plan.dims.world_size}"
-    base = Path("outputs") / "runs" / name
-    path, i = base, 1
-    while path.exists():
-        i += 1
-        path = base.with_name(f"{base.name}_{i}")
-    return path
 
 
 def run(overrides: list[str]) -> int:
@@ -46,8 +28,9 @@ def run(overrides: list[str]) -> int:
                           **plan.adapter_cls.dry_run_info(plan.options, plan.cfg, plan.dims)}, indent=2))
         print("dry run: config is valid; nothing launched")
         return 0
-    run_dir = run_dir_for(plan)
-    if (run_dir / "result.json").exists():
+    rd = rundir.for_run(plan)
+    run_dir = rd.path
+    if rd.result.exists():
         raise ConfigError(f"run.dir {run_dir} already holds a result.json; choose another run.dir")
     from bench.launch.local import run_local
     from bench.sinks import log_to_sinks
@@ -62,7 +45,7 @@ def run(overrides: list[str]) -> int:
         record = run_local(plan, run_dir, started=process_start_time(), validated=validated)
     log_to_sinks(plan, run_dir, record)
     print(render(rows([record])))
-    print(f"result: {run_dir / 'result.json'}")
+    print(f"result: {rd.result}")
     return 0 if record["status"] == "ok" else EXIT_RUN_NOT_OK
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -15,6 +16,25 @@ from pathlib import Path
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--remote-debugging-port=0", "--remote-allow-origins=*"]
+
+
+def layout_problems(layout: dict) -> list[str]:
+    """What a reader would see wrong: the page wider than the window (cut off or a sideways
+    scroll), blocks drawn over each other, an image squeezed or past the window's edge, a "nan"."""
+    out = []
+    if layout["page_width"] > layout["viewport"]:
+        out.append(f"page is {layout['page_width']} px wide in a {layout['viewport']} px window")
+    out += [f"overlap: {o}" for o in layout["overlaps"]]
+    for i in layout["images"]:
+        if not i["natural"]:
+            out.append(f"image {i['alt']!r} did not load")
+        elif abs(i["shown"] / i["natural"] - 1) > 0.02:
+            out.append(f"image {i['alt']!r} drawn at aspect {i['shown']:.2f}, made at {i['natural']:.2f}")
+        if i["left"] < 0 or i["right"] > layout["viewport"]:
+            out.append(f"image {i['alt']!r} runs past the window ({i['left']:.0f}-{i['right']:.0f} px)")
+    if re.search(r"\bnan\b", layout["text"], re.IGNORECASE):
+        out.append("the page says 'nan'")
+    return out
 
 
 def chromium() -> str:
@@ -49,8 +69,33 @@ class Page:
         raise TimeoutError(method)
 
 
+LAYOUT_JS = """JSON.stringify((() => {
+  const box = e => { const r = e.getBoundingClientRect();
+                     return {x0: r.left, x1: r.right, y0: r.top + scrollY, y1: r.bottom + scrollY}; };
+  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' "' + e.textContent.trim().slice(0, 40) + '"';
+  const blocks = Array.from(document.querySelectorAll('h1, h2, p, ul, div.scroll, figure, .plots'))
+                      .filter(e => e.getClientRects().length);
+  const overlaps = [];
+  for (let i = 0; i < blocks.length; i++) for (let j = i + 1; j < blocks.length; j++) {
+    const a = blocks[i], b = blocks[j];
+    if (a.contains(b) || b.contains(a)) continue;
+    const p = box(a), q = box(b);
+    if (p.x0 < q.x1 - 1 && q.x0 < p.x1 - 1 && p.y0 < q.y1 - 1 && q.y0 < p.y1 - 1)
+      overlaps.push(name(a) + ' / ' + name(b));
+  }
+  const images = Array.from(document.images).map(i => { const r = i.getBoundingClientRect();
+    return {alt: i.alt, natural: i.naturalWidth / Math.max(1, i.naturalHeight), shown: r.width / Math.max(1, r.height),
+            right: r.right, left: r.left}; });
+  return {headings: Array.from(document.querySelectorAll('h2')).map(h => h.textContent.trim()),
+          page_width: document.documentElement.scrollWidth, viewport: innerWidth, overlaps: overlaps,
+          images: images, text: document.body.innerText};
+})())"""
+
+
 def inspect_page(path: Path, screenshot: Path, width: int = 1280) -> dict:
-    """{'errors': [...], 'images': [{complete, width, height}], 'title': str}; writes the PNG."""
+    """{'errors': [...], 'images': [{complete, width, height}], 'title': str, 'layout': {headings,
+    page_width, viewport, overlaps (pairs of blocks drawn over each other), images (aspect as
+    drawn vs as made, edges), text}}; writes the PNG."""
     import websocket
 
     profile = tempfile.mkdtemp(prefix="chromium-")
@@ -76,6 +121,7 @@ def inspect_page(path: Path, screenshot: Path, width: int = 1280) -> dict:
             "JSON.stringify(Array.from(document.images).map(i => ({complete: i.complete, "
             "width: i.naturalWidth, height: i.naturalHeight})))"))["result"]["value"])
         title = page.call("Runtime.evaluate", expression="document.title", returnByValue=True)["result"]["value"]
+        layout = json.loads(page.call("Runtime.evaluate", returnByValue=True, expression=LAYOUT_JS)["result"]["value"])
         metrics = page.call("Page.getLayoutMetrics")["cssContentSize"]
         shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
                          clip={"x": 0, "y": 0, "width": width, "height": min(metrics["height"], 16000), "scale": 1})
@@ -93,7 +139,7 @@ def inspect_page(path: Path, screenshot: Path, width: int = 1280) -> dict:
             elif m == "Network.loadingFailed":
                 errors.append(f"load failed: {p.get('errorText')}")
         ws.close()
-        return {"errors": errors, "images": images, "title": title,
+        return {"errors": errors, "images": images, "title": title, "layout": layout,
                 "requests": [e["params"]["request"]["url"][:60] for e in page.events
                              if e.get("method") == "Network.requestWillBeSent"]}
     finally:

@@ -122,3 +122,38 @@ def test_no_import_circles():
     graph = import_graph()
     assert "models.registry" in graph["models"] and "bench.launch.failures" in graph["bench.launch.worker"]
     assert not cycles(graph), cycles(graph)
+
+
+RUN_FILES = ("result.json", "config.json", "config.yaml", "metrics.jsonl", "events.jsonl", "failure.json",
+             "agent.log", "stderr.log")
+RUN_DIRS = ("errors", "partial", "stacks", "logs")
+
+
+def test_the_run_directory_is_named_in_one_module():
+    """Every file name of a run directory is spelt in bench/rundir.py and nowhere else in bench/
+    (docstrings aside): `X / "result.json"` or a constant of its own elsewhere was how the
+    directory's layout drifted apart (four places named the directory, ten its files)."""
+    from bench.rundir import RunDir, of_cell
+    from bench.sweep.cells import Cell
+
+    rd = RunDir("/r")
+    assert (rd.result, rd.metrics, rd.rank_partial(1), rd.rank_error(0, "done")) == (
+        Path("/r/result.json"), Path("/r/metrics.jsonl"), Path("/r/partial/rank1.json"), Path("/r/errors/rank0.done"))
+    cell = Cell(index=0, id="abc", overrides=[], repeat=0)
+    assert of_cell("/s", cell).path == Path("/s/abc")
+    assert of_cell("/s", Cell(index=0, id="abc", overrides=[], repeat=0, name="000_ddp")).path == Path("/s/000_ddp")
+    spelt = []
+    for path in BENCH.rglob("*.py"):
+        if path.name == "rundir.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                      and n.body and isinstance(n.body[0], ast.Expr)}
+        joined = {id(n.right) for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in docstrings:
+                continue
+            if node.value in RUN_FILES or (node.value in RUN_DIRS and id(node) in joined):
+                spelt.append(f"{path.relative_to(BENCH)}:{node.lineno} {node.value!r}")
+    assert not spelt, spelt

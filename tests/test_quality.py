@@ -68,7 +68,7 @@ def test_time_to_target_is_the_first_evaluation_under_target(sweep):
 
 
 def test_report_end_to_end_in_chromium(sweep, tmp_path):
-    from browser import inspect_page
+    from browser import inspect_page, layout_problems
 
     out = tmp_path / "report"
     proc = bench("report", str(sweep), "-o", str(out))
@@ -97,19 +97,29 @@ def test_report_end_to_end_in_chromium(sweep, tmp_path):
         assert (out / f"{name}.png").stat().st_size > 5000
     page = inspect_page(out / "report.html", tmp_path / "screenshot.png")
     assert page["errors"] == []
+    # the layout as drawn: the verdict first, nothing over anything, nothing cut off, no "nan"
+    assert page["layout"]["headings"][:2] == ["Verdict", "Comparison"], page["layout"]["headings"]
+    assert layout_problems(page["layout"]) == []
+    assert "nan" not in (out / "report.md").read_text().lower().replace("nano", "")
     assert len(page["images"]) == 7 and all(i["complete"] and i["width"] > 100 for i in page["images"])
     assert not [u for u in page["requests"] if not u.startswith(("file:", "data:"))]   # no network
     assert (tmp_path / "screenshot.png").stat().st_size > 20000
 
 
 def test_chromium_check_catches_a_broken_page(tmp_path):
-    from browser import inspect_page
+    from browser import inspect_page, layout_problems
 
     page = tmp_path / "broken.html"
-    page.write_text('<html><body><img src="missing.png"><script>undefined_function()</script></body></html>')
+    page.write_text('<html><body><img src="missing.png"><script>undefined_function()</script>'
+                    '<h2>Throughput</h2><p style="margin-top:-30px">covers the heading</p>'
+                    '<div class="scroll" style="width:2000px">too wide</div><p>scaling nan (nan)</p></body></html>')
     result = inspect_page(page, tmp_path / "shot.png")
     assert any("undefined_function" in str(e) for e in result["errors"])
     assert result["images"][0]["width"] == 0
+    problems = layout_problems(result["layout"])
+    assert any(p.startswith("page is 20") for p in problems), problems
+    assert any(p.startswith("overlap: h2") and "covers the heading" in p for p in problems), problems
+    assert "the page says 'nan'" in problems
 
 
 def test_zero3_and_vision_evaluate_through_their_wrappers(sweep, tmp_path):

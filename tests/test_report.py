@@ -252,3 +252,58 @@ def test_throughput_plot_keeps_its_legend_off_the_bars_and_one_colour_per_series
     tight = fig.get_tightbbox(renderer)   # what bbox_inches="tight" saves
     assert tight.x0 <= title.x0 / fig.dpi and title.x1 / fig.dpi <= tight.x1
     assert tight.x1 >= legend.x1 / fig.dpi
+
+
+def _layout_problems(fig, name: str) -> list[str]:
+    """What covers what in a drawn figure: a legend over any axes (its data), a title over an
+    axes or another title, anything the saved file (bbox_inches="tight") would clip."""
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    saved = fig.get_tightbbox(r)                         # inches, what _save writes
+    data_axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    boxes = {f"axes {i}": ax.get_window_extent(r) for i, ax in enumerate(fig.axes)}
+    texts = {}
+    for i, ax in enumerate(data_axes):
+        if ax.get_legend() is not None:
+            texts[f"legend of axes {i}"] = ax.get_legend().get_window_extent(r)
+        if ax.get_title():
+            texts[f"title of axes {i}"] = ax.title.get_window_extent(r)
+    if fig._suptitle is not None:
+        texts["suptitle"] = fig._suptitle.get_window_extent(r)
+    problems = []
+    for what, box in texts.items():
+        problems += [f"{name}: {what} covers {a}" for a, ab in boxes.items() if box.overlaps(ab)]
+        problems += [f"{name}: {what} covers {o}" for o, ob in texts.items() if o < what and box.overlaps(ob)]
+        inches = box.transformed(fig.dpi_scale_trans.inverted())
+        if not (saved.x0 <= inches.x0 + 1e-6 and inches.x1 <= saved.x1 + 1e-6
+                and saved.y0 <= inches.y0 + 1e-6 and inches.y1 <= saved.y1 + 1e-6):
+            problems.append(f"{name}: {what} is clipped by the saved image")
+    return problems
+
+
+def test_no_plot_title_or_legend_covers_data_or_is_clipped(tmp_path, monkeypatch):
+    """Every plot the report draws, on runs with curves, scaling, memory, communication and MFU:
+    legends sit beside the axes (they covered bars and lines where matplotlib's "best" found no
+    room), titles clear every axes, and nothing is cut off the saved PNG."""
+    from bench.report import plots
+    root = tmp_path / "runs"
+    evals = [{"step": s, "epoch": s / 4, "time_s": s * 0.5, "loss": 3.0 - 0.1 * s, "accuracy": 0.1 * s}
+             for s in range(0, 9, 2)]
+    for fw, variant in (("ddp", "default"), ("fsdp2", "full"), ("deepspeed", "zero2"), ("horovod", "default")):
+        for world in (1, 2, 4):
+            rec = make_record(f"{fw}{world}", framework=fw, variant=variant, world=world,
+                              sps=100.0 * world ** 0.8, ttt=4.0, evals=evals)
+            rec["comm"] = {"per_step_bytes": {"all_reduce": 1e6 * (world - 1)}, "wire_bytes_per_rank": 2e6,
+                           "analytic_wire_bytes_per_rank": 2e6}
+            write(root, rec)
+    rep = report.build([str(root)], tmp_path / "out", progress=False)
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (fig.tight_layout(), figs.append((path.stem, fig)), path)[2])
+    for fn in (plots.throughput, plots.scaling, plots.memory, plots.communication, plots.mfu, plots.best_heatmap):
+        fn(rep.cells, tmp_path)
+    for _name, *args in plots.convergence_jobs(rep.summary, rep.records, tmp_path):
+        plots.convergence(*args)
+    assert sorted(n for n, _ in figs) == sorted(
+        ["throughput", "scaling", "memory", "communication", "mfu", "best", "convergence_gpt2_tiny_markov"])
+    problems = [p for name, fig in figs for p in _layout_problems(fig, name)]
+    assert not problems, problems

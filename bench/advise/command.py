@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from bench import rundir
 from bench.advise.grid import DEFAULT_FRAMEWORKS, Candidate, enumerate_grid
 from bench.advise.memory import Layout, estimate
 from bench.errors import ConfigError
@@ -197,7 +198,7 @@ def start(args: list[str]) -> int:
         raise ConfigError(f"devices={opts['devices']} exceed network {network.name} ({network.max_devices} devices)")
     per_node, per_node_source = devices_per_node(opts["devices_per_node"], device,
                                                  visible_gpus().count if device == "cuda" else 0, network)
-    out = Path(opts["dir"] or Path("outputs") / "advise" / f"{opts['model']}_n{opts['devices']}")
+    out = Path(opts["dir"] or rundir.advise_root(opts["model"], opts["devices"]))
     if (out / ADVICE).exists():
         raise ConfigError(f"{out} already holds an {ADVICE}; continue it with `bench advise resume {out}`")
     if opts["global_batch"] is None:

@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 from bench.launch import events
-from bench.launch.failures import FAILURE_FILE, describe_failure
+from bench.launch.failures import describe_failure
 from bench.results import atomic_write_json
+from bench.rundir import RunDir
 
 
 def free_port() -> int:
@@ -45,7 +46,7 @@ def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method
     # SIGUSR2 (the launcher's stack dump before a timeout kill) is for the ranks, not the agent
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     # The agent's own chatter goes to the run's log, not the user's terminal.
-    handler = logging.FileHandler(run_dir / "agent.log")
+    handler = logging.FileHandler(RunDir(run_dir).agent_log)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         lg = logging.getLogger(name)
@@ -60,13 +61,13 @@ def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method
         rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0},
         max_restarts=0, monitor_interval=monitor, start_method=start_method,
         # rank 0 keeps the terminal (progress bar); the others log to files
-        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs"),
+        logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(run_dir).logs),
                                     redirects={r: Std.ALL for r in range(1, nproc)}),
     )
     try:
         elastic_launch(config, rank_main)(str(run_dir), threads)
     except ChildFailedError as exc:
-        atomic_write_json(run_dir / FAILURE_FILE, describe_failure(exc))
+        atomic_write_json(RunDir(run_dir).failure, describe_failure(exc))
         return 1
     return 0
 

@@ -14,7 +14,8 @@ import os
 import time
 from pathlib import Path
 
-EVENTS_FILE = "events.jsonl"
+from bench.rundir import RunDir
+
 PHASES = (  # (phase name, event that ends it); each phase starts where the previous one ended
     ("cli_parse_validate", "validated"),
     ("agent_start", "agent_start"),
@@ -27,7 +28,7 @@ PHASES = (  # (phase name, event that ends it); each phase starts where the prev
 
 def mark(run_dir: str | Path, event: str, rank: int | None = None, t: float | None = None, **info) -> None:
     line = json.dumps({"event": event, "rank": rank, "t": time.time() if t is None else t, **info}) + "\n"
-    fd = os.open(Path(run_dir) / EVENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(RunDir(run_dir).events, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
@@ -46,7 +47,7 @@ def process_start_time() -> float:
 
 
 def read(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / EVENTS_FILE
+    path = RunDir(run_dir).events
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

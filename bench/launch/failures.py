@@ -4,9 +4,6 @@ launcher (failure.json). Used by the agent, the ranks (bench.launch.worker) and 
 (bench.launch.local)."""
 from __future__ import annotations
 
-FAILURE_FILE = "failure.json"
-
-
 # a rank that fails *because* a peer died or closed its connection is not the root cause
 LOST_PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe",
                      "connection refused", "socket closed")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from pathlib import Path
 
 from bench.results import atomic_write_json
+from bench.rundir import RunDir
 
 
 def main(run_dir: str, threads: int) -> int:
@@ -19,17 +19,17 @@ def main(run_dir: str, threads: int) -> int:
     os.environ.update(RANK=rank, WORLD_SIZE=os.environ.get("HOROVOD_SIZE", "1"),
                       LOCAL_RANK=os.environ.get("HOROVOD_LOCAL_RANK", "0"),
                       LOCAL_WORLD_SIZE=os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
-    errors = Path(run_dir) / "errors"
-    errors.mkdir(exist_ok=True)
+    rd = RunDir(run_dir)
+    rd.errors.mkdir(exist_ok=True)
     # started/done markers let the launcher name a rank that died without a word (SIGKILL)
-    (errors / f"rank{rank}.started").touch()
+    rd.rank_error(rank, "started").touch()
     try:
         from bench.launch.worker import run_rank
         run_rank(run_dir, threads)
-        (errors / f"rank{rank}.done").touch()
+        rd.rank_error(rank, "done").touch()
         return 0
     except BaseException as exc:  # noqa: BLE001 - recorded, then the rank exits non-zero
-        atomic_write_json(errors / f"rank{rank}.json", {
+        atomic_write_json(rd.rank_error(rank), {
             "rank": int(rank), "exitcode": 1, "signal": None,
             "message": f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc()[-4000:]})

@@ -19,11 +19,12 @@ from bench.config import Plan
 from bench.envinfo import usable_cores
 from bench.errors import ConfigError
 from bench.launch import events
-from bench.launch.failures import FAILURE_FILE, is_lost_peer
+from bench.launch.failures import is_lost_peer
 from bench.launch.forked import Forked, rank_start_method
-from bench.launch.records import finish, innermost_frames, save_config, stack_path, stopped_result, where_each_rank_was
+from bench.launch.records import finish, innermost_frames, save_config, stopped_result, where_each_rank_was
 from bench.launch.stop import ForwardUsr1
-from bench.results import RESULT_FILE, error_info, load_result, write_result
+from bench.results import error_info, load_result, write_result
+from bench.rundir import RunDir
 
 TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
 # What NCCL's watchdog prints before it aborts the process (SIGABRT): a collective timed out.
@@ -60,7 +61,7 @@ def rank_log_tail(run_dir: Path, rank, limit: int = 65536) -> str:
     """The end of a rank's stderr under <run>/logs (torch elastic's layout), or ''."""
     if rank is None:
         return ""
-    logs = sorted(Path(run_dir, "logs").glob(f"*/attempt_*/{rank}/stderr.log"))
+    logs = RunDir(run_dir).rank_stderr_logs(rank)
     if not logs:
         return ""
     with open(logs[-1], "rb") as f:
@@ -80,7 +81,7 @@ def dump_stacks(proc: subprocess.Popen, run_dir: Path, nproc: int, wait_s: float
     time.sleep(wait_s)
     out = {}
     for rank in range(nproc):
-        path = stack_path(run_dir, rank)
+        path = RunDir(run_dir).rank_stacks(rank)
         if path.is_file() and path.stat().st_size:
             out[str(rank)] = innermost_frames(path.read_text(errors="replace"))
     return out
@@ -161,7 +162,7 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
             _kill_tree(proc)
     elapsed = time.monotonic() - start
 
-    result_path = run_dir / RESULT_FILE
+    result_path = RunDir(run_dir).result
     if result_path.exists():
         record = load_result(result_path)
         if code != 0 and record["status"] == "ok":
@@ -226,13 +227,12 @@ def preload(plan: Plan) -> None:
 
 def _first_failure(run_dir: Path) -> dict | None:
     """The elastic agent's failure.json, or the earliest per-rank error file (horovodrun)."""
-    path = run_dir / FAILURE_FILE
-    if path.exists():
-        return json.loads(path.read_text())
-    err_dir = run_dir / "errors"
-    started = [p.stem for p in err_dir.glob("rank*.started")]  # "rank<N>"
-    silent = sorted(int(r[4:]) for r in started
-                    if not (err_dir / f"{r}.json").exists() and not (err_dir / f"{r}.done").exists())
+    rd = RunDir(run_dir)
+    if rd.failure.exists():
+        return json.loads(rd.failure.read_text())
+    err_dir = rd.errors
+    started = sorted(int(p.stem[4:]) for p in err_dir.glob("rank*.started"))  # rank<N>.started
+    silent = [r for r in started if not rd.rank_error(r).exists() and not rd.rank_error(r, "done").exists()]
     # earliest first, errors caused by a lost peer after the others (bench.launch.agent.root_cause)
     errors = sorted(err_dir.glob("rank*.json"),
                     key=lambda p: (is_lost_peer(json.loads(p.read_text()).get("message")), p.stat().st_mtime))

@@ -10,12 +10,14 @@ from pathlib import Path
 from bench.config import Plan
 from bench.launch.stop import partial_timing
 from bench.results import atomic_write_json, empty_record, error_info, write_result
+from bench.rundir import RunDir
 
 
 def save_config(plan: Plan, run_dir: Path) -> None:
     from omegaconf import OmegaConf
-    atomic_write_json(run_dir / "config.json", plan.raw)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.raw)))
+    rd = RunDir(run_dir)
+    atomic_write_json(rd.config_json, plan.raw)
+    rd.config_yaml.write_text(OmegaConf.to_yaml(OmegaConf.create(plan.raw)))
 
 
 def stopped_result(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> dict:
@@ -49,11 +51,6 @@ def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> 
     record["env"] = {**(record["env"] or {}), "env_vars": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}}
     write_result(run_dir, record)
     return record
-
-
-def stack_path(run_dir: Path, rank: int) -> Path:
-    """Where rank `rank` writes its Python stacks when the launcher asks (SIGUSR2)."""
-    return Path(run_dir) / "stacks" / f"rank{rank}.txt"
 
 
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')

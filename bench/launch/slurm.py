@@ -18,7 +18,8 @@ from pathlib import Path
 
 from bench.config import Plan
 from bench.errors import ConfigError
-from bench.results import RESULT_FILE, empty_record, error_info, load_result, write_result
+from bench.results import empty_record, error_info, load_result, write_result
+from bench.rundir import RunDir
 
 
 def first_host(nodelist: str) -> str:
@@ -119,11 +120,11 @@ def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
     finally:
         if rendezvous is not None:
             rendezvous.close()
-    return load_result(run_dir / RESULT_FILE) if rank == 0 else None
+    return load_result(RunDir(run_dir).result) if rank == 0 else None
 
 
 def _record_failure(plan: Plan, run_dir: Path, rank: int, exc: BaseException) -> None:
-    path = run_dir / RESULT_FILE
+    path = RunDir(run_dir).result
     if path.exists() and load_result(path).get("status") == "ok":
         return
     import socket

@@ -18,8 +18,8 @@ from pathlib import Path
 from bench.metrics.throughput import throughput
 from bench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
 from bench.results import atomic_write_json
+from bench.rundir import RunDir
 
-PARTIAL = "partial"
 _live: dict = {}     # what the runner is measuring, by reference: step_s, losses, warmup
 
 
@@ -34,13 +34,13 @@ def install_rank_handler(run_dir: str, rank: int, on_stop=None) -> None:
     def handler(signum, _frame):
         step_s = list(_live.get("step_s", []))
         losses = [None if l is None else float(l) for l in _live.get("losses", [])][: len(step_s)]
-        atomic_write_json(Path(run_dir) / PARTIAL / f"rank{rank}.json",
+        atomic_write_json(RunDir(run_dir).rank_partial(rank),
                           {"rank": rank, "signal": signal.Signals(signum).name, "all_step_time_s": step_s,
                            "loss": losses, "warmup": _live.get("warmup", 0)})
         if on_stop is not None:
             on_stop()
         os._exit(128 + signum)
-    (Path(run_dir) / PARTIAL).mkdir(exist_ok=True)
+    RunDir(run_dir).partial.mkdir(exist_ok=True)
     signal.signal(signal.SIGUSR1, handler)
 
 
@@ -57,7 +57,7 @@ def wait_until(done, bound_s: float) -> bool:
 def wait_for_partials(run_dir: Path, world_size: int, bound_s: float = 15.0) -> int:
     """Rank 0 under srun: wait (bounded) until every rank saved its series; how many did."""
     def count() -> int:
-        return len(list((Path(run_dir) / PARTIAL).glob("rank*.json")))
+        return len(list(RunDir(run_dir).partial.glob("rank*.json")))
     wait_until(lambda: count() >= world_size, bound_s)
     return count()
 
@@ -65,7 +65,7 @@ def wait_for_partials(run_dir: Path, world_size: int, bound_s: float = 15.0) -> 
 def partial_timing(run_dir: Path, world_size: int, global_batch: int, tokens_per_sample=None) -> dict | None:
     """Timing and losses of the steps every rank finished before the stop (None if no rank wrote
     its series)."""
-    ranks = [json.loads(f.read_text()) for f in sorted((Path(run_dir) / PARTIAL).glob("rank*.json"))]
+    ranks = [json.loads(f.read_text()) for f in sorted(RunDir(run_dir).partial.glob("rank*.json"))]
     if not ranks:
         return None
     steps = min(len(r["all_step_time_s"]) for r in ranks)

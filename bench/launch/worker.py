@@ -14,6 +14,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench.launch import events
+from bench.rundir import RunDir
 
 
 def pick_device(requested: str):
@@ -43,7 +44,7 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     run_dir_p = Path(run_dir)
     events.mark(run_dir_p, "rank_start", int(os.environ.get("RANK", 0)))
     if plan is None:
-        plan = validate(json.loads((run_dir_p / "config.json").read_text()))
+        plan = validate(json.loads(RunDir(run_dir_p).config_json.read_text()))
     torch.set_num_threads(threads)
     device, backend = pick_device(plan.cfg.run.device)
     if device.type == "cuda":
@@ -72,8 +73,7 @@ _stack_files: list = []     # open for the process's life: faulthandler writes t
 
 
 def _stack_file(run_dir: str):
-    from bench.launch.records import stack_path
-    path = stack_path(Path(run_dir), int(os.environ.get("RANK", 0)))
+    path = RunDir(run_dir).rank_stacks(int(os.environ.get("RANK", 0)))
     path.parent.mkdir(parents=True, exist_ok=True)
     _stack_files.append(open(path, "w"))
     return _stack_files[-1]
@@ -96,8 +96,7 @@ def _srun_stop(plan, run_dir: Path, rank: int):
 
     def wait_for_result():
         from bench.launch.stop import wait_until
-        from bench.results import RESULT_FILE
-        wait_until((run_dir / RESULT_FILE).exists, bound_s=45.0)
+        wait_until(RunDir(run_dir).result.exists, bound_s=45.0)
     return write_timeout_result if rank == 0 else wait_for_result
 
 

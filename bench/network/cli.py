@@ -52,9 +52,10 @@ def _float(opts: dict, key: str, default=None):
 
 def _record(path: Path) -> dict:
     from bench.results import load_result
-    p = path / "result.json" if path.is_dir() else path
+    from bench.rundir import RunDir
+    p = RunDir(path).result if path.is_dir() else path
     if not p.is_file():
-        raise ConfigError(f"no result.json at {path}")
+        raise ConfigError(f"no {p.name} at {path}")
     return load_result(p)
 
 

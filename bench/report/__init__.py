@@ -46,7 +46,7 @@ def build(paths: list[str], out: Path, progress: bool = True) -> Report:
     ordered = SUMMARY_COLUMNS + [c for c in df.columns if c not in SUMMARY_COLUMNS]
     df[ordered].to_csv(out / "summary.csv", index=False)
     rep.plots = plots.draw_all(rep.cells, plots.convergence_jobs(df, rep.records, out), out)
-    from bench.report.render import write_html, write_markdown
+    from bench.report.sections import write_html, write_markdown
     write_markdown(rep)
     write_html(rep)
     return rep

@@ -6,6 +6,7 @@ import gc
 import json
 from pathlib import Path
 
+from bench import rundir
 from bench.results import SCHEMA
 
 
@@ -25,8 +26,9 @@ def missing_cells(paths: list[str]) -> list[tuple[Path, dict]]:
         if not (p / manifest.MANIFEST).is_file():
             continue
         for cell in manifest.read(p):
-            d = manifest.cell_dir(p, cell)
-            if not (d / "result.json").exists():
+            rd = rundir.of_cell(p, cell)
+            d = rd.path
+            if not rd.result.exists():
                 out.append((d, {"schema": SCHEMA, "run_id": cell.id, "status": "missing",
                                 "error": {"type": "no_result", "rank": None,
                                           "message": "expected cell has no result.json (not run, still running, "

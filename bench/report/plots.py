@@ -40,6 +40,12 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _legend_beside(ax, **kw) -> None:
+    """The legend to the right of the axes, never over the data (`bbox_inches="tight"` keeps it
+    in the saved file)."""
+    ax.legend(fontsize=kw.pop("fontsize", 8), loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, **kw)
+
+
 def _cell_names(cells: pd.DataFrame) -> list[str]:
     many_models = cells["model"].nunique() > 1
     return [f"{r.label} n={r.world_size}" + (f" ({r.model})" if many_models else "") for r in cells.itertuples()]
@@ -87,8 +93,7 @@ def throughput(cells: pd.DataFrame, out: Path) -> Optional[Path]:
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))], [f"{n} rank(s)" for n in sizes])
         ax.set_ylabel("samples/s (median of repeats)")
         ax.set_title(model)
-        # beside the axes, never over the bars
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        _legend_beside(ax)
     fig.suptitle("Throughput by framework and world size (error bars: 95% bootstrap CI, 5+ repeats)")
     return _save(fig, out / "throughput.png")
 
@@ -107,7 +112,7 @@ def scaling(cells: pd.DataFrame, out: Path) -> Optional[Path]:
         ax.set_xlabel("world size (ranks)")
         ax.set_ylabel("scaling efficiency")
         ax.set_title(model)
-        ax.legend(fontsize=8)
+        _legend_beside(ax)
     fig.suptitle("Scaling efficiency (X_N/N)/(X_N0/N0); weak or strong in the legend")
     return _save(fig, out / "scaling.png")
 
@@ -146,7 +151,7 @@ def convergence(n_runs: int, curves: list, title: str, path: Path) -> Path:
                 ax.axhline(conv["target"], color="red", ls=":", lw=1, label="target")
             ax.set_ylabel(f"validation {metric}")
             ax.set_xlabel("epoch" if col == 0 else "training time (s, evaluation excluded)")
-    axes[0][1].legend(fontsize=7, ncol=2)
+    _legend_beside(axes[0][1], fontsize=7, ncol=1 if len(curves) <= 12 else 2)
     more = f" (first {len(curves)} of {n_runs} runs)" if n_runs > len(curves) else ""
     fig.suptitle(f"Statistical efficiency, {title}: validation metric vs epoch and vs time{more}")
     return _save(fig, path)
@@ -164,7 +169,7 @@ def _bars(cells: pd.DataFrame, series: dict, ylabel: str, title: str, path: Path
     ax.set_xticks(x + 0.4 - width / 2, _cell_names(c), rotation=40, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title + (f" (first {MAX_BARS})" if len(cells) > MAX_BARS else ""))
-    ax.legend(fontsize=8)
+    _legend_beside(ax)
     return _save(fig, path)
 
 

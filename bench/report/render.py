@@ -1,16 +1,9 @@
-"""report.md and a self-contained report.html (plots embedded as data URIs, no network).
-Every string from a result file is escaped (Jinja2 autoescape on; Markdown cells escaped)."""
+"""The report's tables, as (head, rows) of strings ("-" where a run has no value), and the notes
+and captions that explain them. bench/report/sections.py puts them in order and writes them."""
 from __future__ import annotations
-
-import base64
-import datetime as _dt
-from pathlib import Path
-
-import jinja2
 
 from bench.report.fmt import human_bytes as _bytes
 from bench.report.fmt import missing as _missing
-from bench.report.verdict import verdict, verdict_markdown
 
 MAX_RUN_ROWS = 1000   # the per-run table in md/html; summary.csv always has every run
 
@@ -288,126 +281,6 @@ def run_table(rep) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def context(rep) -> dict:
-    df = rep.summary
-    envs = [r.get("env") or {} for r in rep.records.values()]
-    return {
-        "title": "ddlbench comparison report",
-        "generated": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "n_runs": len(df), "n_ok": int((df["status"] == "ok").sum()),
-        "hosts": sorted({h for e in envs for h in (e.get("hostnames") or [])}),
-        "torch": sorted({str(e.get("torch")) for e in envs if e.get("torch")}),
-        "devices": sorted({str(e.get("device")) for e in envs if e.get("device")}),
-        "cells": cell_table(rep), "parity": parity_table(rep), "failures": failure_table(rep),
-        "model_parallel": model_parallel_table(rep), "stragglers": straggler_table(rep),
-        "strategies": strategy_table(rep), "strategy_note": STRATEGY_NOTE,
-        "projection_check": projection_check_table(rep), "projection_note": PROJECTION_NOTE,
-        "straggler_note": STRAGGLER_NOTE,
-        "comm_time": comm_time_table(rep), "comm_time_note": COMM_TIME_NOTE,
-        "flops": flops_table(rep), "flops_note": FLOPS_NOTE,
-        "advice": advice_table(rep), "advice_note": ADVICE_NOTE,
-        "runs": run_table(rep), "runs_truncated": len(df) > MAX_RUN_ROWS, "max_rows": MAX_RUN_ROWS,
-        "plots": [(name, path, CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()],
-        "parity_flags": _parity_flags(rep),
-        "parity_notes": parity_notes(rep),
-    } | {"verdict": verdict(rep.cells, _parity_flags(rep), sorted({str(e.get("device")) for e in envs if e.get("device")}))}
-
-
-def _parity_flags(rep) -> int:
-    return int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0
-
-
-GRAD_DTYPE_NOTE = ("The gradient-reduction dtype differs: each framework runs its recommended recipe (DeepSpeed "
-                   "reduces in the training dtype, DDP, FSDP2 and Horovod in fp32), so bytes on the wire and "
-                   "numerics differ. To compare at equal reduction dtype: framework.options.communication_data_type=fp32 "
-                   "(DeepSpeed), or framework.options.reduce_dtype=param (FSDP2) and framework.options.comm_hook=bf16 "
-                   "(DDP) for bf16 everywhere.")
-
-
-def parity_notes(rep) -> list[str]:
-    """What a flagged parity field means and the override that equalises it."""
-    differs = {f for d in (rep.parity["differs"] if len(rep.parity) else []) for f in d}
-    return [GRAD_DTYPE_NOTE] if "grad_reduce_dtype" in differs else []
-
-
 MODEL_PARALLEL_NOTE = ("Pipeline runs, one row per rank: its stages, parameters and model-state bytes "
                       "(stage imbalance), peak memory, and the idle fraction measured as 1 - busy/step "
                       "next to the schedule's analytic bubble.")
-
-
-def _md_escape(s: str) -> str:
-    return (str(s).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("\n", " "))
-
-
-def _md_table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(map(_md_escape, head)) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(map(_md_escape, r)) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def write_markdown(rep) -> Path:
-    c = context(rep)
-    parts = [f"# {c['title']}", "",
-             f"Generated {c['generated']} from {c['n_runs']} runs ({c['n_ok']} ok). "
-             f"Devices: {', '.join(c['devices']) or '-'}; torch {', '.join(c['torch']) or '-'}; "
-             f"hosts: {', '.join(c['hosts']) or '-'}.", "",
-             "## Verdict", "", *verdict_markdown(c["verdict"], _md_escape), "",
-             "## Comparison (median over repeats; 95% bootstrap CI from 5 repeats, the range below that)", "",
-             _md_table(*c["cells"]), ""]
-    for name, path, caption in c["plots"]:
-        parts += [f"### {name}", "", f"![{name}]({Path(path).name})", "", caption, ""]
-    if c["strategies"][1]:
-        parts += ["## Strategies: taxonomy, communication, time to target", "", STRATEGY_NOTE, "",
-                  _md_table(*c["strategies"]), ""]
-    parts += ["## Parity (docs/design.md §7): configurations of one model at one world size must agree", "",
-              f"{c['parity_flags']} configuration(s) differ from the majority." if c["parity_flags"] else "All compared configurations agree.",
-              *[x for note in c["parity_notes"] for x in ("", note)],
-              "", _md_table(*c["parity"][:2]), "", "## Failures", ""]
-    parts += [_md_table(*c["failures"]) if c["failures"][1] else "No failed runs.", ""]
-    if c["model_parallel"][1]:
-        parts += ["## Model parallelism: per rank / pipeline stage", "", MODEL_PARALLEL_NOTE, "",
-                  _md_table(*c["model_parallel"]), ""]
-    if c["projection_check"][1]:
-        parts += ["## Projection check: predicted vs measured step time", "", PROJECTION_NOTE, "",
-                  _md_table(*c["projection_check"]), ""]
-    if c["stragglers"][1]:
-        parts += ["## Stragglers", "", STRAGGLER_NOTE, "", _md_table(*c["stragglers"]), ""]
-    if c["comm_time"][1]:
-        parts += ["## Communication time: exposed and overlapped", "", COMM_TIME_NOTE, "",
-                  _md_table(*c["comm_time"]), ""]
-    if c["flops"][1]:
-        parts += ["## FLOPs: MFU, HFU and the peak behind them", "", FLOPS_NOTE, "", _md_table(*c["flops"]), ""]
-    if c["advice"][1]:
-        parts += ["## Advice: predicted vs measured", "", ADVICE_NOTE, "", _md_table(*c["advice"]), ""]
-    parts += ["## All runs", "", _md_table(*c["runs"]), ""]
-    if c["runs_truncated"]:
-        parts += [f"(first {c['max_rows']} runs; summary.csv has all)", ""]
-    parts += [HOW_TO_READ_MD, ""]
-    path = rep.out / "report.md"
-    path.write_text("\n".join(parts))
-    return path
-
-
-HOW_TO_READ_MD = """## How to read this report
-- **samples/s**: global batch / median global step time (a step's global time is the max over ranks).
-- **scaling**: (X_N/N)/(X_N0/N0) against the smallest world size of the same configuration; *strong* holds the global batch, *weak* the per-device batch.
-- **time to target**: training time (sum of step times, evaluation excluded) until the first evaluation that met the target.
-- **theory**: params + grads + optimizer state bytes per rank for the strategy (ZeRO paper accounting).
-- Every number comes from a result.json; summary.csv holds one row per run."""
-
-
-def _data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
-
-
-def write_html(rep) -> Path:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("bench.report", "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined)
-    c = context(rep)
-    c["plots"] = [(name, _data_uri(path), caption) for name, path, caption in c["plots"]]
-    c["model_parallel_note"] = MODEL_PARALLEL_NOTE
-    html = env.get_template("report.html.j2").render(**c)
-    path = rep.out / "report.html"
-    path.write_text(html)
-    return path

@@ -85,7 +85,7 @@ def verdict(cells: pd.DataFrame, parity_flags: int, devices: list[str]) -> list[
 
 
 def verdict_markdown(sections: list[tuple[str, list[str]]], escape=str) -> list[str]:
-    """Markdown bullets; `escape` makes names from result.json safe to embed (render._md_escape)."""
+    """Markdown bullets; `escape` makes names from result.json safe to embed (sections.md_escape)."""
     if not sections:
         return ["No configuration ran ok: see Failures."]
     return [f"- **{escape(h)}**: " + escape("; ".join(lines)) for h, lines in sections]

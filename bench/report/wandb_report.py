@@ -47,7 +47,8 @@ def spec_for(rep) -> dict:
     entity = next((lg.get("entity") for lg in loggers if lg.get("entity")), None)
     online = any(lg.get("mode") == "online" for lg in loggers)
     run_ids = sorted(str(r) for r in rep.summary["run_id"].dropna())
-    from bench.report.render import _md_table, advice_table, cell_table, parity_table
+    from bench.report.render import advice_table, cell_table, parity_table
+    from bench.report.sections import md_table as _md_table
     tables = [("Comparison (scaling efficiency in its column)", cell_table(rep)),
               ("Parity", parity_table(rep)[:2]), ("bench advise: best configurations", advice_table(rep))]
     return {

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from bench.rundir import RunDir
+
 
 def _wandb(run_dir: Path, mode: str, init_timeout_s: float) -> Optional[str]:
     """Log the run to W&B in `mode` in a child process with a hard bound (W&B cannot stall or
@@ -39,6 +41,6 @@ def log_to_sinks(plan, run_dir: Path, record: dict) -> None:
         if lg.mode == "online" and _wandb(run_dir, "offline", lg.init_timeout_s) is None:
             used = "offline"
             print("bench: W&B fell back to offline; upload later with `wandb sync "
-                  f"{Path(run_dir) / 'wandb'}/offline-run-*`", file=sys.stderr)
+                  f"{RunDir(run_dir).wandb}/offline-run-*`", file=sys.stderr)
     record["logging"] = {"wandb": {"requested": lg.mode, "used": used, "reason": reason}}
     write_result(run_dir, record)

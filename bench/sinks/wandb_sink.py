@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from bench.results import load_result
+from bench.rundir import RunDir
 
 
 def flat_summary(record: dict) -> dict:
@@ -44,7 +45,7 @@ def step_rows(run_path: Path, record: dict) -> dict[int, dict]:
     """Per-step train metrics (metrics.jsonl) merged with the evaluations (val/*) by step, so
     W&B receives increasing steps only."""
     rows: dict[int, dict] = {}
-    metrics = run_path / "metrics.jsonl"
+    metrics = RunDir(run_path).metrics
     if metrics.exists():
         for line in metrics.read_text().splitlines():
             row = json.loads(line)

@@ -6,6 +6,7 @@ import math
 import re
 from pathlib import Path
 
+from bench import rundir
 from bench.errors import ConfigError
 from bench.results import atomic_write_json
 from bench.sweep import manifest, status
@@ -36,7 +37,7 @@ def _slurm_arrays(cells, indices: list[int], cpus_per_rank: int) -> dict:
 
 
 def start(args) -> int:
-    sweep_dir = Path(args.dir or Path("outputs") / "sweeps" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    sweep_dir = Path(args.dir or rundir.sweep_root("sweeps"))
     bad = UNSAFE_DIR.search(str(sweep_dir))
     if bad:
         raise ConfigError(f"--dir {str(sweep_dir)!r}: {bad.group()!r} is not allowed in a sweep directory "

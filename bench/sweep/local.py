@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.sweep import manifest
 from bench.sweep.task import run_cell
 
 
 def run(sweep_dir: Path, indices: list[int]) -> dict[int, int]:
+    cells = manifest.read(sweep_dir)
     codes = {}
     for n, i in enumerate(indices, 1):
-        print(f"[{n}/{len(indices)}] cell {i}", flush=True)
+        print(f"[{n}/{len(indices)}] cell {i}: {' '.join(cells[i].overrides)}", flush=True)
         codes[i] = run_cell(sweep_dir, i)
     return codes

@@ -5,11 +5,13 @@ import json
 import os
 from pathlib import Path
 
-from bench.results import RESULT_FILE, atomic_write_json, load_result
+from bench import rundir
+from bench.results import atomic_write_json, load_result
 from bench.sweep.cells import Cell
 
 MANIFEST = "manifest.jsonl"
 META = "sweep.json"
+LOGS = "logs"   # Slurm array tasks' output, <sweep>/logs/<job>_<task>.out
 
 
 def create(sweep_dir: Path, cells: list[Cell], meta: dict) -> None:
@@ -40,12 +42,12 @@ def meta(sweep_dir: Path) -> dict:
 
 
 def cell_dir(sweep_dir: Path, cell: Cell) -> Path:
-    return Path(sweep_dir) / cell.id
+    return rundir.of_cell(sweep_dir, cell).path
 
 
 def cell_result(sweep_dir: Path, cell: Cell):
     """The cell's result record, or None when it has none (yet)."""
-    path = cell_dir(sweep_dir, cell) / RESULT_FILE
+    path = rundir.of_cell(sweep_dir, cell).result
     if not path.exists():
         return None
     try:

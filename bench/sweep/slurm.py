@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.errors import ConfigError
+from bench.sweep import manifest
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "array.sbatch"
 TIMEOUT_S = 30
@@ -78,9 +79,9 @@ def submit(sweep_dir: Path, indices: list[int], *, shape: Shape, time_limit_min:
     if not re.fullmatch(r"[\w.-]{1,64}", job_name):
         raise ConfigError(f"--job-name {job_name!r}: use letters, digits, '.', '_' or '-'")
     script = write_script(sweep_dir, Path.cwd())
-    (sweep_dir / "logs").mkdir(exist_ok=True)
+    (sweep_dir / manifest.LOGS).mkdir(exist_ok=True)
     cmd = ["sbatch", "--parsable", f"--array={array_spec(indices, throttle)}", f"--job-name={job_name}",
-           f"--output={sweep_dir.resolve()}/logs/%A_%a.out", *shape.sbatch_args(),
+           f"--output={sweep_dir.resolve() / manifest.LOGS}/%A_%a.out", *shape.sbatch_args(),
            f"--time={time_limit_min}", *extra, str(script)]
     return _call(cmd).strip().split(";")[0]
 

@@ -64,7 +64,9 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
             return 0
         run_dir = manifest.cell_dir(sweep_dir, cell)
         archive_attempt(sweep_dir, run_dir)
-        args = [*cell.overrides, quoted_override("run.dir", str(run_dir)), "run.progress=false"]
+        args = [*cell.overrides, quoted_override("run.dir", str(run_dir))]
+        if not any(o.split("=", 1)[0].lstrip("+") == "run.progress" for o in cell.overrides):
+            args.append("run.progress=false")   # a sweep's cells log to files
         launcher = _launcher(cell.overrides)
         if launcher is not None and launcher.name == "slurm":
             # a cell of launcher.nproc ranks on launcher.nodes nodes: one srun task per rank, in
