@@ -22,7 +22,7 @@ from pathlib import Path
 from runs import reuse
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH = [sys.executable, "-m", "bench.cli"]
+BENCH = [sys.executable, "-m", "ddlbench.cli"]
 
 STRATEGIES = {   # label -> overrides (DASO's nodes: 2 ranks each)
     "ddp": ["framework=ddp"],
@@ -70,8 +70,8 @@ def quality(out: Path, ranks: int) -> None:
 
 
 def validation(out: Path) -> None:
-    from bench.network.model import load
-    from bench.network.validate import predict
+    from ddlbench.network.model import load
+    from ddlbench.network.validate import predict
 
     net = load("local_gloo")
     steps = ["debug=fast", "run.warmup_steps=3", "run.measure_steps=12", "launcher.threads_per_rank=1"]

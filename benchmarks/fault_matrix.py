@@ -19,7 +19,7 @@ from pathlib import Path
 from runs import reuse, verdict
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH = [sys.executable, "-m", "bench.cli"]
+BENCH = [sys.executable, "-m", "ddlbench.cli"]
 CASES = [  # name, overrides, expected status
     ("rank raises at step 2", ["debug=fault_raise"], "failed"),
     ("rank SIGKILLed at step 2", ["debug=fault_kill"], "failed"),

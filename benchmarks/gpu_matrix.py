@@ -60,7 +60,7 @@ def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.
     import torch
     dtype = {"bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[dtype_name]
     if device == "cpu":   # the probe the runs' own CPU MFU uses
-        from bench.hardware import probe_cpu_matmul
+        from ddlbench.hardware import probe_cpu_matmul
         return probe_cpu_matmul(torch.get_num_threads(), dtype, seconds=seconds)
     torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -94,7 +94,7 @@ def nproc2_refused(check: dict) -> bool:
 
 
 def fork_checks(out: Path, device: str, log: list[str], timeout: float) -> dict:
-    """The sweep and advise paths, whose cells are forked (bench/gpus.py)."""
+    """The sweep and advise paths, whose cells are forked (ddlbench/gpus.py)."""
     d = out / "sweep"
     why = bench(["sweep", "--dir", str(d), "framework=ddp", "model=gpt2_tiny", "launcher.nproc=1",
                  "run.global_batch=4,8", "debug=fast", f"run.device={device}", f"run.timeout_s={timeout}"],
@@ -113,7 +113,7 @@ def fork_checks(out: Path, device: str, log: list[str], timeout: float) -> dict:
 
 def bench(args: list[str], log: list[str], timeout: float, env: dict | None = None) -> str:
     """Run `bench ARGS`; '' when it exited, else why not (its last error line, or the timeout)."""
-    cmd = [sys.executable, "-m", "bench.cli", *args]
+    cmd = [sys.executable, "-m", "ddlbench.cli", *args]
     log.append(" ".join([*(f"{k}={v}" for k, v in (env or {}).items()), "bench", *args]))
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,

@@ -6,9 +6,9 @@ issue asks), 2 ranks on this machine's CPU.
     .venv/bin/python benchmarks/memory_check.py OUT_DIR [--resume] [--only ddp,fsdp_full]
         [--layers 2] [--seq-len 128] [--global-batch 4] [--precision fp32|bf16]
 
-Each configuration runs `bench run ... run.memory_tracker=true` (bench/memtrack.py: every tensor
+Each configuration runs `bench run ... run.memory_tracker=true` (ddlbench/memtrack.py: every tensor
 storage on the rank from before setup to the end of the loop); the busiest rank's peak after the
-first step is set beside `bench.advise.memcheck.predicted` (what advise would estimate for that
+first step is set beside `ddlbench.advise.memcheck.predicted` (what advise would estimate for that
 candidate). Writes OUT_DIR/memory_check.json and .md; exit 1 when any estimate is off by more than
 10%."""
 from __future__ import annotations
@@ -38,14 +38,14 @@ LIMIT = 0.10
 def run_one(out: Path, name: str, extra: list[str], resume: bool) -> dict:
     run_dir = out / name
     if not reuse(run_dir, resume):
-        subprocess.run([sys.executable, "-m", "bench.cli", "run", f"framework={name}", *extra,
+        subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", f"framework={name}", *extra,
                         f"run.dir={run_dir}"], check=False, timeout=900)
     return json.loads((run_dir / "result.json").read_text())
 
 
 def check(name: str, record: dict) -> dict:
-    from bench.advise.memcheck import compare
-    from bench.config import validate
+    from ddlbench.advise.memcheck import compare
+    from ddlbench.config import validate
     if record["status"] != "ok":
         return {"framework": name, "status": record["status"],
                 "error_message": (record.get("error") or {}).get("message", "")[:200]}

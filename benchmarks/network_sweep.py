@@ -71,8 +71,8 @@ def commbench(out: Path, rate: str) -> dict:
     # the all-reduce fit, every other kind by its own
     import yaml
 
-    from bench.cluster.plan import make_plan, network_description
-    from bench.network.fit import fitted_network
+    from ddlbench.cluster.plan import make_plan, network_description
+    from ddlbench.network.fit import fitted_network
     base = network_description(make_plan(2, rate, [0, 1], "-", NAME))
     fit = next(f for f in record["fits"] if f["kind"] == "all_reduce")
     (out / "network.yaml").write_text(yaml.safe_dump(fitted_network(base, fit, 2, record["fits"]), sort_keys=False))
@@ -80,8 +80,8 @@ def commbench(out: Path, rate: str) -> dict:
 
 
 def predictions(rec: dict, one: dict, fitted_path: Path) -> dict:
-    from bench.network.model import load, recorded_network
-    from bench.network.validate import predict
+    from ddlbench.network.model import load, recorded_network
+    from ddlbench.network.validate import predict
     out = {}
     nets = {"configured": recorded_network(rec), "fitted": load(str(fitted_path))}
     for label, net in nets.items():
@@ -96,9 +96,9 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
     """`bench project`'s own path, held against each link: compute = the step measured at `base`
     minus its collectives modelled at `base` (multi-rank overheads stay in), plus the collectives
     modelled at each other rate; on the configured and on the fitted networks."""
-    from bench.network.model import backend_algorithm, load, recorded_network
-    from bench.network.project import comm_time, compute_seconds
-    from bench.network.workload import from_record
+    from ddlbench.network.model import backend_algorithm, load, recorded_network
+    from ddlbench.network.project import comm_time, compute_seconds
+    from ddlbench.network.workload import from_record
     def key(p):
         return p["rate"], p["framework"], p.get("ranks", 2)
 
@@ -200,7 +200,7 @@ def markdown(doc: dict) -> str:
                      f"{_f(p.get('one_rank_step_s') and p['one_rank_step_s'] * 1e3, '.1f')} | "
                      f"{_f(p.get('wire_bytes_per_rank') and p['wire_bytes_per_rank'] / 1024, '.0f')} | " + " | ".join(cells) + " |")
     lines += ["", "| link | commbench all-reduce fit: bandwidth (MB/s) | of the link rate | alpha (us) |", "|---|---|---|---|"]
-    from bench.cluster.plan import rate_bits
+    from ddlbench.cluster.plan import rate_bits
     for rate, cb in doc["commbench"].items():
         f = cb["all_reduce_fit"]
         lines.append(f"| {rate} | {f['bandwidth_Bps'] / 1e6:.1f} | {f['bandwidth_Bps'] * 8 / rate_bits(rate):.1%} | "
@@ -227,7 +227,7 @@ def plot(doc: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bench.cluster.plan import rate_bits
+    from ddlbench.cluster.plan import rate_bits
     fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
     for i, fw in enumerate(doc["frameworks"]):
         for ranks, style in ((2, "-"), (4, "--")):

@@ -32,8 +32,8 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import models
-    from bench.config import plan_from_overrides
+    from ddlbench import models
+    from ddlbench.config import plan_from_overrides
 
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -95,7 +95,7 @@ def bare(model: str, nproc: int, global_batch: int, steps: int, warmup: int, dev
 
 def harness(model: str, nproc: int, global_batch: int, steps: int, warmup: int, device: str = "cpu") -> dict:
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "bench.cli", "run", "framework=ddp", f"model={model}",
+        cmd = [sys.executable, "-m", "ddlbench.cli", "run", "framework=ddp", f"model={model}",
                f"launcher.nproc={nproc}", f"run.global_batch={global_batch}", f"run.measure_steps={steps}",
                f"run.warmup_steps={warmup}", "run.precision=fp32", f"run.device={device}",
                "run.comm_profile=false", "logger=none", "run.progress=false", f"run.dir={d}/r"]

@@ -1,9 +1,9 @@
 """Shared helpers: real `bench` runs on CPU/gloo, tiny presets, few steps.
 
 `bench(...)` forks the command from this (warm) pytest process instead of starting a new
-interpreter: the same `bench.cli.main`, real launcher, real agent and rank processes and real
+interpreter: the same `ddlbench.cli.main`, real launcher, real agent and rank processes and real
 gloo collectives, without paying torch's and transformers' imports (~9 s) per run. Two rules
-make that safe (bench/launch/forked.py): this process never runs a multi-threaded OpenMP region
+make that safe (ddlbench/launch/forked.py): this process never runs a multi-threaded OpenMP region
 (torch is pinned to one thread here), and nothing here touches CUDA.
 
 While a `bench(...)` command runs, this process is a child subreaper: a process that outlives
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH = [sys.executable, "-m", "bench.cli"]
+BENCH = [sys.executable, "-m", "ddlbench.cli"]
 BENCH_EXE = str(REPO / ".venv" / "bin" / "bench")
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -37,8 +37,10 @@ def _warm_up() -> None:
     import torchvision.models  # noqa: F401
     import transformers.models.gpt2.modeling_gpt2  # noqa: F401
 
-    import models  # noqa: F401
-    from bench import runner  # noqa: F401
+    from ddlbench import (
+        models,  # noqa: F401
+        runner,  # noqa: F401
+    )
 
 
 _warm_up()
@@ -95,7 +97,7 @@ def kill_and_reap(pids) -> None:
 
 
 def _child(args, cwd: Path, env: dict | None) -> int:
-    from bench.cli import main
+    from ddlbench.cli import main
     os.chdir(cwd)
     for k in [k for k in os.environ if k.startswith("WANDB_")]:
         del os.environ[k]
@@ -110,7 +112,7 @@ class BenchProcess:
     """`bench ARGS` forked from this process, running in the background in its own session."""
 
     def __init__(self, args, cwd: Path | None = None, env: dict | None = None):
-        from bench.launch.forked import Forked
+        from ddlbench.launch.forked import Forked
 
         self.args, self.left = list(args), {}
         subreaper(True)
@@ -209,7 +211,7 @@ def wait_for(done, timeout_s: float, what: str, poll_s: float = 0.2) -> None:
 def wait_until_training(run_dir: Path, ranks: int, timeout_s: float = 120, steps_s: float = 2.0) -> None:
     """Wait until every rank has its model ready (the start-up timeline), then `steps_s` more
     for some training steps."""
-    from bench.launch import events
+    from ddlbench.launch import events
 
     def ready() -> bool:
         return len({e["rank"] for e in events.read(run_dir) if e["event"] == "model_ready"}) >= ranks

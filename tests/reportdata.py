@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 
-from bench.results import empty_record, write_result
+from ddlbench.results import empty_record, write_result
 
 CONFIG = {
     "framework": {"name": "ddp", "variant": "default"},

@@ -8,11 +8,11 @@ import json
 import pytest
 from costs import PROF, cost_of
 
-from bench.adapters.cost import Traffic
-from bench.advise.memory import Layout, estimate
-from bench.advise.predict import comm_seconds, predict, spans, step_compute
-from bench.metrics.stats import spearman
-from bench.network.model import Dimension, Network
+from ddlbench.adapters.cost import Traffic
+from ddlbench.advise.memory import Layout, estimate
+from ddlbench.advise.predict import comm_seconds, predict, spans, step_compute
+from ddlbench.metrics.stats import spearman
+from ddlbench.network.model import Dimension, Network
 
 
 def est(layout: Layout, precision: str = "fp32", optimizer: str = "adamw", momentum: float = 0.0, **edits) -> dict:
@@ -222,7 +222,7 @@ def test_advise_memory_pruning_and_verify(advised):
     pruned with the estimate, the rest ranked; verify_pruned marks the nearest pruned one."""
     import copy
 
-    from bench.advise.command import _results, rank_candidates
+    from ddlbench.advise.command import _results, rank_candidates
     out, _, state = advised
     state = copy.deepcopy(state)
     calib = _results(out / "calibration")
@@ -262,8 +262,8 @@ def test_advise_report_has_heatmap_and_advice_table(advised):
 
 
 def test_advise_rejects_bad_input():
-    from bench.advise.command import parse
-    from bench.errors import ConfigError
+    from ddlbench.advise.command import parse
+    from ddlbench.errors import ConfigError
     with pytest.raises(ConfigError, match="devices= is required"):
         parse(["model=gpt2_tiny"])
     with pytest.raises(ConfigError, match="unknown option 'colour'"):
@@ -279,7 +279,7 @@ def test_advise_rejects_bad_input():
 def test_collect_recommends_the_first_to_reach_the_target_when_there_is_one():
     """With a quality target (experiment=), time to target decides, not the step time; without,
     the fastest measured step. Errors and the rank correlation come from the same records."""
-    from bench.advise.command import collect, fold
+    from ddlbench.advise.command import collect, fold
 
     def cand(i, pred):
         return {"id": f"c{i}", "label": f"x{i}", "framework": "ddp", "overrides": [f"o{i}"], "measure": True,
@@ -305,8 +305,8 @@ def test_default_network_and_devices_per_node_follow_the_device():
     """network=auto: gloo's calibration on CPU, a reference NVLink + InfiniBand cluster on GPUs
     (the CPU's gloo figures priced NCCL ~100x too slow); per node: the visible GPUs, so the
     tp <= devices-per-node check holds (local_gloo's 64 switched it off)."""
-    from bench.advise.command import default_network, devices_per_node, parse
-    from bench.network.model import load
+    from ddlbench.advise.command import default_network, devices_per_node, parse
+    from ddlbench.network.model import load
     assert parse(["model=gpt2_tiny", "devices=2"])[0]["network"] == "auto"
     assert default_network("cpu", {}) == "local_gloo" and default_network("cuda", {}) == "dgx_h100"
     assert default_network("cpu", {"DDLBENCH_NETWORK": "/x/network.yaml"}) == "/x/network.yaml"   # bench cluster
@@ -320,10 +320,10 @@ def test_default_network_and_devices_per_node_follow_the_device():
 def test_advise_on_the_local_backend_fails_when_a_cell_left_no_result(tmp_path, capsys):
     """A local calibration sweep has already run when advise reads it: a cell without a result
     crashed (on a GPU: a forked cell that could not use CUDA) - exit 1 and say where, not 0."""
-    from bench.advise.command import ADVICE, resume
-    from bench.results import atomic_write_json
-    from bench.sweep import manifest
-    from bench.sweep.cells import Cell
+    from ddlbench.advise.command import ADVICE, resume
+    from ddlbench.results import atomic_write_json
+    from ddlbench.sweep import manifest
+    from ddlbench.sweep.cells import Cell
     manifest.create(tmp_path / "calibration", [Cell(index=0, id="c0", overrides=["framework=ddp"], repeat=0)],
                     {"overrides": ["(bench advise)"], "repeats": 1, "backend": "local", "jobs": []})
     state = {"phase": "calibrate", "options": {"backend": "local"}}
@@ -367,9 +367,9 @@ def test_a_model_too_big_for_one_device_is_calibrated_by_a_sharded_run(tmp_path)
     between DDP's 1-rank estimate and FSDP's 2-rank one (gpt2_tiny, micro-batch 4)."""
     from conftest import bench
 
-    from bench.advise.command import calibration_overrides
-    from bench.advise.profile import profile
-    from bench.config import plan_from_overrides
+    from ddlbench.advise.command import calibration_overrides
+    from ddlbench.advise.profile import profile
+    from ddlbench.config import plan_from_overrides
 
     def est(fw, ranks):
         plan = plan_from_overrides(calibration_overrides(fw, "gpt2_tiny", 4, [], None, ranks))

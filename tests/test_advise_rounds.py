@@ -1,11 +1,11 @@
-"""`bench advise` after its first round (bench.advise.rounds), by hand: a failed candidate of the
+"""`bench advise` after its first round (ddlbench.advise.rounds), by hand: a failed candidate of the
 budget is replaced by the next in predicted order; the two best are measured again until the
 margin between them exceeds both's run-to-run spread, or the answer is a tie."""
 from __future__ import annotations
 
 import pytest
 
-from bench.advise.rounds import advice_set, decide, spread, value
+from ddlbench.advise.rounds import advice_set, decide, spread, value
 
 
 def cand(i: int, *steps, failed: int = 0) -> dict:
@@ -63,7 +63,7 @@ def test_without_repeats_the_noise_stays_unknown():
 def test_resume_measures_the_replacement_then_the_repeats():
     """bench advise's next rounds from its state: c1 ran out of memory, so c3 runs in its place;
     then the two best (c2, c3) run again as run.repeat=1; then the answer."""
-    from bench.advise.command import collect, fold, next_round
+    from ddlbench.advise.command import collect, fold, next_round
 
     def rec(step):
         if step is None:

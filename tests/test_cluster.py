@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, wait_for
 
-from bench.cluster.plan import (
+from ddlbench.cluster.plan import (
     hosts_file,
     make_plan,
     network_description,
@@ -23,7 +23,7 @@ from bench.cluster.plan import (
     split_cores,
     tbf_burst_bytes,
 )
-from bench.errors import ConfigError
+from ddlbench.errors import ConfigError
 
 BENCH = str(REPO / ".venv" / "bin" / "bench")
 NAME = "ddlbtest"
@@ -188,8 +188,8 @@ def test_a_two_node_run_is_priced_on_the_link_it_ran_on(box, tmp_path):
     network it recorded: DDP's all-reduce over the 100 Mbit/s link between n1 and n2 (by hand:
     2 alpha + bytes / 12.5 MB/s), its compute from a 1-rank run on one node, each node's one rank
     on its own core (no oversubscription)."""
-    from bench.network.model import recorded_network
-    from bench.network.validate import predict
+    from ddlbench.network.model import recorded_network
+    from ddlbench.network.validate import predict
     rec = _records.get("ddp") or slurm_run(tmp_path / "two", 2, "framework=ddp")
     one = slurm_run(tmp_path / "one", 1, "framework=ddp", "run.global_batch=4")
     assert rec["status"] == one["status"] == "ok"
@@ -229,7 +229,7 @@ def test_a_node_lost_mid_run_is_a_recorded_failure_that_names_the_lost_node(box,
     """n2's link goes down during a 2-node DDP run: the ranks' collectives time out
     (run.pg_timeout_s); the record is `failed` and names n2 as the lost node, whichever rank
     writes it (rank 0 on n1 finds n2's beacon unreachable; rank 1 on n2 finds its own network
-    down: bench/launch/liveness.py). Slurm marks n2 down (SlurmdTimeout) and ends the job
+    down: ddlbench/launch/liveness.py). Slurm marks n2 down (SlurmdTimeout) and ends the job
     (NODE_FAIL) while the link is still down; nothing of the run is left on any node. Then the
     link comes back and n2 is resumed for the tests after this one."""
     from conftest import wait_until_training
@@ -257,7 +257,7 @@ def test_a_node_lost_mid_run_is_a_recorded_failure_that_names_the_lost_node(box,
             login("scancel", "--full", "--user=root")
             job.kill()
     wait_for(lambda: not login("squeue", "-h").stdout.strip(), 60, "the job to leave the queue (completing on n1)")
-    from bench.cluster.world import processes_in
+    from ddlbench.cluster.world import processes_in
     left = [p for p in processes_in(box["world"])
             if str(run_dir) in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
     assert left == [], left
@@ -287,7 +287,7 @@ def test_an_all_reduce_takes_the_time_the_link_rate_says(box):
 def test_down_leaves_nothing(box):
     """Runs last in the module: every process of the cluster's world ends, so its namespaces,
     veths and qdiscs go with them; the machine's own interfaces are as they were."""
-    from bench.cluster.world import processes_in
+    from ddlbench.cluster.world import processes_in
     before = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
     assert processes_in(box["world"])                               # the daemons are there to end
     proc = cluster("down", f"name={NAME}")
@@ -301,7 +301,7 @@ def test_down_leaves_nothing(box):
 def test_preflight_says_what_is_missing(monkeypatch):
     import shutil
 
-    from bench.cluster import world
+    from ddlbench.cluster import world
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert world.preflight() == "bench cluster needs root (network namespaces, veth pairs, tc)"
     monkeypatch.setattr(os, "geteuid", lambda: 0)
@@ -310,7 +310,7 @@ def test_preflight_says_what_is_missing(monkeypatch):
 
 
 def test_the_build_script_shapes_both_directions_of_every_link():
-    from bench.cluster.world import build_script
+    from ddlbench.cluster.world import build_script
     script = build_script(make_plan(2, "1gbit", [0, 1], "/st"))
     for node in ("n1", "n2"):
         assert f"tc -n {node} qdisc replace dev eth0 root tbf rate 1000000000bit" in script

@@ -2,8 +2,8 @@
 import pytest
 from conftest import bench
 
-from bench.config import GROUPS, group_options, plan_from_overrides
-from bench.errors import ConfigError
+from ddlbench.config import GROUPS, group_options, plan_from_overrides
+from ddlbench.errors import ConfigError
 
 ALL_OPTIONS = [(g, o) for g in GROUPS if g != "run" for o in group_options(g)]
 
@@ -99,9 +99,9 @@ BAD = [
     (["data=markov", "data.train_samples=4"], "data.train_samples 4 is smaller than run.global_batch 8"),
     (["data=markov", "run.epochs=1", "run.target=1.5", "run.target_metric=accuracy"], "an accuracy target must be in (0, 1]"),
     (["data=markov", "data.concentration=0"], "data.concentration: Input should be greater than 0"),
-    (["framework.adapter=os:system"], "framework.adapter 'os:system': only adapters in bench.adapters may be named"),
-    (["framework.adapter=bench.adapters.common:split_micro"], "is not an Adapter"),
-    (["framework.adapter=bench.adapters..x:Y"], "only adapters in bench.adapters"),
+    (["framework.adapter=os:system"], "framework.adapter 'os:system': only adapters in ddlbench.adapters may be named"),
+    (["framework.adapter=ddlbench.adapters.common:split_micro"], "is not an Adapter"),
+    (["framework.adapter=ddlbench.adapters..x:Y"], "only adapters in ddlbench.adapters"),
 ]
 
 

@@ -1,6 +1,6 @@
 """The adapter contract is written down: every member of an adapter that the harness reads
 (the runner, the collector, the launchers, the sweep and advise) is declared on
-bench.adapters.base.Adapter, so a new framework learns what to provide from one class."""
+ddlbench.adapters.base.Adapter, so a new framework learns what to provide from one class."""
 from __future__ import annotations
 
 import ast
@@ -8,22 +8,22 @@ from pathlib import Path
 
 import torch
 
-from bench.adapters.base import Adapter, RankContext
-from bench.config import plan_from_overrides
+from ddlbench.adapters.base import Adapter, RankContext
+from ddlbench.config import plan_from_overrides
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[1] / "ddlbench"
 NAMES = {"adapter", "adapter_cls"}   # how the harness names an adapter or its class
 
 
 def modules():
-    """(path relative to bench/, every AST node) of each module of bench/."""
+    """(path relative to ddlbench/, every AST node) of each module of ddlbench/."""
     for path in BENCH.rglob("*.py"):
         yield path.relative_to(BENCH), ast.walk(ast.parse(path.read_text()))
 
 
 def read_members() -> dict[str, set[str]]:
     """{attribute: {file}} for every `adapter.X` / `adapter_cls.X` / `plan.adapter_cls.X` outside
-    bench/adapters."""
+    ddlbench/adapters."""
     found: dict[str, set[str]] = {}
     for path, nodes in modules():
         if "adapters" in path.parts:
@@ -45,29 +45,29 @@ def test_every_adapter_member_the_harness_reads_is_declared_on_the_base():
     members = read_members()
     assert {"train_step", "setup", "node_groups", "dp_rank", "params", "busy_probe", "launch"} <= set(members), members
     missing = {m: files for m, files in members.items() if not hasattr(declared, m)}
-    assert not missing, f"read from adapters but not declared on bench.adapters.base.Adapter: {missing}"
+    assert not missing, f"read from adapters but not declared on ddlbench.adapters.base.Adapter: {missing}"
 
 
 def test_nothing_below_the_command_line_imports_it():
-    """argparse stays in bench/cli.py: a module it calls that imported it back (the sweep's cells
-    did, through bench.cli.main) would make a circle. Runs go through bench.run_entry."""
+    """argparse stays in ddlbench/cli.py: a module it calls that imported it back (the sweep's cells
+    did, through ddlbench.cli.main) would make a circle. Runs go through ddlbench.run_entry."""
     importers = []
     for path, nodes in modules():
         if str(path) == "cli.py":
             continue
         for node in nodes:
-            if (isinstance(node, ast.ImportFrom) and node.module == "bench.cli"
-                    or isinstance(node, ast.Import) and any(a.name == "bench.cli" for a in node.names)):
+            if (isinstance(node, ast.ImportFrom) and node.module == "ddlbench.cli"
+                    or isinstance(node, ast.Import) and any(a.name == "ddlbench.cli" for a in node.names)):
                 importers.append(str(path))
-    assert not importers, f"import bench.cli from below it: {importers}"
+    assert not importers, f"import ddlbench.cli from below it: {importers}"
 
 
 def import_graph() -> dict[str, set[str]]:
-    """{module: modules of bench/ and models/ it imports}, counting imports inside functions too
+    """{module: modules of ddlbench/ and ddlbench/models/ it imports}, counting imports inside functions too
     (a lazy import still ties two modules into one)."""
     root = BENCH.parent
     paths = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
-             for pkg in ("bench", "models") for p in (root / pkg).rglob("*.py")}
+             for p in BENCH.rglob("*.py")}
     graph = {}
     for mod, path in paths.items():
         deps = set()
@@ -115,12 +115,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles():
-    """No two modules of bench/ or models/ import each other, directly or round a loop (the
+    """No two modules of ddlbench/ or ddlbench/models/ import each other, directly or round a loop (the
     launch agent and its ranks shared failure rules; the model factory and the models it builds
-    imported each other: bench/launch/failures.py and models/registry.py now hold them)."""
+    imported each other: ddlbench/launch/failures.py and ddlbench/models/registry.py now hold them)."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]   # the detector
     graph = import_graph()
-    assert "models.registry" in graph["models"] and "bench.launch.failures" in graph["bench.launch.worker"]
+    assert "ddlbench.models.registry" in graph["ddlbench.models"] and "ddlbench.launch.failures" in graph["ddlbench.launch.worker"]
     assert not cycles(graph), cycles(graph)
 
 
@@ -130,11 +130,11 @@ RUN_DIRS = ("errors", "partial", "stacks", "logs")
 
 
 def test_the_run_directory_is_named_in_one_module():
-    """Every file name of a run directory is spelt in bench/rundir.py and nowhere else in bench/
+    """Every file name of a run directory is spelt in ddlbench/rundir.py and nowhere else in ddlbench/
     (docstrings aside): `X / "result.json"` or a constant of its own elsewhere was how the
     directory's layout drifted apart (four places named the directory, ten its files)."""
-    from bench.rundir import RunDir, of_cell
-    from bench.sweep.cells import Cell
+    from ddlbench.rundir import RunDir, of_cell
+    from ddlbench.sweep.cells import Cell
 
     rd = RunDir("/r")
     assert (rd.result, rd.metrics, rd.rank_partial(1), rd.rank_error(0, "done")) == (

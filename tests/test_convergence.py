@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from bench.metrics.convergence import eval_times, first_reached, reached, resolve_target
-from bench.metrics.stats import bootstrap_median_ci, repeat_range
+from ddlbench.metrics.convergence import eval_times, first_reached, reached, resolve_target
+from ddlbench.metrics.stats import bootstrap_median_ci, repeat_range
 
 
 def test_eval_times_sum_step_times_before_each_evaluation():

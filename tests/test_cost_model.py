@@ -1,4 +1,4 @@
-"""The adapters' cost models (bench.adapters.cost): every framework variant in conf/framework has
+"""The adapters' cost models (ddlbench.adapters.cost): every framework variant in conf/framework has
 one (bench advise prices a new yaml variant without code), the rules by hand, and what real runs
 send: 2 ranks, gpt2_tiny, 2 micro-batches per step, the record's per-step payload per collective
 kind against the cost model's (FSDP gathers on every micro-batch, ZeRO-2/3 reduce on every
@@ -9,7 +9,7 @@ import pytest
 from conftest import run_record
 from costs import PROF, cost_of
 
-from bench.config import group_options
+from ddlbench.config import group_options
 
 NO_COST_MODEL = {"ddp_powersgd": "PowerSGD's payload depends on every matrix's shape"}
 
@@ -74,7 +74,7 @@ def test_zero3_past_max_live_parameters_gathers_per_micro_batch():
 
 
 def test_buckets_by_hand():
-    from bench.adapters.cost import MiB, buckets
+    from ddlbench.adapters.cost import MiB, buckets
     assert buckets(0.5 * MiB, 25 * MiB) == 1 and buckets(61 * MiB, 25 * MiB) == 3 and buckets(61 * MiB, None) == 1
     big = cost_of("ddp", dp=2, model=PROF.__class__(**{**PROF.__dict__, "params": 16 * MiB}))   # 64 MiB of gradients
     assert [(t.bytes, t.count) for t in big.traffic] == [(64 * MiB / 3, 3)]
@@ -99,9 +99,9 @@ def measured(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", MEASURED)
 def test_cost_model_matches_what_a_run_sends(measured, framework):
-    from bench.adapters.cost import ModelProfile
-    from bench.advise.profile import profile
-    from bench.config import plan_from_overrides
+    from ddlbench.adapters.cost import ModelProfile
+    from ddlbench.advise.profile import profile
+    from ddlbench.config import plan_from_overrides
     rec = measured[framework]
     assert rec["status"] == "ok", rec["error"]
     assert rec["parallel"]["grad_accum"] == 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from costs import cost_of
 
-from bench.adapters.cost import ModelProfile, Piece
+from ddlbench.adapters.cost import ModelProfile, Piece
 
 # embedding 100 (50 of them the tied weight), 4 blocks of 200 (180 split by the tp plan), head 60
 # (the tied 50 + 10); model: 100 + 800 + 60 - 50 = 910 parameters
@@ -63,8 +63,8 @@ def test_without_pieces_the_split_is_uniform():
 @pytest.fixture(scope="module")
 def real_vocab():
     """gpt2_tiny's 2 blocks of width 128 with GPT-2's real vocabulary (50,257 tokens)."""
-    from bench.advise.profile import profile
-    from bench.config import plan_from_overrides
+    from ddlbench.advise.profile import profile
+    from ddlbench.config import plan_from_overrides
     cfg = plan_from_overrides(["model=gpt2_tiny", "model.vocab_size=50257"]).cfg.model
     return cfg, profile(cfg)
 
@@ -90,9 +90,9 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from bench.config import plan_from_overrides
-from models.registry import build
-from models.tensor_parallel import apply_tensor_parallel
+from ddlbench.config import plan_from_overrides
+from ddlbench.models.registry import build
+from ddlbench.models.tensor_parallel import apply_tensor_parallel
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
 with torch.device("meta"):
@@ -126,8 +126,8 @@ def test_pipeline_piece_is_what_the_busiest_rank_holds(real_vocab, framework):
     import torch
     from costs import variant
 
-    from models.pipeline import partition, pieces, stage_owners
-    from models.registry import build
+    from ddlbench.models.pipeline import partition, pieces, stage_owners
+    from ddlbench.models.registry import build
 
     cfg, prof = real_vocab
     adapter, options = variant(framework)

@@ -1,4 +1,4 @@
-"""DASO (bench/adapters/daso.py) and post-local SGD: the schedule arithmetic by hand, DASO equal
+"""DASO (ddlbench/adapters/daso.py) and post-local SGD: the schedule arithmetic by hand, DASO equal
 to DDP where it must be (blocking, fp32, SGD), and the communication they save, measured."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from conftest import run_record
 from test_equivalence import assert_same_params
 
-from bench.adapters.daso import Plateau, merge, next_skips, phase
+from ddlbench.adapters.daso import Plateau, merge, next_skips, phase
 
 
 def test_phases_and_skips_follow_heat():
@@ -98,8 +98,8 @@ def test_the_plateau_all_reduce_uses_the_runs_device(monkeypatch):
     tensors. Checked with the tensor captured (device 'meta' stands in for cuda here)."""
     from types import SimpleNamespace
 
-    from bench.adapters import daso
-    from bench.adapters.base import RankContext
+    from ddlbench.adapters import daso
+    from ddlbench.adapters.base import RankContext
     seen = []
     monkeypatch.setattr(daso.dist, "all_reduce", lambda t, **kw: seen.append(t.device))
     a = object.__new__(daso.DASOAdapter)

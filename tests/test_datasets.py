@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.datasets import build_dataset
-from models.datasets.blobs import label_noise_floor, make_split, prototypes
-from models.datasets.markov import entropy_rate, sample_chains, stationary
-from models.loader import epoch_order, eval_shards, rank_batches
+from ddlbench.models.datasets import build_dataset
+from ddlbench.models.datasets.blobs import label_noise_floor, make_split, prototypes
+from ddlbench.models.datasets.markov import entropy_rate, sample_chains, stationary
+from ddlbench.models.loader import epoch_order, eval_shards, rank_batches
 
 GPT = NS(kind="language", seq_len=16, vocab_size=256, name="gpt2_tiny")
 VISION = NS(kind="vision", image_size=16, num_classes=10, name="resnet18_tiny")
@@ -64,7 +64,7 @@ def test_digits_real_images_upscaled():
 
 
 def test_text_byte_tokenizer_windows(tmp_path, monkeypatch):
-    monkeypatch.setattr("models.datasets.text.CACHE", tmp_path / "cache")
+    monkeypatch.setattr("ddlbench.models.datasets.text.CACHE", tmp_path / "cache")
     (tmp_path / "wiki.train.tokens").write_bytes(bytes(range(256)) * 2)   # 512 bytes -> 32 windows
     (tmp_path / "wiki.valid.tokens").write_text("hello world, hello tokens!")
     dc = NS(name="text", path=str(tmp_path), train_file="wiki.train.tokens", val_file="wiki.valid.tokens",
@@ -89,7 +89,7 @@ def bytes_to_unicode() -> dict:
 
 
 def test_text_gpt2_bpe_from_local_files(tmp_path, monkeypatch):
-    monkeypatch.setattr("models.datasets.text.CACHE", tmp_path / "cache")
+    monkeypatch.setattr("ddlbench.models.datasets.text.CACHE", tmp_path / "cache")
     symbols = list(bytes_to_unicode().values())
     vocab = {s: i for i, s in enumerate(symbols)}
     vocab["he"] = 256
@@ -149,8 +149,8 @@ def test_eval_shards_count_every_sample_once(size, dp, batch):
 def test_dataloader_workers_give_the_same_batches(tmp_path):
     import torch
 
-    from models.datasets import tensor_split
-    from models.loader import TrainStream
+    from ddlbench.models.datasets import tensor_split
+    from ddlbench.models.loader import TrainStream
 
     split = tensor_split({"x": torch.arange(40).view(20, 2), "y": torch.arange(20)})
     direct = TrainStream(split, 1, 8, 1, 4, torch.device("cpu"), num_workers=0)

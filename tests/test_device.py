@@ -1,5 +1,5 @@
 """No silent CPU fallback: a run that asked for GPUs, or was given them, fails with the reason
-when CUDA is not available (bench/device.py), and says so in result.json."""
+when CUDA is not available (ddlbench/device.py), and says so in result.json."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import bench
 
-from bench.device import gpus_expected, resolve_device
-from bench.errors import ConfigError
+from ddlbench.device import gpus_expected, resolve_device
+from ddlbench.errors import ConfigError
 
 
 def test_hints_that_gpus_were_given():
@@ -46,7 +46,7 @@ def test_a_gpu_run_without_cuda_fails_with_the_reason(tmp_path, overrides, env, 
 
 
 def test_rank_to_gpu_mapping():
-    from bench.device import check_gpu_count, cuda_index
+    from ddlbench.device import check_gpu_count, cuda_index
     assert [cuda_index(r, 8) for r in range(8)] == list(range(8))
     assert cuda_index(5, 1) == 0                    # --gpus-per-task=1: each task sees its own GPU
     with pytest.raises(ConfigError, match="local rank 4 but only 4 GPUs"):
@@ -63,7 +63,7 @@ def test_cuda_peaks_are_reset_after_setup(monkeypatch):
     before sharding) is kept apart and the counters reset, so the reported peak is the loop's."""
     import torch
 
-    from bench.adapters.base import Adapter, RankContext
+    from ddlbench.adapters.base import Adapter, RankContext
     counters = {"peak": 1000, "resets": 0}
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: counters["peak"])
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: counters["peak"] + 24)
@@ -87,9 +87,9 @@ def test_step_boundaries_wait_for_the_compute_stream_only():
     flight across steps (DASO's global all-reduce); DeepSpeed's timer must not add its own."""
     import torch
 
-    from bench.adapters.base import RankContext
-    from bench.config import plan_from_overrides
-    from bench.runner import step_sync
+    from ddlbench.adapters.base import RankContext
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.runner import step_sync
     assert step_sync("cuda") == "torch.cuda.current_stream().synchronize()" and step_sync("cpu") is None
     plan = plan_from_overrides(["framework=deepspeed_zero2", "launcher.nproc=2"])
     ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
@@ -99,9 +99,9 @@ def test_step_boundaries_wait_for_the_compute_stream_only():
 
 
 def test_attention_defaults_to_sdpa_on_cuda_and_is_recorded():
-    from bench.config import plan_from_overrides
-    from models import build
-    from models.language import attention_impl
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.models import build
+    from ddlbench.models.language import attention_impl
     assert attention_impl("auto", "cuda") == "sdpa" and attention_impl("auto", "cpu") == "eager"
     assert attention_impl("eager", "cuda") == "eager" and attention_impl("sdpa", "cpu") == "sdpa"
     mc = plan_from_overrides(["model=gpt2_tiny"]).cfg.model
@@ -112,24 +112,24 @@ def test_attention_defaults_to_sdpa_on_cuda_and_is_recorded():
 def test_precision_auto_is_bf16_on_a_bf16_gpu_and_fp32_elsewhere(monkeypatch):
     """run.precision=auto (the default): the decision, and validate() applying it while the
     plan's raw config keeps what was asked (the record's config says auto, `precision` what ran)."""
-    from bench.config import plan_from_overrides
-    from bench.device import auto_precision, planned_precision
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.device import auto_precision, planned_precision
     assert auto_precision("cuda", True) == "bf16"
     assert auto_precision("cuda", False) == "fp32"     # V100/T4: fp16 would need loss scaling
     assert auto_precision("cpu", True) == "fp32"
     assert planned_precision({"precision": "fp16", "device": "cuda"}) == "fp16"   # asked: kept
     assert planned_precision({"precision": "auto", "device": "cpu"}) == "fp32"
     assert planned_precision({"precision": "auto", "device": "auto"}) == "fp32"   # no GPU here
-    import bench.gpus
-    h100 = bench.gpus.GpuInfo((bench.gpus.Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 << 30),), "test")
-    monkeypatch.setattr(bench.gpus, "visible_gpus", lambda: h100)     # NVML's answer on an H100 node
+    import ddlbench.gpus
+    h100 = ddlbench.gpus.GpuInfo((ddlbench.gpus.Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 << 30),), "test")
+    monkeypatch.setattr(ddlbench.gpus, "visible_gpus", lambda: h100)     # NVML's answer on an H100 node
     assert planned_precision({"precision": "auto", "device": "auto"}) == "bf16"
     assert planned_precision({"precision": "auto", "device": "cpu"}) == "fp32"   # deliberate CPU
     plan = plan_from_overrides(["model=gpt2_tiny"])
     assert plan.cfg.run.precision == "bf16" and plan.raw["run"]["precision"] == "auto"
     plan = plan_from_overrides(["model=gpt2_tiny", "run.precision=fp32"])
     assert plan.cfg.run.precision == "fp32" and plan.raw["run"]["precision"] == "fp32"
-    monkeypatch.setattr(bench.gpus, "visible_gpus", lambda: bench.gpus.GpuInfo((), "test"))
+    monkeypatch.setattr(ddlbench.gpus, "visible_gpus", lambda: ddlbench.gpus.GpuInfo((), "test"))
     assert plan_from_overrides(["model=gpt2_tiny"]).cfg.run.precision == "fp32"
 
 
@@ -145,7 +145,7 @@ def test_batch_norm_parameters_match_their_running_statistics_at_bf16(framework,
     import sys
     from pathlib import Path
 
-    from bench.launch.agent import free_port
+    from ddlbench.launch.agent import free_port
     script = Path(__file__).with_name("rank_batch_norm_dtypes.py")
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
            "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
@@ -164,8 +164,8 @@ def test_batch_norm_parameters_match_their_running_statistics_at_bf16(framework,
 def test_deepspeed_casts_buffers_only_for_batch_norm_at_low_precision():
     import torch
 
-    from bench.adapters.base import RankContext
-    from bench.config import plan_from_overrides
+    from ddlbench.adapters.base import RankContext
+    from ddlbench.config import plan_from_overrides
     plan = plan_from_overrides(["framework=deepspeed_zero2", "launcher.nproc=2"])
     for precision, batch_norm, want in (("bf16", True, {"buffer_dtype": "bf16"}), ("fp16", True, {"buffer_dtype": "fp16"}),
                                         ("bf16", False, None), ("fp32", True, None)):

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-import models
-from bench.config import plan_from_overrides
-from bench.dims import resolve_dims
-from bench.errors import ConfigError
+from ddlbench import models
+from ddlbench.config import plan_from_overrides
+from ddlbench.dims import resolve_dims
+from ddlbench.errors import ConfigError
 
 
 def test_dims_derive_dp_and_accumulation():

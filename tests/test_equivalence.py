@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import run_record
 
-from bench.config import group_options, plan_from_overrides
-from bench.errors import ConfigError
+from ddlbench.config import group_options, plan_from_overrides
+from ddlbench.errors import ConfigError
 
 STEPS = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8",
          "run.param_fingerprint=true")
@@ -101,7 +101,7 @@ MIN_PROGRESS = 0.75
 
 
 def _zero_gradient_params(model: str) -> set[int]:
-    import models
+    from ddlbench import models
     spec = models.build(plan_from_overrides([f"model={model}"]).cfg.model)
     with torch.device("meta"):
         names = [n for n, _ in spec.build().named_parameters()]
@@ -122,7 +122,7 @@ def assert_same_params(a: list, b: list, rel: float, loose: set[int] = frozenset
 def test_the_fingerprint_sees_moved_values():
     """A permuted parameter (e.g. Q, K, V blocks in another order) has the same sum, sum of
     squares and sum of |x|; only the position-weighted sum tells, and the check fails on it."""
-    from bench.adapters.common import param_row
+    from ddlbench.adapters.common import param_row
     w = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
     moved = torch.cat([w[2:4], w[0:2], w[4:6]])
     a, b = param_row(w), param_row(moved)

@@ -1,15 +1,15 @@
-"""FLOP counts (models/flops.py) against hand-computed values, MFU/HFU arithmetic, and every
+"""FLOP counts (ddlbench/models/flops.py) against hand-computed values, MFU/HFU arithmetic, and every
 decision behind the peak: which dtype's peak, which GPU table row, the CPU probe."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-import models
-from bench.config import plan_from_overrides
-from bench.hardware import cpu_peak, cuda_tf32_enabled, match_gpu, peak_dtype, peak_flops
-from bench.metrics.mfu import MfuError, mfu
-from models.flops import train_flops_per_sample
+from ddlbench import models
+from ddlbench.config import plan_from_overrides
+from ddlbench.hardware import cpu_peak, cuda_tf32_enabled, match_gpu, peak_dtype, peak_flops
+from ddlbench.metrics.mfu import MfuError, mfu
+from ddlbench.models.flops import train_flops_per_sample
 
 
 def _spec(name: str):
@@ -94,7 +94,7 @@ def test_configured_peak_names_its_dtype_and_source():
 
 def test_cpu_probe_is_cached_per_thread_count_and_dtype(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("bench.hardware.probe_cpu_matmul",
+    monkeypatch.setattr("ddlbench.hardware.probe_cpu_matmul",
                         lambda threads, dtype: calls.append((threads, dtype)) or 1e9 * threads)
     cache = tmp_path / "peak.json"
     assert cpu_peak(2, "fp32", cache)[0] == 2e9

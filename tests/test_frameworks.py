@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import bench, run_record
 
-from bench.config import plan_from_overrides
+from ddlbench.config import plan_from_overrides
 
 FAST = ("run.warmup_steps=1", "run.measure_steps=2", "launcher.nproc=2")
 
@@ -58,9 +58,9 @@ def test_horovod_counts_its_own_allreduces_without_lr_scaling(run_dir):
     assert rec["comm"]["per_step_bytes"]["all_reduce"] == 4 * rec["model"]["params"]
     assert rec["framework"]["native_config"]["lr_scaled_by_world_size"] is False
     # what ran: Horovod 0.28.1's own default (operations.cc), which its cost model (advise) uses too
-    from bench.adapters.cost import ModelProfile
-    from bench.adapters.horovod import DEFAULT_FUSION_THRESHOLD_MB, HorovodAdapter
-    from bench.dims import ParallelDims
+    from ddlbench.adapters.cost import ModelProfile
+    from ddlbench.adapters.horovod import DEFAULT_FUSION_THRESHOLD_MB, HorovodAdapter
+    from ddlbench.dims import ParallelDims
     assert rec["framework"]["native_config"]["fusion_threshold_mb"] == DEFAULT_FUSION_THRESHOLD_MB == 128
     big = ModelProfile(params=10**9, largest_block_params=1, blocks=1, activation_bytes_per_sample=0,
                        checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0)
@@ -114,9 +114,9 @@ def test_fairscale_fsdp_is_its_own_strategy_not_oss():
     Its GPU-only setup cannot run here; what it records and claims is checked without it."""
     import torch
 
-    from bench.adapters.base import RankContext
-    from bench.config import plan_from_overrides
-    from bench.errors import ConfigError
+    from ddlbench.adapters.base import RankContext
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.errors import ConfigError
     plan = plan_from_overrides(["framework=fairscale_fsdp", "launcher.nproc=2"])
     ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
                       precision="fp32")

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from bench.config import plan_from_overrides
-from bench.launch import events
-from bench.launch.forked import Forked, rank_start_method
-from bench.launch.local import start_method
+from ddlbench.config import plan_from_overrides
+from ddlbench.launch import events
+from ddlbench.launch.forked import Forked, rank_start_method
+from ddlbench.launch.local import start_method
 
 
 def test_ranks_are_forked_on_cpu_and_spawned_on_cuda():
@@ -24,7 +24,7 @@ def test_ranks_are_forked_on_cpu_and_spawned_on_cuda():
 
 
 def test_a_start_method_that_does_not_exist_is_a_config_error():
-    from bench.errors import ConfigError
+    from ddlbench.errors import ConfigError
     with pytest.raises(ConfigError, match="launcher.start_method"):
         plan_from_overrides(["launcher.start_method=thread"])
 
@@ -82,7 +82,7 @@ class _Failure:
 
 
 def test_the_root_cause_is_not_the_rank_that_lost_its_peer():
-    from bench.launch.failures import is_lost_peer, root_cause
+    from ddlbench.launch.failures import is_lost_peer, root_cause
     lost = "RuntimeError: [gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:63671"
     assert is_lost_peer(lost) and not is_lost_peer("RuntimeError: injected fault at step 2") and not is_lost_peer(None)
     # same second (elastic's timestamps are whole seconds): a SIGKILLed rank 1 (no error file)
@@ -97,7 +97,7 @@ def test_the_root_cause_is_not_the_rank_that_lost_its_peer():
 def test_a_rank_aborted_by_nccls_watchdog_is_a_timeout(tmp_path):
     """NCCL's watchdog SIGABRTs a rank whose collective timed out; no error file is written, so
     the status comes from the rank's log (not yet seen on a GPU: the line is NCCL's own text)."""
-    from bench.launch.local import classify, rank_log_tail
+    from ddlbench.launch.local import classify, rank_log_tail
     log = tmp_path / "logs" / "run_abc" / "attempt_0" / "1" / "stderr.log"
     log.parent.mkdir(parents=True)
     log.write_text("x" * 70000 + "\n[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective "

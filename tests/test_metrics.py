@@ -3,11 +3,11 @@ import math
 
 import pytest
 
-from bench.metrics.comm import CommCounter, analytic_wire_bytes, per_step, ring_wire_bytes
-from bench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
-from bench.metrics.mfu import MfuError, mfu
-from bench.metrics.throughput import scaling_efficiency, scaling_kind, throughput
-from bench.metrics.timing import global_step_times, mean_ignoring_missing, percentile, summarize, window_step_time
+from ddlbench.metrics.comm import CommCounter, analytic_wire_bytes, per_step, ring_wire_bytes
+from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+from ddlbench.metrics.mfu import MfuError, mfu
+from ddlbench.metrics.throughput import scaling_efficiency, scaling_kind, throughput
+from ddlbench.metrics.timing import global_step_times, mean_ignoring_missing, percentile, summarize, window_step_time
 
 
 def test_global_step_time_is_max_over_ranks():
@@ -104,7 +104,7 @@ def test_comm_accounting():
 
 
 def test_wire_factors_depend_on_the_backend():
-    from bench.metrics.comm import wire_factor
+    from ddlbench.metrics.comm import wire_factor
     # gloo runs reduce-scatter as an all-reduce of the whole input: 2 (N-1)/N, not (N-1)/N
     assert ring_wire_bytes({"reduce_scatter": 1000}, 4, "nccl") == 750.0
     assert ring_wire_bytes({"reduce_scatter": 1000}, 4, "gloo") == 1500.0
@@ -120,7 +120,7 @@ def test_wire_factors_depend_on_the_backend():
 
 
 def test_gloo_reduce_follows_its_segmented_loop():
-    from bench.metrics.comm import gloo_reduce_sent, rank_wire_bytes
+    from ddlbench.metrics.comm import gloo_reduce_sent, rank_wire_bytes
     M = 1 << 20
     # 4 MiB on 2 ranks: 1 MiB segments, 4 of them; each rank sends 4 - 2 = 2 (2 MiB), rank 1
     # then sends its 2 MiB chunk to the root: mean (2 + 4) / 2 = 3 MiB = (N+1)/N x (N-1)/N x 4 MiB
@@ -136,7 +136,7 @@ def test_gloo_reduce_follows_its_segmented_loop():
 
 
 def test_analytic_comm_uses_the_backend_and_keeps_the_paper_figure():
-    from bench.metrics.comm import AnalyticComm, analytic_comm
+    from ddlbench.metrics.comm import AnalyticComm, analytic_comm
     zero2 = AnalyticComm({"all_reduce": 1.0, "all_gather": 1.0}, "allreduce_and_scatter", 2.0, "ZeRO paper")
     out = analytic_comm(zero2, params=250, world=4, backend="nccl")   # Psi = 1000 bytes
     assert out["analytic_wire_bytes_per_rank"] == 2250.0            # (2 + 1) x 3/4 x 1000
@@ -149,7 +149,7 @@ def test_analytic_comm_uses_the_backend_and_keeps_the_paper_figure():
 
 
 def test_commbench_bandwidth_arithmetic():
-    from bench.commbench import bus_bandwidth, ceilings, expected_written, parse_args
+    from ddlbench.commbench import bus_bandwidth, ceilings, expected_written, parse_args
     # 1 GB all-reduce in 0.5 s on 4 ranks: algbw 2 GB/s, busbw 2 x 2 x 3/4 = 3 GB/s
     assert bus_bandwidth("all_reduce", 1e9, 0.5, 4) == (2e9, 3e9)
     assert bus_bandwidth("all_gather", 1e9, 0.5, 4) == (2e9, 1.5e9)
@@ -160,18 +160,18 @@ def test_commbench_bandwidth_arithmetic():
         == {"all_reduce": 3.0}
     opts = parse_args(["launcher.nproc=3", "sizes=[1024,4096]", "kinds=[all_reduce]"])
     assert (opts["nproc"], opts["sizes"], opts["kinds"]) == (3, [1024, 4096], ["all_reduce"])
-    from bench.commbench import default_sizes
+    from ddlbench.commbench import default_sizes
     assert parse_args([])["sizes"] is None                  # chosen once the device is known
     assert max(default_sizes("cpu")) == 16 << 20            # gloo levels off by 16 MiB
     assert max(default_sizes("cuda")) == 1 << 30            # NVLink / InfiniBand need ~GiB messages
-    from bench.errors import ConfigError
+    from ddlbench.errors import ConfigError
     for bad in (["kinds=[allreduce]"], ["launcher.nproc=1"], ["nproc"], ["colour=red"]):
         with pytest.raises(ConfigError):
             parse_args(bad)
 
 
 def test_stragglers_from_host_time():
-    from bench.metrics.stragglers import describe, find_stragglers, lateness
+    from ddlbench.metrics.stragglers import describe, find_stragglers, lateness
 
     # 3 ranks, 3 steps; rank 2 is 0.05 s late in every step, rank 1 only once
     host = [[0.01, 0.02, 0.01], [0.01, 0.12, 0.01], [0.06, 0.07, 0.06]]
@@ -188,7 +188,7 @@ def test_stragglers_from_host_time():
 
 
 def test_comm_by_group_size():
-    from bench.metrics.comm import group_wire_bytes
+    from ddlbench.metrics.comm import group_wire_bytes
     c = CommCounter()
     c.add("all_reduce", 1000, group="4@2")
     c.add("all_reduce", 200, group="2@1")
@@ -204,7 +204,7 @@ def test_comm_by_group_size():
 def test_ddp_memory_theory_counts_the_bucket_copy_without_bucket_view():
     from types import SimpleNamespace
 
-    from bench.adapters.ddp import DDPAdapter, DDPOptions
+    from ddlbench.adapters.ddp import DDPAdapter, DDPOptions
     ddp = object.__new__(DDPAdapter)
     ddp.ctx = SimpleNamespace(world_size=2)
     ddp.options = DDPOptions()

@@ -11,13 +11,13 @@ import pytest
 import torch
 from conftest import bench, run_record
 
-import models
-from bench.config import plan_from_overrides
-from bench.dims import infer_sizes, resolve_dims
-from bench.errors import ConfigError
-from bench.metrics.pipeline import analytic_bubble, measured_idle
-from models.pipeline import loss_function, partition, piece_count, pieces, stage_owners, tied_parameters, untie
-from models.tensor_parallel import qkv_permutation
+from ddlbench import models
+from ddlbench.config import plan_from_overrides
+from ddlbench.dims import infer_sizes, resolve_dims
+from ddlbench.errors import ConfigError
+from ddlbench.metrics.pipeline import analytic_bubble, measured_idle
+from ddlbench.models.pipeline import loss_function, partition, piece_count, pieces, stage_owners, tied_parameters, untie
+from ddlbench.models.tensor_parallel import qkv_permutation
 
 
 # ---- arithmetic ----
@@ -62,8 +62,8 @@ def test_converted_parameters_map_back_to_the_original_layout():
     fingerprint puts them back, so a layout bug shows against DDP instead of hiding."""
     from transformers.pytorch_utils import Conv1D
 
-    from bench.adapters.common import canonical_parameters
-    from models.tensor_parallel import _from_conv1d
+    from ddlbench.adapters.common import canonical_parameters
+    from ddlbench.models.tensor_parallel import _from_conv1d
     conv = Conv1D(12, 4)                      # W: 4 x 12 ([q | k | v], width 4)
     with torch.no_grad():
         conv.weight.copy_(torch.arange(48.0).view(4, 12))

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import bench, run_record
 
-from bench.network import model as m
-from bench.network.allocate import allocate, closed_form_split
-from bench.network.project import compute_seconds, project, spans_for
-from bench.network.workload import Collective, Workload, from_record, scope_of
+from ddlbench.network import model as m
+from ddlbench.network.allocate import allocate, closed_form_split
+from ddlbench.network.project import compute_seconds, project, spans_for
+from ddlbench.network.workload import Collective, Workload, from_record, scope_of
 
 D1 = m.Dimension("nvlink", 8, 100e9, 1e-6, 1.0)
 D2 = m.Dimension("nic", 4, 10e9, 1e-5, 4.0)
@@ -91,7 +91,7 @@ def test_allocation_matches_the_closed_form():
 
 
 def test_data_parallel_only_and_ok_only():
-    from bench.errors import ConfigError
+    from ddlbench.errors import ConfigError
     with pytest.raises(ConfigError, match="data-parallel"):
         from_record({"status": "ok", "parallel": {"world_size": 4, "tp": 2, "pp": 1}})
     with pytest.raises(ConfigError, match="failed"):
@@ -151,8 +151,8 @@ def test_predicted_vs_measured_step_time_on_this_machine_is_in_the_report(tmp_pa
     day while the VM ran everything ~1.5x slower (2 ranks sharing 2 slowed cores suffer more than
     1). The bound, 75%, is that loaded case with a 1.5x margin; the accuracy itself is what
     benchmarks/comm_strategies.py prints."""
-    from bench.network.model import load
-    from bench.network.validate import predict
+    from ddlbench.network.model import load
+    from ddlbench.network.validate import predict
     common = ("run.warmup_steps=2", "run.measure_steps=8", "launcher.threads_per_rank=1")
     _, one = run_record(tmp_path / "n1", "launcher.nproc=1", "run.global_batch=4", *common)
     _, two = run_record(tmp_path / "n2", "launcher.nproc=2", "run.global_batch=8", *common)
@@ -170,7 +170,7 @@ def test_predicted_vs_measured_step_time_on_this_machine_is_in_the_report(tmp_pa
 def test_alpha_beta_fit_in_the_models_terms():
     """Hand-computed: a ring all-reduce over 4 ranks costs 6 alpha + 1.5 B / bw; with alpha = 50 us
     and bw = 2 GB/s, 1 MB takes 0.3 + 0.75 = 1.05 ms and 4 MB 0.3 + 3 = 3.3 ms."""
-    from bench.network.fit import coefficients, fit_alpha_beta, fits, fitted_network
+    from ddlbench.network.fit import coefficients, fit_alpha_beta, fits, fitted_network
     assert coefficients("all_reduce", 4) == (6, 1.5) and coefficients("all_gather", 4) == (3, 0.75)
     assert coefficients("broadcast", 5) == (3, 1.0) and coefficients("send", 2) == (1, 1.0)
     f = fit_alpha_beta([(1e6, 1.05e-3), (4e6, 3.3e-3)], "all_reduce", 4)
@@ -196,7 +196,7 @@ def test_alpha_beta_fit_in_the_models_terms():
     fitted = fitted_network(cluster, ar, 2)
     assert fitted["dimensions"][1]["bandwidth_GBps"] == pytest.approx(0.1) and fitted["dimensions"][1]["latency_us"] == 100.0
     assert fitted["dimensions"][0] == cluster["dimensions"][0] and fitted["name"] == "cluster_box_fitted"
-    from bench.network.model import from_dict
+    from ddlbench.network.model import from_dict
     assert from_dict(fitted).dims[1].bandwidth == pytest.approx(1e8)
 
 
@@ -206,9 +206,9 @@ def test_each_collective_kind_is_priced_by_its_own_fit():
     terms. The fitted network keeps the second under `kinds`, and the model prices a 2-rank
     reduce-scatter of 6 MB at (1/2 x 6 MB) / 6 MB/s = 0.5 s (the ring model at the link's
     12 MB/s: 0.25 s); every other kind stays on the link's fit."""
-    from bench.network.fit import fitted_network
-    from bench.network.model import collective_time, from_dict, kind_spans
-    from bench.network.project import spans_for
+    from ddlbench.network.fit import fitted_network
+    from ddlbench.network.model import collective_time, from_dict, kind_spans
+    from ddlbench.network.project import spans_for
     cluster = {"name": "cluster_box", "dimensions": [
         {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 100.0},
         {"name": "link", "size": 2, "bandwidth_GBps": 0.0125, "latency_us": 100.0}]}
@@ -231,7 +231,7 @@ def test_a_run_is_priced_by_the_algorithm_its_backend_runs():
     gloo runs one flat ring across the link: 2 (4-1)/4 x 1.8 MB / 12.5 MB/s = 216 ms. A hierarchy
     (NCCL may pick one) reduce-scatters inside the node first: 2 x 1/2 x 0.9 MB / 12.5 MB/s = 72 ms
     on the link + 2 x 1/2 x 1.8 MB / 1 GB/s = 1.8 ms in the node."""
-    from bench.network.model import Dimension, backend_algorithm, collective_time
+    from ddlbench.network.model import Dimension, backend_algorithm, collective_time
     assert backend_algorithm("gloo") == "ring" and backend_algorithm("nccl") == "best"
     assert backend_algorithm(None) == "best"
     spans = [(2, Dimension("node", 2, 1e9, 0.0)), (2, Dimension("link", 2, 12.5e6, 0.0))]

@@ -1,4 +1,4 @@
-"""GPU telemetry (bench/nvml.py) against a stand-in for nvidia-ml-py, and the CPU path."""
+"""GPU telemetry (ddlbench/nvml.py) against a stand-in for nvidia-ml-py, and the CPU path."""
 from __future__ import annotations
 
 import time
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.collect import gpu_telemetry
-from bench.nvml import NvmlSampler, nvml_uuid, summarize
+from ddlbench.collect import gpu_telemetry
+from ddlbench.nvml import NvmlSampler, nvml_uuid, summarize
 
 
 class FakeNvml:

@@ -1,4 +1,4 @@
-"""bench/optim.py: decay groups, the factory every adapter uses, the regularised objective; and
+"""ddlbench/optim.py: decay groups, the factory every adapter uses, the regularised objective; and
 the raw digits features the convex yardstick trains on. Hand-computed values."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from bench.config import plan_from_overrides
-from bench.optim import build_optimizer_factory, decays, param_groups, regularised_objective
+from ddlbench.config import plan_from_overrides
+from ddlbench.optim import build_optimizer_factory, decays, param_groups, regularised_objective
 
 
 def test_decay_rule_reads_only_the_number_of_dimensions():
@@ -60,7 +60,7 @@ def test_regularised_objective_by_hand():
 def test_raw_digits_are_the_8x8_pixels_over_16():
     from sklearn.datasets import load_digits
 
-    from models.datasets import build_dataset
+    from ddlbench.models.datasets import build_dataset
     plan = plan_from_overrides(["experiment=convex_logreg"])
     ds = build_dataset(plan.cfg.data, plan.cfg.model, 0)
     assert (ds.train.size, ds.val.size) == (1796, 0)
@@ -73,7 +73,7 @@ def test_raw_digits_are_the_8x8_pixels_over_16():
 
 
 def test_logreg_is_one_linear_layer_on_the_flattened_input():
-    import models
+    from ddlbench import models
     plan = plan_from_overrides(["model=logreg"])
     model = models.build(plan.cfg.model).build()
     assert [tuple(p.shape) for p in model.parameters()] == [(10, 64), (10,)]

@@ -3,9 +3,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.comm_time import cpu_intervals, gloo_kind, kernel_kind
-from bench.metrics.comm import comm_time
-from bench.metrics.overlap import intersection, length, overlap_summary, subtract, union
+from ddlbench.comm_time import cpu_intervals, gloo_kind, kernel_kind
+from ddlbench.metrics.comm import comm_time
+from ddlbench.metrics.overlap import intersection, length, overlap_summary, subtract, union
 
 
 def test_interval_arithmetic():
@@ -59,7 +59,7 @@ def test_cuda_intervals_from_kernel_events():
     kind, everything else compute; CPU-side events ignored (the device's time is what overlaps)."""
     from torch.autograd import DeviceType
 
-    from bench.comm_time import cuda_intervals
+    from ddlbench.comm_time import cuda_intervals
 
     def k(name, start_us, end_us, device=DeviceType.CUDA):
         return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start_us, end=end_us))
@@ -83,7 +83,7 @@ def test_kind_names():
 def test_kineto_noise_is_held_back_and_other_stderr_passes(capfd):
     import os
 
-    from bench.comm_time import quiet_kineto
+    from ddlbench.comm_time import quiet_kineto
     with quiet_kineto():
         os.write(2, b"USDT:2026-11-23 10:41:02 1:1 SyncActivityProfilerHandler.cpp:39] profiler_start\n")
         os.write(2, b"ERROR:2026-11-23 10:41:02 1:1 DeviceProperties.cpp:56] gpuGetDeviceCount failed with code 35\n")

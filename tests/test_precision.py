@@ -41,7 +41,7 @@ def fp32(tmp_path_factory) -> list[float]:
 
 
 def _deepspeed_cpu_fp16() -> bool:
-    from bench.adapters.deepspeed import _cpu_fp16_ok
+    from ddlbench.adapters.deepspeed import _cpu_fp16_ok
     return _cpu_fp16_ok()
 
 
@@ -91,7 +91,7 @@ def test_parity_flags_a_gradient_reduction_dtype_difference(bf16_runs, tmp_path)
     equalises, and the equalised variant (communication_data_type=fp32) is not flagged."""
     import pandas as pd
 
-    from bench.report import build
+    from ddlbench.report import build
     root, runs = bf16_runs
     for fw, (_, rec) in runs.items():
         if rec["status"] == "ok":

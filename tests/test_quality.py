@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import bench, run_record
 
-from bench.results import load_result
+from ddlbench.results import load_result
 
 pytestmark = pytest.mark.slow
 

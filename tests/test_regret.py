@@ -1,4 +1,4 @@
-"""The regret arithmetic (bench/advise/regret.py) by hand and on a published exhaustive log:
+"""The regret arithmetic (ddlbench/advise/regret.py) by hand and on a published exhaustive log:
 AMP's 53 configurations of GPT-2 on 16 GPUs (tests/data/amp_het_cluster_gpt2.csv)."""
 import csv
 import math
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.advise.regret import bootstrap_interval, evaluate, kendall_tau_b, ranked, regret_at
-from bench.metrics.stats import spearman
+from ddlbench.advise.regret import bootstrap_interval, evaluate, kendall_tau_b, ranked, regret_at
+from ddlbench.metrics.stats import spearman
 
 AMP = Path(__file__).parent / "data" / "amp_het_cluster_gpt2.csv"
 

@@ -7,8 +7,8 @@ import pytest
 from conftest import bench
 from reportdata import make_record, write
 
-from bench import report
-from bench.report.frame import SUMMARY_COLUMNS
+from ddlbench import report
+from ddlbench.report.frame import SUMMARY_COLUMNS
 
 
 @pytest.fixture
@@ -93,8 +93,8 @@ def test_pipeline_stages_are_listed_per_rank(tmp_path):
 
 
 def test_a_sweeps_cells_without_result_are_listed_as_missing(tmp_path):
-    from bench.sweep import manifest
-    from bench.sweep.cells import Cell
+    from ddlbench.sweep import manifest
+    from ddlbench.sweep.cells import Cell
     sweep = tmp_path / "sweep"
     cells = [Cell(index=i, id=f"cell{i}", overrides=[f"run.seed={i}"], repeat=0) for i in range(3)]
     manifest.create(sweep, cells, {"backend": "local", "jobs": []})
@@ -119,7 +119,7 @@ def test_user_strings_are_escaped(tmp_path):
 
 
 def test_wandb_report_offline_writes_a_valid_spec(known, tmp_path):
-    from bench.report.wandb_report import build_report, publish
+    from ddlbench.report.wandb_report import build_report, publish
 
     rep = report.build([str(known)], tmp_path / "out", progress=False)
     message = publish(rep)
@@ -150,7 +150,7 @@ def test_wandb_report_keeps_the_default_entity(known, tmp_path, monkeypatch):
 
     import wandb_workspaces.reports.v2.interface as wri
 
-    from bench.report.wandb_report import build_report, spec_for
+    from ddlbench.report.wandb_report import build_report, spec_for
     monkeypatch.setattr(wri, "_get_api", lambda: SimpleNamespace(default_entity="me"))
     spec = spec_for(report.build([str(known)], tmp_path / "out", progress=False))
     assert spec["entity"] is None
@@ -210,7 +210,7 @@ def test_flops_table_shows_mfu_hfu_method_and_peak(tmp_path):
 def test_an_auto_precision_config_is_one_configuration_per_precision_that_ran():
     """run.precision=auto runs bf16 on a GPU and fp32 on a CPU: the same config, not repeats of
     one configuration (config_id and the scaling group follow the record's precision)."""
-    from bench.report.frame import summary_row
+    from ddlbench.report.frame import summary_row
     rows = {}
     for name, ran in (("gpu_a", "bf16"), ("gpu_b", "bf16"), ("cpu", "fp32")):
         rec = make_record(name)
@@ -231,7 +231,7 @@ def test_throughput_plot_keeps_its_legend_off_the_bars_and_one_colour_per_series
     import matplotlib.colors as mcolors
     import pandas as pd
 
-    from bench.report import plots
+    from ddlbench.report import plots
     figs = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
     rows = [{"label": f"fw{i}", "model": "m", "world_size": 1, "precision": "bf16", "samples_per_s": 100.0 + i,
@@ -285,7 +285,7 @@ def test_no_plot_title_or_legend_covers_data_or_is_clipped(tmp_path, monkeypatch
     """Every plot the report draws, on runs with curves, scaling, memory, communication and MFU:
     legends sit beside the axes (they covered bars and lines where matplotlib's "best" found no
     room), titles clear every axes, and nothing is cut off the saved PNG."""
-    from bench.report import plots
+    from ddlbench.report import plots
     root = tmp_path / "runs"
     evals = [{"step": s, "epoch": s / 4, "time_s": s * 0.5, "loss": 3.0 - 0.1 * s, "accuracy": 0.1 * s}
              for s in range(0, 9, 2)]

@@ -4,7 +4,15 @@ import os
 
 import pytest
 
-from bench.results import SCHEMA, atomic_write_json, check_record, empty_record, error_info, load_result, write_result
+from ddlbench.results import (
+    SCHEMA,
+    atomic_write_json,
+    check_record,
+    empty_record,
+    error_info,
+    load_result,
+    write_result,
+)
 
 
 def test_failed_record_is_valid_and_roundtrips(tmp_path):

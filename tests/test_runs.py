@@ -5,7 +5,7 @@ import re
 import pytest
 from conftest import run_record, wait_until_training
 
-from bench.results import check_record
+from ddlbench.results import check_record
 
 FAST = ("run.warmup_steps=1", "run.measure_steps=3")
 
@@ -174,7 +174,7 @@ def test_wall_clock_timeout_kills_everything(run_dir):
     assert (run_dir / "stacks" / "rank1.txt").read_text().count("File ") > stacks["1"].count("File ")
     # ... and the message itself says so in one line per rank (what a CI log shows first)
     msg = rec["error"]["message"]
-    assert re.search(r"rank 0: \S+:\d+ \w+ <- bench/\S+:\d+ \w+", msg), msg
+    assert re.search(r"rank 0: \S+:\d+ \w+ <- ddlbench/\S+:\d+ \w+", msg), msg
     assert re.search(r"rank 1: faults\.py:\d+ \w+", msg), msg
 
 

@@ -64,7 +64,7 @@ def test_shell_metacharacters_reach_the_run_literally(tmp_path):
 
 
 # ---- static audit: no unsafe deserialisation, no shell, no eval in the code we ship ----------
-SHIPPED = ("bench", "models", "benchmarks", "scripts", "slurm", "docker")
+SHIPPED = ("ddlbench", "benchmarks", "scripts", "slurm", "docker")
 
 
 def _unsafe_calls(tree) -> list[tuple[int, str]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, bench, wait_for, wait_until_training
 
-from bench.sweep import manifest, status
-from bench.sweep.commands import _queued_ids
+from ddlbench.sweep import manifest, status
+from ddlbench.sweep.commands import _queued_ids
 
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
@@ -190,7 +190,7 @@ def test_horovod_under_srun_without_horovodrun(slurm, tmp_path):
 
 def test_hydra_submitit_launcher_runs_a_multirun_as_one_job_array(slurm, tmp_path):
     proc = subprocess.run(
-        ["timeout", "270", str(REPO / ".venv/bin/python"), "-m", "bench.hydra_app", "-m",
+        ["timeout", "270", str(REPO / ".venv/bin/python"), "-m", "ddlbench.hydra_app", "-m",
          "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=2",
          "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={tmp_path / 'multirun'}",
          "launcher.nproc=1,2", "debug=fast"],

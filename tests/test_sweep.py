@@ -4,11 +4,11 @@ import json
 import pytest
 from conftest import bench
 
-from bench.errors import ConfigError
-from bench.launch.slurm import first_host, master_port, rank_env, task_threads, tasks_on_node
-from bench.sweep import manifest, status
-from bench.sweep.cells import expand
-from bench.sweep.slurm import array_spec
+from ddlbench.errors import ConfigError
+from ddlbench.launch.slurm import first_host, master_port, rank_env, task_threads, tasks_on_node
+from ddlbench.sweep import manifest, status
+from ddlbench.sweep.cells import expand
+from ddlbench.sweep.slurm import array_spec
 
 
 def test_cell_ids_are_stable_and_distinct():
@@ -67,7 +67,7 @@ def test_slurm_local_world_size_is_this_nodes_task_count():
 
 
 def test_horovod_slots_from_slurm():
-    from bench.launch.hvd_slurm import horovod_env, slots, tasks_per_node
+    from ddlbench.launch.hvd_slurm import horovod_env, slots, tasks_per_node
     assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     table = slots([2, 1])
     assert [(s["rank"], s["node"], s["local_rank"], s["local_size"]) for s in table] == [(0, 0, 0, 2), (1, 0, 1, 2), (2, 1, 0, 1)]
@@ -83,7 +83,7 @@ def test_horovod_slots_from_slurm():
 
 
 def test_slurm_launcher_records_nodes_from_slurm(monkeypatch):
-    from bench.config import plan_from_overrides
+    from ddlbench.config import plan_from_overrides
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_NNODES", "2")
     plan = plan_from_overrides(["launcher=slurm", "framework=fsdp_hybrid"])
@@ -125,8 +125,8 @@ def test_sweep_cli_errors(tmp_path):
 def test_an_array_task_asks_slurm_for_its_cells_shape():
     from types import SimpleNamespace as L
 
-    from bench.sweep.slurm import Shape, cell_shape
-    from bench.sweep.task import srun_command
+    from ddlbench.sweep.slurm import Shape, cell_shape
+    from ddlbench.sweep.task import srun_command
     # the local launcher: one task holding every rank, a CPU per rank
     assert cell_shape(L(name="local", nproc=4, nodes=1), 2) == Shape(1, 1, 8)
     # launcher=slurm: a task per rank on its nodes, started by srun inside the array task
@@ -135,4 +135,4 @@ def test_an_array_task_asks_slurm_for_its_cells_shape():
     assert Shape(2, 4, 1).sbatch_args() == ["--nodes=2", "--ntasks=4", "--cpus-per-task=1"]
     cmd = srun_command(two, ["framework=ddp", "run.dir='/x'"])
     assert cmd[:4] == ["srun", "--nodes=2", "--ntasks=4", "--kill-on-bad-exit=1"]
-    assert cmd[-4:] == ["bench.cli", "run", "framework=ddp", "run.dir='/x'"]
+    assert cmd[-4:] == ["ddlbench.cli", "run", "framework=ddp", "run.dir='/x'"]

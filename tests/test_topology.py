@@ -1,4 +1,4 @@
-"""Node groups follow the hosts the ranks run on (bench/topology.py), by hand."""
+"""Node groups follow the hosts the ranks run on (ddlbench/topology.py), by hand."""
 import os
 import subprocess
 import sys
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.errors import ConfigError
-from bench.topology import cross_groups, node_groups, node_of
+from ddlbench.errors import ConfigError
+from ddlbench.topology import cross_groups, node_groups, node_of
 
 
 def test_groups_follow_the_hosts_whatever_the_rank_order():
@@ -36,7 +36,7 @@ def test_uneven_nodes_are_refused():
 
 
 def test_the_lost_node_is_the_same_from_both_sides_of_a_dead_link():
-    from bench.launch.liveness import lost_nodes
+    from ddlbench.launch.liveness import lost_nodes
     hosts = ["n1", "n2", "n1", "n2"]
     # from n1 (its network up): both ranks on n2 unreachable -> n2
     assert lost_nodes(hosts, ["self", "unreachable", "up", "unreachable"], 0, True) == ["n2"]
@@ -50,7 +50,7 @@ def test_a_beacon_answers_and_a_closed_port_refuses():
     import socket
     import threading
 
-    from bench.launch.liveness import _accept_forever, knock
+    from ddlbench.launch.liveness import _accept_forever, knock
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
@@ -67,7 +67,7 @@ def test_a_beacon_answers_and_a_closed_port_refuses():
 def test_own_network_is_read_in_the_processes_namespace():
     """In a fresh network namespace: only loopback -> down; a veth pair up -> up; one end
     taken down -> down (no carrier on the other)."""
-    py = f"{sys.executable} -c 'from bench.launch.liveness import own_network_up as f; print(f())'"
+    py = f"{sys.executable} -c 'from ddlbench.launch.liveness import own_network_up as f; print(f())'"
     veth = "ip link add name va type veth peer name vb && ip link set va up && ip link set vb up"
     script = f"{py} && {veth} && {py} && ip link set vb down && {py}"
     out = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=60,
@@ -78,25 +78,29 @@ def test_own_network_is_read_in_the_processes_namespace():
 def test_a_timeout_names_the_ranks_work_not_its_beacon():
     """A rank's stack dump lists the beacon's thread (waiting in accept, through bench's own
     code) before the thread that hangs: the summary names the hang."""
-    from bench.launch.records import where_each_rank_was
+    from ddlbench.launch.records import where_each_rank_was
     dump = ('Thread 0x00007f01 (most recent call first):\n'
             '  File "/usr/lib/python3.11/socket.py", line 294 in accept\n'
-            '  File "/repo/bench/launch/liveness.py", line 32 in _accept_forever\n'
+            '  File "/repo/ddlbench/launch/liveness.py", line 32 in _accept_forever\n'
             '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
             '\n'
             'Current thread 0x00007f02 (most recent call first):\n'
-            '  File "/repo/bench/faults.py", line 30 in hang\n'
-            '  File "/repo/bench/runner.py", line 120 in run\n')
+            '  File "/repo/ddlbench/faults.py", line 30 in hang\n'
+            '  File "/repo/ddlbench/runner.py", line 120 in run\n')
     assert where_each_rank_was({"1": dump}) == "rank 1: faults.py:30 hang"
     only_beacon = dump.split("\n\n")[0]
-    assert where_each_rank_was({"0": only_beacon}) == "rank 0: socket.py:294 accept <- bench/launch/liveness.py:32 _accept_forever"
+    assert where_each_rank_was({"0": only_beacon}) == "rank 0: socket.py:294 accept <- ddlbench/launch/liveness.py:32 _accept_forever"
+    # a library inside a checkout that happens to be called ddlbench is not the package
+    from ddlbench.launch.records import _in_package
+    assert _in_package("/home/u/ddlbench/.venv/lib/python3.11/site-packages/torch/nn/module.py") is None
+    assert _in_package("/opt/venv/lib/python3.11/site-packages/ddlbench/runner.py") == "runner.py"
 
 
 def test_the_hosts_exchanged_when_the_group_formed_are_used_without_a_collective():
     import torch
 
-    from bench.adapters.base import RankContext
-    from bench.topology import hosts_of
+    from ddlbench.adapters.base import RankContext
+    from ddlbench.topology import hosts_of
     ctx = RankContext(rank=1, local_rank=0, world_size=2, device=torch.device("cpu"), backend="gloo",
                       precision="fp32", hosts=("n1", "n2"))
     assert hosts_of(ctx) == ["n1", "n2"]      # no process group exists here: a gather would raise

@@ -1,4 +1,4 @@
-"""The report's verdict (bench/report/verdict.py), by hand: fastest with its margin and how sure,
+"""The report's verdict (ddlbench/report/verdict.py), by hand: fastest with its margin and how sure,
 least memory, first to the target, what did not run, and the caveats."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from bench.report.verdict import verdict, verdict_markdown
+from ddlbench.report.verdict import verdict, verdict_markdown
 
 NAN = math.nan
 

@@ -1,6 +1,6 @@
 """Wire bytes are true: for every collective kind, what gloo really writes to its sockets
 (/proc/self/io, measured by `bench commbench`) equals the payload x the backend's wire factor
-(bench/metrics/comm.py) within 1%, at 2 and 3 ranks (the factors differ between them), for 1 MiB
+(ddlbench/metrics/comm.py) within 1%, at 2 and 3 ranks (the factors differ between them), for 1 MiB
 and 16 MiB messages (gloo's reduce sends more above 2N MiB). Whole
 runs are checked the same way in tests/test_equivalence.py::check_wire_bytes."""
 import json
@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import bench
 
-from bench.commbench import KINDS
+from ddlbench.commbench import KINDS
 
 
 @pytest.mark.parametrize("nproc", [2, 3])

@@ -1,0 +1,183 @@
+"""What one framework variant costs per optimizer step: the model state and buffers each rank
+holds and the collectives it issues. Each adapter declares its own (`Adapter.cost_model`, a
+classmethod: no process group, no model built); `bench advise` prices it (ddlbench/advise/memory.py,
+ddlbench/advise/predict.py) and the run record's analytic volume reads its data-parallel payloads
+(`CostModel.payload_psi`). Pure data and arithmetic: no torch, hand-checked in
+tests/test_cost_model.py.
+
+Vocabulary:
+    piece     the parameters of the busiest rank's part of the model, before data-parallel
+              sharding (params / (tp x pp) where tensor and pipeline parallelism split it)
+    Psi       fp32 bytes of the piece (4 x piece): the unit the ZeRO paper counts volumes in
+    unit      what FSDP / ZeRO-3 gather at once: a block (the largest one), or the root
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+MiB = 1 << 20
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One pipeline piece of the model (ddlbench/models/pipeline.py: embedding | each block | head)."""
+    params: int                  # its parameters; a weight tied to another piece's is counted in both
+    split_params: int = 0        # of which the tensor-parallel plan shards (ddlbench/models/tensor_parallel.py)
+    tied_params: int = 0         # of which are tied to another piece's (GPT-2: wte = lm_head)
+    flops: float = 0.0           # forward FLOPs per sample
+    activation_bytes: int = 0    # saved for backward per sample (the last piece: with the loss)
+
+    def kept_params(self, tp: int) -> float:
+        return self.params - self.split_params + self.split_params / tp
+
+    def kept_flops(self, tp: int) -> float:
+        """Compute follows the parameters: a block's matmuls and its heads' attention are split,
+        the embedding lookup, norms and an unsplit head are not."""
+        return self.flops * (1 - (1 - 1 / tp) * self.split_params / self.params) if self.params else self.flops
+
+    def kept_activations(self, tp: int) -> float:
+        """Activations of a split piece divided by tp (norms and residuals, which Megatron keeps
+        replicated without sequence parallelism, are counted as split: a lower bound)."""
+        return self.activation_bytes / (tp if self.split_params else 1)
+
+
+@dataclass(frozen=True)
+class Share:
+    """What a rank holding some of the pieces, split by tp, keeps and computes."""
+    params: float           # parameters, a tied weight held twice on the rank counted once
+    compute: float          # of one replica's forward FLOPs
+    activations: float      # of one replica's activations per sample
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What a cost model needs to know about a model (ddlbench.advise.profile measures it on meta)."""
+    params: int
+    largest_block_params: int
+    blocks: int
+    activation_bytes_per_sample: int        # saved for backward, no checkpointing
+    checkpointed_bytes_per_sample: int      # saved for backward with every block checkpointed
+    boundary_bytes_per_sample: int          # one block's output (pipeline p2p, tensor-parallel all-reduce)
+    pieces: tuple = ()                      # Piece, in pipeline order; () = unknown: uniform splits
+    largest_weight_params: int = 0          # the largest single parameter tensor (GPT-2: the tied wte)
+    output_bytes_per_sample: int = 0        # the model's output (GPT-2: the logits, seq x vocab)
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the blocks (embeddings, final norm, head): a per-block wrap's root unit."""
+        return max(0, self.params - self.blocks * self.largest_block_params)
+
+    def tied_pair_params(self, pp: int, tp: int = 1) -> float:
+        """A weight that one rank uses twice (GPT-2's wte as embedding and head): its parameters on
+        that rank, or 0 where no rank holds both uses (pipeline stages each hold their own copy)."""
+        tied = [p for p in self.pieces if p.tied_params]
+        if pp > 1 or len(tied) < 2:
+            return 0.0
+        return max(p.tied_params * p.kept_params(tp) / p.params for p in tied)
+
+    @property
+    def units(self) -> int:
+        """Sharded units of a per-block wrap: every block, and the root for the rest."""
+        return self.blocks + 1
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelProfile":
+        return cls(**{**d, "pieces": tuple(Piece(**p) for p in d.get("pieces", ()))})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def share(self, indices, tp: int = 1, of: int = 1) -> Share:
+        """A rank holding the pieces `indices`, each split by tp. Without pieces: 1 / of of the
+        model's blocks split by tp, the uniform rule (embeddings and head split like the rest)."""
+        if not self.pieces:
+            return Share(self.params / (tp * of), 1 / (tp * of), 1 / (tp * of))
+        mine = [self.pieces[i] for i in sorted(set(indices))]
+        tied = [p.tied_params for p in mine if p.tied_params]
+        params = sum(p.kept_params(tp) for p in mine) - (sum(tied) - max(tied) if len(tied) > 1 else 0)
+        flops = sum(p.flops for p in self.pieces)
+        acts = sum(p.activation_bytes for p in self.pieces)
+        return Share(params, sum(p.kept_flops(tp) for p in mine) / flops if flops else 1 / (tp * of),
+                     sum(p.kept_activations(tp) for p in mine) / acts if acts else 1 / (tp * of))
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """`count` messages of `bytes` each per optimizer step (fractional for strategies that
+    communicate every k steps), among `ranks` ranks `stride` ranks apart (tp innermost, pp
+    outermost: ddlbench.dims.MESH_ORDER)."""
+    kind: str            # all_reduce | all_gather | reduce_scatter | reduce | broadcast | send
+    bytes: float
+    count: float
+    ranks: int
+    stride: int = 1
+    what: str = ""       # gradients | parameters | activations ...
+    data_parallel: bool = True   # counted in the run record's analytic volume (model-parallel traffic is not)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    source: str                      # the framework code path (and version) these figures follow
+    piece: float                     # parameters of this rank's model piece (before data-parallel sharding)
+    shard_ranks: int = 1             # ranks that divide the sharded parts of the model state
+    shard_optimizer: bool = False
+    shard_grads: bool = False
+    shard_params: bool = False
+    param_bytes: int = 4             # bytes per parameter the rank keeps (DeepSpeed's 2-byte engine: 2)
+    grad_bytes: int = 4
+    fp32_master_copy: bool = False   # the optimizer keeps fp32 master weights (+4 B/param)
+    offload_optimizer: bool = False  # optimizer state (and master copy) in host memory
+    offload_params: bool = False     # parameter and gradient shards in host memory
+    buffers: dict = field(default_factory=dict)   # {what: bytes} the framework adds on the device
+    activation_share: float = 1.0    # of one replica's activations per micro-batch, on the busiest rank
+    in_flight: int = 1               # micro-batches whose activations a rank holds at once
+    compute_share: float = 1.0       # of one replica's compute per micro-batch, on the busiest rank
+    bubble_slots: float = 0.0        # idle micro-batch slots per step (pipeline fill and drain)
+    grads_preallocated: bool = False  # gradients live in storage made before backward (DDP's bucket
+                                      # views, grads zeroed in place): a contribution is added into it
+    backward_grad_bytes: int = 0      # bytes per element of a gradient as backward makes it, where it
+                                      # differs from grad_bytes (FSDP2 mixed precision: param_dtype); 0 = same
+    traffic: tuple = ()              # Traffic, per optimizer step
+
+    def payload_psi(self) -> dict[str, float]:
+        """Data-parallel payload per step per collective kind, in units of Psi."""
+        psi = 4.0 * self.piece
+        out: dict[str, float] = {}
+        for t in self.traffic:
+            if t.data_parallel and t.count and psi:
+                out[t.kind] = out.get(t.kind, 0.0) + t.bytes * t.count / psi
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        return cls(**{**d, "traffic": tuple(Traffic(**t) for t in d.get("traffic", ()))})
+
+
+def split(kind: str, payload: float, messages: int, ranks: int, stride: int = 1, per_step: float = 1.0,
+          what: str = "", data_parallel: bool = True) -> list[Traffic]:
+    """A payload sent as `messages` equal messages, `per_step` times per optimizer step; nothing
+    where the group has one member or there is no payload."""
+    if ranks <= 1 or payload <= 0 or per_step <= 0:
+        return []
+    messages = max(1, messages)
+    return [Traffic(kind, payload / messages, messages * per_step, ranks, stride, what, data_parallel)]
+
+
+def buckets(payload: float, bucket_bytes: Optional[float]) -> int:
+    """Messages of a payload cut into buckets of at most `bucket_bytes` (None or 0: one message)."""
+    return max(1, math.ceil(payload / bucket_bytes)) if bucket_bytes else 1
+
+
+def low(precision: str) -> bool:
+    return precision in ("bf16", "fp16")
+
+
+def autocast_copies(piece: float, precision: str) -> dict:
+    """torch.autocast caches a 2-byte copy of every weight it casts (fp32 parameters kept)."""
+    return {"autocast weight copies": 2.0 * piece} if low(precision) else {}

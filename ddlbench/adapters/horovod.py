@@ -1,0 +1,162 @@
+"""Horovod: hvd.DistributedOptimizer (ring all-reduce with tensor fusion), optional fp16
+compression and backward_passes_per_step for accumulation. Launched with horovodrun --gloo.
+
+Horovod's examples scale the learning rate by hvd.size(); this adapter does not (the run's LR
+is the run's LR) and records that. Collectives bypass c10d, so the adapter counts its own:
+every allreduce the optimizer issues, with the (possibly compressed) payload size.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import ClassVar, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from ddlbench.adapters.base import Adapter, StepOut
+from ddlbench.adapters.common import autocast, split_micro, taxonomy_labels
+from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
+from ddlbench.metrics.comm import AnalyticComm, CommCounter
+from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
+
+# Horovod 0.28.1's fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 MiB
+# (horovod/common/operations.cc: SetTensorFusionThresholdBytes(128 * 1024 * 1024); horovodrun's
+# --fusion-threshold-mb help says the same). Its docs/tensor-fusion.md still says 64 MB, the
+# default of older releases.
+DEFAULT_FUSION_THRESHOLD_MB = 128
+
+
+class HorovodOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    fp16_compression: bool = False
+    fusion_threshold_mb: Optional[float] = None   # None = Horovod's default (DEFAULT_FUSION_THRESHOLD_MB); 0 = no fusion
+
+
+class HorovodAdapter(Adapter):
+    name = "horovod"
+    Options = HorovodOptions
+    launch: ClassVar[str] = "horovodrun"
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        return taxonomy_labels("data", "sync", "all-reduce (ring, tensor fusion)",
+                               compression="fp16" if options.fp16_compression else "none")
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """hvd.DistributedOptimizer: one all-reduce per fusion buffer of gradients after the last
+        of backward_passes_per_step (once per step), fp16 on the wire with compression; the fusion
+        buffer itself on the device. Fusion off: one message per gradient (here per unit)."""
+        psi, dp = 4.0 * model.params, dims.dp
+        fusion = (DEFAULT_FUSION_THRESHOLD_MB if options.fusion_threshold_mb is None
+                  else options.fusion_threshold_mb) * MiB
+        buffers = autocast_copies(model.params, precision)
+        if fusion and dp > 1:
+            buffers["fusion buffer"] = min(fusion, psi)
+        payload = psi * (0.5 if options.fp16_compression else 1.0)
+        traffic = split("all_reduce", payload, buckets(psi, fusion) if fusion else model.units, dp, what="gradients")
+        return CostModel(f"Horovod DistributedOptimizer, fusion threshold {fusion / MiB:g} MiB"
+                         + (", fp16 compression" if options.fp16_compression else ""),
+                         model.params, shard_ranks=dp, buffers=buffers, traffic=tuple(traffic))
+
+    @classmethod
+    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+        if importlib.util.find_spec("horovod") is None:
+            return "horovod is not installed (build it with scripts/build_horovod.sh)"
+        return None
+
+    @classmethod
+    def launch_env(cls, options) -> dict:
+        if options.fusion_threshold_mb is None:
+            return {}
+        return {"HOROVOD_FUSION_THRESHOLD": str(int(options.fusion_threshold_mb * 2**20))}
+
+    def setup(self, build_model, build_optimizer) -> None:
+        import horovod
+        import horovod.torch as hvd
+        from horovod.torch import optimizer as hvd_optimizer
+
+        hvd.init()
+        o = self.options
+        model = build_model().to(self.ctx.device)
+        self.params = sum(p.numel() for p in model.parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        compression = hvd.Compression.fp16 if o.fp16_compression else hvd.Compression.none
+        self.counter = CommCounter()
+        self._count_allreduces(hvd_optimizer)
+        base = build_optimizer(model.parameters())
+        self.optimizer = hvd.DistributedOptimizer(
+            base, named_parameters=model.named_parameters(), compression=compression,
+            backward_passes_per_step=self.dims.grad_accum, op=hvd.Average)
+        # No hvd.broadcast_optimizer_state: on a fresh optimizer it initialises the state by
+        # running step() on zero gradients, which advances Adam's step count and changes every
+        # later update (the equivalence gate caught it). A fresh optimizer has nothing to sync.
+        self.model = model
+        self.scaler = torch.amp.GradScaler(self.ctx.device.type) if self.ctx.precision == "fp16" else None
+        self.version = horovod.__version__
+
+    def _count_allreduces(self, module) -> None:
+        """Wrap the allreduce entry points the DistributedOptimizer calls."""
+        counter = self.counter
+        for name in ("allreduce_async_", "grouped_allreduce_async_"):
+            original = getattr(module, name, None)
+            if original is None or getattr(original, "_ddlbench_counted", False):
+                continue
+
+            def counted(tensor, *args, _orig=original, **kwargs):
+                tensors = tensor if isinstance(tensor, (list, tuple)) else [tensor]
+                counter.add("all_reduce", sum(t.numel() * t.element_size() for t in tensors))
+                return _orig(tensor, *args, **kwargs)
+
+            counted._ddlbench_counted = True
+            setattr(module, name, counted)
+
+    def train_step(self, batch: dict) -> StepOut:
+        micro = split_micro(batch, self.dims.grad_accum)
+        total = torch.zeros((), device=self.ctx.device)
+        for mb in micro:  # Horovod all-reduces after the last of backward_passes_per_step
+            with autocast(self.ctx):
+                loss = self.model(**mb)
+            scaled = loss / len(micro)
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            total += loss.detach().float()
+        if self.scaler:  # Horovod's AMP recipe: synchronize, unscale, then step without re-sync
+            self.optimizer.synchronize()
+            self.scaler.unscale_(self.optimizer)
+            with self.optimizer.skip_synchronize():
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad()  # Horovod's override takes no set_to_none (torch default: None)
+        return StepOut(loss=total / len(micro))
+
+    def comm_stats(self) -> Optional[dict]:
+        return self.counter.take()
+
+    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
+        return model_state_bytes_per_rank(params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
+                                          optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum))
+
+    @classmethod
+    def grad_reduce_dtype(cls, options, precision: str) -> str:
+        return "fp16" if options.fp16_compression else "fp32"
+
+    def analytic_comm(self) -> Optional[AnalyticComm]:
+        if self.options.fp16_compression:
+            return None
+        return AnalyticComm(self.cost_payload_psi(), "hvd.DistributedOptimizer: one allreduce per gradient (fused)",
+                            paper_psi=2.0, paper="ZeRO paper, data parallelism")
+
+    def describe(self) -> dict:
+        import horovod.torch as hvd
+        o = self.options
+        native = {"optimizer": "hvd.DistributedOptimizer", "op": "Average",
+                  "compression": "fp16" if o.fp16_compression else "none",
+                  "backward_passes_per_step": self.dims.grad_accum,
+                  "lr_scaled_by_world_size": False,
+                  "fusion_threshold_mb": (DEFAULT_FUSION_THRESHOLD_MB if o.fusion_threshold_mb is None
+                                          else o.fusion_threshold_mb),
+                  "controller": "gloo" if hvd.gloo_enabled() else "mpi",
+                  "built": {"gloo": hvd.gloo_built(), "mpi": hvd.mpi_built(), "nccl": bool(hvd.nccl_built())}}
+        return {"version": self.version, "native_config": native}

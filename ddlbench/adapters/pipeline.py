@@ -1,0 +1,427 @@
+"""Pipeline parallelism with `torch.distributed.pipelining` (GPipe, 1F1B, interleaved 1F1B,
+zero-bubble), optionally x data parallel (dp) and x tensor parallel (tp) on one DeviceMesh.
+
+How a model becomes stages: every rank builds the whole model with the run's seed (the same
+initial weights as a single process), cuts it into pieces (ddlbench/models/pipeline.py), keeps the
+contiguous pieces of its own stages and drops the rest. Stage placement follows the schedule:
+one stage per rank (gpipe, 1f1b), `stages_per_rank` stages in a loop (interleaved_1f1b,
+interleaved_zero_bubble: stage s on rank s mod pp) or in a V (zbv_zero_bubble: rank r holds
+stages r and 2pp-1-r). Order of application per stage: TP plan -> stage wrapper.
+
+Tied weights (GPT-2 lm_head = wte): a rank holding both ends keeps one Parameter; when the
+embedding and the head sit on different ranks each keeps a copy, and after every backward
+their gradients are summed over the two ranks (one all-reduce on a 2-rank group), so both
+copies take the same optimizer step and stay equal - what Megatron-LM does with its
+embedding group. Data parallelism: gradients averaged over the dp group after the schedule
+(one flattened all-reduce per rank, no overlap with backward).
+
+Loss: per micro-batch on the last stage (mean over micro-batches; the schedule scales
+gradients by 1/n_microbatches, so the update equals the full local batch's mean loss).
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, PositiveInt
+from torch import nn
+
+from ddlbench.adapters.base import Adapter, StepOut
+from ddlbench.adapters.common import autocast, canonical_parameters, param_row, taxonomy_labels
+from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, Share, autocast_copies, split
+from ddlbench.dims import MESH_ORDER, ParallelSize, model_fit_errors
+from ddlbench.errors import ConfigError
+from ddlbench.metrics.memory import optimizer_state_bytes_per_param
+from ddlbench.metrics.pipeline import analytic_bubble, measured_idle
+
+SCHEDULES = {
+    "gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B",
+    "interleaved_zero_bubble": "ScheduleInterleavedZeroBubble", "zbv_zero_bubble": "ScheduleZBVZeroBubble",
+}
+MULTI = ("interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble")
+
+
+class PipelineOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble"] = "1f1b"
+    pp: ParallelSize = -1                # pipeline ranks; -1 = world / (dp * tp)
+    dp: ParallelSize = 1                 # data-parallel replicas of the pipeline
+    tp: PositiveInt = 1                        # tensor parallel inside every stage (3-D)
+    stages_per_rank: PositiveInt = 1           # > 1 only for the multi-stage schedules
+    n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
+
+
+class PipelineAdapter(Adapter):
+    name = "pipeline"
+    Options = PipelineOptions
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        kinds = ["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["data"] if options.dp != 1 else [])
+        return taxonomy_labels(" + ".join(kinds), "sync", "p2p" + (" + all-reduce" if len(kinds) > 1 else ""),
+                               "layers across stages")
+
+    @classmethod
+    def parallel_shape(cls, options, cfg) -> dict:
+        m = options.n_microbatches
+        if m is None and cfg.run.micro_batch is None:
+            pp = options.pp if options.pp != -1 else max(1, cfg.launcher.nproc // max(1, options.dp * options.tp))
+            m = pp
+        return {"tp": options.tp, "pp": options.pp, "dp_replicate": options.dp, "n_microbatches": m}
+
+    @classmethod
+    def stages_per_rank(cls, options) -> int:
+        return 2 if options.schedule == "zbv_zero_bubble" else options.stages_per_rank
+
+    @classmethod
+    def check_config(cls, options, cfg, dims) -> None:
+        v = cls.stages_per_rank(options)
+        if options.schedule in ("gpipe", "1f1b") and v != 1:
+            raise ConfigError(f"framework.options.stages_per_rank {v}: schedule {options.schedule} runs one "
+                              "stage per rank (use interleaved_1f1b or interleaved_zero_bubble)")
+        if options.schedule == "zbv_zero_bubble" and options.stages_per_rank not in (1, 2):
+            raise ConfigError("framework.options.stages_per_rank: zbv_zero_bubble places exactly 2 stages per rank")
+        if options.schedule in ("interleaved_1f1b", "interleaved_zero_bubble") and v < 2:
+            raise ConfigError(f"framework.options.stages_per_rank must be >= 2 for {options.schedule}")
+        if options.n_microbatches is not None and cfg.run.micro_batch is not None \
+                and dims.grad_accum != options.n_microbatches:
+            raise ConfigError(f"framework.options.n_microbatches {options.n_microbatches} disagrees with "
+                              f"run.micro_batch {cfg.run.micro_batch} ({dims.grad_accum} micro-batches)")
+        errors = model_fit_errors(dims, cfg.model, dims.pp * v, options.schedule)
+        if errors:
+            raise ConfigError("; ".join(errors))
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """A rank holds 1/pp of the blocks (v stage pieces of 1/(pp v) each), split again by tp.
+        Per micro-batch it sends its stages' outputs forward and their gradients backward (v
+        boundaries each way, in the activations' dtype), to the next/previous stage dp x tp ranks
+        away; inside a stage, tensor parallelism all-reduces a block's output twice in forward and
+        twice in backward. After the schedule, one flattened fp32 all-reduce of the gradients over
+        dp. Bubble: (pp - 1) micro-batch slots for GPipe and 1F1B, (pp - 1) / v interleaved
+        (Narayanan et al. 2021); zero-bubble schedules have no closed form: the interleaved bound.
+        Activations in flight: GPipe all micro-batches, 1F1B pp - r on stage r (the last stage,
+        whose head and loss save the most, holds one), the others at most pp on every rank. Stages are cut as
+        the adapter cuts them (models.pipeline.partition, stage_owners): the embedding joins the
+        first stage and the head (GPT-2: a second copy of the tied embedding) the last; memory and
+        compute are the busiest rank's (the most parameters, the most compute and the most
+        activations, each over the ranks: an upper bound where different ranks have them). The
+        last stage keeps its output of every micro-batch until the next step begins (the stage's
+        output_chunks; GPT-2: the logits, found with torch's MemTracker)."""
+        o, pp, tp, dp, m = options, dims.pp, dims.tp, dims.dp, dims.grad_accum
+        v = cls.stages_per_rank(options)
+        in_flight = m if o.schedule == "gpipe" else min(pp, m)
+        # 1F1B: stage r holds min(pp - r, m) micro-batches (the last stage, with the head, one)
+        flights = [min(pp - r, m) for r in range(pp)] if o.schedule == "1f1b" else [in_flight] * pp
+        mine = cls.busiest_rank(model, o.schedule, pp, v, tp, flights)
+        piece = mine.params
+        act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / tp
+        traffic = (split("send", act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
+                         what="activations and their gradients", data_parallel=False)
+                   + split("all_reduce", act * tp, 1, tp, per_step=4 * (model.blocks // pp) * m,
+                           what="block outputs (tensor parallel)", data_parallel=False)
+                   + split("all_reduce", 4.0 * piece, 1, dp, stride=tp, what="gradients"))
+        buffers = autocast_copies(piece, precision)
+        if pp > 1:
+            buffers["send and receive buffers"] = 2 * 2 * act
+            # the last stage keeps every micro-batch's output until the next step (output_chunks)
+            buffers["last stage's outputs, every micro-batch"] = (m * dims.micro_batch * model.output_bytes_per_sample
+                                                                  / tp)
+        return CostModel(
+            f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank", piece, shard_ranks=dp,
+            buffers=buffers, activation_share=mine.activations, in_flight=in_flight,
+            compute_share=mine.compute, bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
+            traffic=tuple(traffic))
+
+    @staticmethod
+    def busiest_rank(model, schedule: str, pp: int, v: int, tp: int, flights: list[int] | None = None):
+        """The Share of the busiest pipeline rank: its stages' pieces, split by tp (each
+        figure the maximum over the ranks); uniform 1 / pp without the model's pieces.
+        `flights`: micro-batches each rank holds in flight; activations are then the largest
+        share x flight over the ranks, per micro-batch of the most any rank holds."""
+        from ddlbench.models.pipeline import partition, stage_owners
+        if pp == 1 or len(model.pieces) < pp * v:
+            return model.share(range(len(model.pieces)), tp, of=pp)
+        ranges, owners = partition(len(model.pieces), pp * v), stage_owners(schedule, pp, v)
+        ranks = [model.share([i for s, r in enumerate(ranges) if owners[s] == rank for i in r], tp)
+                 for rank in range(pp)]
+        flights = flights or [1] * pp
+        acts = max(r.activations * f for r, f in zip(ranks, flights)) / max(flights)
+        return Share(max(r.params for r in ranks), max(r.compute for r in ranks), acts)
+
+    @classmethod
+    def advise_options(cls, options, devices: int) -> list[dict]:
+        """Every pipeline depth > 1 that divides the ranks, data parallelism over the rest."""
+        return [{"pp": p, "dp": devices // p} for p in range(2, devices + 1) if devices % p == 0]
+
+    @classmethod
+    def dry_run_info(cls, options, cfg, dims) -> dict:
+        """Stage layout and parameters per stage, from the model built on the meta device."""
+        from ddlbench import models
+        from ddlbench.models.pipeline import partition, pieces, stage_owners
+        from ddlbench.models.spec import count_params
+        with torch.device("meta"):
+            piece_list = pieces(models.build(cfg.model).build())   # meta: the layout only
+        v = cls.stages_per_rank(options)
+        ranges = partition(len(piece_list), dims.pp * v)
+        owners = stage_owners(options.schedule, dims.pp, v)
+        stages = [{"stage": s, "pp_rank": owners[s], "pieces": [r.start, r.stop - 1],
+                   "params": count_params(nn.ModuleList(piece_list[i] for i in r))} for s, r in enumerate(ranges)]
+        return {"pipeline": {"schedule": options.schedule, "n_microbatches": dims.grad_accum,
+                             "micro_batch": dims.micro_batch, "pieces": len(piece_list), "stages": stages,
+                             "bubble_fraction_analytic": analytic_bubble(options.schedule, dims.pp, dims.grad_accum, v)}}
+
+    @classmethod
+    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+        if cfg.run.precision == "fp16":
+            return "pipeline adapter runs fp32 and bf16 (fp16 needs a GradScaler across stages, not wired)"
+        return None
+
+    # ---- setup ----
+    def setup(self, build_model, build_optimizer) -> None:
+        import torch.distributed.pipelining as pipelining
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.pipelining import PipelineStage
+
+        from ddlbench.models.pipeline import Stage, loss_function, partition, pieces, stage_owners, tied_parameters
+        from ddlbench.models.spec import count_params
+
+        o, dims, ctx = self.options, self.dims, self.ctx
+        v = self.stages_per_rank(o)
+        shape = dims.mesh_shape()
+        self.mesh = init_device_mesh(ctx.device.type, tuple(shape.values()), mesh_dim_names=MESH_ORDER)
+        coords = dims.coords(ctx.rank)
+        self.pp_rank, self.tp_rank, self.dp_rank = coords["pp"], coords["tp"], dims.dp_rank(ctx.rank)
+        self.pp_group = self.mesh["pp"].get_group()
+        self.pp_ranks = dist.get_process_group_ranks(self.pp_group)
+        self.dp_group = self.mesh["dp_replicate"].get_group() if dims.dp > 1 else None
+
+        full = build_model()
+        self.params = count_params(full)
+        self.loss = loss_function(full)
+        piece_list = pieces(full)
+        n_stages = dims.pp * v
+        self.ranges = partition(len(piece_list), n_stages)
+        self.owners = stage_owners(o.schedule, dims.pp, v)
+        self.local_ids = [s for s in range(n_stages) if self.owners[s] == self.pp_rank]
+        self.stage_modules = [Stage(*(piece_list[i] for i in self.ranges[s])).to(ctx.device)
+                              for s in self.local_ids]
+        if dims.tp > 1:
+            from ddlbench.models.tensor_parallel import apply_tensor_parallel
+            for module in self.stage_modules:
+                apply_tensor_parallel(module, self.mesh["tp"])
+        self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
+        self._tied = self._untie(tied_parameters(piece_list))
+        self.model = nn.ModuleList(self.stage_modules)
+        local = {id(p): p for m in self.stage_modules for p in m.parameters()}
+        self.local_params = list(local.values())
+        # fingerprint order = the model's parameter order: stages in order, each in its own order
+        self._ordered = [((s, j), p, canon) for m, s in zip(self.stage_modules, self.local_ids)
+                         for j, (p, canon) in enumerate(canonical_parameters(m))
+                         if id(p) not in self._copies]
+        self.local_param_count = sum(_local_numel(p) for p in self.local_params)
+        del full, piece_list
+
+        stages = [PipelineStage(m, s, n_stages, ctx.device, group=self.pp_group)
+                  for m, s in zip(self.stage_modules, self.local_ids)]
+        cls = getattr(pipelining, SCHEDULES[o.schedule])
+        self.n_microbatches = dims.grad_accum
+        self.schedule = cls(stages if o.schedule in MULTI else stages[0], n_microbatches=self.n_microbatches,
+                            loss_fn=self._loss_fn, scale_grads=True)
+        self.first, self.last = 0 in self.local_ids, n_stages - 1 in self.local_ids
+        self.optimizer = build_optimizer(self.local_params)
+        self._inputs: dict[int, torch.Tensor] = {}
+        for module, s in zip(self.stage_modules, self.local_ids):
+            module.register_forward_pre_hook(self._keep_input(s))
+
+    def _loss_fn(self, output, target):
+        return self.loss(output, target)
+
+    def _keep_input(self, stage_id: int):
+        def hook(_module, args):
+            if self.model.training:
+                self._inputs[stage_id] = args[0].detach()
+        return hook
+
+    def _untie(self, tied) -> list[tuple[list[nn.Parameter], Optional[dist.ProcessGroup]]]:
+        """Each stage its own copy of every tied parameter (models.pipeline.untie) and, where the
+        copies sit on two pipeline ranks, a group of those ranks per (dp, tp) coordinate. Every
+        rank creates every group (new_group is collective). Returns [(local copies, group or None)]."""
+        from ddlbench.models.pipeline import untie
+        stage_of = {i: s for s, r in enumerate(self.ranges) for i in r}
+        untied, self._copies = untie(tied, stage_of, dict(zip(self.local_ids, self.stage_modules)))
+        columns = torch.arange(self.dims.world_size).reshape(self.dims.pp, -1)
+        out = []
+        for copies, stages in untied:
+            holders = sorted({self.owners[s] for s in stages})
+            mine = None
+            if len(holders) > 1:
+                for col in range(columns.shape[1]):
+                    ranks = [int(columns[h, col]) for h in holders]
+                    group = dist.new_group(ranks)
+                    if self.ctx.rank in ranks:
+                        mine = group
+            if copies or mine is not None:
+                out.append((copies, mine))
+        return out
+
+    # ---- steps ----
+    def _input_key(self, batch: dict) -> str:
+        return "input_ids" if "input_ids" in batch else "images"
+
+    def train_step(self, batch: dict) -> StepOut:
+        losses: list = []
+        args = (batch[self._input_key(batch)],) if self.first else ()
+        target = batch["labels"] if self.last else None
+        with autocast(self.ctx):
+            self.schedule.step(*args, target=target, losses=losses if self.last else None)
+        self._sync_grads()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else None
+        return StepOut(loss=loss)
+
+    def _sync_grads(self) -> None:
+        for copies, group in self._tied:  # tied weight: sum over every copy, local and remote
+            grads = [c.grad for c in copies if c.grad is not None]
+            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(copies[0])
+            if group is not None:
+                dist.all_reduce(total, group=group)
+            for c in copies:
+                c.grad = total.clone()
+        if self.dp_group is None:
+            return
+        grads = [_local(p.grad) for p in self.local_params if p.grad is not None]
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.dims.dp
+        for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(synced)
+
+    def eval_step(self, batch: dict) -> torch.Tensor:
+        """Forward only, stage by stage in stage order (blocking p2p between ranks); the last
+        stage's tp-rank 0 returns the sums, every other rank zeros (the evaluator sums over all)."""
+        self.model.eval()
+        try:
+            with torch.no_grad(), autocast(self.ctx):
+                h = batch[self._input_key(batch)]
+                for s, owner in enumerate(self.owners):
+                    if owner != self.pp_rank:
+                        continue
+                    if s > 0 and self.owners[s - 1] != self.pp_rank:
+                        h = self._recv(self.owners[s - 1])
+                    h = self.stage_modules[self.local_ids.index(s)](h)
+                    if s + 1 < len(self.owners) and self.owners[s + 1] != self.pp_rank:
+                        self._send(h, self.owners[s + 1])
+                if self.last and self.tp_rank == 0:
+                    return self.loss(h, batch["labels"], batch["eval_weight"]).float()
+                return torch.zeros(3, device=self.ctx.device)
+        finally:
+            self.model.train()
+
+    def _send(self, h: torch.Tensor, pp_rank: int) -> None:
+        dst = self.pp_ranks[pp_rank]
+        shape = torch.full((8,), -1, dtype=torch.int64)
+        shape[: h.dim()] = torch.tensor(h.shape)
+        dist.send(shape.to(h.device), dst)
+        dist.send(h.float().contiguous(), dst)
+
+    def _recv(self, pp_rank: int) -> torch.Tensor:
+        src = self.pp_ranks[pp_rank]
+        shape = torch.empty(8, dtype=torch.int64, device=self.ctx.device)
+        dist.recv(shape, src)
+        h = torch.empty([int(d) for d in shape if d >= 0], device=self.ctx.device)
+        dist.recv(h, src)
+        return h
+
+    # ---- reporting ----
+    def busy_probe(self):
+        """(passes, repeats per step) for the runner's busy-time probe after the window: one
+        callable per local stage running its forward+backward on a captured micro-batch, with no
+        communication, and the micro-batches per step. None with tensor parallelism inside the
+        stages (their passes communicate: they cannot be timed without their peers' waits) or
+        before anything was captured. The adapter reads no clock (ddlbench/runner.py times these)."""
+        if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1:
+            return None
+
+        def one_pass(module, x):
+            def run():
+                inp = x.clone().requires_grad_(x.is_floating_point())
+                with autocast(self.ctx):
+                    out = module(inp)
+                out.float().sum().backward()
+            return run
+        return [one_pass(m, self._inputs[s]) for m, s in zip(self.stage_modules, self.local_ids)], self.n_microbatches
+
+    def after_busy_probe(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def rank_stats(self) -> dict:
+        optim = getattr(self.optimizer, "defaults", {})
+        opt_bytes = optimizer_state_bytes_per_param(
+            "adamw" if "betas" in optim else "sgd", float(optim.get("momentum", 0.0) or 0.0))
+        return {"pp_rank": self.pp_rank, "dp_rank": self.dp_rank, "tp_rank": self.tp_rank,
+                "stages": self.local_ids, "pieces": [list(self.ranges[s]) for s in self.local_ids],
+                "params": self.local_param_count,
+                "model_state_bytes_theory": self.local_param_count * (4 + 4 + opt_bytes)}
+
+    def summarize_rank_stats(self, stats: list[dict], per_rank_median_s: list[float]) -> dict:
+        o, dims = self.options, self.dims
+        v = self.stages_per_rank(o)
+        for st, median in zip(stats, per_rank_median_s):
+            busy = st.get("busy_s_per_step")
+            st["idle_fraction_measured"] = None if busy is None else measured_idle(median, busy)
+        measured = [s["idle_fraction_measured"] for s in stats if s["idle_fraction_measured"] is not None]
+        return {
+            "kind": "pipeline", "schedule": o.schedule, "pp": dims.pp, "stages_per_rank": v,
+            "n_microbatches": self.n_microbatches,
+            "bubble_fraction_analytic": analytic_bubble(o.schedule, dims.pp, self.n_microbatches, v),
+            "idle_fraction_measured_mean": sum(measured) / len(measured) if measured else None,
+            "per_rank": stats,
+            "note": "analytic: (p-1)/(m+p-1), interleaved (p-1)/(v*m+p-1), none for zero-bubble; "
+                    "measured: 1 - busy/step time per rank, busy = m x (fastest forward+backward of the rank's stages on one "
+                    "micro-batch, timed alone after the window, untimed by the runner; none with tp > 1, whose "
+                    "stages communicate inside forward/backward; none where that estimate exceeds the step)",
+        }
+
+    def param_stats(self) -> list[tuple[int, list[float]]]:
+        mine = [(key, (p.ndim, param_row(canon(_full(p))))) for key, p, canon in self._ordered]
+        gathered: list = [None] * self.ctx.world_size
+        dist.all_gather_object(gathered, mine)
+        merged = dict(item for rank_items in gathered for item in rank_items)
+        return [merged[i] for i in sorted(merged)]
+
+    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
+        """Rank 0's stages (the per-rank values are in model_parallel.per_rank)."""
+        return self.local_param_count * (4 + 4 + optimizer_state_bytes_per_param(optimizer, momentum))
+
+    def describe(self) -> dict:
+        o, dims = self.options, self.dims
+        native = {
+            "api": "torch.distributed.pipelining (PipelineStage + " + SCHEDULES[o.schedule] + ")",
+            "schedule": o.schedule, "n_microbatches": self.n_microbatches,
+            "stages": len(self.owners), "stages_per_rank": self.stages_per_rank(o),
+            "stage_owner_pp_rank": self.owners, "stage_pieces": [list(r) for r in self.ranges],
+            "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
+            "tied_weights": "gradient summed between the two pipeline ranks holding a copy"
+                            if self._tied else "none across ranks",
+            "dp_gradient_sync": "flattened all-reduce (mean) over dp after the schedule" if dims.dp > 1 else None,
+            "tensor_parallel": "ddlbench.models.tensor_parallel plan on every stage" if dims.tp > 1 else None,
+            "scale_grads": True, "backend": self.ctx.backend,
+        }
+        return {"version": torch.__version__, "native_config": native}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _local_numel(t: torch.Tensor) -> int:
+    return _local(t).numel()

@@ -1,0 +1,167 @@
+"""Tensor parallelism (DTensor, Megatron-style plan: ddlbench/models/tensor_parallel.py), optionally
+x FSDP2 over the data-parallel ranks (2-D, torchtitan's layout) on one named DeviceMesh
+("pp", "dp_replicate", "dp_shard", "tp"; tp innermost = adjacent ranks).
+
+Order of application (fixed, as torchtitan): tensor parallel plan -> activation checkpointing
+(optional, per block) -> FSDP2 `fully_shard` per block and at the root over the "dp_shard"
+sub-mesh. Precision: fp32, or bf16 through autocast (pure TP) / FSDP2's MixedPrecisionPolicy
+(with dp_shard > 1).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from ddlbench.adapters.base import Adapter, StepOut
+from ddlbench.adapters.common import autocast, forward_backward, fsdp2_no_sync, taxonomy_labels
+from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, split
+from ddlbench.dims import MESH_ORDER, ParallelSize, model_fit_errors
+from ddlbench.errors import ConfigError
+from ddlbench.metrics.memory import optimizer_state_bytes_per_param
+from ddlbench.models.spec import checkpoint_blocks
+
+
+class TPOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tp: ParallelSize = -1           # tensor-parallel ranks; -1 = world / dp_shard
+    dp_shard: ParallelSize = 1      # FSDP2 shard ranks (2-D); -1 = world / tp
+    activation_checkpointing: bool = False
+
+
+class TensorParallelAdapter(Adapter):
+    name = "tensor_parallel"
+    Options = TPOptions
+
+    @classmethod
+    def taxonomy(cls, options) -> dict:
+        sharded = options.dp_shard != 1
+        return taxonomy_labels("tensor" + (" + data (sharded)" if sharded else ""), "sync",
+                               "all-reduce (activations)" + (" + all-gather + reduce-scatter" if sharded else ""),
+                               "weights by tensor rank" + (" + FSDP2 over data ranks" if sharded else ""))
+
+    @classmethod
+    def parallel_shape(cls, options, cfg) -> dict:
+        return {"tp": options.tp, "dp_shard": options.dp_shard, "dp_replicate": 1}
+
+    @classmethod
+    def cost_model(cls, options, dims, model, precision, per_node=None):
+        """Megatron-style blocks: a block's output all-reduced twice in forward and twice in
+        backward per micro-batch among the tp ranks (adjacent), in the activations' dtype. With
+        dp_shard > 1, FSDP2 over each tp slice: all-gathers in forward and backward per micro-batch
+        (bf16 param_dtype), one reduce-scatter in fp32, tp ranks apart; two units gathered. Pure TP
+        at bf16 runs under autocast (its cached weight copies). Only the blocks are split (the
+        plan's layers): embeddings, norms and the head stay whole on every tp rank, in memory and
+        in compute (ModelProfile.share)."""
+        tp, shard, m = dims.tp, dims.dp_shard, dims.grad_accum
+        mine = model.share(range(len(model.pieces)), tp)
+        piece = mine.params
+        gather = DTYPE_BYTES[precision]
+        act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * gather
+        traffic = (split("all_reduce", act, 1, tp, per_step=4 * model.blocks * m, what="block outputs",
+                         data_parallel=False)
+                   + split("all_gather", gather * piece, model.units, shard, stride=tp, per_step=2 * m,
+                           what="parameters")
+                   + split("reduce_scatter", 4.0 * piece, model.units, shard, stride=tp, what="gradients"))
+        buffers = ({"two units gathered (prefetch), with their gradients": 2 * 2 * gather * model.largest_block_params / tp}
+                   if shard > 1 else autocast_copies(piece, precision))
+        return CostModel(f"DTensor tensor parallel (tp {tp})" + (f" + FSDP2 over {shard}" if shard > 1 else ""),
+                         piece, shard_ranks=shard, shard_optimizer=True, shard_grads=True, shard_params=True,
+                         buffers=buffers, activation_share=mine.activations, compute_share=mine.compute,
+                         traffic=tuple(traffic))
+
+    @classmethod
+    def advise_options(cls, options, devices: int) -> list[dict]:
+        """Every tp > 1 that divides the ranks, FSDP2 over the rest."""
+        return [{"tp": t, "dp_shard": devices // t} for t in range(2, devices + 1) if devices % t == 0]
+
+    @classmethod
+    def check_config(cls, options, cfg, dims) -> None:
+        errors = model_fit_errors(dims, cfg.model, 1)
+        if errors:
+            raise ConfigError("; ".join(errors))
+
+    @classmethod
+    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+        if cfg.run.precision == "fp16":
+            return "tensor-parallel adapter runs fp32 and bf16 (fp16 needs a sharded GradScaler, not wired)"
+        return None
+
+    def setup(self, build_model, build_optimizer) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from ddlbench.models.spec import count_params
+        from ddlbench.models.tensor_parallel import apply_tensor_parallel
+
+        dims, ctx = self.dims, self.ctx
+        self.mesh = init_device_mesh(ctx.device.type, tuple(dims.mesh_shape().values()), mesh_dim_names=MESH_ORDER)
+        coords = dims.coords(ctx.rank)
+        self.tp_rank, self.dp_rank = coords["tp"], dims.dp_rank(ctx.rank)
+        model = build_model().to(ctx.device)
+        self.params = count_params(model)
+        self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"])
+        if self.options.activation_checkpointing:
+            checkpoint_blocks(model)
+        blocks = model.blocks()
+        self._mp = None
+        if dims.dp_shard > 1:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            kw = {"mesh": self.mesh["dp_shard"]}
+            if ctx.precision == "bf16":
+                self._mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                kw["mp_policy"] = self._mp
+            for block in blocks:
+                fully_shard(block, **kw)
+            fully_shard(model, **kw)
+        self.model = model
+        self.optimizer = build_optimizer(model.parameters())
+
+    def _no_sync(self):
+        return fsdp2_no_sync(self.model) if self.dims.dp_shard > 1 else contextlib.nullcontext()
+
+    def _ctx(self):
+        from dataclasses import replace
+        return replace(self.ctx, precision="fp32") if self._mp is not None else self.ctx
+
+    def train_step(self, batch: dict) -> StepOut:
+        loss = forward_backward(self.model, batch, self.dims.grad_accum, self._ctx(), self._no_sync)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOut(loss=loss)
+
+    def forward_context(self):
+        return contextlib.nullcontext() if self._mp is not None else autocast(self.ctx)
+
+    def precision_summary(self) -> str:
+        if self._mp is not None:
+            return (f"MixedPrecisionPolicy(param_dtype={self._mp.param_dtype}, "
+                    f"reduce_dtype={self._mp.reduce_dtype}) over dp_shard")
+        return super().precision_summary()
+
+    def eval_step(self, batch: dict) -> torch.Tensor:
+        """Every tp rank computes the same sums; only tp rank 0 contributes to the evaluator's sum."""
+        sums = super().eval_step(batch)
+        return sums if self.tp_rank == 0 else torch.zeros_like(sums)
+
+    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
+        """This rank's parameter shards (TP and FSDP together) x (param + grad + optimizer) bytes."""
+        from torch.distributed.tensor import DTensor
+        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.model.parameters())
+        return local * (4 + 4 + optimizer_state_bytes_per_param(optimizer, momentum))
+
+    def describe(self) -> dict:
+        from ddlbench.models.tensor_parallel import PLAN_DESCRIPTION
+        native = {
+            "api": "torch.distributed.tensor.parallel.parallelize_module (DTensor)"
+                   + (" + torch.distributed.fsdp.fully_shard over dp_shard" if self.dims.dp_shard > 1 else ""),
+            "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
+            "plan": PLAN_DESCRIPTION, "tp_blocks": self.tp_blocks,
+            "order": "tensor parallel -> activation checkpointing -> FSDP2",
+            "activation_checkpointing": self.options.activation_checkpointing,
+            "mp_policy": None if self._mp is None else {"param_dtype": str(self._mp.param_dtype),
+                                                        "reduce_dtype": str(self._mp.reduce_dtype)},
+            "backend": self.ctx.backend,
+        }
+        return {"version": torch.__version__, "native_config": native}

@@ -1,0 +1,78 @@
+"""Predicted step time of a candidate (pure; hand-checked in tests/test_advise.py).
+
+    step = compute + communication          (no overlap assumed: an upper bound, stated)
+
+compute: 1-rank DDP calibration runs of the same model measure the step time t(m) at the grid's
+smallest and largest micro-batch (grad_accum 1); between them t is affine in m (t = a + b m: a
+fixed per-step cost plus a per-sample cost). Each other framework's 1-rank run at its largest
+micro-batch gives its factor over DDP (hooks, DTensor, engine: `compute_scale`). A candidate runs
+grad_accum micro-batches of its own size plus its pipeline bubble (the cost model's idle slots),
+its share of the model's compute (1 / (tp x pp) where they split it), and recomputes the
+checkpointed blocks' forward (x hardware / model FLOPs of ddlbench/models/flops.py):
+
+    compute = t(m) x recompute x (grad_accum + bubble_slots) x compute_share
+
+communication: the collectives of the framework's cost model (ddlbench.adapters.cost.Traffic,
+declared by its adapter: data-parallel payloads in as many messages as it splits them into,
+per micro-batch where it communicates per micro-batch; tensor-parallel all-reduces; pipeline
+sends), each priced on the network model of `bench project` (ddlbench.network.model.collective_time)
+over the dimensions its group spans.
+"""
+from __future__ import annotations
+
+import math
+
+from ddlbench.adapters.cost import CostModel, Traffic
+from ddlbench.advise.memory import Layout
+from ddlbench.network.model import Network, collective_time, kind_spans
+
+
+def compute_at(micro_batch: int, calibration: dict[int, float]) -> float:
+    """calibration: {micro_batch: 1-rank step seconds at grad_accum 1}; t(micro_batch), affine
+    between the smallest and the largest point (proportional with one point)."""
+    if not calibration:
+        raise ValueError("calibration needs at least one (micro_batch, seconds) point")
+    points = sorted(calibration.items())
+    (m0, t0), (m1, t1) = points[0], points[-1]
+    t = t0 * micro_batch / m0 if m1 == m0 else t0 + (t1 - t0) * (micro_batch - m0) / (m1 - m0)
+    return max(t, 0.0)
+
+
+def step_compute(layout: Layout, cost: CostModel, calibration: dict[int, float], recompute: float = 1.0) -> float:
+    return (compute_at(layout.micro_batch, calibration) * recompute * (layout.grad_accum + cost.bubble_slots)
+            * cost.compute_share)
+
+
+def spans(network: Network, ranks: int, stride: int) -> list:
+    """[(members along dimension i, dimension i)] for a group of `ranks` members `stride` ranks
+    apart, devices filling the network innermost first (ddlbench.network.model.layout)."""
+    if ranks * stride > network.max_devices:
+        raise ValueError(f"{ranks * stride} devices exceed network {network.name} ({network.max_devices})")
+    out, left = [], ranks
+    for d in network.dims:
+        n = min(left, d.size // stride) if stride < d.size else 1
+        out.append((n, d))
+        left = math.ceil(left / n)
+        stride = max(1, stride // d.size)
+    return out
+
+
+def comm_seconds(items: tuple[Traffic, ...] | list[Traffic], network: Network, algorithm: str = "best") -> tuple[float, dict]:
+    total, parts = 0.0, {}
+    for c in items:
+        t, alg = collective_time(c.kind, c.bytes, kind_spans(network, c.kind, spans(network, c.ranks, c.stride)),
+                                 algorithm)
+        t *= c.count
+        total += t
+        key = f"{c.kind} x{c.count:g} over {c.ranks} ({alg})"
+        parts[key] = parts.get(key, 0.0) + t
+    return total, parts
+
+
+def predict(layout: Layout, cost: CostModel, calibration: dict[int, float], network: Network,
+            recompute: float = 1.0, algorithm: str = "best", compute_scale: float = 1.0) -> dict:
+    """compute_scale: the framework's own compute relative to DDP's (its 1-rank calibration run)
+    x, on a CPU host whose ranks share cores, the oversubscription (rank threads per core)."""
+    compute = step_compute(layout, cost, calibration, recompute if layout.checkpointing else 1.0) * compute_scale
+    comm, parts = comm_seconds(cost.traffic, network, algorithm)
+    return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm, "comm_parts_s": parts}

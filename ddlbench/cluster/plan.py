@@ -1,0 +1,154 @@
+"""The emulated cluster's plan, as pure functions: addresses, cores, link rates, and the files
+its daemons read (slurm.conf, slurmdbd.conf, hosts, the conf/network description).
+
+One subnet on a bridge in the head node's network namespace; node i (n1, n2, ...) at
+10.88.0.i, the head (slurmctld, slurmdbd, the login node) at .254. Every link is a veth pair
+node <-> bridge, shaped in both directions with tbf at the inter-node rate: traffic between two
+nodes crosses two shaped links, each at the rate, so the path's bandwidth is the rate.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ddlbench.errors import ConfigError
+
+SUBNET = "10.88.0"
+HEAD_ADDR = f"{SUBNET}.254"
+PORTS = {"slurmctld": 7817, "slurmd": 7818, "slurmdbd": 7819}
+UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bit": 1.0}
+
+
+def rate_bits(rate: str) -> float:
+    """tc's rate spelling ('1gbit', '100mbit', '2.5gbit') -> bits/s. Only bit units: tc reads
+    'bps' as bytes per second, a factor of 8 nobody means on a command line."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(kbit|mbit|gbit|tbit|bit)\s*", rate.lower())
+    if not m:
+        raise ConfigError(f"link rate {rate!r}: write a number and kbit, mbit or gbit (e.g. link=1gbit)")
+    value = float(m.group(1)) * UNITS[m.group(2)]
+    if value < 1e5:
+        raise ConfigError(f"link rate {rate!r} is below 100kbit: the collectives would not finish")
+    return value
+
+
+def tbf_burst_bytes(bits_per_s: float) -> int:
+    """tbf's bucket: 1 ms at the rate, at least 128 KiB. A link idle for longer sends that much at
+    once (a DDP step's 1.8 MB all-reduce after 40 ms of compute went ~1 MB faster than the rate with
+    the old 2-timer-tick bucket at 1 Gbit/s); measured here with commbench at 1 Gbit/s, 128 KiB
+    reaches 96% of the rate and 64 KiB only 72% (veth's 64 KB GSO packets)."""
+    return max(128 << 10, int(bits_per_s / 8 / 1000))
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    addr: str
+    cores: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    state: str                      # the cluster's directory: configs, logs, pids, its database
+    link: str                       # inter-node rate, tc spelling
+    nodes: tuple[Node, ...]
+    head: str = "head"
+    head_addr: str = HEAD_ADDR
+    ports: dict = field(default_factory=lambda: dict(PORTS))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def split_cores(cores: list[int], nodes: int) -> list[tuple[int, ...]]:
+    """Equal, disjoint shares of the usable cores, in order; the remainder is left unused so
+    every node has the same compute."""
+    if nodes < 1:
+        raise ConfigError("nodes must be >= 1")
+    if nodes > len(cores):
+        raise ConfigError(f"nodes={nodes} but this machine offers {len(cores)} core(s): each node needs its own core "
+                          "(ranks of different nodes never share one)")
+    per = len(cores) // nodes
+    return [tuple(cores[i * per:(i + 1) * per]) for i in range(nodes)]
+
+
+def make_plan(nodes: int, link: str, cores: list[int], state: str, name: str = "box") -> Plan:
+    rate_bits(link)
+    if nodes > 200:
+        raise ConfigError("nodes must be <= 200 (one /24 subnet)")
+    shares = split_cores(sorted(cores), nodes)
+    return Plan(name=name, state=state, link=link,
+                nodes=tuple(Node(f"n{i}", f"{SUBNET}.{i}", shares[i - 1]) for i in range(1, nodes + 1)))
+
+
+def hosts_file(plan: Plan) -> str:
+    """The cluster's /etc/hosts (bind-mounted in its private mount namespace only)."""
+    lines = ["127.0.0.1 localhost", f"{plan.head_addr} {plan.head}"]
+    lines += [f"{n.addr} {n.name}" for n in plan.nodes]
+    return "\n".join(lines) + "\n"
+
+
+def slurm_conf(plan: Plan, mem_mb: int) -> str:
+    s = plan.state
+    nodes = ",".join(n.name for n in plan.nodes)
+    out = [
+        f"# The emulated cluster {plan.name} (bench cluster): written by ddlbench/cluster/plan.py",
+        f"ClusterName={plan.name}",
+        f"SlurmctldHost={plan.head}({plan.head_addr})",
+        f"SlurmctldPort={plan.ports['slurmctld']}", f"SlurmdPort={plan.ports['slurmd']}",
+        "SlurmUser=root", "SlurmdUser=root",
+        "AuthType=auth/munge", "CredType=cred/munge",
+        "MpiDefault=none", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SchedulerType=sched/backfill",
+        "ReturnToService=2", "SlurmdParameters=config_overrides",
+        f"StateSaveLocation={s}/ctld", f"SlurmdSpoolDir={s}/spool/%n",
+        f"SlurmctldPidFile={s}/pids/slurmctld.pid", f"SlurmdPidFile={s}/pids/slurmd-%n.pid",
+        f"SlurmctldLogFile={s}/logs/slurmctld.log", f"SlurmdLogFile={s}/logs/slurmd-%n.log",
+        "JobCompType=jobcomp/none",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        f"AccountingStorageHost={plan.head}", f"AccountingStoragePort={plan.ports['slurmdbd']}",
+        "JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherFrequency=5",
+        "MinJobAge=300", "KillWait=5", "InactiveLimit=0",
+        # a node whose slurmd does not answer for 30 s is DOWN and its jobs end (NODE_FAIL), as on
+        # a real cluster (default 300 s); a node lost mid-run then leaves nothing waiting on it
+        "SlurmdTimeout=30",
+    ]
+    out += [f"NodeName={n.name} NodeAddr={n.addr} CPUs={len(n.cores)} RealMemory={mem_mb} State=UNKNOWN"
+            for n in plan.nodes]
+    out.append(f"PartitionName={plan.name} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO")
+    return "\n".join(out) + "\n"
+
+
+def slurmdbd_conf(plan: Plan) -> str:
+    """slurmdbd in the head's namespaces; its MariaDB listens only on the world's own
+    /run/mysqld/mysqld.sock (StorageHost=localhost: the socket), root by unix_socket auth."""
+    s = plan.state
+    return "\n".join([
+        "AuthType=auth/munge",
+        f"DbdHost={plan.head}", f"DbdAddr={plan.head_addr}", f"DbdPort={plan.ports['slurmdbd']}",
+        "SlurmUser=root", "StorageType=accounting_storage/mysql", "StorageHost=localhost",
+        "StorageUser=root", f"StorageLoc={plan.name}_acct_db",
+        f"PidFile={s}/pids/slurmdbd.pid", f"LogFile={s}/logs/slurmdbd.log",
+    ]) + "\n"
+
+
+def network_description(plan: Plan) -> dict:
+    """conf/network/ form of the cluster (bench project / advise read it): one rank's link into
+    the switch at the shaped rate. The latency is nominal until `bench commbench` fits it."""
+    per_node = len(plan.nodes[0].cores)
+    return {
+        "name": f"cluster_{plan.name}",
+        "description": (f"bench cluster {plan.name}: {len(plan.nodes)} emulated nodes x {per_node} core(s), "
+                        f"veth + bridge shaped with tbf at {plan.link}; latency nominal (not fitted)"),
+        "dimensions": [
+            {"name": "node", "size": per_node, "bandwidth_GBps": 1.0, "latency_us": 100.0, "cost_per_GBps": 0.0},
+            {"name": "link", "size": len(plan.nodes), "bandwidth_GBps": rate_bits(plan.link) / 8 / 1e9,
+             "latency_us": 100.0, "cost_per_GBps": 1.0},
+        ],
+        "source": "bench cluster up (configured rates)",
+    }
+
+
+def state_dir(name: str) -> Path:
+    return Path("/var/tmp/ddlbench-cluster") / name

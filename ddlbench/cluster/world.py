@@ -1,0 +1,152 @@
+"""Building and tearing down the emulated cluster's world.
+
+Everything lives in a private mount + network namespace made by `unshare -m -n` (the "world"):
+its own /run/netns (a tmpfs) for the node namespaces, its own /etc/hosts (a bind mount of the
+cluster's hosts file), and the namespaces head, n1, n2, ... joined by a bridge in head. The
+machine's own interfaces, addresses, routes and files are never touched; the world exists as
+long as a process lives in it (the daemons), and `down` ends every process whose mount
+namespace is the world's, after which the kernel removes the namespaces, veths and qdiscs.
+
+Daemons enter their node with `nsenter --net=/run/netns/X` (not `ip netns exec`, which remounts
+/sys and hides the cgroup tree slurmd needs) and `unshare -u` for their own hostname.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from ddlbench.cluster.plan import Plan, rate_bits, tbf_burst_bytes
+
+SLURM_BINARIES = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "mariadb-install-db", "srun", "sacct")
+TOOLS = ("unshare", "nsenter", "ip", "tc", "taskset")
+
+
+def tbf(ns: str, dev: str, rate: str) -> str:
+    bits = rate_bits(rate)
+    return (f"tc -n {ns} qdisc replace dev {dev} root tbf rate {int(bits)}bit burst {tbf_burst_bytes(bits)} "
+            "latency 100ms")
+
+
+def build_script(plan: Plan) -> str:
+    """The bash script run inside the world: network, then munged, MariaDB, slurmdbd, slurmctld,
+    one slurmd per node (each on its node's cores). Fails on the first error (`set -e`)."""
+    s = shlex.quote(plan.state)
+    conf = f"SLURM_CONF={s}/slurm.conf"
+    lines = [
+        "set -euo pipefail",
+        # the world's own /run: /run/netns for the node namespaces, /run/munge and /run/mysqld for
+        # its munged and MariaDB at their default paths (the machine's /run is not touched)
+        "mount -t tmpfs -o size=16m,mode=755 none /run",
+        "mkdir -p /run/netns /run/munge /run/mysqld",
+        f"mount --bind {s}/hosts /etc/hosts",
+        "ip link set lo up",
+        f"ip netns add {plan.head}",
+        f"ip -n {plan.head} link set lo up",
+        f"ip -n {plan.head} link add br0 type bridge",
+        f"ip -n {plan.head} addr add {plan.head_addr}/24 dev br0",
+        f"ip -n {plan.head} link set br0 up",
+    ]
+    for n in plan.nodes:
+        v = f"v{n.name}"
+        lines += [
+            f"ip netns add {n.name}",
+            f"ip -n {n.name} link set lo up",
+            f"ip -n {plan.head} link add {v} type veth peer name eth0 netns {n.name}",
+            f"ip -n {plan.head} link set {v} master br0 up",
+            f"ip -n {n.name} addr add {n.addr}/24 dev eth0",
+            f"ip -n {n.name} link set eth0 up",
+            tbf(n.name, "eth0", plan.link),              # node -> switch
+            tbf(plan.head, v, plan.link),                # switch -> node
+        ]
+    head = f"nsenter --net=/run/netns/{plan.head}"
+    lines += [
+        # munge with the cluster's own key and socket
+        f"munged --force --key-file={s}/munge/munge.key "
+        f"--pid-file={s}/pids/munged.pid --log-file={s}/logs/munged.log --seed-file={s}/munge/seed",
+        # MariaDB on the world's /run/mysqld/mysqld.sock only (no network): slurmdbd, as root,
+        # logs in as root through the socket (unix_socket authentication)
+        f"[ -d {s}/mysql/mysql ] || mariadb-install-db --no-defaults --user=root --datadir={s}/mysql "
+        f"--skip-test-db > {s}/logs/mariadb-install.log 2>&1",
+        f"setsid mariadbd --no-defaults --user=root --datadir={s}/mysql --socket=/run/mysqld/mysqld.sock "
+        f"--skip-networking --pid-file={s}/pids/mariadbd.pid > {s}/logs/mariadbd.log 2>&1 < /dev/null &",
+        "for _ in $(seq 1 60); do mariadb --no-defaults -uroot -e 'select 1' >/dev/null 2>&1 && break; sleep 0.5; done",
+        # slurmdbd reads slurmdbd.conf beside SLURM_CONF's slurm.conf
+        f"{head} unshare -u sh -c 'hostname {plan.head}; exec env {conf} slurmdbd'",
+        f"for _ in $(seq 1 60); do {head} bash -c 'exec 3<>/dev/tcp/{plan.head_addr}/{plan.ports['slurmdbd']}' 2>/dev/null "
+        "&& break; sleep 0.5; done",
+        f"{head} env {conf} sacctmgr -i add cluster {plan.name} > {s}/logs/sacctmgr.log 2>&1",
+        f"{head} unshare -u sh -c 'hostname {plan.head}; exec env {conf} slurmctld -i'",
+    ]
+    for n in plan.nodes:
+        cores = ",".join(map(str, n.cores))
+        lines.append(f"nsenter --net=/run/netns/{n.name} unshare -u sh -c "
+                     f"'hostname {n.name}; exec env {conf} taskset -c {cores} slurmd -N {n.name}'")
+    return "\n".join(lines) + "\n"
+
+
+def preflight() -> str | None:
+    """Why this machine or user cannot build the cluster (one line), or None."""
+    import shutil
+    if os.geteuid() != 0:
+        return "bench cluster needs root (network namespaces, veth pairs, tc)"
+    missing = [t for t in (*TOOLS, *SLURM_BINARIES) if shutil.which(t) is None]
+    if missing:
+        return (f"bench cluster: missing {', '.join(missing)} (Debian: apt-get install slurmctld slurmd slurmdbd "
+                "slurm-client munge mariadb-server iproute2; `bash scripts/slurm_local.sh install` installs them)")
+    probe = ("ip link add ddlb0 type veth peer name ddlb1 && ip link set ddlb0 up && "
+             "tc qdisc add dev ddlb0 root tbf rate 1mbit burst 32kb latency 50ms")
+    try:
+        proc = subprocess.run(["unshare", "-n", "sh", "-c", probe], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "bench cluster: probing network namespaces timed out"
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return f"bench cluster: this kernel cannot make a network namespace with a tbf qdisc ({why})"
+    return None
+
+
+def world_mnt(pid: int) -> str | None:
+    """The mount namespace of a process ('mnt:[4026532...]'), or None if it is gone."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def processes_in(mnt: str) -> list[int]:
+    """Every process whose mount namespace is `mnt` (the world's daemons and their children)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and world_mnt(int(d.name)) == mnt:
+            out.append(int(d.name))
+    return out
+
+
+def end_world(mnt: str, grace_s: float = 10.0) -> list[int]:
+    """SIGTERM every process of the world, then SIGKILL what is left; the pids still alive after
+    that (none, or something unkillable)."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        pids = processes_in(mnt)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while processes_in(mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not processes_in(mnt):
+            return []
+    return processes_in(mnt)
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if world_mnt(pid) else None

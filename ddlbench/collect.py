@@ -1,0 +1,213 @@
+"""Turn the per-rank series gathered after the window into the result record (rank 0 only)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddlbench import envinfo
+from ddlbench.hardware import cuda_tf32_enabled, peak_dtype, peak_flops
+from ddlbench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, per_step, rank_wire_bytes
+from ddlbench.metrics.convergence import eval_times, first_reached
+from ddlbench.metrics.mfu import MfuError, mfu
+from ddlbench.metrics.stragglers import describe as describe_stragglers
+from ddlbench.metrics.stragglers import find_stragglers
+from ddlbench.metrics.throughput import throughput
+from ddlbench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
+from ddlbench.results import empty_record
+from ddlbench.rundir import RunDir
+
+
+def _global_losses(gathered: list) -> list[float]:
+    steps = len(gathered[0]["loss"])
+    return [mean_ignoring_missing([g["loss"][i] for g in gathered]) for i in range(steps)]
+
+
+def _comm(gathered: list, world: int, params: int | None, adapter, backend: str) -> dict | None:
+    per_rank = [g["comm"]["counts"] for g in gathered]
+    if any(c is None for c in per_rank):
+        return None
+    steps = gathered[0]["comm"].get("steps", 1)
+    rows = [per_step(c, steps) for c in per_rank]
+    kinds = sorted({k for r in rows for k in r})
+    per_step_bytes = {k: max(r.get(k, {}).get("bytes", 0.0) for r in rows) for k in kinds}
+    wire = [rank_wire_bytes(r, world, backend) for r in rows]
+    written = [g["comm"].get("written_bytes") for g in gathered]
+    out = {
+        "per_step_bytes": per_step_bytes,
+        "per_step_calls": {k: max(r.get(k, {}).get("calls", 0.0) for r in rows) for k in kinds},
+        "per_rank": [{"rank": g["rank"], **r, "wire_bytes": w} for g, r, w in zip(gathered, rows, wire)],
+        "source": gathered[0]["comm"]["source"], "probe_steps": steps,
+        "note": "payload bytes per collective kind per step, over untimed steps after the window "
+                "(probe_steps: one period of the strategy), max over ranks (all-gather: gathered "
+                "size; reduce-scatter: input size)",
+        "backend": backend, "wire_factors": FACTOR_NOTE.get(backend, FACTOR_NOTE["nccl"]),
+        "wire_bytes_per_rank": max(wire),
+        "wire_bytes_mean": sum(wire) / len(wire),
+    }
+    if all(w is not None for w in written):
+        for row, w in zip(out["per_rank"], written):
+            row["written_bytes"] = w / steps
+        out["written_bytes_mean"] = sum(written) / len(written) / steps
+        out["written_note"] = ("bytes each rank wrote to file descriptors during the probe steps "
+                               "(/proc/self/io wchar: gloo's sockets), per step: an independent check "
+                               "of wire_bytes_mean")
+    grouped = {k: {} for k in kinds}
+    for r in rows:
+        for k, v in r.items():
+            for size, b in (v.get("group_bytes") or {}).items():
+                grouped[k][size] = max(grouped[k].get(size, 0.0), b)
+    if any(grouped.values()):
+        out["per_step_bytes_by_group"] = {k: v for k, v in grouped.items() if v}
+        out["group_note"] = "'<ranks>@<nodes>': bytes per step in groups of that many ranks spanning that many nodes"
+    out.update(analytic_comm(adapter.analytic_comm(), params, world, backend))
+    times = [g["comm"].get("time") for g in gathered]
+    if all(t is not None for t in times):
+        out["time"] = comm_time(times, per_step_bytes, world)
+        out["time_note"] = ("per step, mean over ranks, from one extra untimed step under torch.profiler: "
+                            "time a collective ran (gloo: enqueue to completion, waiting for peers included), "
+                            "the part overlapped with compute, the exposed part; busbw = payload / time x "
+                            "nccl-tests factor (compare with `bench commbench`)")
+    return out
+
+
+def gpu_telemetry(per_rank: list, global_batch: int) -> dict:
+    """NVML per rank (ddlbench/nvml.py) and the run's energy: joules summed over ranks' GPUs during
+    the training loop, and per trained sample (global batch x steps)."""
+    if not per_rank or not all(r and r.get("available") for r in per_rank):
+        reasons = sorted({(r or {}).get("reason") or "no telemetry" for r in per_rank if not (r or {}).get("available")})
+        return {"available": False, "reason": "; ".join(reasons), "per_rank": per_rank}
+    energies = [r.get("energy_j") for r in per_rank]
+    total = sum(energies) if all(e is not None for e in energies) else None
+    steps = per_rank[0].get("steps") or 0
+    return {"available": True, "per_rank": per_rank, "energy_j": total,
+            "energy_per_sample_j": total / (global_batch * steps) if total is not None and steps else None,
+            "note": "sampled by NVML in a thread while the training loop ran (warm-up included); energy from "
+                    "each board's energy counter where it has one"}
+
+
+def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, threads: int,
+                    wall_s: float) -> dict:
+    from ddlbench.models.flops import train_flops_per_sample
+
+    cfg, dims = plan.cfg, plan.dims
+    measure = len(gathered[0]["step_time_s"])
+    warmup = len(gathered[0]["all_step_time_s"]) - measure
+    record = empty_record(Path(run_dir).name, plan.raw, status="ok", precision=plan.cfg.run.precision)
+    desc = adapter.describe()
+    native = desc.get("native_config")
+    if isinstance(native, dict):
+        native.setdefault("mixed_precision", adapter.precision_summary())
+    record["framework"].update(version=desc.get("version"), native_config=native,
+                               taxonomy=plan.adapter_cls.taxonomy(plan.options),
+                               grad_reduce_dtype=plan.adapter_cls.grad_reduce_dtype(plan.options, ctx.precision))
+
+    step_times = global_step_times([g["step_time_s"] for g in gathered])
+    stats = summarize(step_times)
+    window_step = window_step_time([g["step_time_s"] for g in gathered])
+    tp = throughput(dims.global_batch, window_step, dims.world_size, spec.tokens_per_sample)
+    params = adapter.params
+    flops = train_flops_per_sample(spec, recompute_blocks=adapter.recomputes_blocks())
+    tf32 = ctx.device.type == "cuda" and cuda_tf32_enabled(getattr(cfg.model, "arch", None))
+    peak, peak_source = peak_flops(cfg.hardware, ctx.device, ctx.precision, threads, tf32)
+    mfu_value = hfu_value = None
+    if peak:
+        try:
+            mfu_value = mfu(flops["flops"], tp["samples_per_s"], dims.world_size, peak)
+            hfu_value = mfu(flops["hardware_flops"], tp["samples_per_s"], dims.world_size, peak)
+        except MfuError as exc:
+            record["warnings"].append(str(exc))
+    else:
+        record["warnings"].append(f"mfu unavailable: {peak_source}")
+
+    record["model"].update(params=params, tokens_per_sample=spec.tokens_per_sample,
+                           native_config=spec.config)
+    record["parallel"] = dims.as_dict()
+    record["env"] = envinfo.capture(ctx.device, ctx.backend, threads)
+    record["env"]["hostnames"] = sorted({g["hostname"] for g in gathered})
+    record["env"]["rank_hosts"] = [g["hostname"] for g in gathered]     # rank r ran on rank_hosts[r]
+    record["env"]["network"] = envinfo.network_ran_on()
+    record["timing"] = {
+        "warmup_steps": warmup, "measured_steps": measure,
+        "step_time_s": {k: stats[k] for k in ("median", "mean", "p10", "p90", "std", "min", "max")},
+        "series_s": step_times,
+        "per_rank_median_s": [summarize(g["step_time_s"])["median"] for g in gathered],
+        "wall_s": wall_s,
+        "window_step_s": window_step,
+        "per_rank_window_s": [sum(g["step_time_s"]) for g in gathered],
+        "per_rank_window_unix_s": [g.get("window_unix_s") for g in gathered],
+        "throughput_rule": "throughput = global_batch / window_step_s; window_step_s = max over ranks of the "
+                           "rank's measured window (its step times summed) / measured steps. step_time_s "
+                           "(per step, max over ranks) is the distribution, not the throughput",
+        "clock": "time.perf_counter at step boundaries" + (
+            ", after torch.cuda.current_stream().synchronize() (the compute stream; communication left in "
+            "flight on other streams is not waited for)" if ctx.device.type == "cuda" else ""),
+    }
+    if all("host_time_s" in g for g in gathered):
+        record["timing"]["per_rank_host_median_s"] = [summarize(g["host_time_s"])["median"] for g in gathered]
+        record["stragglers"] = find_stragglers([g["host_time_s"] for g in gathered], stats["median"])
+        record["warnings"].extend(describe_stragglers(record["stragglers"]))
+    record["throughput"] = tp
+    optim = cfg.optim
+    record["memory"] = {
+        "per_rank": [{"rank": g["rank"], **g["memory"], "baseline_rss_bytes": g["baseline_rss_bytes"]}
+                     for g in gathered],
+        "model_state_bytes_per_rank_theory": adapter.model_state_bytes_theory(
+            params or 0, optim.name, optim.momentum) if params else None,
+        "note": "baseline_rss_bytes = peak RSS after imports, before the model is built",
+    }
+    record["comm"] = _comm(gathered, dims.world_size, params, adapter, ctx.backend)
+    if any(g.get("adapter_stats") for g in gathered):
+        record["model_parallel"] = adapter.summarize_rank_stats(
+            [g["adapter_stats"] for g in gathered], record["timing"]["per_rank_median_s"])
+    record["mfu"] = mfu_value
+    record["gpu"] = gpu_telemetry([g.get("gpu") for g in gathered], dims.global_batch)
+    record["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
+                       "palm_train_per_sample": flops["palm_flops"],
+                       "hardware_train_per_sample": flops["hardware_flops"],
+                       "recompute": "activation checkpointing per block" if adapter.recomputes_blocks() else None,
+                       "hfu": hfu_value, "peak_dtype": peak_dtype(ctx.device.type, ctx.precision, tf32),
+                       "peak_per_device": peak, "peak_source": peak_source,
+                       "note": "mfu = train_per_sample x samples/s / (devices x peak); hfu the same with "
+                               "hardware_train_per_sample (recomputed forwards included)"}
+    losses = _global_losses(gathered)
+    record["convergence"]["train_loss"] = [[i, l] for i, l in enumerate(losses)]
+    return record
+
+
+def fill_convergence(record: dict, cfg, dataset, steps_per_epoch: int, evals: list[dict],
+                     target, gathered: list) -> None:
+    """Evaluations get `time_s`: training time so far (sum of global step times, i.e. max over
+    ranks per step, warm-up included, evaluation pauses excluded)."""
+    all_steps = global_step_times([g["all_step_time_s"] for g in gathered])
+    for e, t in zip(evals, eval_times(all_steps, [e["step"] for e in evals])):
+        e["time_s"] = t
+    hit = first_reached(evals, target, cfg.run.target_metric)
+    record["convergence"].update(
+        eval=evals, target=target, target_metric=cfg.run.target_metric,
+        target_rule=("run.target x floor.loss" if cfg.run.target_vs_floor else "run.target"),
+        time_to_target_s=hit["time_s"] if hit else None,
+        epochs_to_target=hit["epoch"] if hit else None,
+        steps_to_target=hit["step"] if hit else None,
+        floor=dataset.floor,
+        dataset={"name": dataset.name, "train_samples": dataset.train.size,
+                 "val_samples": dataset.val.size, "steps_per_epoch": steps_per_epoch,
+                 "epochs": cfg.run.epochs, **dataset.info},
+        time_note="time_s = training time: sum of global step times (max over ranks), warm-up "
+                  "included, evaluation excluded; wall_s includes evaluation",
+    )
+
+
+def write_metrics_jsonl(run_dir: Path, record: dict, gathered: list) -> None:
+    """One line per step: global step time (max over ranks), global loss, per-rank times."""
+    warmup = record["timing"]["warmup_steps"]
+    gb = record["parallel"]["global_batch"]
+    path = RunDir(run_dir).metrics
+    with open(path, "w") as f:
+        for step, loss in record["convergence"]["train_loss"]:
+            row = {"step": step, "phase": "warmup" if step < warmup else "measure", "loss": loss}
+            if step >= warmup:
+                i = step - warmup
+                t = record["timing"]["series_s"][i]
+                row.update(step_time_s=t, samples_per_s=gb / t,
+                           per_rank_step_time_s=[g["step_time_s"][i] for g in gathered])
+            f.write(json.dumps(row) + "\n")

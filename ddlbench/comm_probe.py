@@ -1,0 +1,151 @@
+"""Count collectives where they are issued: a TorchDispatchMode that sees every `c10d` and
+`_c10d_functional` op (DDP's reducer, FSDP2, DTensor, DeepSpeed and plain `dist.*` calls all go
+through them), with their payload sizes.
+
+Python dispatch modes cost time on every op, so the runner uses this only on one extra,
+untimed step after the measured window, never inside it.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ddlbench.metrics.comm import CommCounter
+
+NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+KINDS = (  # op-name prefix -> collective kind (order matters: longer names first)
+    ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
+    ("_allgather", "all_gather"), ("allgather", "all_gather"), ("all_gather", "all_gather"),
+    ("_reduce_scatter", "reduce_scatter"), ("reduce_scatter", "reduce_scatter"),
+    ("broadcast", "broadcast"), ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
+    ("send", "send"), ("recv", "recv"), ("reduce_", "reduce"), ("gather", "gather"),
+    ("scatter", "scatter"), ("barrier", "barrier"),
+)
+SKIP = ("wait_tensor", "monitored_barrier")
+
+
+def written_bytes() -> int:
+    """Bytes this process has written to file descriptors (all threads): /proc/self/io `wchar`.
+    Gloo sends through writev on TCP sockets, so around a step with no other output this is
+    what gloo put on the wire (an independent check of the counted collective volume)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no wchar line")
+
+
+def _arg_bytes(arg) -> int:
+    if isinstance(arg, torch.Tensor):
+        return arg.numel() * arg.element_size()
+    if isinstance(arg, (list, tuple)):
+        return sum(_arg_bytes(a) for a in arg)
+    return 0
+
+
+def op_kind(name: str) -> str | None:
+    for prefix, kind in KINDS:
+        if name.startswith(prefix):
+            return kind
+    return None
+
+
+def payload_bytes(name: str, args) -> int:
+    """The full-size buffer of the collective: the largest tensor argument (all-gather output,
+    reduce-scatter input, all-reduce buffer). Functional all-gather receives only the shard."""
+    if name.startswith("all_gather_into_tensor"):
+        return _arg_bytes(args[0]) * int(args[1])
+    return max((_arg_bytes(a) for a in args), default=0)
+
+
+def group_key(name: str, args, node: list[int]):
+    """'<ranks>@<nodes>' of the process group a c10d op runs in: its size and how many nodes
+    (node[r]: rank r's node, ddlbench/topology.py) it spans. None if it cannot be told."""
+    import torch.distributed as dist
+    try:
+        pg = None
+        for a in args:
+            if isinstance(a, torch.ScriptObject):
+                pg = dist.ProcessGroup.unbox(a)
+                break
+            if isinstance(a, dist.ProcessGroup):
+                pg = a
+                break
+        if pg is None and name in FUNCTIONAL_GROUP_ARG and len(args) > FUNCTIONAL_GROUP_ARG[name]:
+            from torch.distributed.distributed_c10d import _resolve_process_group
+            pg = _resolve_process_group(args[FUNCTIONAL_GROUP_ARG[name]])
+        if pg is None:
+            return None
+        ranks = dist.get_process_group_ranks(pg)
+        return f"{len(ranks)}@{len({node[r] for r in ranks})}"
+    except Exception:   # an op layout this torch does not have: counted without a group
+        return None
+
+
+# _c10d_functional ops name their group by string, at this argument position
+FUNCTIONAL_GROUP_ARG = {"all_reduce": 2, "all_reduce_": 2, "all_reduce_coalesced": 2,
+                        "all_gather_into_tensor": 2, "all_gather_into_tensor_out": 2,
+                        "all_gather_into_tensor_coalesced": 2, "reduce_scatter_tensor": 3,
+                        "reduce_scatter_tensor_coalesced": 3, "all_to_all_single": 3, "broadcast": 2,
+                        "broadcast_": 2}
+
+
+# torch.distributed functions a framework may call from a future's callback, on the backend's
+# worker thread, where the (thread-local) dispatch mode does not see them: PowerSGD all-reduces
+# its Q matrices in `.then(compute_qs)`. Found by comparing counts with the bytes gloo wrote.
+PATCHED = {"all_reduce": "all_reduce", "all_gather_into_tensor": "_allgather_base",
+           "reduce_scatter_tensor": "_reduce_scatter_base", "broadcast": "broadcast", "reduce": "reduce_",
+           "all_to_all_single": "all_to_all_single"}
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Counts every c10d op dispatched on the thread that enters it, and the torch.distributed
+    calls made on any other thread meanwhile (future callbacks)."""
+
+    def __init__(self, node: list[int]) -> None:
+        super().__init__()
+        self.counter = CommCounter()
+        self.node = node          # rank -> its node
+        self._lock = threading.Lock()
+        self._saved: dict = {}
+
+    def _add(self, name: str, args) -> None:
+        kind = op_kind(name)
+        if kind and not name.startswith(SKIP):
+            with self._lock:
+                self.counter.add(kind, payload_bytes(name, args), group=group_key(name, args, self.node))
+
+    def _wrap(self, fn, op_name: str):
+        import torch.distributed as dist
+        owner = threading.get_ident()
+
+        def counted(*args, **kwargs):
+            if threading.get_ident() != owner:
+                group = kwargs.get("group") or dist.group.WORLD
+                self._add(op_name, list(args) + [group])
+            return fn(*args, **kwargs)
+        return counted
+
+    def __enter__(self):
+        import torch.distributed as dist
+        for fn_name, op_name in PATCHED.items():
+            self._saved[fn_name] = getattr(dist, fn_name)
+            setattr(dist, fn_name, self._wrap(self._saved[fn_name], op_name))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+        for fn_name, fn in self._saved.items():
+            setattr(dist, fn_name, fn)
+        self._saved.clear()
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in NAMESPACES:
+            self._add(func._schema.name.split("::")[-1], args)
+        return func(*args, **(kwargs or {}))
+
+    def take(self) -> dict:
+        return self.counter.take()

@@ -1,0 +1,291 @@
+"""`bench commbench launcher.nproc=N`: the machine's ceiling for each collective, on the backend and
+ranks a run uses (gloo on CPU, NCCL on GPU), over message sizes.
+
+Per kind and size: the op's time (each rank's median over `iters`, max over ranks), algbw = bytes /
+time and busbw = algbw x the nccl-tests factor (all-reduce 2(N-1)/N; all-gather, reduce-scatter
+(N-1)/N; broadcast, reduce, p2p 1), where bytes is the full buffer (all-gather: the gathered size;
+reduce-scatter: the input) as in nccl-tests and in the runs' comm records. On gloo each rank also
+records the bytes it wrote to its sockets during one op (/proc/self/io), beside what the wire
+factors of ddlbench/metrics/comm.py predict: the check that the run records' wire bytes are true.
+
+Ranks are local processes (fork on CPU, spawn on CUDA), or, with `launcher=slurm`, the tasks of an
+srun step (one process per task; across nodes: `srun -N2 bench commbench launcher=slurm`).
+
+Per kind measured at two or more sizes, α and β are fitted in the network model's terms
+(ddlbench.network.fit) and written with the record; `network=BASE` (a conf/network name or a path;
+default: $DDLBENCH_NETWORK, set inside `bench cluster`) also writes <out>/network.yaml: BASE with
+the dimension the ranks spanned priced by the all-reduce fit, for `bench project`/`bench advise`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from ddlbench.errors import ConfigError
+from ddlbench.metrics.comm import bus_bandwidth, gloo_reduce_sent, wire_factor
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send")
+DEFAULTS = {"nproc": 2, "sizes": None, "iters": 5, "warmup": 2,
+            "kinds": list(KINDS), "out": "outputs/commbench", "device": "auto", "launcher": "local",
+            "network": None}
+# Message sizes when none are given. gloo on CPU reaches its bandwidth by 16 MiB; NVLink and
+# InfiniBand need far larger messages (nccl-tests sweeps to GBs; bus bandwidth levels off
+# around 256 MiB-1 GiB on NVLink), so a GPU ceiling measured at 16 MiB would understate them.
+DEFAULT_SIZES = {"cpu": [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24],
+                 "cuda": [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30]}
+
+
+def default_sizes(device: str) -> list[int]:
+    return list(DEFAULT_SIZES[device])
+
+
+def expected_written(kind: str, nbytes: float, world: int, backend: str) -> float:
+    """Mean bytes a rank sends for one op of `kind` on `backend` (send: only rank 0 sends)."""
+    if kind == "send":
+        return nbytes / world
+    if kind == "reduce" and backend == "gloo":
+        return gloo_reduce_sent(int(nbytes), world)
+    return wire_factor(kind, world, backend) * nbytes
+
+
+def parse_args(args: list[str]) -> dict:
+    """`launcher.nproc=N sizes=[a,b] iters=K kinds=[...] out=DIR run.device=cpu` -> options."""
+    opts = {k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS.items()}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise ConfigError(f"commbench: expected key=value, got {arg!r}")
+        key = {"launcher.nproc": "nproc", "run.device": "device", "launcher.name": "launcher"}.get(key, key)
+        if key not in opts:
+            raise ConfigError(f"commbench: unknown option {key!r} (known: launcher.nproc, launcher, sizes, "
+                              "iters, warmup, kinds, out, run.device, network)")
+        if key in ("sizes", "kinds"):
+            items = [v for v in value.strip("[]").split(",") if v]
+            opts[key] = [int(v) for v in items] if key == "sizes" else items
+        elif key in ("nproc", "iters", "warmup"):
+            opts[key] = int(value)
+        else:
+            opts[key] = value
+    if opts["launcher"] not in ("local", "slurm"):
+        raise ConfigError(f"commbench: launcher must be local or slurm, got {opts['launcher']!r}")
+    bad = [k for k in opts["kinds"] if k not in KINDS]
+    if bad:
+        raise ConfigError(f"commbench: unknown kinds {bad} (known: {', '.join(KINDS)})")
+    if (opts["nproc"] < 2 and opts["launcher"] == "local") or opts["iters"] < 1 or any(s < 4 for s in opts["sizes"] or []):
+        raise ConfigError("commbench: needs launcher.nproc >= 2, iters >= 1 and sizes >= 4 bytes")
+    return opts
+
+
+def _elements(nbytes: int, world: int) -> int:
+    """float32 elements of a full buffer of about `nbytes`, divisible by the world size."""
+    return max(world, nbytes // 4 // world * world)
+
+
+def _op(kind: str, nbytes: int, world: int, rank: int, device):
+    """A closure running one collective of `nbytes` (full buffer), and the tensors it uses."""
+    import torch
+    import torch.distributed as dist
+
+    n = _elements(nbytes, world)
+    full = torch.ones(n, device=device)
+    shard = torch.ones(n // world, device=device)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if kind == "all_gather":
+        return lambda: dist.all_gather_into_tensor(full, shard)
+    if kind == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(shard, full)
+    if kind == "broadcast":
+        return lambda: dist.broadcast(full, 0)
+    if kind == "reduce":
+        return lambda: dist.reduce(full, 0)
+    # p2p: rank 0 -> rank 1
+    return {0: lambda: dist.send(full, 1), 1: lambda: dist.recv(full, 0)}.get(rank, lambda: None)
+
+
+def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> None:
+    """One rank; `port` None: the environment already names the rendezvous (srun task)."""
+    import torch
+    import torch.distributed as dist
+
+    from ddlbench.comm_probe import written_bytes
+    from ddlbench.launch.worker import pick_device
+
+    if port is not None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                          WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    device, backend = pick_device(opts["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    rows = []
+    for kind in opts["kinds"]:
+        for size in opts["sizes"]:
+            op = _op(kind, size, world, rank, device)
+            nbytes = _elements(size, world) * 4
+            for _ in range(opts["warmup"]):
+                op()
+            sync()
+            dist.barrier()
+            w0 = written_bytes() if backend == "gloo" else None
+            op()
+            sync()
+            written = written_bytes() - w0 if w0 is not None else None
+            times = []
+            for _ in range(opts["iters"]):
+                dist.barrier()
+                t0 = time.perf_counter()
+                op()
+                sync()
+                times.append(time.perf_counter() - t0)
+            rows.append({"kind": kind, "bytes": nbytes, "median_s": statistics.median(times), "written": written})
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows)
+    hosts = [None] * world
+    dist.all_gather_object(hosts, os.uname().nodename)
+    if rank == 0:
+        Path(results).write_text(json.dumps({"backend": backend, "device": device.type, "ranks": gathered,
+                                             "hosts": hosts}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def summarize(ranks: list[list[dict]], world: int, backend: str) -> list[dict]:
+    """Per (kind, bytes): time = max over ranks of each rank's median; bandwidths; on gloo the mean
+    written bytes per rank beside the wire factors' prediction."""
+    out = []
+    for i, row in enumerate(ranks[0]):
+        per = [r[i] for r in ranks]
+        t = max(p["median_s"] for p in per)
+        alg, bus = bus_bandwidth(row["kind"], row["bytes"], t, world)
+        entry = {"kind": row["kind"], "bytes": row["bytes"], "time_s": t, "algbw_Bps": alg, "busbw_Bps": bus}
+        if all(p["written"] is not None for p in per):
+            entry["written_bytes_mean"] = sum(p["written"] for p in per) / world
+            entry["wire_bytes_expected"] = expected_written(row["kind"], row["bytes"], world, backend)
+        out.append(entry)
+    return out
+
+
+def run(args: list[str]) -> int:
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    from ddlbench.launch.agent import free_port
+    from ddlbench.launch.forked import rank_start_method
+
+    opts = parse_args(args)
+    out = Path(opts["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    if opts["launcher"] == "slurm":
+        return _run_srun_task(opts, out)
+    device = "cuda" if opts["device"] == "cuda" else "cpu"
+    if opts["device"] == "auto":     # NVML, not CUDA: CPU ranks are forked from here
+        from ddlbench.gpus import visible_gpus
+        device = "cuda" if visible_gpus().available else "cpu"
+    if opts["sizes"] is None:
+        opts["sizes"] = default_sizes(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = os.path.join(tmp, "ranks.json")
+        try:
+            mp.start_processes(_rank, args=(opts["nproc"], opts, free_port(), results), nprocs=opts["nproc"],
+                               start_method=rank_start_method(device))
+        except ProcessException as exc:    # a rank raised or died: say which, write nothing
+            print(f"commbench: rank {exc.error_index} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+            return 1
+        raw = json.loads(Path(results).read_text())
+    return _write(raw, opts, out, opts["nproc"])
+
+
+def _run_srun_task(opts: dict, out: Path) -> int:
+    """This process is one task of an srun step: rank, world and rendezvous from Slurm's
+    environment (ddlbench.launch.slurm.rank_env); rank 0 writes the record."""
+    import tempfile
+
+    from ddlbench.launch.slurm import rank_env
+    env = rank_env()
+    os.environ.update(env)
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    if world < 2:
+        raise ConfigError("commbench launcher=slurm: needs an srun step of >= 2 tasks (srun -N2 ...)")
+    if opts["sizes"] is None:
+        opts["sizes"] = default_sizes("cpu" if opts["device"] != "cuda" else "cuda")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = os.path.join(tmp, "ranks.json")
+        _rank(rank, world, opts, None, results)
+        if rank != 0:
+            return 0
+        raw = json.loads(Path(results).read_text())
+    return _write(raw, opts, out, world)
+
+
+def _write(raw: dict, opts: dict, out: Path, world: int) -> int:
+    from ddlbench.network.fit import fits
+    from ddlbench.results import atomic_write_json
+    rows = summarize(raw["ranks"], world, raw["backend"])
+    hosts = raw.get("hosts") or [os.uname().nodename]
+    record = {"schema": "ddlbench.commbench/1", "backend": raw["backend"], "device": raw["device"],
+              "world_size": world, "iters": opts["iters"], "hostname": os.uname().nodename,
+              "hosts": hosts, "launcher": opts["launcher"], "rows": rows, "fits": fits(rows, world),
+              "note": "time = max over ranks of each rank's median; busbw = algbw x nccl-tests factor; "
+                      "bytes = full buffer (all-gather output, reduce-scatter input); fits: alpha and "
+                      "bandwidth of the network model's cost (ddlbench.network.fit)"}
+    atomic_write_json(out / "commbench.json", record)
+    print(render(record))
+    network = _fitted_network_file(record, opts, out)
+    print(f"commbench: {out / 'commbench.json'}" + (f"; fitted network: {network}" if network else ""))
+    return 0
+
+
+def _fitted_network_file(record: dict, opts: dict, out: Path) -> Path | None:
+    """<out>/network.yaml: the base network with the all-reduce fit (and every other kind's fit
+    under `kinds`), where a base is named."""
+    base_name = opts["network"] or os.environ.get("DDLBENCH_NETWORK")
+    fit = next((f for f in record["fits"] if f["kind"] == "all_reduce" and "error" not in f), None)
+    if not base_name or fit is None:
+        return None
+    import yaml
+
+    from ddlbench.network.fit import fitted_network
+    from ddlbench.network.model import load
+    base = yaml.safe_load(Path(load(base_name).source).read_text())
+    path = out / "network.yaml"
+    path.write_text(yaml.safe_dump(fitted_network(base, fit, record["world_size"], record["fits"]), sort_keys=False))
+    return path
+
+
+def render(record: dict) -> str:
+    lines = [f"{'kind':<15}{'bytes':>12}{'time_ms':>10}{'algbw_GB/s':>12}{'busbw_GB/s':>12}"
+             + (f"{'written/wire':>14}" if record["backend"] == "gloo" else "")]
+    for r in record["rows"]:
+        line = (f"{r['kind']:<15}{r['bytes']:>12}{r['time_s'] * 1e3:>10.3f}{r['algbw_Bps'] / 1e9:>12.3f}"
+                f"{r['busbw_Bps'] / 1e9:>12.3f}")
+        if r.get("wire_bytes_expected"):
+            line += f"{r['written_bytes_mean'] / r['wire_bytes_expected']:>14.4f}"
+        lines.append(line)
+    for f in record.get("fits", []):
+        if "error" in f:
+            lines.append(f"fit {f['kind']:<15} none: {f['error']}")
+            continue
+        lines.append(f"fit {f['kind']:<15} alpha {f['alpha_s'] * 1e6:9.1f} us   bandwidth {f['bandwidth_Bps'] / 1e9:8.4f} GB/s"
+                     f"   worst residual {f['max_rel_residual']:.1%}")
+    return "\n".join(lines)
+
+
+def ceilings(record: dict) -> dict[str, float]:
+    """Best busbw per kind: the ceiling a run's achieved busbw is compared with."""
+    best: dict[str, float] = {}
+    for r in record["rows"]:
+        best[r["kind"]] = max(best.get(r["kind"], 0.0), r["busbw_Bps"])
+    return best

@@ -1,0 +1,151 @@
+"""Compose the Hydra config tree and validate it into a typed plan, before anything launches."""
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ddlbench.datacheck import check_data
+from ddlbench.dims import ParallelDims, resolve_dims
+from ddlbench.errors import ConfigError
+from ddlbench.schema import BenchCfg
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = ("framework", "model", "data", "optim", "launcher", "logger", "hardware", "run",
+          "experiment", "debug")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a launcher needs: the validated config, its plain form, the dims, the adapter."""
+    cfg: BenchCfg
+    raw: dict[str, Any]
+    dims: ParallelDims
+    adapter_cls: type
+    options: Any  # the adapter's validated Options
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def _precheck(overrides: list[str], conf_dir: Path) -> None:
+    """Name an unknown group option the way a user thinks about it, with the valid choices."""
+    for ov in overrides:
+        m = re.fullmatch(r"[+~]{0,2}([\w/.@-]+)=(.*)", ov)
+        if not m:
+            if not re.fullmatch(r"~[\w./]+", ov):
+                raise ConfigError(f"cannot parse override '{ov}' (expected key=value)")
+            continue
+        group, value = m.group(1), m.group(2)
+        if group in GROUPS and value not in ("null", "") and "," not in value:
+            choices = group_options(group, conf_dir)
+            if value not in choices:
+                close = difflib.get_close_matches(value, choices, n=1)
+                hint = f" did you mean '{close[0]}'?" if close else ""
+                raise ConfigError(f"unknown {group} '{value}';{hint} available: {', '.join(choices)}")
+
+
+def _hydra_message(exc: Exception) -> str:
+    text = str(exc).strip()
+    m = re.search(r"Could not override '([^']+)'", text)
+    if m:
+        return f"unknown config key '{m.group(1)}' (misspelt? use +{m.group(1)}=... only for new keys)"
+    m = re.search(r"Missing mandatory value: [\w.]+\s+full_key: ([\w.]+)", text)
+    if m:
+        return f"{m.group(1)} is required: set {m.group(1)}=..."
+    m = re.search(r"Key '([^']+)' is not in struct", text)
+    if m:
+        return f"unknown config key '{m.group(1)}'"
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def compose_raw(overrides: list[str], conf_dir: Path = CONF_DIR) -> dict[str, Any]:
+    """Hydra compose (no working-dir change, no logging setup) -> resolved plain dict."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    _precheck(overrides, conf_dir)
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir), job_name="bench"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_hydra_message(exc)) from None
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for err in exc.errors():
+        # drop discriminator tags (model kind, data name) that pydantic puts after the group
+        raw_loc = [str(p) for p in err["loc"]]
+        loc = [p for i, p in enumerate(raw_loc) if not (i == 1 and raw_loc[0] in ("model", "data"))]
+        key = ".".join(([prefix] if prefix else []) + loc)
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key")
+            continue
+        got = err.get("input")
+        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{key}: {err['msg']}{got_s}")
+    return "; ".join(lines)
+
+
+ADAPTER_PACKAGE = "ddlbench.adapters."
+
+
+def load_adapter_class(path: str) -> type:
+    """Only the project's own adapters: a module under ddlbench.adapters and a subclass of
+    Adapter. Anything else (e.g. 'os:system') is refused before it is imported."""
+    module, _, name = path.partition(":")
+    if not module.startswith(ADAPTER_PACKAGE) or not module[len(ADAPTER_PACKAGE):].isidentifier():
+        raise ConfigError(f"framework.adapter '{path}': only adapters in {ADAPTER_PACKAGE.rstrip('.')} "
+                          "may be named (module:Class)")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"framework.adapter: cannot load '{path}': {exc}") from None
+    from ddlbench.adapters.base import Adapter
+    if not (isinstance(cls, type) and issubclass(cls, Adapter)):
+        raise ConfigError(f"framework.adapter '{path}' is not an Adapter")
+    return cls
+
+
+def validate(raw: dict[str, Any]) -> Plan:
+    """`raw` stays what was asked (run.precision may be auto); `cfg` holds what will run."""
+    try:
+        cfg = BenchCfg.model_validate(_concrete(raw))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+    adapter_cls = load_adapter_class(cfg.framework.adapter)
+    try:
+        options = adapter_cls.Options.model_validate(cfg.framework.options)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "framework.options")) from None
+    if cfg.launcher.name == "local" and cfg.launcher.nodes != 1:
+        raise ConfigError(f"launcher.nodes {cfg.launcher.nodes}: the local launcher runs on one node "
+                          "(use launcher=slurm across nodes)")
+    dims = resolve_dims(cfg.launcher.nproc, cfg.run.global_batch, cfg.run.micro_batch,
+                        nodes=cfg.launcher.nodes, **adapter_cls.parallel_shape(options, cfg))
+    adapter_cls.check_config(options, cfg, dims)  # raises ConfigError for cross-key problems
+    check_data(cfg)
+    return Plan(cfg=cfg, raw=raw, dims=dims, adapter_cls=adapter_cls, options=options)
+
+
+def _concrete(raw: dict[str, Any]) -> dict[str, Any]:
+    """run.precision=auto replaced by the precision it means on this machine (ddlbench.device)."""
+    run = raw.get("run")
+    if not isinstance(run, dict) or run.get("precision", "auto") != "auto":
+        return raw
+    from ddlbench.device import planned_precision
+    return {**raw, "run": {**run, "precision": planned_precision(run)}}
+
+
+def plan_from_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> Plan:
+    return validate(compose_raw(overrides, conf_dir))

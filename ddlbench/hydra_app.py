@@ -1,0 +1,35 @@
+"""Hydra's own multirun, for users who prefer its launcher plugins, e.g. Slurm via submitit
+(one job array; Hydra waits for it):
+
+    python -m ddlbench.hydra_app -m hydra/launcher=submitit_slurm hydra.launcher.partition=gpu \\
+        framework=ddp,fsdp_full launcher.nproc=1,2
+
+Each job validates its config exactly like `bench run` and runs it with the local launcher in
+Hydra's job directory (result.json beside Hydra's .hydra/). `bench sweep --backend slurm` is the
+non-blocking, resumable alternative.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    from ddlbench.config import validate
+    from ddlbench.launch.local import run_local
+
+    raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    raw["run"]["dir"] = str(run_dir)
+    record = run_local(validate(raw), run_dir)
+    print(f"{run_dir}: {record['status']}")
+    return record["status"]
+
+
+if __name__ == "__main__":
+    main()

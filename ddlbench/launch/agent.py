@@ -1,0 +1,76 @@
+"""The elastic agent: forked by ddlbench.launch.local into its own session (so a timeout can kill
+the whole tree), or `python -m ddlbench.launch.agent RUN_DIR NPROC THREADS [MONITOR_S [START]]`.
+
+Runs torch's elastic launch API with torchrun semantics: a static rendezvous on a free loopback
+port, no restarts, ranks forked (CPU: they inherit the launcher's imports) or spawned (CUDA; see
+ddlbench.launch.forked). When a rank fails, the agent stops the others and writes failure.json
+(first failure: rank, exit code, signal, message, traceback) for the launcher.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from ddlbench.launch import events
+from ddlbench.launch.failures import describe_failure
+from ddlbench.results import atomic_write_json
+from ddlbench.rundir import RunDir
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str]) -> int:
+    return launch(Path(argv[0]), int(argv[1]), int(argv[2]), float(argv[3]) if len(argv) > 3 else 0.25,
+                  argv[4] if len(argv) > 4 else "spawn")
+
+
+def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method: str) -> int:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from ddlbench.launch.worker import rank_main
+
+    events.mark(run_dir, "agent_start", start_method=start_method)
+    # SIGUSR1 (time-limit warning) reaches the agent's whole group: the ranks save their series
+    # and exit, and the agent must outlive them, so the launcher reads complete partial files
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # SIGUSR2 (the launcher's stack dump before a timeout kill) is for the ranks, not the agent
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    # The agent's own chatter goes to the run's log, not the user's terminal.
+    handler = logging.FileHandler(RunDir(run_dir).agent_log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = [handler]
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # spawned ranks' libgomp reads it at import
+                                                  # (forked ones: torch.set_num_threads in the rank)
+    port = free_port()
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_dir.name,
+        rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0},
+        max_restarts=0, monitor_interval=monitor, start_method=start_method,
+        # rank 0 keeps the terminal (progress bar); the others log to files
+        logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(run_dir).logs),
+                                    redirects={r: Std.ALL for r in range(1, nproc)}),
+    )
+    try:
+        elastic_launch(config, rank_main)(str(run_dir), threads)
+    except ChildFailedError as exc:
+        atomic_write_json(RunDir(run_dir).failure, describe_failure(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

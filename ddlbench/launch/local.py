@@ -1,0 +1,254 @@
+"""Launcher `local`: N ranks on this machine, with a wall-clock bound and a result in every case.
+
+The launcher (this process) never trains. It saves the resolved config, forks the elastic
+agent into a new session (so it inherits this process's imports; see ddlbench.launch.forked),
+waits at most run.timeout_s, and guarantees exactly one result.json: the ranks write it on
+success; otherwise this process writes failed/timeout/oom/unsupported with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ddlbench.config import Plan
+from ddlbench.envinfo import usable_cores
+from ddlbench.errors import ConfigError
+from ddlbench.launch import events
+from ddlbench.launch.failures import is_lost_peer
+from ddlbench.launch.forked import Forked, rank_start_method
+from ddlbench.launch.records import finish, innermost_frames, save_config, stopped_result, where_each_rank_was
+from ddlbench.launch.stop import ForwardUsr1
+from ddlbench.results import error_info, load_result, write_result
+from ddlbench.rundir import RunDir
+
+TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
+# What NCCL's watchdog prints before it aborts the process (SIGABRT): a collective timed out.
+WATCHDOG_MARKER = "watchdog caught collective operation timeout"
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "cannot allocate memory")
+
+
+class Terminated(Exception):
+    """The launcher received SIGTERM (kill, scancel, a test's timeout)."""
+
+
+def _raise_terminated(_signum, _frame):
+    raise Terminated()
+
+
+def threads_per_rank(plan: Plan) -> int:
+    return plan.cfg.launcher.threads_per_rank or max(1, usable_cores() // plan.cfg.launcher.nproc)
+
+
+def classify(failure: dict, log_tail: str = "") -> str:
+    """Status from a rank failure: timeout (collective/watchdog), oom, or failed. A rank that
+    NCCL's watchdog aborted (SIGABRT, no error file) is a timeout when its log says so."""
+    text = f"{failure.get('message', '')} {failure.get('traceback') or ''}".lower()
+    if any(m in text for m in OOM_MARKERS):
+        return "oom"
+    if any(m in text for m in TIMEOUT_MARKERS):
+        return "timeout"
+    if failure.get("signal") == "SIGABRT" and WATCHDOG_MARKER in log_tail.lower():
+        return "timeout"
+    return "failed"
+
+
+def rank_log_tail(run_dir: Path, rank, limit: int = 65536) -> str:
+    """The end of a rank's stderr under <run>/logs (torch elastic's layout), or ''."""
+    if rank is None:
+        return ""
+    logs = RunDir(run_dir).rank_stderr_logs(rank)
+    if not logs:
+        return ""
+    with open(logs[-1], "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - limit))
+        return f.read().decode(errors="replace")
+
+
+def dump_stacks(proc: subprocess.Popen, run_dir: Path, nproc: int, wait_s: float = 2.0) -> dict[str, str]:
+    """Ask a hung run's ranks for their Python stacks (SIGUSR2: faulthandler, registered by each
+    rank into <run>/stacks/rank<R>.txt; the agent ignores it), wait briefly, and return
+    {rank: its threads' innermost frames}."""
+    try:
+        os.killpg(proc.pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        return {}
+    time.sleep(wait_s)
+    out = {}
+    for rank in range(nproc):
+        path = RunDir(run_dir).rank_stacks(rank)
+        if path.is_file() and path.stat().st_size:
+            out[str(rank)] = innermost_frames(path.read_text(errors="replace"))
+    return out
+
+
+def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the agent's whole session (agent + ranks), then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            # ranks may outlive the agent briefly; make sure the group is empty
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def start_method(plan: Plan, device_type: str) -> str:
+    """launcher.start_method, or auto: fork on CPU, spawn on CUDA (ddlbench.launch.forked)."""
+    chosen = plan.cfg.launcher.start_method
+    return rank_start_method(device_type) if chosen == "auto" else chosen
+
+
+def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated: float | None = None) -> dict:
+    """`started`/`validated`: when this run's command began and its config was valid (the
+    start-up timeline, ddlbench.launch.events)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(plan, run_dir)
+    events.mark(run_dir, "cli_start", t=started)
+    events.mark(run_dir, "validated", t=validated)
+    run_id = run_dir.name
+    cfg = plan.cfg
+
+    try:
+        device = device_type(cfg)
+        if device == "cuda":
+            from ddlbench.device import check_gpu_count
+            from ddlbench.gpus import visible_gpus
+            check_gpu_count(cfg.launcher.nproc, visible_gpus().count)
+    except ConfigError as exc:   # GPUs asked for, none usable: a result that says so, no CPU run
+        return finish(run_dir, run_id, plan, "failed", error_info("no_gpu", str(exc)))
+    reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, device)
+    if reason:
+        return finish(run_dir, run_id, plan, "unsupported", error_info("unsupported", reason))
+
+    threads = threads_per_rank(plan)
+    start = time.monotonic()
+    proc = _start(plan, run_dir, threads, start_method(plan, device))
+    usr1 = ForwardUsr1(proc, group=True)   # Slurm's time-limit warning -> every rank
+    # the ranks live in the agent's own session: a SIGTERM to this process must end them too
+    previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with usr1:
+            code = proc.wait(timeout=cfg.run.timeout_s)
+    except subprocess.TimeoutExpired:
+        stacks = dump_stacks(proc, run_dir, cfg.launcher.nproc)
+        _kill_tree(proc)
+        msg = (f"run exceeded run.timeout_s={cfg.run.timeout_s:g} s (wall clock); all ranks killed; "
+               f"where each rank was ({where_each_rank_was(stacks) or 'no rank answered'}); their stacks: error.stacks")
+        return finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg, stacks=stacks))
+    except KeyboardInterrupt:
+        _kill_tree(proc)
+        finish(run_dir, run_id, plan, "failed", error_info("interrupted", "interrupted by the user (Ctrl-C)"))
+        raise
+    except Terminated:
+        _kill_tree(proc)
+        finish(run_dir, run_id, plan, "failed", error_info(
+            "terminated", "the launcher received SIGTERM (kill, scancel); all ranks killed", signal="SIGTERM"))
+        raise SystemExit(128 + signal.SIGTERM) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+        if proc.poll() is None:
+            _kill_tree(proc)
+    elapsed = time.monotonic() - start
+
+    result_path = RunDir(run_dir).result
+    if result_path.exists():
+        record = load_result(result_path)
+        if code != 0 and record["status"] == "ok":
+            # the measurement finished and was written; a rank failed afterwards (teardown)
+            failure = _first_failure(run_dir) or {}
+            record["warnings"].append(f"a rank failed after the result was written: "
+                                      f"{failure.get('message', f'exit code {code}')}")
+            write_result(run_dir, record)
+        return record
+    if usr1.received:
+        return stopped_result(run_dir, run_id, plan, elapsed)
+    failure = _first_failure(run_dir)
+    if failure is not None:
+        status = classify(failure, rank_log_tail(run_dir, failure.get("rank")))
+        message = failure.get("message")
+        if not message or message == "<NONE>":   # torch elastic's placeholder: no error file (a signal)
+            how = f"was killed by {failure['signal']}" if failure.get("signal") else "exited without an error"
+            message = f"rank {failure['rank']} {how} (exit code {failure.get('exitcode')})"
+        err = error_info(failure.get("type", "rank_failed"), message, failure["rank"],
+                         exitcode=failure.get("exitcode"), signal=failure.get("signal"),
+                         traceback=failure.get("traceback"), ranks_failed=failure.get("ranks_failed"))
+        if "UnsupportedError" in (failure.get("traceback") or ""):
+            status = "unsupported"
+        return finish(run_dir, run_id, plan, status, err)
+    msg = f"elastic agent exited with code {code} after {elapsed:.1f} s without a result; see {run_dir}/agent.log"
+    return finish(run_dir, run_id, plan, "failed", error_info("agent_failed", msg))
+
+
+def _start(plan: Plan, run_dir: Path, threads: int, method: str):
+    """The process tree that starts the ranks, in its own session: horovodrun for adapters that
+    declare `launch = "horovodrun"`; otherwise torch's elastic agent, forked from this process
+    (ranks forked in turn inherit the imports preloaded here; spawned ranks import their own)."""
+    cfg = plan.cfg
+    nproc = cfg.launcher.nproc
+    if plan.adapter_cls.launch == "horovodrun":
+        from ddlbench.launch.agent import free_port
+        env = dict(os.environ)
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS=str(threads))
+        env.update(plan.adapter_cls.launch_env(plan.options))
+        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
+        cmd = [horovodrun, "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
+               sys.executable, "-m", "ddlbench.launch.hvd_worker", str(run_dir), str(threads)]
+        return subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+    from ddlbench.launch import agent
+    if method == "fork":
+        preload(plan)
+    return Forked(lambda: agent.launch(run_dir, nproc, threads, cfg.launcher.monitor_interval_s, method),
+                  new_session=True)
+
+
+def preload(plan: Plan) -> None:
+    """Import here, once, what every forked rank needs (the runner, the model's library, the
+    adapter's framework) instead of in each rank. Imports only: nothing here may compute with
+    torch before the fork (ddlbench.launch.forked)."""
+    import importlib
+
+    from ddlbench import (
+        models,
+        runner,  # noqa: F401
+    )
+    for module in (*models.modules_for(plan.cfg.model), *plan.adapter_cls.preload_modules):
+        importlib.import_module(module)
+
+
+def _first_failure(run_dir: Path) -> dict | None:
+    """The elastic agent's failure.json, or the earliest per-rank error file (horovodrun)."""
+    rd = RunDir(run_dir)
+    if rd.failure.exists():
+        return json.loads(rd.failure.read_text())
+    err_dir = rd.errors
+    started = sorted(int(p.stem[4:]) for p in err_dir.glob("rank*.started"))  # rank<N>.started
+    silent = [r for r in started if not rd.rank_error(r).exists() and not rd.rank_error(r, "done").exists()]
+    # earliest first, errors caused by a lost peer after the others (ddlbench.launch.agent.root_cause)
+    errors = sorted(err_dir.glob("rank*.json"),
+                    key=lambda p: (is_lost_peer(json.loads(p.read_text()).get("message")), p.stat().st_mtime))
+    if silent:  # a rank that died without an error is the cause; the others' errors follow from it
+        return {"rank": silent[0], "exitcode": None, "signal": None,
+                "message": f"rank {silent[0]} exited without an error (killed by a signal?); "
+                           f"{len(errors)} other rank(s) failed after it",
+                "traceback": json.loads(errors[0].read_text()).get("traceback") if errors else None,
+                "ranks_failed": silent}
+    return json.loads(errors[0].read_text()) if errors else None
+
+
+def device_type(cfg) -> str:
+    """The run's device (ddlbench/device.py): ConfigError where GPUs were asked for and CUDA is
+    not available. Learnt from NVML: this process forks the agent (and a sweep forks this)."""
+    from ddlbench.device import launcher_device
+    return launcher_device(cfg.run.device)

@@ -1,0 +1,116 @@
+"""Per-rank entry points. `rank_main` is started by the elastic agent (torchrun environment);
+`ddlbench.launch.hvd_worker` by horovodrun. Both run `run_rank`."""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ddlbench.launch import events
+from ddlbench.rundir import RunDir
+
+
+def pick_device(requested: str):
+    import torch
+
+    from ddlbench.device import cuda_index, resolve_device
+    if resolve_device(requested, torch.cuda.is_available(), torch_cuda=torch.version.cuda) == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        return torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count())), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def run_rank(run_dir: str, threads: int, plan=None) -> None:
+    """Validate the saved config, join the process group (env:// from RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT), run the runner."""
+    import torch
+    import torch.distributed as dist
+
+    from ddlbench import runner
+    from ddlbench.adapters.base import RankContext
+    from ddlbench.adapters.common import peak_rss_bytes
+    from ddlbench.config import validate
+
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)   # the agent ignores it; a rank must not
+    # a run past run.timeout_s: the launcher asks every rank for its Python stacks
+    faulthandler.register(signal.SIGUSR2, file=_stack_file(run_dir), all_threads=True)
+    run_dir_p = Path(run_dir)
+    events.mark(run_dir_p, "rank_start", int(os.environ.get("RANK", 0)))
+    if plan is None:
+        plan = validate(json.loads(RunDir(run_dir_p).config_json.read_text()))
+    torch.set_num_threads(threads)
+    device, backend = pick_device(plan.cfg.run.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    baseline_rss = peak_rss_bytes()
+    dist.init_process_group(backend, timeout=timedelta(seconds=plan.cfg.run.pg_timeout_s))
+    events.mark(run_dir_p, "process_group", dist.get_rank())
+    if dist.get_world_size() > 1:
+        from ddlbench.launch import liveness
+        hosts = liveness.start(dist.get_rank())    # so a failure can tell which node was lost
+    else:
+        hosts = [socket.gethostname()]
+    from ddlbench.launch.stop import install_rank_handler
+    install_rank_handler(run_dir, dist.get_rank(), _srun_stop(plan, run_dir_p, dist.get_rank()))
+    # SIGUSR1: save the series so far, exit
+    try:
+        ctx = RankContext(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                          world_size=dist.get_world_size(), device=device, backend=backend,
+                          precision=plan.cfg.run.precision, hosts=tuple(hosts))
+        runner.run(plan, ctx, run_dir_p, baseline_rss, threads)
+    finally:
+        dist.destroy_process_group()
+
+
+_stack_files: list = []     # open for the process's life: faulthandler writes to the descriptor
+
+
+def _stack_file(run_dir: str):
+    path = RunDir(run_dir).rank_stacks(int(os.environ.get("RANK", 0)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _stack_files.append(open(path, "w"))
+    return _stack_files[-1]
+
+
+def _srun_stop(plan, run_dir: Path, rank: int):
+    """launcher=slurm has no launcher process above the ranks: on SIGUSR1 rank 0 gathers the
+    ranks' saved series itself (bounded wait) and writes the `timeout` result. The other ranks
+    wait (bounded) for that result before they exit: srun --kill-on-bad-exit would otherwise
+    kill rank 0 as soon as another rank exits with 128+SIGUSR1, before it has written it."""
+    if plan.cfg.launcher.name != "slurm":
+        return None
+    started = time.monotonic()
+
+    def write_timeout_result():
+        from ddlbench.launch.records import stopped_result
+        from ddlbench.launch.stop import wait_for_partials
+        wait_for_partials(run_dir, plan.dims.world_size)
+        stopped_result(run_dir, run_dir.name, plan, time.monotonic() - started)
+
+    def wait_for_result():
+        from ddlbench.launch.stop import wait_until
+        wait_until(RunDir(run_dir).result.exists, bound_s=45.0)
+    return write_timeout_result if rank == 0 else wait_for_result
+
+
+LOST_PEER_GRACE_S = 1.0
+
+
+@record
+def rank_main(run_dir: str, threads: int) -> None:
+    try:
+        run_rank(run_dir, threads)
+    except Exception as exc:
+        from ddlbench.launch.failures import is_lost_peer
+        if is_lost_peer(str(exc)):
+            # a consequence of another rank's death: exit after it, so the agent (which reports
+            # the first dead process it polls) names the rank that caused it
+            time.sleep(LOST_PEER_GRACE_S)
+        raise

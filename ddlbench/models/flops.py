@@ -1,0 +1,52 @@
+"""Training FLOPs per sample, counted with torch.utils.flop_counter (forward + backward).
+
+Counted on the meta device (no memory, no compute) so it is cheap for XL presets; falls back to
+a real CPU pass for modules meta tensors cannot run. Model FLOPs (MFU) count one forward and one
+backward; hardware FLOPs (HFU) count what runs, i.e. with activation checkpointing the block
+forwards a second time, counted the same way on a model with the same checkpointing applied. For transformers the PaLM formula
+(Chowdhery et al. 2022, appendix B: 6N + 12*L*H*Q*T per token) is reported beside it.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from ddlbench.models.spec import ModelSpec, checkpoint_blocks, count_params, example_batch
+
+
+def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
+    with torch.device(device):
+        model = spec.build()
+    if recompute_blocks:  # the run's activation checkpointing: backward re-runs each block's forward
+        checkpoint_blocks(model)
+    # vision: two samples, as BatchNorm in training mode needs more than one value per channel;
+    n = 2
+    batch = example_batch(spec, n, device)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(**batch).backward()
+    return int(counter.get_total_flops()) // n
+
+
+def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool = False) -> dict:
+    """{'flops': model FLOPs, 'hardware_flops': FLOPs executed (with the recomputed forward of
+    checkpointed blocks), 'method': str, 'palm_flops': int | None}"""
+    try:
+        flops, method, device = _count(spec, "meta"), "flop_counter(meta)", "meta"
+    except Exception:  # some ops have no meta kernel; a real pass is exact, only slower
+        flops, method, device = _count(spec, "cpu"), "flop_counter(cpu)", "cpu"
+    hardware = _count(spec, device, recompute_blocks=True) if recompute_blocks else flops
+    palm = None
+    if spec.kind == "language":
+        c = spec.config
+        n_layer, n_embd, n_head = c.get("n_layer", 12), c.get("n_embd", 768), c.get("n_head", 12)
+        with torch.device("meta"):
+            params = count_params(spec.build())
+        palm = palm_train_flops_per_token(params, n_layer, n_head, n_embd // n_head,
+                                          spec.tokens_per_sample) * spec.tokens_per_sample
+    return {"flops": flops, "hardware_flops": hardware, "method": method, "palm_flops": palm}
+
+
+def palm_train_flops_per_token(params: int, n_layer: int, n_head: int, head_dim: int, seq: int) -> int:
+    """PaLM appendix B: 6N + 12*L*H*Q*T training FLOPs per token."""
+    return 6 * params + 12 * n_layer * n_head * head_dim * seq

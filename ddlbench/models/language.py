@@ -1,0 +1,79 @@
+"""Language models: the GPT-2 family through transformers.GPT2Config."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ddlbench.models.spec import ModelSpec
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
+            eval_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy (HF ForCausalLM's loss); with `eval_weight` (one weight per
+    sequence) the weighted sums [loss, correct predictions, predictions] (evaluation)."""
+    if eval_weight is None:
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+    logits, target = logits[:, :-1].float(), labels[:, 1:]
+    per_token = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    correct = (logits.argmax(-1) == target).float()
+    w = eval_weight.float()
+    return torch.stack([(w * per_token.sum(1)).sum(), (w * correct.sum(1)).sum(),
+                        w.sum() * target.shape[1]])
+
+
+class CausalLM(nn.Module):
+    """forward(input_ids, labels) -> mean next-token loss. `blocks` are the transformer blocks,
+    the unit of per-block sharding / pipeline splitting."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                attention_mask: torch.Tensor | None = None,
+                eval_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean next-token loss; with `eval_weight` (one weight per sequence) the weighted sums
+        [loss, correct predictions, predictions] instead (evaluation, through any wrapper)."""
+        # The same loss as HF's ForCausalLM (mean over all shifted tokens), computed here so it
+        # also runs on the meta device (HF's loss calls .item()) and under any wrapper.
+        logits = self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return lm_loss(logits, labels, eval_weight)
+
+    def blocks(self) -> list[nn.Module]:
+        return list(self.net.transformer.h)
+
+
+def attention_impl(requested: str, device_type: str) -> str:
+    """transformers' attn_implementation: eager on CPU, sdpa on CUDA, unless set."""
+    if requested != "auto":
+        return requested
+    return "sdpa" if device_type == "cuda" else "eager"
+
+
+def gpt2_config(mc, device_type: str = "cpu"):
+    from transformers import GPT2Config
+    return GPT2Config(
+        n_layer=mc.n_layer, n_embd=mc.n_embd, n_head=mc.n_head, vocab_size=mc.vocab_size,
+        n_positions=mc.seq_len, resid_pdrop=mc.dropout, embd_pdrop=mc.dropout,
+        attn_pdrop=mc.dropout, bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,
+        loss_type="ForCausalLM", attn_implementation=attention_impl(getattr(mc, "attention", "auto"), device_type),
+    )
+
+
+def gpt2_spec(mc, device_type: str = "cpu") -> ModelSpec:
+    config = gpt2_config(mc, device_type)
+
+    def factory() -> nn.Module:
+        from transformers import GPT2LMHeadModel
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+        return CausalLM(GPT2LMHeadModel(config))
+
+    def sample(gen: torch.Generator) -> dict:
+        ids = torch.randint(0, mc.vocab_size, (mc.seq_len,), generator=gen)
+        return {"input_ids": ids, "labels": ids}
+
+    return ModelSpec(name=mc.name, kind="language", factory=factory, sample=sample,
+                     tokens_per_sample=mc.seq_len,
+                     config={**config.to_diff_dict(), "attn_implementation": config._attn_implementation})

@@ -1,0 +1,49 @@
+"""ModelSpec: what the runner and adapters need to know about a model, nothing framework-specific."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    kind: str                                   # language | vision
+    factory: Callable[[], nn.Module]            # builds a LossModel on the current default device
+    sample: Callable[[torch.Generator], dict]   # one synthetic sample, seeded
+    tokens_per_sample: Optional[int]            # None for vision
+    config: dict                                # the model's native config (GPT2Config, arch...)
+
+    def build(self) -> nn.Module:
+        return self.factory()
+
+
+def count_params(module: nn.Module) -> int:
+    """Unique parameters (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def example_batch(spec: ModelSpec, n: int, device: str) -> dict:
+    """n seeded synthetic samples as a batch on `device` (meta: shapes only, for counting)."""
+    gen = torch.Generator().manual_seed(0)
+    samples = [spec.sample(gen) for _ in range(n)]
+    batch = {k: torch.stack([s[k] for s in samples]).to(device) for k in samples[0]}
+    if spec.kind == "language":
+        # an explicit all-ones mask skips HF's packed-sequence check, which calls .item()
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    return batch
+
+
+def checkpoint_blocks(model: nn.Module) -> int:
+    """Activation checkpointing (torch's non-reentrant checkpoint wrapper) on every block of
+    `model.blocks()`: their activations are dropped after forward and recomputed in backward.
+    The adapters apply it to the run's model and ddlbench/models/flops.py to the model it counts, so the
+    hardware FLOPs (flops.hfu) are those of the same checkpointing. Returns the block count."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    ids = {id(b) for b in model.blocks()}
+    apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
+    return len(ids)

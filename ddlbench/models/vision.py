@@ -1,0 +1,85 @@
+"""Vision models from torchvision: ResNet-18/50/152, VGG-16, ViT-B/16 and a tiny ViT; and a
+linear classifier (multinomial logistic regression, `arch: logreg`), the convex yardstick."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ddlbench.models.spec import ModelSpec
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor,
+                        eval_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy; with `eval_weight` the weighted sums [loss, correct, samples]."""
+    if eval_weight is None:
+        return F.cross_entropy(logits, labels)
+    w, logits = eval_weight.float(), logits.float()
+    loss = F.cross_entropy(logits, labels, reduction="none")
+    return torch.stack([(w * loss).sum(), (w * (logits.argmax(-1) == labels).float()).sum(), w.sum()])
+
+
+class LinearClassifier(nn.Module):
+    """Multinomial logistic regression on the flattened input: logits = W x + b."""
+
+    def __init__(self, in_features: int, num_classes: int):
+        super().__init__()
+        self.fc = nn.Linear(in_features, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(x, 1))
+
+
+class Classifier(nn.Module):
+    """A torchvision classifier that computes its own loss."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor,
+                eval_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean cross-entropy; with `eval_weight` the weighted sums [loss, correct, samples]."""
+        return classification_loss(self.net(images), labels, eval_weight)
+
+    def blocks(self) -> list[nn.Module]:
+        """ResNet stages, ViT encoder layers, VGG features + classifier; none for logreg."""
+        net = self.net
+        if isinstance(net, LinearClassifier):
+            return []
+        if hasattr(net, "layer1"):
+            return [net.layer1, net.layer2, net.layer3, net.layer4]
+        if hasattr(net, "encoder"):
+            return list(net.encoder.layers)
+        return [net.features, net.classifier]
+
+
+def _net(mc) -> nn.Module:
+    if mc.arch == "logreg":
+        return LinearClassifier(mc.channels * mc.image_size ** 2, mc.num_classes)
+    import torchvision.models as tvm
+    if mc.arch == "vit":
+        v = mc.vit
+        return tvm.VisionTransformer(image_size=mc.image_size, patch_size=v.patch_size,
+                                     num_layers=v.num_layers, num_heads=v.num_heads,
+                                     hidden_dim=v.hidden_dim, mlp_dim=v.mlp_dim,
+                                     num_classes=mc.num_classes)
+    if mc.arch == "vit_b_16":
+        return tvm.vit_b_16(weights=None, image_size=mc.image_size, num_classes=mc.num_classes)
+    return getattr(tvm, mc.arch)(weights=None, num_classes=mc.num_classes)
+
+
+def vision_spec(mc) -> ModelSpec:
+    def factory() -> nn.Module:
+        return Classifier(_net(mc))
+
+    def sample(gen: torch.Generator) -> dict:
+        label = torch.randint(0, mc.num_classes, (), generator=gen)
+        return {"images": torch.randn(mc.channels, mc.image_size, mc.image_size, generator=gen), "labels": label}
+
+    config = {"arch": mc.arch, "image_size": mc.image_size, "num_classes": mc.num_classes,
+              "channels": mc.channels}
+    if mc.vit is not None:
+        config["vit"] = mc.vit.model_dump()
+    return ModelSpec(name=mc.name, kind="vision", factory=factory, sample=sample,
+                     tokens_per_sample=None, config=config)

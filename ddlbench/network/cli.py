@@ -1,0 +1,159 @@
+"""`bench project RESULT network=NAME [key=value ...]`: the measured run projected to other world
+sizes on a modelled network; with allocate=..., the per-dimension bandwidth split."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from ddlbench.errors import ConfigError
+
+DEFAULT_WORLD_SIZES = [8, 64, 512, 4096, 32768, 100000]
+KEYS = {"network", "world_sizes", "scaling", "overlap", "algorithm", "measured_on", "compute_from", "out",
+        "allocate", "budget_GBps", "budget_cost", "devices", "min_GBps", "max_GBps"}
+
+
+def parse(args: list[str]) -> tuple[Path, dict]:
+    paths = [a for a in args if "=" not in a]
+    if len(paths) != 1:
+        raise ConfigError("usage: bench project RESULT network=NAME [world_sizes=[8,64,...]] [scaling=weak|strong] "
+                          "[overlap=0..1] [algorithm=auto|best|ring|tree|hierarchical] [measured_on=NETWORK] "
+                          "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [out=DIR]")
+    opts = {}
+    for a in args:
+        if "=" in a:
+            k, v = a.split("=", 1)
+            if k not in KEYS:
+                raise ConfigError(f"bench project: unknown option '{k}' (known: {', '.join(sorted(KEYS))})")
+            opts[k] = v
+    if "network" not in opts:
+        raise ConfigError("bench project: network=NAME is required (conf/network/*.yaml)")
+    return Path(paths[0]), opts
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        vals = [int(float(x)) for x in text.strip("[]").split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"world_sizes must be a list of integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise ConfigError("world_sizes must be integers >= 1")
+    return vals
+
+
+def _float(opts: dict, key: str, default=None):
+    if key not in opts:
+        return default
+    try:
+        return float(opts[key])
+    except ValueError:
+        raise ConfigError(f"{key} must be a number, got {opts[key]!r}") from None
+
+
+def _record(path: Path) -> dict:
+    from ddlbench.results import load_result
+    from ddlbench.rundir import RunDir
+    p = RunDir(path).result if path.is_dir() else path
+    if not p.is_file():
+        raise ConfigError(f"no {p.name} at {path}")
+    return load_result(p)
+
+
+def run(args: list[str]) -> int:
+    from ddlbench.network import model, workload
+    from ddlbench.network import project as proj
+
+    path, o = parse(args)
+    rec = _record(path)
+    work = workload.from_record(rec)
+    net = model.load(o["network"])
+    sizes = _ints(o.get("world_sizes", str(DEFAULT_WORLD_SIZES)))
+    too_big = [n for n in sizes if n > net.max_devices]
+    if too_big:
+        raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
+    algorithm = o.get("algorithm", "auto")
+    if algorithm not in ("auto", "best", *model.ALGORITHMS):
+        raise ConfigError(f"algorithm must be auto, best, ring, tree or hierarchical, got {algorithm!r}")
+    scaling = o.get("scaling", "weak")
+    if scaling not in ("weak", "strong"):
+        raise ConfigError("scaling must be weak or strong")
+    overlap = _float(o, "overlap", 0.0)
+    if not 0 <= overlap <= 1:
+        raise ConfigError("overlap must be within [0, 1]")
+    compute_from = workload.from_record(_record(Path(o["compute_from"]))) if "compute_from" in o else None
+    backend = (rec.get("env") or {}).get("backend")
+    if algorithm == "auto":     # the algorithm the run's backend runs (gloo: flat rings)
+        algorithm = model.backend_algorithm(backend)
+    recorded = model.recorded_network(rec)      # inside `bench cluster`: the link it ran on
+    measured_on = model.load(o["measured_on"]) if "measured_on" in o else recorded or model.load("local_gloo")
+    if compute_from is not None or work.world == 1:
+        measured_on = None
+    if backend == "nccl" and "measured_on" not in o and recorded is None and compute_from is None and work.world > 1:
+        raise ConfigError("a GPU (nccl) result needs measured_on=<the network it ran on> or compute_from=<1-rank result>")
+    compute_s, compute_src = proj.compute_seconds(work, measured_on, compute_from, algorithm)
+    rows = proj.project(work, net, sizes, compute_s, scaling, algorithm, overlap)
+    out = Path(o.get("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}"))
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"run_id": rec.get("run_id"), "strategy": work.label, "network": net.name, "network_file": net.source,
+           "scaling": scaling, "overlap": overlap, "algorithm": algorithm,
+           "compute_s": compute_s, "compute_source": compute_src, "measured_step_s": work.step_s,
+           "measured_world": work.world,
+           "collectives": [{"kind": c.kind, "bytes_per_step": c.bytes, "scope": c.scope, "measured_group": c.ranks}
+                           for c in work.collectives],
+           "rows": rows}
+    if "allocate" in o:
+        from ddlbench.network.allocate import allocate
+        devices = int(_float(o, "devices", sizes[-1]))
+        try:
+            doc["allocation"] = allocate(work, net, devices, compute_s, o["allocate"], _float(o, "budget_GBps"),
+                                         _float(o, "budget_cost"), _float(o, "min_GBps", 0.1), _float(o, "max_GBps"))
+        except ValueError as exc:
+            raise ConfigError(f"allocate: {exc}") from None
+    (out / "projection.json").write_text(json.dumps(doc, indent=2))
+    with open(out / "projection.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["devices", "global_batch", "compute_s", "comm_s", "step_s", "samples_per_s", "comm_share",
+                    "scaling_efficiency"])
+        for r in rows:
+            w.writerow([r["devices"], r["global_batch"], r["compute_s"], r["comm_s"], r["step_s"], r["samples_per_s"],
+                        r["comm_share"], r["scaling_efficiency"]])
+    plot = _plot(rows, out / "projection.png", f"{work.label} on {net.name} ({scaling} scaling)")
+    _print(doc, out, plot)
+    return 0
+
+
+def _plot(rows: list[dict], path: Path, title: str) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = [r["devices"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    a.loglog(n, [r["samples_per_s"] for r in rows], "o-", label="projected")
+    a.loglog(n, [r["devices"] * r["per_device_batch"] / r["compute_s"] for r in rows], "--", label="linear (no comm)")
+    a.set_xlabel("devices"), a.set_ylabel("samples/s"), a.legend(), a.grid(True, which="both", alpha=.3)
+    b.semilogx(n, [r["scaling_efficiency"] for r in rows], "o-", label="scaling efficiency")
+    b.semilogx(n, [r["comm_share"] for r in rows], "s--", label="communication share of the step")
+    b.set_ylim(0, 1.05), b.set_xlabel("devices"), b.legend(), b.grid(True, which="both", alpha=.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _print(doc: dict, out: Path, plot: Path) -> None:
+    from ddlbench.table import text_table
+    print(f"{doc['strategy']} on {doc['network']}, {doc['scaling']} scaling, overlap {doc['overlap']}, "
+          f"compute {doc['compute_s'] * 1e3:.2f} ms/step ({doc['compute_source']})")
+    print(text_table(["devices", "layout", "global batch", "step ms", "comm ms", "samples/s", "comm share",
+                      "efficiency"], [[str(r["devices"]), "x".join(map(str, r["layout"])), f"{r['global_batch']:.0f}",
+                     f"{r['step_s'] * 1e3:.2f}", f"{r['comm_s'] * 1e3:.2f}", f"{r['samples_per_s']:,.0f}",
+                     f"{r['comm_share']:.0%}", f"{r['scaling_efficiency']:.0%}"] for r in doc["rows"]]))
+    if "allocation" in doc:
+        a = doc["allocation"]
+        print(f"allocation ({a['objective']}, {a['devices']} devices, {a['algorithm']}): "
+              + ", ".join(f"{d} {b:.2f} GB/s (now {c:.2f})" for d, b, c in zip(a["dimensions"], a["bandwidth_GBps"], a["current_GBps"]))
+              + f"; step {a['step_s'] * 1e3:.2f} ms (now {a['step_s_current'] * 1e3:.2f}), cost {a['cost']:.1f} (now {a['cost_current']:.1f})")
+    for name in ("projection.json", "projection.csv"):
+        print(f"  {out / name}")
+    print(f"  {plot}")

@@ -1,0 +1,90 @@
+"""α and β from measured collective times (`bench commbench`), in the terms of the network model
+(ddlbench.network.model), so a fit plugs straight back into it.
+
+The model prices one collective of a full buffer of B bytes over p ranks as
+    T = steps(kind, p) * alpha + volume(kind, p) * B / bandwidth
+with the ring/tree counts of model.py (all-reduce 2(p-1) steps and 2(p-1)/p B; all-gather,
+reduce-scatter and reduce (p-1) and (p-1)/p B; broadcast ceil(log2 p) and B; send 1 and B).
+A least-squares line T = a + c B over the measured sizes gives alpha = a / steps and
+bandwidth = volume / c (a < 0, which noise at small sizes can give, is refitted through the origin).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def coefficients(kind: str, p: int) -> tuple[float, float]:
+    """(steps, volume per byte of the full buffer) of the model's cost of `kind` over p ranks."""
+    if p < 2:
+        raise ValueError("a fit needs at least 2 ranks")
+    log2p = math.ceil(math.log2(p))
+    table = {"all_reduce": (2 * (p - 1), 2 * (p - 1) / p), "all_gather": (p - 1, (p - 1) / p),
+             "reduce_scatter": (p - 1, (p - 1) / p), "reduce": (p - 1, (p - 1) / p),
+             "broadcast": (log2p, 1.0), "send": (1, 1.0)}
+    if kind not in table:
+        raise ValueError(f"no model for {kind}")
+    return table[kind]
+
+
+def fit_alpha_beta(points: list[tuple[float, float]], kind: str, p: int) -> dict:
+    """points: [(full-buffer bytes, seconds)], at least 2 distinct sizes. Returns alpha_s,
+    bandwidth_Bps (per rank, the model's), and the largest relative residual of the fit."""
+    sizes = np.array([b for b, _ in points], dtype=float)
+    times = np.array([t for _, t in points], dtype=float)
+    if len(set(sizes.tolist())) < 2:
+        raise ValueError("a fit needs at least two message sizes")
+    c, a = np.polyfit(sizes, times, 1)
+    if a < 0:                                     # through the origin: latency not resolvable
+        a, c = 0.0, float(sizes @ times / (sizes @ sizes))
+    if c <= 0:
+        raise ValueError(f"{kind}: time does not grow with size; no bandwidth to fit")
+    steps, volume = coefficients(kind, p)
+    pred = a + c * sizes
+    return {"kind": kind, "world_size": p, "alpha_s": float(a / steps), "bandwidth_Bps": float(volume / c),
+            "max_rel_residual": float(np.max(np.abs(pred - times) / times)),
+            "sizes": [int(s) for s in sizes]}
+
+
+def fits(rows: list[dict], world: int) -> list[dict]:
+    """commbench rows ({kind, bytes, time_s}) -> one fit per kind measured at >= 2 sizes; a kind
+    whose times do not grow with size (noise) gets {kind, error} instead of failing the others."""
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        by_kind.setdefault(r["kind"], []).append((r["bytes"], r["time_s"]))
+    out = []
+    for kind, pts in by_kind.items():
+        if len({b for b, _ in pts}) < 2:
+            continue
+        try:
+            out.append(fit_alpha_beta(pts, kind, world))
+        except ValueError as exc:
+            out.append({"kind": kind, "world_size": world, "error": str(exc)})
+    return out
+
+
+def fitted_network(base: dict, fit: dict, world: int, others: list[dict] = ()) -> dict:
+    """`base` (a conf/network description, as loaded from yaml) with the dimension that the fit's
+    ranks spanned given the fit's latency and bandwidth: the outermost dimension the world
+    crosses when it fills the network innermost-first (one rank per node on a cluster: the link).
+    `others`: fits of other collective kinds at the same world size, kept under `kinds` for that
+    dimension (ddlbench.network.model.kind_spans prices each kind by its own fit: gloo's
+    reduce-scatter, for one, moves as much as an all-reduce, half the ring model's bandwidth)."""
+    from ddlbench.network.model import from_dict, layout
+    used = layout(from_dict(base), world)
+    spanned = max((i for i, n in enumerate(used) if n > 1), default=0)
+    dims = [dict(d) for d in base["dimensions"]]
+    dims[spanned].update(bandwidth_GBps=_g(fit["bandwidth_Bps"] / 1e9), latency_us=_g(fit["alpha_s"] * 1e6))
+    kinds = {f["kind"]: {dims[spanned]["name"]: {"bandwidth_GBps": _g(f["bandwidth_Bps"] / 1e9),
+                                                 "latency_us": _g(f["alpha_s"] * 1e6)}}
+             for f in others if "error" not in f and f["kind"] != fit["kind"] and f["world_size"] == world}
+    return {**base, "name": f"{base.get('name', 'network')}_fitted", "dimensions": dims,
+            "description": f"{base.get('description', '')} -- dimension '{dims[spanned]['name']}' fitted by "
+                           f"bench commbench ({fit['kind']}, {world} ranks, sizes {fit['sizes'][0]}.."
+                           f"{fit['sizes'][-1]} B)".strip(" -") + (f"; per-kind fits: {', '.join(kinds)}" if kinds else ""),
+            "source": "bench commbench (alpha-beta least squares)", **({"kinds": kinds} if kinds else {})}
+
+
+def _g(x: float) -> float:
+    return float(f"{x:.6g}")

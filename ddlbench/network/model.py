@@ -1,0 +1,207 @@
+"""A network as dimensions and the alpha-beta cost of collectives on it (pure functions,
+hand-checked in tests/test_network.py).
+
+A network is a list of dimensions, innermost first: e.g. NVLink inside a node (8 devices), the
+NICs to a leaf switch (16 nodes), the spine. Devices fill the innermost dimension first, so N
+devices use n_1 = min(N, size_1) of dimension 1, n_2 = min(ceil(N / size_1), size_2) of
+dimension 2, and so on. Each dimension has a latency alpha (s per message step) and a per-device
+bandwidth into that dimension (bytes/s; beta = 1 / bandwidth).
+
+Costs for a payload of B bytes over p ranks on one dimension (Thakur, Rabenseifner & Gropp 2005;
+Patarasuk & Yuan 2009):
+    ring all-reduce           2 (p-1) alpha + 2 (p-1)/p B beta
+    tree all-reduce           2 ceil(log2 p) alpha + 2 B beta        (pipelined double binary tree)
+    reduce-scatter/all-gather (p-1) alpha + (p-1)/p B beta           (B = the full buffer)
+    broadcast                 ceil(log2 p) alpha + B beta            (pipelined tree)
+    point-to-point            alpha + B beta
+Across several dimensions:
+    flat (ring or tree): the algorithm over all p = prod n_i ranks, at the slowest spanned
+        dimension's bandwidth and highest latency;
+    hierarchical (multi-dimensional; 2D-torus / Themis / LIBRA style): reduce-scatter along
+        dimension 1 on B, along dimension 2 on B / n_1, ..., then all-gather back, so dimension i
+        carries 2 (n_i - 1)/n_i * B / (n_1 ... n_{i-1}) per device.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GB = 1e9
+ALGORITHMS = ("ring", "tree", "hierarchical")
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    size: int                   # devices (dim 1) or units of the previous level per unit of this one
+    bandwidth: float            # bytes/s per device into this dimension
+    latency: float              # seconds per message step
+    cost_per_GBps: float = 0.0  # cost units per GB/s of per-device bandwidth (allocation)
+
+
+@dataclass(frozen=True)
+class Network:
+    name: str
+    dims: tuple[Dimension, ...]
+    description: str = ""
+    source: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def max_devices(self) -> int:
+        return math.prod(d.size for d in self.dims)
+
+    def with_bandwidths(self, bandwidths: list[float]) -> "Network":
+        return Network(self.name, tuple(Dimension(d.name, d.size, b, d.latency, d.cost_per_GBps)
+                                        for d, b in zip(self.dims, bandwidths)), self.description, self.source, self.meta)
+
+
+def load(name_or_path: str, conf_dir: Path | None = None) -> Network:
+    """conf/network/<name>.yaml (or a path to such a file)."""
+    import yaml
+
+    from ddlbench.errors import ConfigError
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = (conf_dir or Path(__file__).resolve().parents[2] / "conf" / "network") / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"unknown network '{name_or_path}' (known: {', '.join(known)})")
+    return from_dict(yaml.safe_load(path.read_text()) or {}, path)
+
+
+def recorded_network(rec: dict) -> "Network | None":
+    """The network a run recorded in result.json (env.network: inside `bench cluster`, its link
+    rates; ddlbench.envinfo.network_ran_on), or None."""
+    described = (rec.get("env") or {}).get("network") or {}
+    if not described.get("description"):
+        return None
+    return from_dict(described["description"], described.get("source", "<result.json>"))
+
+
+def from_dict(raw: dict, path: Path | str = "<inline>") -> Network:
+    """A network from its description (the yaml's content; result.json's env.network)."""
+    from ddlbench.errors import ConfigError
+    path = Path(path)
+    try:
+        dims = tuple(Dimension(str(d["name"]), int(d["size"]), float(d["bandwidth_GBps"]) * GB,
+                               float(d["latency_us"]) * 1e-6, float(d.get("cost_per_GBps", 0.0)))
+                     for d in raw["dimensions"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"network {path}: every dimension needs name, size, bandwidth_GBps, latency_us ({exc})") from None
+    bad = [d.name for d in dims if d.size < 1 or d.bandwidth <= 0 or d.latency < 0]
+    if not dims or bad:
+        raise ConfigError(f"network {path}: sizes >= 1, bandwidths > 0, latencies >= 0 needed ({', '.join(bad)})")
+    return Network(str(raw.get("name", path.stem)), dims, str(raw.get("description", "")), str(path),
+                   {k: v for k, v in raw.items() if k not in ("name", "dimensions", "description")})
+
+
+def layout(network: Network, devices: int) -> list[int]:
+    """Devices used per dimension when `devices` fill the network innermost-first."""
+    if devices < 1:
+        raise ValueError("devices must be >= 1")
+    if devices > network.max_devices:
+        raise ValueError(f"{devices} devices exceed network {network.name} ({network.max_devices})")
+    out, left = [], devices
+    for d in network.dims:
+        n = min(left, d.size)
+        out.append(n)
+        left = math.ceil(left / n)
+    return out
+
+
+def _log2(p: int) -> int:
+    return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+def ring_allreduce(b: float, p: int, alpha: float, bw: float) -> float:
+    return 0.0 if p <= 1 else 2 * (p - 1) * alpha + 2 * (p - 1) / p * b / bw
+
+
+def tree_allreduce(b: float, p: int, alpha: float, bw: float) -> float:
+    return 0.0 if p <= 1 else 2 * _log2(p) * alpha + 2 * b / bw
+
+
+def ring_gather(b: float, p: int, alpha: float, bw: float) -> float:
+    """Reduce-scatter or all-gather of a full buffer of b bytes."""
+    return 0.0 if p <= 1 else (p - 1) * alpha + (p - 1) / p * b / bw
+
+
+def broadcast(b: float, p: int, alpha: float, bw: float) -> float:
+    return 0.0 if p <= 1 else _log2(p) * alpha + b / bw
+
+
+def p2p(b: float, alpha: float, bw: float) -> float:
+    return alpha + b / bw
+
+
+def hierarchical(kind: str, b: float, spans: list[tuple[int, Dimension]]) -> float:
+    """Multi-dimensional algorithm: dimension by dimension, the payload shrinking by each
+    dimension's size on the way (all-reduce = reduce-scatter down + all-gather up)."""
+    t, size = 0.0, float(b)
+    for n, d in spans:
+        if kind == "all_reduce":
+            t += 2 * ring_gather(size, n, d.latency, d.bandwidth)
+        elif kind in ("all_gather", "reduce_scatter", "reduce"):
+            t += ring_gather(size, n, d.latency, d.bandwidth)
+        elif kind == "broadcast":
+            t += broadcast(b, n, d.latency, d.bandwidth)
+        size /= max(n, 1)
+    return t
+
+
+def flat(kind: str, algorithm: str, b: float, spans: list[tuple[int, Dimension]]) -> float:
+    p = math.prod(n for n, _ in spans)
+    active = [d for n, d in spans if n > 1]
+    if p <= 1 or not active:
+        return 0.0
+    alpha, bw = max(d.latency for d in active), min(d.bandwidth for d in active)
+    if kind == "all_reduce":
+        return (ring_allreduce if algorithm == "ring" else tree_allreduce)(b, p, alpha, bw)
+    if kind in ("all_gather", "reduce_scatter", "reduce"):
+        return ring_gather(b, p, alpha, bw)
+    if kind == "broadcast":
+        return broadcast(b, p, alpha, bw)
+    raise ValueError(f"no flat model for {kind}")
+
+
+def backend_algorithm(backend: str | None) -> str:
+    """The algorithm a backend's collectives run, for pricing its runs: gloo's are flat rings over
+    every rank of the group, blind to nodes (4 ranks on 2 nodes: one ring that crosses the link
+    with 2 (p-1)/p of the buffer, not a reduce-scatter inside the node first); NCCL chooses ring,
+    tree or a hierarchy per size and topology: the fastest ('best')."""
+    return "ring" if backend == "gloo" else "best"
+
+
+def kind_spans(network: Network, kind: str, spans: list[tuple[int, Dimension]]) -> list[tuple[int, Dimension]]:
+    """`spans` with each dimension that a per-kind fit priced (the network's `kinds`:
+    {kind: {dimension: {bandwidth_GBps, latency_us}}}, written by bench commbench) at that kind's
+    fitted bandwidth and latency; the others as described."""
+    fitted = (network.meta.get("kinds") or {}).get(kind) or {}
+    return [(n, Dimension(d.name, d.size, float(fitted[d.name]["bandwidth_GBps"]) * GB,
+                          float(fitted[d.name]["latency_us"]) * 1e-6, d.cost_per_GBps) if d.name in fitted else d)
+            for n, d in spans]
+
+
+def collective_time(kind: str, b: float, spans: list[tuple[int, Dimension]], algorithm: str = "best") -> tuple[float, str]:
+    """(seconds, algorithm used) for one collective of `kind` over the ranks `spans` describes:
+    [(ranks along dimension i, dimension i)]. 'best' = the fastest of ring, tree, hierarchical."""
+    if kind in ("send", "recv"):
+        crossing = [d for n, d in spans if n > 1] or [spans[0][1]]
+        d = crossing[-1]                        # the outermost dimension the pipeline crosses
+        return (p2p(b, d.latency, d.bandwidth) if kind == "send" else 0.0), "p2p"
+    if kind not in ("all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast"):
+        return 0.0, "none"
+    options = {}
+    for alg in (ALGORITHMS if algorithm == "best" else (algorithm,)):
+        if alg == "hierarchical":
+            options[alg] = hierarchical(kind, b, spans)
+        elif alg == "tree" and kind != "all_reduce":
+            options["ring"] = flat(kind, "ring", b, spans)   # trees only modelled for all-reduce
+        else:
+            options[alg] = flat(kind, alg, b, spans)
+    if not options:
+        raise ValueError(f"algorithm {algorithm} has no model for {kind}")
+    alg = min(options, key=options.get)
+    return options[alg], alg

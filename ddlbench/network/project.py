@@ -1,0 +1,90 @@
+"""Projection of a measured run to other world sizes on a modelled network (pure functions,
+hand-checked in tests/test_network.py).
+
+    step(N) = compute(N) + (1 - overlap) * sum over the step's collectives of their time on N devices
+
+compute: from a 1-rank result of the same configuration (`compute_from`), else the measured
+step time minus the communication the model predicts for the measured run on the network it
+ran on (`measured_on`, e.g. conf/network/local_gloo.yaml calibrated on the machine). Weak
+scaling keeps the per-device batch (compute constant); strong scaling keeps the global batch
+(compute proportional to the per-device batch — linear, an approximation for small batches).
+Scaling efficiency = throughput per device / one device's throughput without communication.
+"""
+from __future__ import annotations
+
+from ddlbench.network.model import Dimension, Network, collective_time, kind_spans, layout
+from ddlbench.network.workload import Collective, Workload
+
+
+def spans_for(scope: str, network: Network, devices: int) -> list:
+    lay = layout(network, devices)
+    pairs = list(zip(lay, network.dims))
+    if scope == "world":
+        return pairs
+    if scope == "node":
+        return pairs[:1]
+    if scope == "across":
+        return [(1, network.dims[0])] + pairs[1:]
+    raise ValueError(f"unknown scope {scope}")
+
+
+def measured_spans(c: Collective, network: Network) -> list[tuple[int, Dimension]]:
+    if c.nodes <= 1 or len(network.dims) == 1:
+        return [(c.ranks, network.dims[0])]
+    if c.ranks % c.nodes:
+        raise ValueError(f"a group of {c.ranks} ranks on {c.nodes} nodes: uneven, no rule to price it")
+    return [(c.ranks // c.nodes, network.dims[0]), (c.nodes, network.dims[1])]
+
+
+def comm_time(work: Workload, network: Network, devices: int, algorithm: str = "best",
+              measured_groups: bool = False) -> tuple[float, dict]:
+    """Seconds of communication per step on `devices`, and seconds per collective kind.
+    measured_groups: price each collective over its measured group on the network the run ran on:
+    its ranks on the first dimension (one host), or, where the group spanned several nodes, its
+    ranks per node on the first dimension and its nodes on the second (`bench cluster`'s links)."""
+    total, parts = 0.0, {}
+    for c in work.collectives:
+        spans = measured_spans(c, network) if measured_groups else spans_for(c.scope, network, devices)
+        t, alg = collective_time(c.kind, c.bytes, kind_spans(network, c.kind, spans), algorithm)
+        total += t
+        key = f"{c.kind}/{c.scope} ({alg})"
+        parts[key] = parts.get(key, 0.0) + t
+    return total, parts
+
+
+def compute_seconds(work: Workload, measured_on: Network | None = None, compute_from: Workload | None = None,
+                    algorithm: str = "best") -> tuple[float, str]:
+    if compute_from is not None:
+        return (compute_from.step_s * work.per_device_batch / compute_from.per_device_batch,
+                f"1-rank result ({compute_from.label}), scaled to the per-device batch")
+    if work.world == 1 or not work.collectives:
+        return work.step_s, "measured step (no communication)"
+    if measured_on is None:
+        raise ValueError("need measured_on (the network the run ran on) or compute_from")
+    comm, _ = comm_time(work, measured_on, work.world, algorithm, measured_groups=True)
+    return max(work.step_s - comm, 0.0), f"measured step minus {comm * 1e3:.2f} ms modelled on {measured_on.name}"
+
+
+def project(work: Workload, network: Network, world_sizes: list[int], compute_s: float,
+            scaling: str = "weak", algorithm: str = "best", overlap: float = 0.0) -> list[dict]:
+    if scaling not in ("weak", "strong"):
+        raise ValueError("scaling must be weak or strong")
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError("overlap must be in [0, 1]")
+    global0 = work.per_device_batch * work.world
+    single = work.per_device_batch / compute_s if compute_s > 0 else float("inf")
+    rows = []
+    for n in world_sizes:
+        per_dev = work.per_device_batch if scaling == "weak" else global0 / n
+        compute = compute_s * per_dev / work.per_device_batch
+        comm, parts = comm_time(work, network, n, algorithm)
+        step = compute + (1.0 - overlap) * comm
+        sps = per_dev * n / step
+        rows.append({"devices": n, "layout": layout(network, n), "per_device_batch": per_dev,
+                     "global_batch": per_dev * n, "compute_s": compute, "comm_s": comm,
+                     "exposed_comm_s": (1.0 - overlap) * comm, "step_s": step, "samples_per_s": sps,
+                     "tokens_per_s": sps * work.tokens_per_sample if work.tokens_per_sample else None,
+                     "comm_share": (1.0 - overlap) * comm / step if step > 0 else 0.0,
+                     "scaling_efficiency": (sps / n) / single if single != float("inf") else None,
+                     "comm_parts_s": parts})
+    return rows

@@ -1,0 +1,52 @@
+"""`bench report DIR...`: summary.csv, report.md, a self-contained report.html and PNG plots.
+
+Result files are the source of truth; everything here is a view of them (docs/design.md §6).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ddlbench.report import plots
+from ddlbench.report.frame import SUMMARY_COLUMNS, summary_frame
+from ddlbench.report.load import load_advice, load_commbench, load_records, missing_cells, paused_gc
+from ddlbench.report.tables import cells, failures, parity
+from ddlbench.results import find_results
+
+
+@dataclass
+class Report:
+    out: Path
+    summary: pd.DataFrame
+    cells: pd.DataFrame
+    parity: pd.DataFrame
+    failures: pd.DataFrame
+    plots: dict = field(default_factory=dict)      # name -> Path
+    records: dict = field(default_factory=dict)    # run directory -> record
+    commbench: list = field(default_factory=list)  # commbench.json records found under the paths
+    advice: list = field(default_factory=list)     # advice.json (bench advise) found under the paths
+
+
+def build(paths: list[str], out: Path, progress: bool = True) -> Report:
+    files = find_results(paths)
+    missing = missing_cells(paths)
+    if not files and not missing:
+        raise FileNotFoundError("no result.json found under: " + " ".join(paths))
+    with paused_gc():
+        records = load_records(files, progress) + [r for _, r in missing]
+        dirs = [str(f.parent) for f in files] + [str(d) for d, _ in missing]
+        df = summary_frame(records, dirs)
+        rep = Report(out=out, summary=df, cells=cells(df), parity=parity(df), failures=failures(df),
+                     records=dict(zip(dirs, records)))
+    rep.commbench = load_commbench(paths)
+    rep.advice = load_advice(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    ordered = SUMMARY_COLUMNS + [c for c in df.columns if c not in SUMMARY_COLUMNS]
+    df[ordered].to_csv(out / "summary.csv", index=False)
+    rep.plots = plots.draw_all(rep.cells, plots.convergence_jobs(df, rep.records, out), out)
+    from ddlbench.report.sections import write_html, write_markdown
+    write_markdown(rep)
+    write_html(rep)
+    return rep

@@ -1,0 +1,181 @@
+"""The report's sections, defined once, in reading order: each has a title, a note, its table (or
+verdict, plots, bullets) and what it says when it has nothing to show. report.md and report.html
+are two renderings of the same list; neither names a section of its own.
+
+Every string from a result file is escaped: Jinja2 autoescape in HTML, `md_escape` in Markdown.
+report.html is self-contained (plots embedded as data URIs, no network)."""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from ddlbench.report import render as t
+from ddlbench.report.verdict import verdict, verdict_markdown
+
+
+@dataclass(frozen=True)
+class Section:
+    key: str                        # the HTML element's id
+    title: str
+    note: str = ""
+    paragraphs: tuple[str, ...] = ()
+    table: tuple | None = None      # (head, rows)
+    flags: list | None = None       # per row, per cell: shown flagged (parity)
+    bad_column: int | None = None   # a column whose values read as failures
+    status_column: int | None = None  # a column of statuses: ok in green, the rest in red
+    empty: str | None = None        # said when the table has no rows; None: the section is left out
+    verdict: list | None = None     # [(heading, sentences)]
+    plots: list = field(default_factory=list)   # [(name, path, caption)] after the table
+    bullets: tuple = ()             # ((term, text), ...)
+    after: str = ""                 # a paragraph after the table
+
+    @property
+    def shown(self) -> bool:
+        return bool(self.verdict is not None or self.bullets or self.table is None or self.table[1]
+                    or self.empty is not None)
+
+
+HOW_TO_READ = (
+    ("samples/s", "global batch / median global step time; a step's global time is the slowest rank's."),
+    ("scaling", "(X_N / N) / (X_N0 / N0) against the smallest world size N0 of the same configuration; strong "
+                "holds the global batch, weak the per-device batch."),
+    ("time to target", "training time (sum of step times, evaluation excluded) until the first evaluation that "
+                       "met the target; \"-\" = not reached."),
+    ("theory", "parameter + gradient + optimizer-state bytes per rank for the strategy (ZeRO paper accounting); "
+               "on CPU the measured value is the process RSS, runtime included."),
+    ("-", "a value the run did not produce (a failed run, no 1-rank run to scale against, no target); never "
+          "a number made up."),
+    ("source", "every number comes from a result.json; summary.csv has one row per run."),
+)
+
+COMPARISON_NOTE = ("Median over repeats of one configuration; brackets: 95% percentile-bootstrap interval, shown "
+                   "from 5 ok repeats (with 2-4 the row shows their range, labelled as such: so few resampled "
+                   "medians span about [min, max], not a 95% interval).")
+PARITY_NOTE = ("Configurations of one model at one world size are compared field by field against the most "
+               "common value; a difference is flagged (docs/design.md §7: same data, seed, global batch, "
+               "optimizer, LR, precision, gradient-reduction dtype).")
+GRAD_DTYPE_NOTE = ("The gradient-reduction dtype differs: each framework runs its recommended recipe (DeepSpeed "
+                   "reduces in the training dtype, DDP, FSDP2 and Horovod in fp32), so bytes on the wire and "
+                   "numerics differ. To compare at equal reduction dtype: framework.options.communication_data_type=fp32 "
+                   "(DeepSpeed), or framework.options.reduce_dtype=param (FSDP2) and framework.options.comm_hook=bf16 "
+                   "(DDP) for bf16 everywhere.")
+
+
+def parity_flags(rep) -> int:
+    return int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0
+
+
+def parity_notes(rep) -> list[str]:
+    """What a flagged parity field means and the override that equalises it."""
+    differs = {f for d in (rep.parity["differs"] if len(rep.parity) else []) for f in d}
+    return [GRAD_DTYPE_NOTE] if "grad_reduce_dtype" in differs else []
+
+
+def header(rep) -> dict:
+    df = rep.summary
+    envs = [r.get("env") or {} for r in rep.records.values()]
+    return {"title": "ddlbench comparison report",
+            "generated": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+            "n_runs": len(df), "n_ok": int((df["status"] == "ok").sum()), "parity_flags": parity_flags(rep),
+            "hosts": sorted({h for e in envs for h in (e.get("hostnames") or [])}),
+            "torch": sorted({str(e.get("torch")) for e in envs if e.get("torch")}),
+            "devices": sorted({str(e.get("device")) for e in envs if e.get("device")})}
+
+
+def sections(rep, head: dict) -> list[Section]:
+    """The report, top to bottom: the verdict first, the detail after."""
+    flags = head["parity_flags"]
+    parity = t.parity_table(rep)
+    n_runs = len(rep.summary)
+    plots = [(name, path, t.CAPTIONS[name.split("_")[0]]) for name, path in rep.plots.items()]
+    out = [
+        Section("verdict", "Verdict", verdict=verdict(rep.cells, flags, head["devices"])),
+        Section("comparison", "Comparison", COMPARISON_NOTE, table=t.cell_table(rep), plots=plots,
+                empty="No configuration to compare."),
+        Section("strategies", "Strategies: taxonomy, communication, time to target", t.STRATEGY_NOTE,
+                table=t.strategy_table(rep)),
+        Section("parity", "Parity", PARITY_NOTE,
+                paragraphs=(f"{flags} configuration(s) differ from the majority." if flags
+                            else "All compared configurations agree.", *parity_notes(rep)),
+                table=parity[:2], flags=parity[2], empty="No configuration to compare."),
+        Section("failures", "Failures", table=t.failure_table(rep), bad_column=4, empty="No failed runs."),
+        Section("model-parallel", "Model parallelism: per rank / pipeline stage", t.MODEL_PARALLEL_NOTE,
+                table=t.model_parallel_table(rep)),
+        Section("projection", "Projection check: predicted vs measured step time", t.PROJECTION_NOTE,
+                table=t.projection_check_table(rep)),
+        Section("stragglers", "Stragglers", t.STRAGGLER_NOTE, table=t.straggler_table(rep), bad_column=4),
+        Section("comm-time", "Communication time: exposed and overlapped", t.COMM_TIME_NOTE,
+                table=t.comm_time_table(rep)),
+        Section("flops", "FLOPs: MFU, HFU and the peak behind them", t.FLOPS_NOTE, table=t.flops_table(rep)),
+        Section("advice", "Advice: predicted vs measured", t.ADVICE_NOTE, table=t.advice_table(rep)),
+        Section("runs", "All runs", table=t.run_table(rep), status_column=1, empty="No runs.",
+                after=(f"First {t.MAX_RUN_ROWS} runs shown; summary.csv has every run."
+                       if n_runs > t.MAX_RUN_ROWS else "")),
+        Section("how-to-read", "How to read this report", bullets=HOW_TO_READ),
+    ]
+    return [s for s in out if s.shown]
+
+
+# ---- Markdown ---------------------------------------------------------------------------------
+
+def md_escape(s: str) -> str:
+    return (str(s).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("\n", " "))
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(map(md_escape, head)) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(md_escape, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def section_markdown(s: Section) -> list[str]:
+    parts = [f"## {s.title}", ""]
+    for text in (s.note, *s.paragraphs):
+        if text:
+            parts += [text, ""]
+    if s.verdict is not None:
+        parts += [*verdict_markdown(s.verdict, md_escape), ""]
+    if s.table is not None:
+        parts += [md_table(*s.table) if s.table[1] else s.empty or "", ""]
+    for name, path, caption in s.plots:
+        parts += [f"### {name}", "", f"![{name}]({Path(path).name})", "", caption, ""]
+    if s.after:
+        parts += [s.after, ""]
+    parts += [f"- **{term}**: {text}" for term, text in s.bullets]
+    return parts
+
+
+def write_markdown(rep) -> Path:
+    h = header(rep)
+    parts = [f"# {h['title']}", "",
+             f"Generated {h['generated']} from {h['n_runs']} runs ({h['n_ok']} ok). "
+             f"Devices: {', '.join(h['devices']) or '-'}; torch {', '.join(h['torch']) or '-'}; "
+             f"hosts: {', '.join(h['hosts']) or '-'}.", ""]
+    for s in sections(rep, h):
+        parts += section_markdown(s)
+    path = rep.out / "report.md"
+    path.write_text("\n".join(parts).rstrip() + "\n")
+    return path
+
+
+# ---- HTML -------------------------------------------------------------------------------------
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+
+
+def write_html(rep) -> Path:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("ddlbench.report", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    h = header(rep)
+    secs = [Section(**{**s.__dict__, "plots": [(n, _data_uri(p), c) for n, p, c in s.plots]})
+            for s in sections(rep, h)]
+    html = env.get_template("report.html.j2").render(**h, sections=secs)
+    path = rep.out / "report.html"
+    path.write_text(html)
+    return path

@@ -1,0 +1,138 @@
+"""The result record (docs/design.md §6): a contract other tools read. Written atomically, always."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from ddlbench.rundir import RESULT as RESULT_FILE  # the run directory's names live in ddlbench/rundir.py
+from ddlbench.rundir import RunDir
+
+SCHEMA = "ddlbench.result/1"
+STATUSES = ("ok", "failed", "timeout", "oom", "unsupported")
+REQUIRED = ("schema", "run_id", "status", "error", "framework", "model", "parallel", "precision",
+            "seed", "env", "timing", "throughput", "memory", "comm", "mfu", "convergence", "config")
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Temp file in the same directory, fsync, os.replace, fsync the directory: a reader sees
+    the old file or the new one, never a half-written one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False, default=_jsonable)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _jsonable(o: Any):
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def empty_record(run_id: str, config: dict, status: str = "failed", precision: Optional[str] = None) -> dict:
+    """A record with every required field present; measurements null until filled.
+    `precision`: what ran where the config says auto (Plan.cfg.run.precision)."""
+    fw, mc, run = config.get("framework", {}), config.get("model", {}), config.get("run", {})
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "status": status,
+        "error": None,
+        "framework": {"name": fw.get("name"), "variant": fw.get("variant"), "version": None,
+                      "native_config": None},
+        "model": {"name": mc.get("name"), "preset": mc.get("name"), "kind": mc.get("kind"),
+                  "params": None},
+        "parallel": None,
+        "precision": precision or run.get("precision"),
+        "seed": run.get("seed"),
+        "env": None,
+        "timing": None,
+        "throughput": None,
+        "memory": None,
+        "comm": None,
+        "mfu": None,
+        "convergence": {"train_loss": [], "eval": [], "target": run.get("target"),
+                        "time_to_target_s": None, "epochs_to_target": None},
+        "config": config,
+        "warnings": [],
+    }
+
+
+def error_info(type_: str, message: str, rank: Optional[int] = None, **extra) -> dict:
+    return {"type": type_, "message": message, "rank": rank, **extra}
+
+
+def write_result(run_dir: Path, record: dict) -> Path:
+    problems = check_record(record)
+    if problems:
+        raise ValueError(f"refusing to write an invalid result: {problems}")
+    path = RunDir(run_dir).result
+    atomic_write_json(path, record)
+    return path
+
+
+def load_result(path: Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULT_FILE
+    return json.loads(path.read_text())
+
+
+def find_results(paths: list[str]) -> list[Path]:
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            found.append(p)
+        elif (p / RESULT_FILE).is_file():
+            found.append(p / RESULT_FILE)
+        elif p.is_dir():
+            for root, dirs, files in os.walk(p):  # faster than rglob on 10k+ directories
+                dirs[:] = [d for d in dirs if not d.startswith(".")]  # e.g. a sweep's .attempts/
+                if RESULT_FILE in files:
+                    found.append(Path(root) / RESULT_FILE)
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory")
+    return sorted(set(found))
+
+
+def check_record(record: dict) -> list[str]:
+    """What is wrong with a record (empty list = valid). Used by writers and by tests."""
+    problems = [f"missing {k}" for k in REQUIRED if k not in record]
+    if record.get("schema") != SCHEMA:
+        problems.append(f"schema must be {SCHEMA}")
+    if record.get("status") not in STATUSES:
+        problems.append(f"status must be one of {STATUSES}")
+    if record.get("status") == "ok":
+        for k in ("timing", "throughput", "memory", "parallel", "env"):
+            if not record.get(k):
+                problems.append(f"ok result without {k}")
+        if record.get("error") is not None:
+            problems.append("ok result with an error")
+    elif record.get("error") is None:
+        problems.append("non-ok result without an error")
+    mfu = record.get("mfu")
+    if mfu is not None and not (0 < mfu <= 1):
+        problems.append(f"mfu {mfu} outside (0, 1]")
+    return problems

@@ -1,0 +1,58 @@
+"""`bench run` below the command line: one measured run from Hydra overrides. ddlbench/cli.py
+(argparse) and the sweep's cells (ddlbench/sweep/task.py) both call it, so no module below the CLI
+calls back up through it."""
+from __future__ import annotations
+
+import sys
+
+from ddlbench import rundir
+from ddlbench.errors import ConfigError
+
+EXIT_BAD_INPUT = 2
+EXIT_RUN_NOT_OK = 1
+
+
+def run(overrides: list[str]) -> int:
+    """One run; ConfigError for bad input (the caller reports it)."""
+    import time
+
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.launch.events import process_start_time
+
+    plan = plan_from_overrides(overrides)
+    validated = time.time()
+    if plan.cfg.run.dry_run:
+        import json
+        print(json.dumps({"parallel": plan.dims.as_dict(), "mesh": plan.dims.mesh_shape(),
+                          "framework": plan.cfg.framework.model_dump(), "model": plan.cfg.model.model_dump(),
+                          **plan.adapter_cls.dry_run_info(plan.options, plan.cfg, plan.dims)}, indent=2))
+        print("dry run: config is valid; nothing launched")
+        return 0
+    rd = rundir.for_run(plan)
+    run_dir = rd.path
+    if rd.result.exists():
+        raise ConfigError(f"run.dir {run_dir} already holds a result.json; choose another run.dir")
+    from ddlbench.launch.local import run_local
+    from ddlbench.sinks import log_to_sinks
+    from ddlbench.table import render, rows
+
+    if plan.cfg.launcher.name == "slurm":
+        from ddlbench.launch.slurm import run_slurm
+        record = run_slurm(plan, run_dir)
+        if record is None:  # ranks other than 0: the result is rank 0's to report
+            return 0
+    else:
+        record = run_local(plan, run_dir, started=process_start_time(), validated=validated)
+    log_to_sinks(plan, run_dir, record)
+    print(render(rows([record])))
+    print(f"result: {rd.result}")
+    return 0 if record["status"] == "ok" else EXIT_RUN_NOT_OK
+
+
+def run_or_exit_code(overrides: list[str]) -> int:
+    """run(), with bad input reported as `bench run` reports it: one line on stderr, exit code 2."""
+    try:
+        return run(overrides)
+    except ConfigError as exc:
+        print(f"bench: config error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT

@@ -1,0 +1,230 @@
+"""Typed schema of the resolved config. Unknown keys and impossible values are errors.
+
+Framework options are validated by the adapter's own `Options` model (ddlbench/adapters), so
+adding a framework does not touch this file.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FrameworkCfg(Strict):
+    name: str
+    variant: str = "default"
+    equivalent_to_ddp: bool = True   # mathematically equal to DDP (the equivalence gate applies)
+    loss_rtol_vs_ddp: Annotated[float, Field(gt=0, lt=1)] = 1e-5  # the gate's stated tolerance
+    adapter: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    options: dict[str, Any] = {}
+
+
+class LanguageModelCfg(Strict):
+    name: str
+    kind: Literal["language"]
+    family: Literal["gpt2"] = "gpt2"
+    n_layer: PositiveInt
+    n_embd: PositiveInt
+    n_head: PositiveInt
+    vocab_size: Annotated[int, Field(ge=2)]
+    seq_len: PositiveInt
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    # auto: eager on CPU (deterministic, identical across frameworks: the equivalence gate),
+    # sdpa on CUDA (fused/flash kernels, no T x T matrix in memory); recorded in the result
+    attention: Literal["auto", "eager", "sdpa"] = "auto"
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        return self
+
+
+class VitCfg(Strict):
+    patch_size: PositiveInt
+    num_layers: PositiveInt
+    num_heads: PositiveInt
+    hidden_dim: PositiveInt
+    mlp_dim: PositiveInt
+
+
+VISION_ARCHS = ("resnet18", "resnet50", "resnet152", "vgg16", "vit_b_16", "vit", "logreg")
+
+
+class VisionModelCfg(Strict):
+    name: str
+    kind: Literal["vision"]
+    arch: Literal[VISION_ARCHS]  # type: ignore[valid-type]
+    image_size: Annotated[int, Field(ge=8)]
+    num_classes: Annotated[int, Field(ge=2)]
+    channels: PositiveInt = 3     # input channels; torchvision nets take 3, logreg any
+    vit: Optional[VitCfg] = None
+
+    @model_validator(mode="after")
+    def _vit_needs_shape(self):
+        if self.channels != 3 and self.arch != "logreg":
+            raise ValueError(f"arch '{self.arch}' takes 3 input channels, not model.channels {self.channels}")
+        if self.arch == "vit" and self.vit is None:
+            raise ValueError("arch 'vit' needs a model.vit block (patch_size, num_layers, ...)")
+        if self.vit is not None and self.image_size % self.vit.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not divisible by patch_size")
+        return self
+
+
+ModelCfg = Annotated[Union[LanguageModelCfg, VisionModelCfg], Field(discriminator="kind")]
+
+
+class SyntheticDataCfg(Strict):
+    name: Literal["synthetic"]
+    pool_batches: PositiveInt = 4
+
+
+class _GeneratedDataCfg(Strict):
+    """A seeded synthetic task with a known floor; `seed` fixes the task, not the training."""
+    train_samples: PositiveInt = 1024
+    val_samples: PositiveInt = 256
+    seed: NonNegativeInt = 1234
+
+
+class MarkovDataCfg(_GeneratedDataCfg):
+    name: Literal["markov"]
+    states: Annotated[int, Field(ge=2)] = 32
+    concentration: Annotated[float, Field(gt=0)] = 0.1
+
+
+class BlobsDataCfg(_GeneratedDataCfg):
+    name: Literal["blobs"]
+    noise: Annotated[float, Field(ge=0)] = 0.5
+    label_noise: Annotated[float, Field(ge=0, lt=1)] = 0.1
+
+
+class DigitsDataCfg(Strict):
+    name: Literal["digits"]
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2   # 0: every sample trains, no validation
+    split_seed: NonNegativeInt = 0
+    features: Literal["upscaled", "raw"] = "upscaled"  # raw: 1 x 8 x 8 in [0, 1], no resampling
+    train_samples: Optional[PositiveInt] = None        # keep the first k training samples (seeded order)
+
+
+class ImageFolderDataCfg(Strict):
+    name: Literal["imagefolder"]
+    path: str
+    train_dir: str = "train"
+    val_dir: str = "val"
+    num_workers: NonNegativeInt = 0
+
+
+class TextDataCfg(Strict):
+    name: Literal["text"]
+    path: str
+    train_file: str = "wiki.train.tokens"
+    val_file: str = "wiki.valid.tokens"
+    tokenizer: Literal["byte", "gpt2"] = "byte"
+    tokenizer_dir: Optional[str] = None
+    num_workers: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _gpt2_needs_files(self):
+        if self.tokenizer == "gpt2" and not self.tokenizer_dir:
+            raise ValueError("tokenizer gpt2 needs data.tokenizer_dir (vocab.json + merges.txt)")
+        return self
+
+
+DataCfg = Annotated[Union[SyntheticDataCfg, MarkovDataCfg, BlobsDataCfg, DigitsDataCfg,
+                          ImageFolderDataCfg, TextDataCfg], Field(discriminator="name")]
+
+
+class OptimCfg(Strict):
+    name: Literal["adamw", "sgd"]
+    lr: Annotated[float, Field(gt=0)]
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: Annotated[float, Field(gt=0)] = 1e-8
+    momentum: Annotated[float, Field(ge=0)] = 0.0
+    # bias_and_norm: parameters with fewer than 2 dimensions (biases, norm scales/shifts) get
+    # weight_decay 0, the usual exclusion (GPT-2/nanoGPT, torchvision recipes); none: all decay
+    exclude_from_decay: Literal["none", "bias_and_norm"] = "none"
+
+
+class LauncherCfg(Strict):
+    name: Literal["local", "slurm"]
+    nproc: PositiveInt = 1
+    nodes: PositiveInt = 1     # slurm: SLURM_NNODES (recorded as parallel.nodes); local: 1
+    threads_per_rank: Optional[PositiveInt] = None
+    monitor_interval_s: Annotated[float, Field(gt=0, le=5)] = 0.25
+    # local launcher: how the agent starts ranks. auto = fork on CPU (ranks inherit the
+    # launcher's imports), spawn on CUDA (a forked child cannot use a driver its parent touched)
+    start_method: Literal["auto", "fork", "spawn"] = "auto"
+
+
+class LoggerCfg(Strict):
+    name: Literal["wandb", "none"]
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "ddlbench"
+    entity: Optional[str] = None
+    init_timeout_s: Annotated[float, Field(gt=0)] = 30
+
+
+class PeakFlops(Strict):
+    fp32: Annotated[float, Field(gt=0)]
+    tf32: Annotated[float, Field(gt=0)]
+    bf16: Annotated[float, Field(gt=0)]
+    fp16: Annotated[float, Field(gt=0)]
+
+
+class HardwareCfg(Strict):
+    name: str
+    peak_flops: Optional[PeakFlops] = None
+    gpu_table: dict[str, PeakFlops] = {}
+
+
+class RunCfg(Strict):
+    warmup_steps: NonNegativeInt = 3
+    measure_steps: PositiveInt = 10
+    global_batch: PositiveInt = 8
+    micro_batch: Optional[PositiveInt] = None
+    seed: NonNegativeInt = 0
+    precision: Literal[("auto",) + PRECISIONS] = "auto"  # type: ignore[valid-type]  # auto: ddlbench.device.auto_precision
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    timeout_s: Annotated[float, Field(gt=0)] = 900
+    pg_timeout_s: Annotated[float, Field(gt=0)] = 300
+    dry_run: bool = False
+    epochs: Optional[PositiveInt] = None       # set: train whole epochs and evaluate (quality mode)
+    eval_every: Optional[PositiveInt] = None   # steps between evaluations; null = each epoch end
+    target: Optional[float] = None             # quality target for time/epochs-to-target
+    target_metric: Literal["loss", "accuracy"] = "loss"   # validation loss (<=) or accuracy (>=)
+    target_vs_floor: bool = False              # loss target = target x the dataset's known floor
+    stop_at_target: bool = False
+    repeat: NonNegativeInt = 0                 # repeat index: repeats of one cell differ only here
+    progress: bool = True
+    final_objective: bool = False     # after training: mean loss over the whole training split
+                                      # + weight_decay/2 x sum of decayed parameters squared
+    comm_profile: bool = True         # one more untimed step under torch.profiler: comm time, overlap
+    memory_tracker: bool = False      # every step under torch's MemTracker: memory.tracker per rank (slow)
+    param_fingerprint: bool = False   # record [sum, sum^2, sum |x|, position-weighted sum] per final parameter (gathers!)
+    dir: Optional[str] = None
+
+
+class FaultCfg(Strict):
+    kind: Literal["none", "raise", "kill", "hang", "sleep", "jitter"] = "none"
+    rank: NonNegativeInt = 0
+    step: NonNegativeInt = 0
+    seconds: Annotated[float, Field(ge=0)] = 0.0
+
+
+class BenchCfg(Strict):
+    framework: FrameworkCfg
+    model: ModelCfg
+    data: DataCfg
+    optim: OptimCfg
+    launcher: LauncherCfg
+    logger: LoggerCfg
+    hardware: HardwareCfg
+    run: RunCfg
+    fault: FaultCfg = FaultCfg()

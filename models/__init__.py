@@ -1,8 +1,0 @@
-"""Model zoo and data for ddlbench.
-
-`build(model_cfg)` returns a ModelSpec: a factory for the model (an nn.Module whose forward
-takes a batch dict and returns the mean loss), the synthetic data shape, and FLOP counting.
-"""
-from models.data import SyntheticData  # noqa: F401
-from models.registry import build, modules_for  # noqa: F401
-from models.spec import ModelSpec, count_params  # noqa: F401
