@@ -5,6 +5,7 @@ kind against the cost model's (FSDP gathers on every micro-batch, ZeRO-2/3 reduc
 micro-step, ZeRO-3 gathers once per step - advise priced all of them once per step before)."""
 from __future__ import annotations
 
+import costs
 import pytest
 from conftest import run_record
 from costs import PROF, cost_of
@@ -125,3 +126,40 @@ def test_cost_model_matches_what_a_run_sends(measured, framework):
         for t in cost.traffic:
             calls[t.kind] = calls.get(t.kind, 0) + t.count
         assert rec["comm"]["per_step_calls"] == pytest.approx(calls), (rec["comm"]["per_step_calls"], calls)
+
+
+def test_a_new_yaml_variant_is_advised_without_code(tmp_path):
+    """A user's own variant (DeepSpeed ZeRO-2 with 1 MB buckets) dropped into conf/framework is
+    enumerated, priced and memory-estimated by advise with no code change: its buckets are read
+    from its options by the adapter's cost model (advise has no table keyed by file name)."""
+    from ddlbench.adapters.cost import ModelProfile
+    from ddlbench.advise.grid import enumerate_grid
+    from ddlbench.advise.memcheck import predicted
+    from ddlbench.config import CONF_DIR
+
+    base = (CONF_DIR / "framework" / "deepspeed_zero2.yaml").read_text()
+    name = "zz_test_zero2_1mb_buckets"
+    path = CONF_DIR / "framework" / f"{name}.yaml"
+    path.write_text(base.replace("variant: zero2", "variant: zero2_1mb")
+                    .replace("reduce_bucket_size: 500000000", "reduce_bucket_size: 250000")
+                    .replace("allgather_bucket_size: 500000000", "allgather_bucket_size: 250000"))
+    try:
+        costs.variant.cache_clear()
+        assert name in group_options("framework")
+        big = ModelProfile(params=10_000_000, largest_block_params=2_000_000, blocks=4,
+                           activation_bytes_per_sample=1000, checkpointed_bytes_per_sample=100,
+                           boundary_bytes_per_sample=50)
+        new, old = cost_of(name, dp=4, model=big), cost_of("deepspeed_zero2", dp=4, model=big)
+        assert new.payload_psi() == old.payload_psi()              # the same bytes ...
+        n_new = sum(t.count for t in new.traffic if t.kind == "all_reduce")
+        n_old = sum(t.count for t in old.traffic if t.kind == "all_reduce")
+        assert n_new == 40 * n_old                                  # ... in 1 MB messages: 40 MB / 1 MB
+        grid = [c for c in enumerate_grid("gpt2_tiny", 2, 8, frameworks=[name]) if not c.pruned]
+        assert grid and all(c.framework == name for c in grid)
+        ref = next(c for c in enumerate_grid("gpt2_tiny", 2, 8, frameworks=["deepspeed_zero2"])
+                   if not c.pruned and c.label().split(" ", 1)[1] == grid[0].label().split(" ", 1)[1])
+        # two reduce buckets (overlap_comm) of reduce_bucket_size fp32 elements each: 2 x 4 x (5e8 - 2.5e5)
+        assert predicted(ref.plan)["buffers"] - predicted(grid[0].plan)["buffers"] == 2 * 4 * (500_000_000 - 250_000)
+    finally:
+        path.unlink()
+        costs.variant.cache_clear()
