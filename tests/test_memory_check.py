@@ -88,6 +88,17 @@ def test_deepspeed_reduce_buckets_are_allocated_whole_by_hand():
     assert not any("reduce bucket" in k for k in cost_of("deepspeed_zero2", dp=2, contiguous_gradients=False).buffers)
 
 
+def test_deepspeed_zero0_at_bf16_copies_the_gradients_to_fp32_for_its_step_by_hand():
+    # ZeRO-0 at bf16 runs FP16_Optimizer: its step hands the fp32 master an fp32 copy of every
+    # gradient (4 x 1000). bf16 gradients 2 x 1000; the tied weight's two bf16 contributions 2 x 600;
+    # end = 2000 + 1200 + 4000 = 7200 > start; less gradients and activations (100): 5100
+    bf16 = cost_of("deepspeed_zero0", dp=2, model=TIED, mb=1, precision="bf16")
+    assert bf16.step_grad_copy_bytes == 4 and cost_of("deepspeed_zero0", dp=2, model=TIED).step_grad_copy_bytes == 0
+    assert cost_of("deepspeed_zero1", dp=2, model=TIED, precision="bf16").step_grad_copy_bytes == 0   # ZeRO's own optimizer
+    got = estimate(Layout("deepspeed_zero0", dp=2, micro_batch=1), TIED, bf16, optimizer="sgd", device="cpu")
+    assert got["grads"] == 2000 and got["temporaries"] == 7200 - 2000 - 100
+
+
 def test_daso_and_fairscale_state_by_hand():
     # DASO's in-node DDP keeps torch's default: bucket copies of every gradient
     assert cost_of("daso", dp=2).buffers["DDP gradient buckets (copies)"] == 4 * 1000

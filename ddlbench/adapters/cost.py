@@ -140,6 +140,8 @@ class CostModel:
                                       # views, grads zeroed in place): a contribution is added into it
     backward_grad_bytes: int = 0      # bytes per element of a gradient as backward makes it, where it
                                       # differs from grad_bytes (FSDP2 mixed precision: param_dtype); 0 = same
+    step_grad_copy_bytes: int = 0     # bytes per element of a copy of the gradients that exists only
+                                      # during the optimizer step (DeepSpeed's FP16_Optimizer: fp32)
     traffic: tuple = ()              # Traffic, per optimizer step
 
     def payload_psi(self) -> dict[str, float]:

@@ -75,13 +75,14 @@ def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activa
     over micro-batches), else all but a tied embedding's, which backward reaches last (counting
     the others is conservative: a CNN makes its largest weights' gradients while the early
     layers' activations still live). End of backward and the optimizer step: the gradients + the
-    tied weight's extra copies or the optimizer's temporaries (`step`), whichever is larger."""
+    tied weight's extra copies or the optimizer's temporaries (`step`), whichever is larger, + a
+    copy of the gradients that the framework makes for its step (`cost.step_grad_copy_bytes`)."""
     made = cost.backward_grad_bytes or cost.grad_bytes
     first = max(2 * model.output_bytes_per_sample * layout.micro_batch, model.largest_weight_params * made)
     tied = model.tied_pair_params(layout.pp, layout.tp) * made
     held = cost.grads_preallocated or layout.grad_accum > 1
     start = activations + first + (grads if held else max(0.0, grads - tied))
-    end = grads + max((3 if cost.grads_preallocated else 2) * tied, step)
+    end = grads + max((3 if cost.grads_preallocated else 2) * tied, step) + cost.step_grad_copy_bytes * cost.piece
     return max(start, end) - grads - activations
 
 
