@@ -3,6 +3,9 @@
 raise: the rank raises at `step`.  kill: the rank SIGKILLs itself at `step`.
 hang:  the rank sleeps `seconds` once at `step` (its peers block in the next collective).
 sleep: the rank sleeps `seconds` at every step from `step` on (a straggler).
+hang_at_start: the rank sleeps `seconds` before it joins the process group, in the local
+        launcher's first attempt only (DDLBENCH_LAUNCH_ATTEMPT=1): a rendezvous that never
+        completes, which the launcher restarts (run.form_timeout_s).
 jitter: from `step` on, the rank sleeps a random 0..`seconds` at the END of every step, after
         the step's collectives (host hiccups: GC, logging, a slow loader), so step boundaries
         drift between ranks (tests/test_runs.py: the throughput estimator is unbiased under it).
@@ -17,6 +20,12 @@ import time
 
 class InjectedFault(RuntimeError):
     pass
+
+
+def before_process_group(fault_cfg, rank: int) -> None:
+    if fault_cfg.kind == "hang_at_start" and fault_cfg.rank == rank \
+            and os.environ.get("DDLBENCH_LAUNCH_ATTEMPT", "1") == "1":
+        time.sleep(fault_cfg.seconds)
 
 
 class FaultInjector:

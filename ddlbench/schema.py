@@ -194,6 +194,8 @@ class RunCfg(Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: Annotated[float, Field(gt=0)] = 900
     pg_timeout_s: Annotated[float, Field(gt=0)] = 300
+    form_timeout_s: Annotated[float, Field(gt=0)] = 120
+    form_retries: NonNegativeInt = 1
     dry_run: bool = False
     epochs: Optional[PositiveInt] = None       # set: train whole epochs and evaluate (quality mode)
     eval_every: Optional[PositiveInt] = None   # steps between evaluations; null = each epoch end
@@ -212,7 +214,7 @@ class RunCfg(Strict):
 
 
 class FaultCfg(Strict):
-    kind: Literal["none", "raise", "kill", "hang", "sleep", "jitter"] = "none"
+    kind: Literal["none", "raise", "kill", "hang", "sleep", "jitter", "hang_at_start"] = "none"
     rank: NonNegativeInt = 0
     step: NonNegativeInt = 0
     seconds: Annotated[float, Field(ge=0)] = 0.0

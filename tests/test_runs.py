@@ -5,6 +5,8 @@ import re
 import pytest
 from conftest import run_record, wait_until_training
 
+from ddlbench.launch import events
+from ddlbench.launch.local import formed
 from ddlbench.results import check_record
 
 FAST = ("run.warmup_steps=1", "run.measure_steps=3")
@@ -120,6 +122,34 @@ def test_killed_rank_fails_fast(run_dir):
     fired = (run_dir / "fault_fired").stat().st_mtime
     assert (run_dir / "result.json").stat().st_mtime - fired < rec["config"]["run"]["pg_timeout_s"]
     assert check_record(rec) == []
+
+
+def test_a_process_group_that_does_not_form_is_started_again(run_dir):
+    """Rank 1 sleeps before it joins the process group, in the first launch attempt only (a
+    rendezvous hang): after run.form_timeout_s the launcher kills every rank, starts them again,
+    and the run ends ok with a warning that names where each rank was; two launches in the
+    timeline, every rank joined in the second."""
+    proc, rec = run_record(run_dir, "launcher.nproc=2", "debug=fast", "fault.kind=hang_at_start", "fault.rank=1",
+                           "fault.seconds=3600", "run.form_timeout_s=5")
+    assert rec["status"] == "ok", rec["error"]
+    warning = next(w for w in rec["warnings"] if w.startswith("launch attempt 1:"))
+    assert "did not form their process group within run.form_timeout_s=5 s" in warning
+    assert "rank 1: faults.py" in warning and "before_process_group" in warning, warning
+    assert "the measurement is from attempt 2" in warning
+    evts = events.read(run_dir)
+    assert [e["attempt"] for e in evts if e["event"] == "launch"] == [1, 2]
+    assert formed(evts, 2) and len([e for e in evts if e["event"] == "process_group"]) == 2
+    # without retries the run waits for its own timeout, as before
+    proc, rec = run_record(run_dir.with_name("no_retry"), "launcher.nproc=2", "debug=fast", "fault.kind=hang_at_start",
+                           "fault.rank=1", "fault.seconds=3600", "run.form_retries=0", "run.timeout_s=8")
+    assert rec["status"] == "timeout" and not any(w.startswith("launch attempt") for w in rec["warnings"])
+
+
+def test_formed_counts_the_latest_launch_only():
+    evts = [{"event": "launch", "rank": None}, {"event": "process_group", "rank": 0},
+            {"event": "launch", "rank": None}, {"event": "process_group", "rank": 1}]
+    assert not formed(evts, 2) and formed(evts + [{"event": "process_group", "rank": 0}], 2)
+    assert formed([{"event": "process_group", "rank": 0}], 1)     # no launch mark: all events count
 
 
 def test_raising_rank_reports_its_traceback(run_dir):

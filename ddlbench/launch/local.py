@@ -110,9 +110,39 @@ def start_method(plan: Plan, device_type: str) -> str:
     return rank_start_method(device_type) if chosen == "auto" else chosen
 
 
+def formed(evts: list[dict], nproc: int) -> bool:
+    """Every rank of the latest launch attempt has joined the process group (its events after the
+    last `launch` mark)."""
+    last = max((i for i, e in enumerate(evts) if e["event"] == "launch"), default=-1)
+    return len({e["rank"] for e in evts[last + 1:] if e["event"] == "process_group"}) >= nproc
+
+
+def wait_formed(proc, run_dir: Path, nproc: int, bound_s: float) -> bool:
+    """Wait until the ranks formed their process group or the run ended (True), or `bound_s`
+    passed without either (False: a rendezvous that hangs; seen here as one gloo rank stuck
+    connecting to the agent's store while the others waited for it)."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None or formed(events.read(run_dir), nproc):
+            return True
+        time.sleep(0.2)
+    return formed(events.read(run_dir), nproc)
+
+
 def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated: float | None = None) -> dict:
     """`started`/`validated`: when this run's command began and its config was valid (the
-    start-up timeline, ddlbench.launch.events)."""
+    start-up timeline, ddlbench.launch.events). A launch whose ranks do not form their process
+    group within run.form_timeout_s is killed and started again (run.form_retries times); the
+    result's warnings say so and where each rank was."""
+    notes: list[str] = []
+    record = _run_local(plan, run_dir, started, validated, notes)
+    if notes:
+        record["warnings"] = [*notes, *(record.get("warnings") or [])]
+        write_result(run_dir, record)
+    return record
+
+
+def _run_local(plan: Plan, run_dir: Path, started: float | None, validated: float | None, notes: list) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(plan, run_dir)
     events.mark(run_dir, "cli_start", t=started)
@@ -134,13 +164,28 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
 
     threads = threads_per_rank(plan)
     start = time.monotonic()
-    proc = _start(plan, run_dir, threads, start_method(plan, device))
-    usr1 = ForwardUsr1(proc, group=True)   # Slurm's time-limit warning -> every rank
+    nproc = cfg.launcher.nproc
     # the ranks live in the agent's own session: a SIGTERM to this process must end them too
     previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    proc = None
     try:
+        for attempt in range(1, cfg.run.form_retries + 2):
+            events.mark(run_dir, "launch", attempt=attempt)
+            os.environ["DDLBENCH_LAUNCH_ATTEMPT"] = str(attempt)   # the ranks inherit it (fault injection)
+            proc = _start(plan, run_dir, threads, start_method(plan, device))
+            bound = min(cfg.run.form_timeout_s, max(0.0, cfg.run.timeout_s - (time.monotonic() - start)))
+            # no retry left, or run.timeout_s ends first: the run's own timeout takes over
+            if attempt > cfg.run.form_retries or bound < cfg.run.form_timeout_s or wait_formed(proc, run_dir, nproc, bound):
+                break
+            stacks = dump_stacks(proc, run_dir, nproc)
+            _kill_tree(proc)
+            notes.append(f"launch attempt {attempt}: the ranks did not form their process group within "
+                         f"run.form_timeout_s={cfg.run.form_timeout_s:g} s ({where_each_rank_was(stacks) or 'no rank answered'}); "
+                         f"all ranks were killed and started again; the measurement is from attempt {attempt + 1}")
+            print(f"bench: warning: {notes[-1]}", file=sys.stderr, flush=True)
+        usr1 = ForwardUsr1(proc, group=True)   # Slurm's time-limit warning -> every rank
         with usr1:
-            code = proc.wait(timeout=cfg.run.timeout_s)
+            code = proc.wait(timeout=max(0.1, cfg.run.timeout_s - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         stacks = dump_stacks(proc, run_dir, cfg.launcher.nproc)
         _kill_tree(proc)
@@ -148,17 +193,20 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
                f"where each rank was ({where_each_rank_was(stacks) or 'no rank answered'}); their stacks: error.stacks")
         return finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg, stacks=stacks))
     except KeyboardInterrupt:
-        _kill_tree(proc)
+        if proc is not None:
+            _kill_tree(proc)
         finish(run_dir, run_id, plan, "failed", error_info("interrupted", "interrupted by the user (Ctrl-C)"))
         raise
     except Terminated:
-        _kill_tree(proc)
+        if proc is not None:
+            _kill_tree(proc)
         finish(run_dir, run_id, plan, "failed", error_info(
             "terminated", "the launcher received SIGTERM (kill, scancel); all ranks killed", signal="SIGTERM"))
         raise SystemExit(128 + signal.SIGTERM) from None
     finally:
         signal.signal(signal.SIGTERM, previous_term)
-        if proc.poll() is None:
+        os.environ.pop("DDLBENCH_LAUNCH_ATTEMPT", None)
+        if proc is not None and proc.poll() is None:
             _kill_tree(proc)
     elapsed = time.monotonic() - start
 

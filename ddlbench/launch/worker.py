@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ddlbench.faults import before_process_group
 from ddlbench.launch import events
 from ddlbench.rundir import RunDir
 
@@ -50,6 +51,7 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     baseline_rss = peak_rss_bytes()
+    before_process_group(plan.cfg.fault, int(os.environ.get("RANK", 0)))   # fault injection only
     dist.init_process_group(backend, timeout=timedelta(seconds=plan.cfg.run.pg_timeout_s))
     events.mark(run_dir_p, "process_group", dist.get_rank())
     if dist.get_world_size() > 1:
