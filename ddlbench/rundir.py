@@ -32,9 +32,6 @@ class RunDir:
     def __post_init__(self):
         object.__setattr__(self, "path", Path(self.path))
 
-    def __fspath__(self) -> str:
-        return str(self.path)
-
     @property
     def result(self) -> Path:
         return self.path / RESULT

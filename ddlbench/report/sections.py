@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import jinja2
@@ -173,8 +173,7 @@ def write_html(rep) -> Path:
     env = jinja2.Environment(loader=jinja2.PackageLoader("ddlbench.report", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     h = header(rep)
-    secs = [Section(**{**s.__dict__, "plots": [(n, _data_uri(p), c) for n, p, c in s.plots]})
-            for s in sections(rep, h)]
+    secs = [replace(s, plots=[(n, _data_uri(p), c) for n, p, c in s.plots]) for s in sections(rep, h)]
     html = env.get_template("report.html.j2").render(**h, sections=secs)
     path = rep.out / "report.html"
     path.write_text(html)
