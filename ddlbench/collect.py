@@ -56,9 +56,16 @@ def _comm(gathered: list, world: int, params: int | None, adapter, backend: str)
         for k, v in r.items():
             for size, b in (v.get("group_bytes") or {}).items():
                 grouped[k][size] = max(grouped[k].get(size, 0.0), b)
+    calls = {k: {} for k in kinds}
+    for r in rows:
+        for k, v in r.items():
+            for size, c in (v.get("group_calls") or {}).items():
+                calls[k][size] = max(calls[k].get(size, 0.0), c)
     if any(grouped.values()):
         out["per_step_bytes_by_group"] = {k: v for k, v in grouped.items() if v}
-        out["group_note"] = "'<ranks>@<nodes>': bytes per step in groups of that many ranks spanning that many nodes"
+        out["per_step_calls_by_group"] = {k: v for k, v in calls.items() if v}
+        out["group_note"] = ("'<ranks>@<nodes>': bytes (calls) per step in groups of that many ranks spanning "
+                             "that many nodes")
     out.update(analytic_comm(adapter.analytic_comm(), params, world, backend))
     times = [g["comm"].get("time") for g in gathered]
     if all(t is not None for t in times):

@@ -237,7 +237,7 @@ def _write(raw: dict, opts: dict, out: Path, world: int) -> int:
     hosts = raw.get("hosts") or [os.uname().nodename]
     record = {"schema": "ddlbench.commbench/1", "backend": raw["backend"], "device": raw["device"],
               "world_size": world, "iters": opts["iters"], "hostname": os.uname().nodename,
-              "hosts": hosts, "launcher": opts["launcher"], "rows": rows, "fits": fits(rows, world),
+              "hosts": hosts, "launcher": opts["launcher"], "rows": rows, "fits": fits(rows, world, raw["backend"]),
               "note": "time = max over ranks of each rank's median; busbw = algbw x nccl-tests factor; "
                       "bytes = full buffer (all-gather output, reduce-scatter input); fits: alpha and "
                       "bandwidth of the network model's cost (ddlbench.network.fit)"}

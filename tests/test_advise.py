@@ -4,6 +4,7 @@ heatmap and advice table in the report)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from costs import PROF, cost_of
@@ -341,11 +342,16 @@ def test_advise_evaluate_all_measures_the_grid_and_judges_the_advice(tmp_path):
     its regret against the true best, with what finding it cost against measuring the grid."""
     from conftest import bench
     out = tmp_path / "ev"
-    proc = bench("advise", "model=gpt2_tiny", "devices=2", "global_batch=8", "micro_batches=[4]",
+    # the network given as a file (commbench's network.yaml is one), not a conf name: resume finds it
+    mine = tmp_path / "fitted.yaml"
+    mine.write_text((Path(__file__).parents[1] / "conf/network/local_gloo.yaml").read_text().replace(
+        "name: local_gloo", "name: local_gloo_fitted"))
+    proc = bench("advise", "model=gpt2_tiny", "devices=2", "global_batch=8", "micro_batches=[4]", f"network={mine}",
                  "frameworks=ddp,fsdp_full", "budget_runs=1", "evaluate=all", "device_memory_gib=1000", f"dir={out}",
                  "run.warmup_steps=1", "run.measure_steps=3", "run.progress=false", "logger=none", timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = json.loads((out / "advice.json").read_text())
+    assert state["network"] == "local_gloo_fitted" and state["network_source"] == str(mine)
     ranked = sorted((c for c in state["candidates"] if c.get("rank")), key=lambda c: c["rank"])
     assert len(ranked) == 4 and all(c["measured"]["status"] == "ok" for c in ranked)     # ddp, fsdp x ckpt
     ev = state["evaluation"]
@@ -394,3 +400,37 @@ def test_a_model_too_big_for_one_device_is_calibrated_by_a_sharded_run(tmp_path)
                  " ".join(c["overrides"])]
     assert plain_ddp and all(c["pruned"].startswith("memory:") for c in plain_ddp)
     assert state["recommendation"] is not None and state["recommendation"]["measured_step_s"] > 0
+
+
+def test_measured_candidates_spread_over_the_nodes_their_devices_fill():
+    """backend=slurm inside `bench cluster` (one core, so one device, per node): 2 devices are
+    one Slurm task on each of 2 nodes; 8 devices on nodes of 4, 2 nodes; within one node, or on
+    the local back end, the local launcher as before."""
+    from ddlbench.advise.command import spread_overrides
+    assert spread_overrides(2, 1, "slurm") == ["launcher=slurm", "launcher.nodes=2"]
+    assert spread_overrides(8, 4, "slurm") == ["launcher=slurm", "launcher.nodes=2"]
+    assert spread_overrides(6, 4, "slurm") == ["launcher=slurm", "launcher.nodes=2"]
+    assert spread_overrides(4, 8, "slurm") == [] and spread_overrides(2, 1, "local") == []
+
+
+def test_a_pipelines_sends_overlap_the_next_micro_batchs_compute():
+    """pp 2 over a link: a flow shop. Slot (forward + backward of one micro-batch on a stage) 6 ms,
+    one send 11 ms, 8 micro-batches: the link paces them, (8 - 1) x 11 + 2 x 6 + 2 x 11 = 111 ms;
+    no overlap would say 9 x 6 + 16 x 11 = 230 ms (measured on the emulated 100 Mbit/s cluster,
+    gpt2_tiny mb2x8: 104 ms against this model's 110). Without sends it is the bubble formula,
+    (8 + 2 - 1) x 6 = 54 ms; with sends faster than a slot, compute paces them. Through predict:
+    a 1F1B candidate on a 1 MB/s link whose activation messages take 2 ms each."""
+    from ddlbench.advise.predict import pipeline_step
+    assert pipeline_step(0.006, 8, 2, 0.011) == pytest.approx(0.111)
+    assert pipeline_step(0.006, 8, 2, 0.0) == pytest.approx(0.054)
+    assert pipeline_step(0.006, 8, 2, 0.001) == pytest.approx(7 * 0.006 + 2 * 0.006 + 2 * 0.001)
+    assert pipeline_step(0.006, 1, 4, 0.002) == pytest.approx(4 * 0.006 + 6 * 0.002)
+    pipe = cost_of("pipeline_1f1b", dp=1, pp=2, mb=3, ga=4)
+    assert pipe.pipeline_stages == 2 and cost_of("pipeline_interleaved", dp=1, pp=2, mb=3, ga=4).pipeline_stages == 0
+    (send,) = [t for t in pipe.traffic if t.kind == "send"]
+    link = Network("link", (Dimension("link", 2, send.bytes / 0.002, 0.0),))
+    calib = {1: 0.03, 5: 0.07}                       # t(3) = 0.05: a slot is 0.05 / 2 (half the model)
+    lay = Layout("pipeline_1f1b", dp=1, pp=2, micro_batch=3, grad_accum=4)
+    p = predict(lay, pipe, calib, link, algorithm="ring")
+    assert p["compute_s"] == pytest.approx(0.125) and p["comm_s"] == pytest.approx(send.count * 0.002)
+    assert p["step_s"] == pytest.approx(pipeline_step(0.025, 4, 2, 0.002)) == pytest.approx(3 * 0.025 + 0.05 + 0.004)

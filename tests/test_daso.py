@@ -74,6 +74,8 @@ def test_blocking_fp32_daso_is_ddp_for_sgd_and_cycling_daso_sends_less(tmp_path)
     assert by_group["all_reduce"] == pytest.approx({"2@1": 4 * params, "2@2": 2 * params / 2})
     assert by_group["broadcast"] == pytest.approx({"2@1": 4 * params / 2})
     assert ddp["comm"]["per_step_bytes_by_group"]["all_reduce"] == pytest.approx({"4@1": 4 * params})
+    # calls per group too (the network model prices each message): DDP's buckets, all in the world group
+    assert ddp["comm"]["per_step_calls_by_group"]["all_reduce"] == {"4@1": ddp["comm"]["per_step_calls"]["all_reduce"]}
     assert cyc["framework"]["taxonomy"]["synchronisation"].startswith("stale")
 
 

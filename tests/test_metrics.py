@@ -193,10 +193,14 @@ def test_comm_by_group_size():
     c.add("all_reduce", 1000, group="4@2")
     c.add("all_reduce", 200, group="2@1")
     c.add("broadcast", 100)
+    c.add("all_reduce", 300, calls=2, group="4@2")
     taken = c.take()
-    assert taken["all_reduce"] == {"bytes": 1200, "calls": 2, "group_bytes": {"2@1": 200, "4@2": 1000}}
-    assert "group_bytes" not in taken["broadcast"]
-    assert per_step(taken, 4)["all_reduce"]["group_bytes"] == {"2@1": 50.0, "4@2": 250.0}
+    assert taken["all_reduce"] == {"bytes": 1500, "calls": 4, "group_bytes": {"2@1": 200, "4@2": 1300},
+                                   "group_calls": {"2@1": 1, "4@2": 3}}
+    assert "group_bytes" not in taken["broadcast"] and "group_calls" not in taken["broadcast"]
+    assert per_step(taken, 4)["all_reduce"]["group_bytes"] == {"2@1": 50.0, "4@2": 325.0}
+    assert per_step(taken, 4)["all_reduce"]["group_calls"] == {"2@1": 0.25, "4@2": 0.75}
+    assert c.take() == {}
     # 2 * 3/4 * 1000 + 2 * 1/2 * 200 ; a group of one sends nothing
     assert group_wire_bytes({"all_reduce": {"4@2": 1000, "2@1": 200, "1@1": 999}}) == 1700.0
 

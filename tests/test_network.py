@@ -232,10 +232,86 @@ def test_a_run_is_priced_by_the_algorithm_its_backend_runs():
     (NCCL may pick one) reduce-scatters inside the node first: 2 x 1/2 x 0.9 MB / 12.5 MB/s = 72 ms
     on the link + 2 x 1/2 x 1.8 MB / 1 GB/s = 1.8 ms in the node."""
     from ddlbench.network.model import Dimension, backend_algorithm, collective_time
-    assert backend_algorithm("gloo") == "ring" and backend_algorithm("nccl") == "best"
+    assert backend_algorithm("gloo") == "gloo" and backend_algorithm("nccl") == "best"
     assert backend_algorithm(None) == "best"
     spans = [(2, Dimension("node", 2, 1e9, 0.0)), (2, Dimension("link", 2, 12.5e6, 0.0))]
     ring, alg = collective_time("all_reduce", 1.8e6, spans, backend_algorithm("gloo"))
-    assert alg == "ring" and ring == pytest.approx(0.216)
+    assert alg == "gloo" and ring == pytest.approx(0.216)
     best, alg = collective_time("all_reduce", 1.8e6, spans, backend_algorithm("nccl"))
     assert alg == "hierarchical" and best == pytest.approx(0.072 + 0.0018)
+
+
+def test_gloo_reduce_scatter_is_priced_and_fitted_as_the_all_reduce_it_runs():
+    """ProcessGroupGloo all-reduces a reduce-scatter's whole input: at 2 ranks each sends the full
+    1.8 MB, not half. On a 12.5 MB/s link: 1.8 MB / 12.5 MB/s = 144 ms (the ring model: 72 ms).
+    commbench's fit of such a reduce-scatter, in the same terms, gives the link's rate back."""
+    from ddlbench.network.fit import coefficients, fit_alpha_beta
+    spans = [(1, m.Dimension("node", 1, 1e9, 0.0)), (2, m.Dimension("link", 2, 12.5e6, 0.0))]
+    assert m.collective_time("reduce_scatter", 1.8e6, spans, "gloo") == (pytest.approx(0.144), "gloo")
+    assert m.collective_time("reduce_scatter", 1.8e6, spans, "ring")[0] == pytest.approx(0.072)
+    assert m.collective_time("all_gather", 1.8e6, spans, "gloo")[0] == pytest.approx(0.072)
+    assert coefficients("reduce_scatter", 4, "gloo") == coefficients("all_reduce", 4) == (6, 1.5)
+    assert coefficients("reduce_scatter", 4) == (3, 0.75)
+    f = fit_alpha_beta([(1e6, 1e6 / 12.5e6), (4e6, 4e6 / 12.5e6)], "reduce_scatter", 2, "gloo")
+    assert f["bandwidth_Bps"] == pytest.approx(12.5e6) and f["backend"] == "gloo"
+
+
+def test_a_fit_per_size_segment_prices_each_message_on_its_own_side_of_a_non_linearity():
+    """All-gather at 2 ranks, alpha 1 ms, 12.5 MB/s (0.5 B / 12.5 MB/s a byte): 250 kB in 11 ms and
+    1 MB in 41 ms on the line, but 4 MB in 250 ms (the line says 161 ms; the emulated 100 Mbit/s
+    link's 4 MiB all-gather is 1.45x its line). Segment 1 (up to 1 MB) is that line exactly:
+    alpha 1 ms, 12.5 MB/s. Segment 2's line has a negative intercept, so it goes through the origin.
+    A 600 kB message is priced on segment 1: 1 ms + 0.5 x 600 kB / 12.5 MB/s = 25 ms; over 4 ranks a
+    1.2 MB message moves 300 kB a step (600 kB at 2 ranks), so segment 1 too: 3 alpha + 0.75 x 1.2 MB
+    / 12.5 MB/s = 75 ms."""
+    from ddlbench.network.fit import fit_alpha_beta, fitted_network
+    pts = [(250e3, 0.011), (1e6, 0.041), (4e6, 0.25)]
+    f = fit_alpha_beta(pts, "all_gather", 2)
+    s1, s2 = f["segments"]
+    assert s1["up_to_bytes"] == 1_000_000 and s2["up_to_bytes"] is None
+    assert s1["alpha_s"] == pytest.approx(1e-3) and s1["bandwidth_Bps"] == pytest.approx(12.5e6)
+    assert s2["alpha_s"] == 0.0 and s2["bandwidth_Bps"] == pytest.approx(0.5 / ((1e6 * 0.041 + 4e6 * 0.25) / 17e12))
+    cluster = {"name": "box", "dimensions": [      # one core per node: 2 ranks span the link
+        {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 0.0},
+        {"name": "link", "size": 2, "bandwidth_GBps": 0.0125, "latency_us": 100.0}]}
+    ar = {"kind": "all_reduce", "world_size": 2, "alpha_s": 0.0, "bandwidth_Bps": 12.5e6, "sizes": [1, 2]}
+    net = m.from_dict(fitted_network(cluster, ar, 2, [ar, f]))
+    two = [(1, net.dims[0]), (2, net.dims[1])]
+    four = [(2, net.dims[0]), (2, net.dims[1])]
+
+    def price(b, spans, sized=True):
+        return m.collective_time("all_gather", b, m.kind_spans(net, "all_gather", spans, b if sized else None),
+                                 "gloo")[0]
+    assert price(600e3, two) == pytest.approx(0.025)
+    assert price(1.2e6, four) == pytest.approx(0.075)
+    assert price(3e6, two) == pytest.approx(0.5 * 3e6 / s2["bandwidth_Bps"])
+    whole = price(600e3, two, sized=False)           # the one line through all three sizes
+    assert whole == pytest.approx(f["alpha_s"] + 0.5 * 600e3 / f["bandwidth_Bps"]) and whole / 0.025 > 1.2
+    assert m.kind_spans(net, "broadcast", two, 600e3) == two      # no fit of its own: as described
+
+
+def test_each_message_of_a_step_is_priced_once_with_its_latency():
+    """FSDP on 2 nodes x 1 rank counted at the c10d dispatch: 3.6 MB all-gathered in 6 calls and
+    1.8 MB reduce-scattered in 3 per step. On the link (12.5 MB/s, 100 us) with gloo's algorithm:
+    6 x (100 us + 0.5 x 600 kB / 12.5 MB/s) + 3 x (2 x 100 us + 1.0 x 600 kB / 12.5 MB/s)
+    = 6 x 24.1 ms + 3 x 48.2 ms = 289.2 ms. Calls per group when recorded; an adapter's own counter
+    (Horovod's requests, fused into buffers) is one message."""
+    from ddlbench.network.project import comm_time
+    from ddlbench.network.workload import messages
+    comm = {"source": "c10d_dispatch", "per_step_bytes": {"all_gather": 3.6e6, "reduce_scatter": 1.8e6},
+            "per_step_calls": {"all_gather": 6.0, "reduce_scatter": 3.0},
+            "per_step_bytes_by_group": {"all_gather": {"2@2": 3.6e6}, "reduce_scatter": {"2@2": 1.8e6}}}
+    rec = {"status": "ok", "parallel": {"world_size": 2, "global_batch": 16, "nodes": 2},
+           "timing": {"step_time_s": {"median": 0.34}}, "framework": {"name": "fsdp"}, "comm": comm}
+    work = from_record(rec)
+    assert [(c.kind, c.calls, c.nodes) for c in work.collectives] == [("all_gather", 6.0, 2), ("reduce_scatter", 3.0, 2)]
+    net = m.from_dict({"name": "box", "dimensions": [
+        {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 100.0},
+        {"name": "link", "size": 2, "bandwidth_GBps": 0.0125, "latency_us": 100.0}]})
+    total, parts = comm_time(work, net, 2, "gloo", measured_groups=True)
+    assert total == pytest.approx(6 * 0.0241 + 3 * 0.0482)
+    assert parts == {"all_gather/world (gloo)": pytest.approx(0.1446), "reduce_scatter/world (gloo)": pytest.approx(0.1446)}
+    assert messages({**comm, "per_step_calls_by_group": {"all_gather": {"2@2": 2.0}}}) == {"all_gather": {"2@2": 2.0}}
+    hvd = {"source": "adapter", "per_step_bytes": {"all_reduce": 1.8e6}, "per_step_calls": {"all_reduce": 28.0}}
+    assert messages(hvd) == {}
+    assert from_record({**rec, "comm": hvd}).collectives[0].calls == 1.0

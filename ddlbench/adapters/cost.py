@@ -142,6 +142,8 @@ class CostModel:
                                       # differs from grad_bytes (FSDP2 mixed precision: param_dtype); 0 = same
     step_grad_copy_bytes: int = 0     # bytes per element of a copy of the gradients that exists only
                                       # during the optimizer step (DeepSpeed's FP16_Optimizer: fp32)
+    pipeline_stages: int = 0         # > 1: a one-stage-per-rank pipeline schedule (GPipe, 1F1B) whose
+                                     # sends overlap the next micro-batch's compute (advise.predict)
     traffic: tuple = ()              # Traffic, per optimizer step
 
     def payload_psi(self) -> dict[str, float]:

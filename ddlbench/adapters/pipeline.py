@@ -132,7 +132,7 @@ class PipelineAdapter(Adapter):
             f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank", piece, shard_ranks=dp,
             buffers=buffers, activation_share=mine.activations, in_flight=in_flight,
             compute_share=mine.compute, bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
-            traffic=tuple(traffic))
+            pipeline_stages=pp if v == 1 and pp > 1 else 0, traffic=tuple(traffic))
 
     @staticmethod
     def busiest_rank(model, schedule: str, pp: int, v: int, tp: int, flights: list[int] | None = None):

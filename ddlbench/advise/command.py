@@ -128,6 +128,15 @@ def device_memory_bytes(opts: dict, device: str) -> tuple[int, str]:
     return total // opts["devices"], f"host MemTotal / {opts['devices']} devices"
 
 
+def spread_overrides(devices: int, per_node: int, backend: str) -> list[str]:
+    """What a measured candidate adds to run on the nodes its devices fill: with backend=slurm and
+    more devices than a node has (inside `bench cluster`: one core per node), one Slurm task per
+    rank over ceil(devices / per_node) nodes (the sweep's Slurm back end sizes the job from them);
+    on one node nothing (the local launcher)."""
+    nodes = math.ceil(devices / per_node)
+    return ["launcher=slurm", f"launcher.nodes={nodes}"] if backend == "slurm" and nodes > 1 else []
+
+
 def calibration_overrides(framework: str, model: str, micro_batch: int, extra: list[str],
                           threads: int | None, ranks: int = 1) -> list[str]:
     """One rank (or `ranks`: the sharded calibration), no accumulation; on CPU with the threads
@@ -215,9 +224,13 @@ def start(args: list[str]) -> int:
     prof = profile(cfg.model, cfg.run.precision)
     for c in valid:
         attach_cost(c, prof, per_node)
+    across = spread_overrides(opts["devices"], per_node, opts["backend"])
+    for c in grid:
+        c.overrides = [*c.overrides, *across]
     limit, limit_source = device_memory_bytes(opts, device)
     survivors = [c for c in grid if not c.pruned]
     state = {"phase": "calibrate", "options": opts, "extra_overrides": extra, "network": network.name,
+             "network_source": str(network.source),         # a file given as network= has no conf name
              "devices_per_node": per_node, "device": device, "precision": cfg.run.precision,
              "device_memory_bytes": limit, "device_memory_source": limit_source,
              "optimizer": {"name": cfg.optim.name, "momentum": cfg.optim.momentum},
@@ -228,8 +241,9 @@ def start(args: list[str]) -> int:
         from ddlbench.envinfo import usable_cores
         from ddlbench.launch.local import threads_per_rank
         threads = threads_per_rank(valid[0].plan)
-        # ranks x threads over the cores, against the 1-rank calibration's
-        state["oversubscription"] = (max(1.0, opts["devices"] * threads / usable_cores())
+        # ranks x threads over the cores of a node (a node of `bench cluster` has its own), against the
+        # 1-rank calibration's
+        state["oversubscription"] = (max(1.0, min(opts["devices"], per_node) * threads / usable_cores())
                                      / max(1.0, threads / usable_cores()))
     overrides, raws = [], []
     for cell in calibration_cells(survivors, opts["calibrate"]):
@@ -377,7 +391,7 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
     from ddlbench.report.frame import training_memory_bytes
 
     prof = ModelProfile.from_dict(state["profile"])
-    network = load(state["network"])
+    network = load(state.get("network_source") or state["network"])
     opt = state["optimizer"]
     ddp, factor, overhead = {}, {}, {}
     cells = list(zip(state["calibration"]["cells"], calibration))

@@ -2,6 +2,9 @@
 
     step = compute + communication          (no overlap assumed: an upper bound, stated)
 
+except a pipeline of one stage per rank (GPipe, 1F1B), whose sends overlap the next micro-batch's
+compute: a flow shop over the stages and the link's two directions (pipeline_step).
+
 compute: 1-rank DDP calibration runs of the same model measure the step time t(m) at the grid's
 smallest and largest micro-batch (grad_accum 1); between them t is affine in m (t = a + b m: a
 fixed per-step cost plus a per-sample cost). Each other framework's 1-rank run at its largest
@@ -60,8 +63,8 @@ def spans(network: Network, ranks: int, stride: int) -> list:
 def comm_seconds(items: tuple[Traffic, ...] | list[Traffic], network: Network, algorithm: str = "best") -> tuple[float, dict]:
     total, parts = 0.0, {}
     for c in items:
-        t, alg = collective_time(c.kind, c.bytes, kind_spans(network, c.kind, spans(network, c.ranks, c.stride)),
-                                 algorithm)
+        t, alg = collective_time(c.kind, c.bytes,
+                                 kind_spans(network, c.kind, spans(network, c.ranks, c.stride), c.bytes), algorithm)
         t *= c.count
         total += t
         key = f"{c.kind} x{c.count:g} over {c.ranks} ({alg})"
@@ -69,10 +72,36 @@ def comm_seconds(items: tuple[Traffic, ...] | list[Traffic], network: Network, a
     return total, parts
 
 
+def pipeline_step(slot_s: float, micro_batches: int, stages: int, send_s: float) -> float:
+    """Seconds of one step of a one-stage-per-rank pipeline whose sends overlap compute, as a flow
+    shop: each micro-batch passes every stage's compute slot (forward + backward, `slot_s`) and,
+    between neighbouring stages, one send each way (`send_s`; activations forward and their
+    gradients backward use the two directions of the link, each carrying one message per micro-
+    batch). The busiest resource paces the micro-batches after the first, which crosses the
+    whole chain:
+        (m - 1) x max(slot, send) + pp x slot + 2 (pp - 1) x send
+    Without sends this is (m + pp - 1) x slot, the bubble formula; with sends slower than a slot
+    the link sets the pace and compute hides behind it. Stated as an approximation: 1F1B
+    interleaves forward and backward, GPipe runs them as two phases."""
+    m, pp = micro_batches, stages
+    return (m - 1) * max(slot_s, send_s) + pp * slot_s + 2 * (pp - 1) * send_s
+
+
 def predict(layout: Layout, cost: CostModel, calibration: dict[int, float], network: Network,
             recompute: float = 1.0, algorithm: str = "best", compute_scale: float = 1.0) -> dict:
     """compute_scale: the framework's own compute relative to DDP's (its 1-rank calibration run)
-    x, on a CPU host whose ranks share cores, the oversubscription (rank threads per core)."""
+    x, on a CPU host whose ranks share cores, the oversubscription (rank threads per core).
+    A pipeline whose cost model says its sends overlap compute (`pipeline_stages`) is priced by
+    pipeline_step, its other collectives (the data-parallel all-reduce after the schedule) added."""
     compute = step_compute(layout, cost, calibration, recompute if layout.checkpointing else 1.0) * compute_scale
     comm, parts = comm_seconds(cost.traffic, network, algorithm)
+    sends = [t for t in cost.traffic if t.kind == "send" and t.count]
+    if cost.pipeline_stages > 1 and sends:
+        m = layout.grad_accum
+        slot = compute / (m + cost.bubble_slots)
+        send_total, _ = comm_seconds(sends, network, algorithm)
+        per_send = send_total / sum(t.count for t in sends)
+        step = pipeline_step(slot, m, cost.pipeline_stages, per_send) + (comm - send_total)
+        return {"compute_s": compute, "comm_s": comm, "step_s": step, "comm_parts_s": parts,
+                "exposed_comm_s": step - compute}
     return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm, "comm_parts_s": parts}

@@ -7,13 +7,15 @@ from dataclasses import dataclass
 
 class CommCounter:
     """Bytes and calls per collective kind since the last `take()`; with the group when known,
-    bytes per group too (`group_bytes`: {'<ranks>@<nodes>': bytes}; a collective among 2 ranks
-    of one node costs differently from one among all 8 ranks of 4 nodes)."""
+    bytes and calls per group too (`group_bytes`, `group_calls`: {'<ranks>@<nodes>': n}; a
+    collective among 2 ranks of one node costs differently from one among all 8 ranks of 4 nodes,
+    and each call pays the network's latency once)."""
 
     def __init__(self) -> None:
         self._bytes: dict[str, int] = defaultdict(int)
         self._calls: dict[str, int] = defaultdict(int)
         self._groups: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self._group_calls: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._sizes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
     def add(self, kind: str, nbytes: int, calls: int = 1, group: str | None = None) -> None:
@@ -21,6 +23,7 @@ class CommCounter:
         self._calls[kind] += calls
         if group is not None:
             self._groups[kind][str(group)] += int(nbytes)
+            self._group_calls[kind][str(group)] += calls
         if kind in SIZED_KINDS:   # a size-dependent wire factor needs each call's size
             self._sizes[kind][f"{group or ''}|{int(nbytes)}"] += calls
 
@@ -28,17 +31,19 @@ class CommCounter:
         out = {k: {"bytes": self._bytes[k], "calls": self._calls[k]} for k in self._bytes}
         for k, groups in self._groups.items():
             out[k]["group_bytes"] = dict(sorted(groups.items()))
+            out[k]["group_calls"] = dict(sorted(self._group_calls[k].items()))
         for k, sizes in self._sizes.items():
             out[k]["sizes"] = dict(sorted(sizes.items()))
         self._bytes.clear()
         self._sizes.clear()
         self._calls.clear()
         self._groups.clear()
+        self._group_calls.clear()
         return out
 
 
 def per_step(totals: dict, steps: int) -> dict:
-    """{kind: {'bytes', 'calls'[, 'group_bytes', 'sizes']}} over `steps` -> per-step floats."""
+    """{kind: {'bytes', 'calls'[, 'group_bytes', 'group_calls', 'sizes']}} over `steps` -> per-step floats."""
     if steps <= 0:
         raise ValueError("steps must be positive")
     out = {}
@@ -46,6 +51,8 @@ def per_step(totals: dict, steps: int) -> dict:
         out[k] = {"bytes": v["bytes"] / steps, "calls": v["calls"] / steps}
         if "group_bytes" in v:
             out[k]["group_bytes"] = {g: b / steps for g, b in v["group_bytes"].items()}
+        if "group_calls" in v:
+            out[k]["group_calls"] = {g: c / steps for g, c in v["group_calls"].items()}
         if "sizes" in v:
             out[k]["sizes"] = {s: c / steps for s, c in v["sizes"].items()}
     return out

@@ -17,7 +17,7 @@ def parse(args: list[str]) -> tuple[Path, dict]:
     paths = [a for a in args if "=" not in a]
     if len(paths) != 1:
         raise ConfigError("usage: bench project RESULT network=NAME [world_sizes=[8,64,...]] [scaling=weak|strong] "
-                          "[overlap=0..1] [algorithm=auto|best|ring|tree|hierarchical] [measured_on=NETWORK] "
+                          "[overlap=0..1] [algorithm=auto|best|ring|tree|hierarchical|gloo] [measured_on=NETWORK] "
                           "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [out=DIR]")
     opts = {}
     for a in args:
@@ -72,8 +72,8 @@ def run(args: list[str]) -> int:
     if too_big:
         raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
     algorithm = o.get("algorithm", "auto")
-    if algorithm not in ("auto", "best", *model.ALGORITHMS):
-        raise ConfigError(f"algorithm must be auto, best, ring, tree or hierarchical, got {algorithm!r}")
+    if algorithm not in ("auto", "best", *model.ALGORITHMS, model.GLOO):
+        raise ConfigError(f"algorithm must be auto, best, ring, tree, hierarchical or gloo, got {algorithm!r}")
     scaling = o.get("scaling", "weak")
     if scaling not in ("weak", "strong"):
         raise ConfigError("scaling must be weak or strong")
@@ -82,7 +82,7 @@ def run(args: list[str]) -> int:
         raise ConfigError("overlap must be within [0, 1]")
     compute_from = workload.from_record(_record(Path(o["compute_from"]))) if "compute_from" in o else None
     backend = (rec.get("env") or {}).get("backend")
-    if algorithm == "auto":     # the algorithm the run's backend runs (gloo: flat rings)
+    if algorithm == "auto":     # the algorithm the run's backend runs (gloo: flat rings, reduce-scatter as all-reduce)
         algorithm = model.backend_algorithm(backend)
     recorded = model.recorded_network(rec)      # inside `bench cluster`: the link it ran on
     measured_on = model.load(o["measured_on"]) if "measured_on" in o else recorded or model.load("local_gloo")

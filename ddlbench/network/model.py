@@ -29,6 +29,7 @@ from pathlib import Path
 
 GB = 1e9
 ALGORITHMS = ("ring", "tree", "hierarchical")
+GLOO = "gloo"      # flat rings; reduce-scatter as an all-reduce of the whole input (backend_algorithm)
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,10 @@ def flat(kind: str, algorithm: str, b: float, spans: list[tuple[int, Dimension]]
     if p <= 1 or not active:
         return 0.0
     alpha, bw = max(d.latency for d in active), min(d.bandwidth for d in active)
+    if algorithm == GLOO and kind == "reduce_scatter":
+        return ring_allreduce(b, p, alpha, bw)
     if kind == "all_reduce":
-        return (ring_allreduce if algorithm == "ring" else tree_allreduce)(b, p, alpha, bw)
+        return (tree_allreduce if algorithm == "tree" else ring_allreduce)(b, p, alpha, bw)
     if kind in ("all_gather", "reduce_scatter", "reduce"):
         return ring_gather(b, p, alpha, bw)
     if kind == "broadcast":
@@ -167,21 +170,42 @@ def flat(kind: str, algorithm: str, b: float, spans: list[tuple[int, Dimension]]
 
 
 def backend_algorithm(backend: str | None) -> str:
-    """The algorithm a backend's collectives run, for pricing its runs: gloo's are flat rings over
-    every rank of the group, blind to nodes (4 ranks on 2 nodes: one ring that crosses the link
-    with 2 (p-1)/p of the buffer, not a reduce-scatter inside the node first); NCCL chooses ring,
-    tree or a hierarchy per size and topology: the fastest ('best')."""
-    return "ring" if backend == "gloo" else "best"
+    """The algorithm a backend's collectives run, for pricing its runs: gloo's ('gloo') are flat
+    rings over every rank of the group, blind to nodes (4 ranks on 2 nodes: one ring that crosses
+    the link with 2 (p-1)/p of the buffer, not a reduce-scatter inside the node first), and its
+    reduce-scatter is an all-reduce of the whole input (ProcessGroupGloo; measured on its sockets,
+    ddlbench.metrics.comm's wire factors); NCCL chooses ring, tree or a hierarchy per size and
+    topology: the fastest ('best')."""
+    return GLOO if backend == "gloo" else "best"
 
 
-def kind_spans(network: Network, kind: str, spans: list[tuple[int, Dimension]]) -> list[tuple[int, Dimension]]:
+def _segment(fit: dict, message_bytes: float | None, ranks: int) -> dict:
+    """The part of a per-kind fit that prices a message: the segment (ddlbench.network.fit) its
+    size falls in, sizes compared per ring step (a message of b bytes over p ranks moves b / p a
+    step, as b x world_size / p does in the fit's runs); the whole fit without a size."""
+    segments = fit.get("segments")
+    if not segments or message_bytes is None:
+        return fit
+    at = message_bytes * int(fit.get("world_size") or ranks) / max(ranks, 1)
+    return next((s for s in segments if s.get("up_to_bytes") is None or at <= s["up_to_bytes"]), segments[-1])
+
+
+def kind_spans(network: Network, kind: str, spans: list[tuple[int, Dimension]],
+               message_bytes: float | None = None) -> list[tuple[int, Dimension]]:
     """`spans` with each dimension that a per-kind fit priced (the network's `kinds`:
-    {kind: {dimension: {bandwidth_GBps, latency_us}}}, written by bench commbench) at that kind's
-    fitted bandwidth and latency; the others as described."""
+    {kind: {dimension: {bandwidth_GBps, latency_us[, world_size, segments]}}}, written by bench
+    commbench) at that kind's fitted bandwidth and latency for a message of `message_bytes`; the
+    others as described."""
     fitted = (network.meta.get("kinds") or {}).get(kind) or {}
-    return [(n, Dimension(d.name, d.size, float(fitted[d.name]["bandwidth_GBps"]) * GB,
-                          float(fitted[d.name]["latency_us"]) * 1e-6, d.cost_per_GBps) if d.name in fitted else d)
-            for n, d in spans]
+    ranks = math.prod(n for n, _ in spans)
+    out = []
+    for n, d in spans:
+        if d.name in fitted:
+            f = _segment(fitted[d.name], message_bytes, ranks)
+            d = Dimension(d.name, d.size, float(f["bandwidth_GBps"]) * GB, float(f["latency_us"]) * 1e-6,
+                          d.cost_per_GBps)
+        out.append((n, d))
+    return out
 
 
 def collective_time(kind: str, b: float, spans: list[tuple[int, Dimension]], algorithm: str = "best") -> tuple[float, str]:
@@ -194,6 +218,8 @@ def collective_time(kind: str, b: float, spans: list[tuple[int, Dimension]], alg
     if kind not in ("all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast"):
         return 0.0, "none"
     options = {}
+    if algorithm == GLOO:
+        return flat(kind, GLOO, b, spans), GLOO
     for alg in (ALGORITHMS if algorithm == "best" else (algorithm,)):
         if alg == "hierarchical":
             options[alg] = hierarchical(kind, b, spans)

@@ -3,6 +3,9 @@ hand-checked in tests/test_network.py).
 
     step(N) = compute(N) + (1 - overlap) * sum over the step's collectives of their time on N devices
 
+(a collective kind's payload in a group priced as its measured number of messages, each of
+bytes / calls, ddlbench.network.workload)
+
 compute: from a 1-rank result of the same configuration (`compute_from`), else the measured
 step time minus the communication the model predicts for the measured run on the network it
 ran on (`measured_on`, e.g. conf/network/local_gloo.yaml calibrated on the machine). Weak
@@ -45,7 +48,9 @@ def comm_time(work: Workload, network: Network, devices: int, algorithm: str = "
     total, parts = 0.0, {}
     for c in work.collectives:
         spans = measured_spans(c, network) if measured_groups else spans_for(c.scope, network, devices)
-        t, alg = collective_time(c.kind, c.bytes, kind_spans(network, c.kind, spans), algorithm)
+        message = c.bytes / c.calls
+        t, alg = collective_time(c.kind, message, kind_spans(network, c.kind, spans, message), algorithm)
+        t *= c.calls
         total += t
         key = f"{c.kind}/{c.scope} ({alg})"
         parts[key] = parts.get(key, 0.0) + t

@@ -6,6 +6,12 @@ Scope of a collective, from the group it ran in ('<ranks>@<nodes>' in result.jso
 ranks of one node: DASO's gradient all-reduce and broadcast), `across` (one rank per node:
 DASO's parameter average). Data-parallel strategies only: with tensor or pipeline parallelism
 the group sizes do not follow the world size in a way this model knows, so it refuses.
+
+Messages: a kind's payload in a group is priced as `calls` collectives of bytes / calls each
+(each pays the latency once, and a fit per message size prices each at its size):
+`comm.per_step_calls_by_group`, else the kind's `per_step_calls` where it ran in one group and was
+counted at the c10d dispatch (every call a collective on the wire); an adapter's own counter
+(Horovod: one request per gradient, which its tensor fusion packs into buffers) gives one message.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ class Collective:
     scope: str        # world | node | across
     ranks: int        # group size in the measured run
     nodes: int = 1    # nodes that group spanned in the measured run
+    calls: float = 1.0  # messages per step the payload went in
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,18 @@ def scope_of(key: str, world: int) -> str | None:
     raise ConfigError(f"a collective over {ranks} ranks on {nodes} nodes: no projection rule for it")
 
 
+def messages(comm: dict) -> dict[str, dict[str, float]]:
+    """{kind: {group key: calls per step}} of a result's `comm` (see the module's docstring)."""
+    by_group = comm.get("per_step_calls_by_group")
+    if by_group is not None:
+        return {k: {g: max(float(c), 1.0) for g, c in v.items()} for k, v in by_group.items()}
+    if comm.get("source") != "c10d_dispatch":
+        return {}
+    calls = comm.get("per_step_calls") or {}
+    return {k: {g: max(float(calls.get(k, 1.0)), 1.0)} for k, groups in (comm.get("per_step_bytes_by_group") or {}).items()
+            if len(groups) == 1 for g in groups}
+
+
 def from_record(rec: dict) -> Workload:
     if rec.get("status") != "ok":
         raise ConfigError(f"run {rec.get('run_id')} is {rec.get('status')}: only ok runs can be projected")
@@ -60,12 +79,14 @@ def from_record(rec: dict) -> Workload:
         raise ConfigError("the result has no communication counts (comm) to project from")
     out = []
     by_group = comm.get("per_step_bytes_by_group") or {}
+    calls = messages(comm)
     for kind, b in (comm.get("per_step_bytes") or {}).items():
         if kind in by_group:
             for key, gb in by_group[kind].items():
                 scope = scope_of(key, world)
                 if scope and gb > 0:
-                    out.append(Collective(kind, float(gb), scope, group_size(key), int(str(key).split("@")[1])))
+                    out.append(Collective(kind, float(gb), scope, group_size(key), int(str(key).split("@")[1]),
+                                          calls.get(kind, {}).get(key, 1.0)))
         elif b > 0 and world > 1:       # counted without groups (Horovod's own counter): world
             out.append(Collective(kind, float(b), "world", world, int(par.get("nodes") or 1)))
     fw = rec.get("framework") or {}
