@@ -312,6 +312,9 @@ def test_each_message_of_a_step_is_priced_once_with_its_latency():
     assert total == pytest.approx(6 * 0.0241 + 3 * 0.0482)
     assert parts == {"all_gather/world (gloo)": pytest.approx(0.1446), "reduce_scatter/world (gloo)": pytest.approx(0.1446)}
     assert messages({**comm, "per_step_calls_by_group": {"all_gather": {"2@2": 2.0}}}) == {"all_gather": {"2@2": 2.0}}
+    # a message every other step (DASO's cross-node average at global_skip 2): half a call a step,
+    # priced as one message of twice the per-step bytes, half the time
+    assert messages({**comm, "per_step_calls_by_group": {"all_reduce": {"2@2": 0.5}}}) == {"all_reduce": {"2@2": 0.5}}
     hvd = {"source": "adapter", "per_step_bytes": {"all_reduce": 1.8e6}, "per_step_calls": {"all_reduce": 28.0}}
     assert messages(hvd) == {}
     assert from_record({**rec, "comm": hvd}).collectives[0].calls == 1.0

@@ -56,13 +56,15 @@ def scope_of(key: str, world: int) -> str | None:
 
 def messages(comm: dict) -> dict[str, dict[str, float]]:
     """{kind: {group key: calls per step}} of a result's `comm` (see the module's docstring)."""
+    def per_step(c) -> float:      # fewer than one a step: one message every 1/c steps (DASO's cycles)
+        return float(c) if c and c > 0 else 1.0
     by_group = comm.get("per_step_calls_by_group")
     if by_group is not None:
-        return {k: {g: max(float(c), 1.0) for g, c in v.items()} for k, v in by_group.items()}
+        return {k: {g: per_step(c) for g, c in v.items()} for k, v in by_group.items()}
     if comm.get("source") != "c10d_dispatch":
         return {}
     calls = comm.get("per_step_calls") or {}
-    return {k: {g: max(float(calls.get(k, 1.0)), 1.0)} for k, groups in (comm.get("per_step_bytes_by_group") or {}).items()
+    return {k: {g: per_step(calls.get(k))} for k, groups in (comm.get("per_step_bytes_by_group") or {}).items()
             if len(groups) == 1 for g in groups}
 
 
