@@ -11,6 +11,7 @@ there says nothing.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -82,6 +83,16 @@ def _run(tmp_path_factory, model: str, framework: str, nproc: int = 2, extra: tu
         d = tmp_path_factory.mktemp(f"{framework}-{model}-n{nproc}") / "run"
         _, _cache[key] = run_record(d, f"framework={framework}", f"model={model}", f"launcher.nproc={nproc}",
                                     *extra, *STEPS)
+        err = _cache[key].get("error") or {}
+        if framework == "ddp" and err.get("signal"):
+            # DDP is every strategy's reference: one native crash of a rank (seen once in CI: rank 1
+            # SIGABRT with no output, after its first step) would fail every comparison of this
+            # model. The reference runs once more; the crash is reported, not hidden.
+            warnings.warn(f"DDP reference {model} x{nproc}: {err.get('message')} ({d}); ran it again",
+                          stacklevel=2)
+            d2 = tmp_path_factory.mktemp(f"{framework}-{model}-n{nproc}-again") / "run"
+            _, _cache[key] = run_record(d2, f"framework={framework}", f"model={model}", f"launcher.nproc={nproc}",
+                                        *extra, *STEPS)
     return _cache[key]
 
 
