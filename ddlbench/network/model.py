@@ -217,9 +217,9 @@ def collective_time(kind: str, b: float, spans: list[tuple[int, Dimension]], alg
         return (p2p(b, d.latency, d.bandwidth) if kind == "send" else 0.0), "p2p"
     if kind not in ("all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast"):
         return 0.0, "none"
-    options = {}
     if algorithm == GLOO:
         return flat(kind, GLOO, b, spans), GLOO
+    options = {}
     for alg in (ALGORITHMS if algorithm == "best" else (algorithm,)):
         if alg == "hierarchical":
             options[alg] = hierarchical(kind, b, spans)
