@@ -116,10 +116,11 @@ def predictions(rec: dict, one: dict, fitted_path: Path) -> dict:
 
 def cross_rate(out: Path, doc: dict, base: str) -> None:
     """`bench project`'s own path, held against each link: compute = the step measured at `base`
-    minus its collectives modelled at `base` (multi-rank overheads stay in), plus the collectives
-    modelled at each other rate; on the configured and on the fitted networks."""
+    minus its exposed collectives modelled at `base` (multi-rank overheads stay in), plus the base
+    run's collectives (and issue profile, where it has one) exposed at each other rate; on the
+    configured and on the fitted networks. Only the base run is read for a prediction."""
     from ddlbench.network.model import backend_algorithm, load, recorded_network
-    from ddlbench.network.project import comm_time, compute_seconds
+    from ddlbench.network.project import compute_seconds, exposed_time
     from ddlbench.network.workload import from_record
     def key(p):
         return p["rate"], p["framework"], p.get("ranks", 2)
@@ -137,11 +138,12 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
                 return (recorded_network(rec) if label == "configured"
                         else load(str(out / rate / "commbench" / "network.yaml")))
             alg = backend_algorithm(recs[key(p)]["env"].get("backend"))     # gloo: flat rings
-            compute, _ = compute_seconds(from_record(recs[at_base]), measured_on=net(base), algorithm=alg)
-            work = from_record(recs[key(p)])
-            comm, _ = comm_time(work, net(p["rate"]), work.world, alg, measured_groups=True)
-            p["from_base"][label] = {"predicted_step_s": compute + comm,
-                                     "relative_error": (compute + comm - work.step_s) / work.step_s}
+            base_work = from_record(recs[at_base])
+            compute, _ = compute_seconds(base_work, measured_on=net(base), algorithm=alg)
+            exposed = exposed_time(base_work, net(p["rate"]), base_work.world, alg, measured_groups=True)
+            measured = from_record(recs[key(p)]).step_s
+            p["from_base"][label] = {"predicted_step_s": compute + exposed,
+                                     "relative_error": (compute + exposed - measured) / measured}
 
 
 def up(rate: str) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ddlbench import envinfo
 from ddlbench.hardware import cuda_tf32_enabled, peak_dtype, peak_flops
-from ddlbench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, per_step, rank_wire_bytes
+from ddlbench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, latest_issue, per_step, rank_wire_bytes
 from ddlbench.metrics.convergence import eval_times, first_reached
 from ddlbench.metrics.mfu import MfuError, mfu
 from ddlbench.metrics.stragglers import describe as describe_stragglers
@@ -28,6 +28,8 @@ def _comm(gathered: list, world: int, params: int | None, adapter, backend: str)
         return None
     steps = gathered[0]["comm"].get("steps", 1)
     rows = [per_step(c, steps) for c in per_rank]
+    issued = {k: latest_issue([r[k].pop("issued") for r in rows if "issued" in r.get(k, {})])
+              for k in sorted({k for r in rows for k, v in r.items() if "issued" in v})}
     kinds = sorted({k for r in rows for k in r})
     per_step_bytes = {k: max(r.get(k, {}).get("bytes", 0.0) for r in rows) for k in kinds}
     wire = [rank_wire_bytes(r, world, backend) for r in rows]
@@ -66,6 +68,12 @@ def _comm(gathered: list, world: int, params: int | None, adapter, backend: str)
         out["per_step_calls_by_group"] = {k: v for k, v in calls.items() if v}
         out["group_note"] = ("'<ranks>@<nodes>': bytes (calls) per step in groups of that many ranks spanning "
                              "that many nodes")
+    if issued:
+        out["issued"] = issued
+        out["issued_note"] = ("per kind, the messages of the last probe step in issue order as [headroom_s, bytes]: "
+                              "seconds of the step's compute still to run when the library was handed the "
+                              "message (its background thread sends it while backward goes on), the smallest "
+                              "over ranks; bench project prices a link draining them in that order")
     out.update(analytic_comm(adapter.analytic_comm(), params, world, backend))
     times = [g["comm"].get("time") for g in gathered]
     if all(t is not None for t in times):

@@ -56,6 +56,12 @@ def test_horovod_counts_its_own_allreduces_without_lr_scaling(run_dir):
     assert rec["status"] == "ok", rec["error"]
     assert rec["comm"]["source"] == "adapter"
     assert rec["comm"]["per_step_bytes"]["all_reduce"] == 4 * rec["model"]["params"]
+    # when backward handed each gradient to Horovod: every byte, in issue order, headroom falling to ~0
+    issued = rec["comm"]["issued"]["all_reduce"]
+    assert sum(b for _, b in issued) == rec["comm"]["per_step_bytes"]["all_reduce"]
+    heads = [h for h, _ in issued]
+    assert all(h >= 0 for h in heads) and heads == sorted(heads, reverse=True) and heads[0] > heads[-1]
+    assert all("issued" not in r["all_reduce"] for r in rec["comm"]["per_rank"])
     assert rec["framework"]["native_config"]["lr_scaled_by_world_size"] is False
     # what ran: Horovod 0.28.1's own default (operations.cc), which its cost model (advise) uses too
     from ddlbench.adapters.cost import ModelProfile

@@ -318,3 +318,57 @@ def test_each_message_of_a_step_is_priced_once_with_its_latency():
     hvd = {"source": "adapter", "per_step_bytes": {"all_reduce": 1.8e6}, "per_step_calls": {"all_reduce": 28.0}}
     assert messages(hvd) == {}
     assert from_record({**rec, "comm": hvd}).collectives[0].calls == 1.0
+
+
+def test_messages_handed_over_during_backward_are_drained_under_it():
+    """A link drains messages in issue order as they come (a work-conserving queue). By hand,
+    a 10 ms collective in two equal halves: issued 6 ms before compute ends, then at its end:
+    the first half crosses from -6 to -1 ms, the second from 0 to 5 ms: a 5 ms wait. Issued 12 and
+    2 ms before: the first half done at -7, the second crosses -2..3: 3 ms. All at the end: 10 ms.
+    A 100 ms collective whose first message goes 30 ms early: 70 ms."""
+    from ddlbench.network.project import drained
+    assert drained(0.010, [(0.006, 50), (0.0, 50)]) == pytest.approx(0.005)
+    assert drained(0.010, [(0.002, 50), (0.012, 50)]) == pytest.approx(0.003)   # order by headroom
+    assert drained(0.010, [(0.0, 100)]) == pytest.approx(0.010)
+    assert drained(0.100, [(0.030, 10), (0.020, 80), (0.0, 10)]) == pytest.approx(0.070)
+    assert drained(0.004, [(0.030, 10), (0.020, 80), (0.0, 10)]) == pytest.approx(0.0004)   # the last tenth
+    assert drained(0.010, []) == 0.010
+
+
+def test_a_horovod_issue_profile_prices_its_overlap_in_projection():
+    """Horovod's record with `comm.issued` (headroom, bytes): the projection exposes only what the
+    link has not drained when compute ends; compute from the measured run subtracts the same."""
+    from ddlbench.network.project import comm_time, exposed_time
+    comm = {"source": "adapter", "per_step_bytes": {"all_reduce": 1e6}, "per_step_calls": {"all_reduce": 2.0},
+            "issued": {"all_reduce": [[0.020, 5e5], [0.0, 5e5]]}}
+    rec = {"status": "ok", "parallel": {"world_size": 2, "global_batch": 8, "nodes": 1},
+           "timing": {"step_time_s": {"median": 0.1}}, "framework": {"name": "horovod"}, "comm": comm}
+    work = from_record(rec)
+    assert work.collectives[0].issued == ((0.020, 5e5), (0.0, 5e5))
+    slow = m.Network("slow", (m.Dimension("host", 64, 1e7, 0.0),))   # 10 MB/s: ring 2 x 1/2 x 1 MB = 100 ms
+    assert comm_time(work, slow, 2, "ring")[0] == pytest.approx(0.1)
+    assert exposed_time(work, slow, 2, "ring") == pytest.approx(0.080)          # max(100 - 20, 50 - 0)
+    assert exposed_time(work, FLAT, 2, "ring") == pytest.approx(0.5e-3)        # 1 ms: only its last half
+    assert compute_seconds(work, slow, algorithm="ring")[0] == pytest.approx(0.020)
+    row = project(work, slow, [2], compute_s=0.02, algorithm="ring")[0]
+    assert row["step_s"] == pytest.approx(0.1) and row["exposed_comm_s"] == pytest.approx(0.08)
+    strong = project(work, slow, [4], compute_s=0.02, scaling="strong", algorithm="ring")[0]
+    # 4 devices, half the per-device batch: headroom halves (10 ms); ring 2 x 3/4 x 1 MB = 150 ms
+    assert strong["exposed_comm_s"] == pytest.approx(0.140)
+    without = from_record({**rec, "comm": {k: v for k, v in comm.items() if k != "issued"}})
+    assert exposed_time(without, slow, 2, "ring") == pytest.approx(0.1)
+
+
+def test_the_issue_log_gives_headroom_and_ranks_agree_on_the_latest():
+    from ddlbench.metrics.comm import IssueLog, latest_issue, per_step
+    log = IssueLog()
+    log.add("all_reduce", 100, t=1.0)
+    log.add("all_reduce", 50, t=1.5)
+    log.compute_end(t=2.0)
+    log.add("all_reduce", 7, t=2.5)          # the next step's, not closed: not taken
+    assert log.take() == {"all_reduce": [[1.0, 100], [0.5, 50]]}
+    assert log.take() == {}
+    assert latest_issue([[[1.0, 100], [0.5, 50]], [[0.8, 100], [0.6, 50]]]) == [[0.8, 100], [0.5, 50]]
+    assert latest_issue([[[1.0, 100]], [[0.8, 60], [0.1, 40]]]) == [[1.0, 100]]
+    row = per_step({"all_reduce": {"bytes": 300, "calls": 4, "issued": [[1.0, 150]]}}, steps=2)
+    assert row == {"all_reduce": {"bytes": 150.0, "calls": 2.0, "issued": [[1.0, 150]]}}

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from ddlbench.adapters.base import Adapter, StepOut
 from ddlbench.adapters.common import autocast, split_micro, taxonomy_labels
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
-from ddlbench.metrics.comm import AnalyticComm, CommCounter
+from ddlbench.metrics.comm import AnalyticComm, CommCounter, IssueLog
 from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 # Horovod 0.28.1's fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 MiB
@@ -83,6 +83,7 @@ class HorovodAdapter(Adapter):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         compression = hvd.Compression.fp16 if o.fp16_compression else hvd.Compression.none
         self.counter = CommCounter()
+        self.issues = IssueLog()   # when backward handed each gradient over: Horovod sends while backward runs
         self._count_allreduces(hvd_optimizer)
         base = build_optimizer(model.parameters())
         self.optimizer = hvd.DistributedOptimizer(
@@ -97,7 +98,7 @@ class HorovodAdapter(Adapter):
 
     def _count_allreduces(self, module) -> None:
         """Wrap the allreduce entry points the DistributedOptimizer calls."""
-        counter = self.counter
+        counter, issues = self.counter, self.issues
         for name in ("allreduce_async_", "grouped_allreduce_async_"):
             original = getattr(module, name, None)
             if original is None or getattr(original, "_ddlbench_counted", False):
@@ -105,7 +106,9 @@ class HorovodAdapter(Adapter):
 
             def counted(tensor, *args, _orig=original, **kwargs):
                 tensors = tensor if isinstance(tensor, (list, tuple)) else [tensor]
-                counter.add("all_reduce", sum(t.numel() * t.element_size() for t in tensors))
+                nbytes = sum(t.numel() * t.element_size() for t in tensors)
+                counter.add("all_reduce", nbytes)
+                issues.add("all_reduce", nbytes)
                 return _orig(tensor, *args, **kwargs)
 
             counted._ddlbench_counted = True
@@ -120,6 +123,7 @@ class HorovodAdapter(Adapter):
             scaled = loss / len(micro)
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             total += loss.detach().float()
+        self.issues.compute_end()   # backward is done: from here the step waits for the all-reduces
         if self.scaler:  # Horovod's AMP recipe: synchronize, unscale, then step without re-sync
             self.optimizer.synchronize()
             self.scaler.unscale_(self.optimizer)
@@ -132,7 +136,11 @@ class HorovodAdapter(Adapter):
         return StepOut(loss=total / len(micro))
 
     def comm_stats(self) -> Optional[dict]:
-        return self.counter.take()
+        counts, issued = self.counter.take(), self.issues.take()
+        for kind, profile in issued.items():
+            if kind in counts:
+                counts[kind]["issued"] = profile
+        return counts
 
     def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
         return model_state_bytes_per_rank(params, self.ctx.world_size, param_bytes=4, grad_bytes=4,

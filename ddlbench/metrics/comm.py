@@ -1,6 +1,7 @@
 """Communication accounting: counters fed where collectives are issued, and analytic volumes."""
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -42,6 +43,43 @@ class CommCounter:
         return out
 
 
+class IssueLog:
+    """When a step's gradient messages were handed to a library that sends them in the background
+    (Horovod's hooks during backward), as headroom: seconds of the step's compute still to run when
+    each was issued. `compute_end()` closes a step (backward done, the wait for the messages
+    begins); `take()` gives the last closed step's [[headroom_s, bytes], ...] per kind, in issue order."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[str, float, int]] = []
+        self._last: dict[str, list[list[float]]] = {}
+
+    def add(self, kind: str, nbytes: int, t: float | None = None) -> None:
+        self._pending.append((kind, time.perf_counter() if t is None else t, int(nbytes)))
+
+    def compute_end(self, t: float | None = None) -> None:
+        end = time.perf_counter() if t is None else t
+        self._last = {}
+        for kind, at, nbytes in self._pending:
+            self._last.setdefault(kind, []).append([max(end - at, 0.0), nbytes])
+        self._pending.clear()
+
+    def take(self) -> dict[str, list[list[float]]]:
+        out, self._last = self._last, {}
+        self._pending.clear()
+        return out
+
+
+def latest_issue(profiles: list[list[list[float]]]) -> list[list[float]]:
+    """One profile for a collective from every rank's: a collective goes once its last rank has
+    issued it, so each message's headroom is the smallest over ranks (messages matched in issue
+    order; where ranks issued different numbers of messages, the first rank's profile)."""
+    if not profiles:
+        return []
+    if len({len(p) for p in profiles}) != 1:
+        return [list(m) for m in profiles[0]]
+    return [[min(p[i][0] for p in profiles), profiles[0][i][1]] for i in range(len(profiles[0]))]
+
+
 def per_step(totals: dict, steps: int) -> dict:
     """{kind: {'bytes', 'calls'[, 'group_bytes', 'group_calls', 'sizes']}} over `steps` -> per-step floats."""
     if steps <= 0:
@@ -55,6 +93,8 @@ def per_step(totals: dict, steps: int) -> dict:
             out[k]["group_calls"] = {g: c / steps for g, c in v["group_calls"].items()}
         if "sizes" in v:
             out[k]["sizes"] = {s: c / steps for s, c in v["sizes"].items()}
+        if "issued" in v:       # already one step's: the last probe step's issue profile
+            out[k]["issued"] = v["issued"]
     return out
 
 

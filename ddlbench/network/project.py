@@ -1,7 +1,10 @@
 """Projection of a measured run to other world sizes on a modelled network (pure functions,
 hand-checked in tests/test_network.py).
 
-    step(N) = compute(N) + (1 - overlap) * sum over the step's collectives of their time on N devices
+    step(N) = compute(N) + exposed(N)
+    exposed(N) = sum over the step's collectives of (1 - overlap) x their time on N devices, or,
+                 for a collective whose messages the run saw handed over during backward
+                 (Horovod), the part of its time the link has not drained when compute ends (`drained`)
 
 (a collective kind's payload in a group priced as its measured number of messages, each of
 bytes / calls, ddlbench.network.workload)
@@ -39,22 +42,60 @@ def measured_spans(c: Collective, network: Network) -> list[tuple[int, Dimension
     return [(c.ranks // c.nodes, network.dims[0]), (c.nodes, network.dims[1])]
 
 
-def comm_time(work: Workload, network: Network, devices: int, algorithm: str = "best",
-              measured_groups: bool = False) -> tuple[float, dict]:
-    """Seconds of communication per step on `devices`, and seconds per collective kind.
+def drained(duration: float, issued) -> float:
+    """Seconds a step waits for a collective after its compute ends, when the link drains the
+    collective's messages in the order they were handed over, each as soon as it is: message i,
+    issued with headroom h_i (compute seconds still to run), cannot finish before the bytes from
+    it on have crossed (duration x their share of the payload), so the wait is
+        max(0, max_i (duration x bytes_from_i / bytes - h_i))
+    (a work-conserving queue's finish time; all at headroom 0 gives the whole duration)."""
+    order = sorted(issued, key=lambda m: -m[0])
+    total = sum(b for _, b in order)
+    if total <= 0:
+        return duration
+    left, wait = total, 0.0
+    for headroom, nbytes in order:
+        wait = max(wait, duration * left / total - headroom)
+        left -= nbytes
+    return max(wait, 0.0)
+
+
+def priced(work: Workload, network: Network, devices: int, algorithm: str = "best",
+           measured_groups: bool = False) -> list[tuple[Collective, float, str]]:
+    """Each collective of the step with its seconds on `devices` and the algorithm that priced it.
     measured_groups: price each collective over its measured group on the network the run ran on:
     its ranks on the first dimension (one host), or, where the group spanned several nodes, its
     ranks per node on the first dimension and its nodes on the second (`bench cluster`'s links)."""
-    total, parts = 0.0, {}
+    out = []
     for c in work.collectives:
         spans = measured_spans(c, network) if measured_groups else spans_for(c.scope, network, devices)
         message = c.bytes / c.calls
         t, alg = collective_time(c.kind, message, kind_spans(network, c.kind, spans, message), algorithm)
-        t *= c.calls
+        out.append((c, t * c.calls, alg))
+    return out
+
+
+def comm_time(work: Workload, network: Network, devices: int, algorithm: str = "best",
+              measured_groups: bool = False) -> tuple[float, dict]:
+    """Seconds of communication per step on `devices`, and seconds per collective kind."""
+    total, parts = 0.0, {}
+    for c, t, alg in priced(work, network, devices, algorithm, measured_groups):
         total += t
         key = f"{c.kind}/{c.scope} ({alg})"
         parts[key] = parts.get(key, 0.0) + t
     return total, parts
+
+
+def exposed_time(work: Workload, network: Network, devices: int, algorithm: str = "best",
+                 measured_groups: bool = False, overlap: float = 0.0, compute_scale: float = 1.0) -> float:
+    """Seconds per step the step waits for communication: collectives with an issue profile
+    drained under backward (headroom x compute_scale, for a per-device batch other than the
+    measured one), the others exposed but for the stated `overlap` fraction."""
+    total = 0.0
+    for c, t, _ in priced(work, network, devices, algorithm, measured_groups):
+        total += (drained(t, [(h * compute_scale, b) for h, b in c.issued]) if c.issued
+                  else (1.0 - overlap) * t)
+    return total
 
 
 def compute_seconds(work: Workload, measured_on: Network | None = None, compute_from: Workload | None = None,
@@ -66,8 +107,9 @@ def compute_seconds(work: Workload, measured_on: Network | None = None, compute_
         return work.step_s, "measured step (no communication)"
     if measured_on is None:
         raise ValueError("need measured_on (the network the run ran on) or compute_from")
-    comm, _ = comm_time(work, measured_on, work.world, algorithm, measured_groups=True)
-    return max(work.step_s - comm, 0.0), f"measured step minus {comm * 1e3:.2f} ms modelled on {measured_on.name}"
+    exposed = exposed_time(work, measured_on, work.world, algorithm, measured_groups=True)
+    return (max(work.step_s - exposed, 0.0),
+            f"measured step minus {exposed * 1e3:.2f} ms of exposed communication modelled on {measured_on.name}")
 
 
 def project(work: Workload, network: Network, world_sizes: list[int], compute_s: float,
@@ -83,13 +125,15 @@ def project(work: Workload, network: Network, world_sizes: list[int], compute_s:
         per_dev = work.per_device_batch if scaling == "weak" else global0 / n
         compute = compute_s * per_dev / work.per_device_batch
         comm, parts = comm_time(work, network, n, algorithm)
-        step = compute + (1.0 - overlap) * comm
+        exposed = exposed_time(work, network, n, algorithm, overlap=overlap,
+                               compute_scale=per_dev / work.per_device_batch)
+        step = compute + exposed
         sps = per_dev * n / step
         rows.append({"devices": n, "layout": layout(network, n), "per_device_batch": per_dev,
                      "global_batch": per_dev * n, "compute_s": compute, "comm_s": comm,
-                     "exposed_comm_s": (1.0 - overlap) * comm, "step_s": step, "samples_per_s": sps,
+                     "exposed_comm_s": exposed, "step_s": step, "samples_per_s": sps,
                      "tokens_per_s": sps * work.tokens_per_sample if work.tokens_per_sample else None,
-                     "comm_share": (1.0 - overlap) * comm / step if step > 0 else 0.0,
+                     "comm_share": exposed / step if step > 0 else 0.0,
                      "scaling_efficiency": (sps / n) / single if single != float("inf") else None,
                      "comm_parts_s": parts})
     return rows

@@ -12,6 +12,11 @@ Messages: a kind's payload in a group is priced as `calls` collectives of bytes 
 `comm.per_step_calls_by_group`, else the kind's `per_step_calls` where it ran in one group and was
 counted at the c10d dispatch (every call a collective on the wire); an adapter's own counter
 (Horovod: one request per gradient, which its tensor fusion packs into buffers) gives one message.
+
+Overlap: where the run recorded when each message was handed over during backward (`comm.issued`,
+Horovod's background thread), the collective keeps that profile and the projection lets the link
+drain it while backward goes on (ddlbench.network.project.drained); every other collective is
+priced as exposed (DDP's gradients of these models fit one bucket, all-reduced after backward).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ class Collective:
     ranks: int        # group size in the measured run
     nodes: int = 1    # nodes that group spanned in the measured run
     calls: float = 1.0  # messages per step the payload went in
+    issued: tuple[tuple[float, float], ...] = ()   # (headroom_s, bytes) per message sent during backward
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,8 @@ def from_record(rec: dict) -> Workload:
                     out.append(Collective(kind, float(gb), scope, group_size(key), int(str(key).split("@")[1]),
                                           calls.get(kind, {}).get(key, 1.0)))
         elif b > 0 and world > 1:       # counted without groups (Horovod's own counter): world
-            out.append(Collective(kind, float(b), "world", world, int(par.get("nodes") or 1)))
+            issued = tuple((float(h), float(n)) for h, n in (comm.get("issued") or {}).get(kind, []))
+            out.append(Collective(kind, float(b), "world", world, int(par.get("nodes") or 1), issued=issued))
     fw = rec.get("framework") or {}
     label = fw.get("name", "?") + ("" if fw.get("variant") in (None, "default") else f":{fw['variant']}")
     return Workload(label=label, world=world, per_device_batch=par["global_batch"] / world,
