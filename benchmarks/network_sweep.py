@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,6 +39,10 @@ PER_NODE = (1, 2)        # ranks per node: 2 and 4 ranks on the 2 nodes
 STEPS = ["model=gpt2_tiny", "run.warmup_steps=3", "run.measure_steps=15", "run.progress=false", "logger=none"]
 RESUME = {"on": False, "reused": 0}
 REPEATS = {"n": 3}
+# commbench sleeps this long before each timed op: a run's collectives come after ~50 ms of compute,
+# and on the shaped links a message after idle crosses at a different speed than back to back
+# (100 Mbit/s: 1 MiB all-reduce 13.5 MB/s after 50 ms idle, 12.1 back to back; 1 Gbit/s: 110 vs 122)
+GAP_MS = 50
 
 
 def cluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -49,17 +54,47 @@ def login(*cmd: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     return cluster("exec", f"name={NAME}", "--", *cmd, timeout=timeout)
 
 
+TCP_COUNTERS = ("TcpRetransSegs", "TcpExtTCPLossProbes", "TcpExtTCPTimeouts")
+
+
+def steal_s() -> float:
+    """Seconds the hypervisor took from this machine's CPUs (/proc/stat steal, all CPUs)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
+def tcp_counters(nodes: int) -> dict:
+    """Each node's TCP retransmission counters (its network namespace's /proc/net), absolute."""
+    proc = login("srun", f"-N{nodes}", "--ntasks-per-node=1", "bash", "-c",
+                 f"echo $(hostname) $(nstat -asz {' '.join(TCP_COUNTERS)} | awk '/^[A-Z]/{{print $1\"=\"$2}}')", timeout=120)
+    out = {}
+    for line in proc.stdout.splitlines():
+        host, *pairs = line.split()
+        out[host] = {k: int(v) for k, v in (p.split("=") for p in pairs)}
+    return out
+
+
 def srun_bench(run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> dict:
     """`bench run launcher=slurm` as an srun step of `nodes` nodes x `per_node` tasks inside the
-    cluster (more tasks than a node's cores: --overcommit, the node's ranks share its core)."""
+    cluster (more tasks than a node's cores: --overcommit, the node's ranks share its core).
+    Beside the record (run_dir/network_diag.json): the CPU time the hypervisor stole meanwhile
+    and each node's TCP retransmissions, to tell a stall of the machine from one of the links."""
     if reuse(run_dir, RESUME["on"]):
         RESUME["reused"] += 1
     else:
+        before, stolen = tcp_counters(nodes), steal_s()
         login("srun", f"-N{nodes}", f"-n{nodes * per_node}", "--overcommit", "--kill-on-bad-exit=1", BENCH, "run",
               "launcher=slurm", f"run.dir={run_dir}", "run.timeout_s=900", *overrides)
+        stolen, after = steal_s() - stolen, tcp_counters(nodes)
+        diag = {"steal_s": stolen, "tcp": {h: {k: v - before.get(h, {}).get(k, 0) for k, v in c.items()}
+                                           for h, c in after.items()}}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "network_diag.json").write_text(json.dumps(diag))
     path = run_dir / "result.json"
     rec = json.loads(path.read_text()) if path.exists() else {"status": "no result", "error": {"message": str(run_dir)}}
     rec["_dir"] = str(run_dir)
+    diag_path = run_dir / "network_diag.json"
+    rec["_diag"] = json.loads(diag_path.read_text()) if diag_path.exists() else None
     return rec
 
 
@@ -77,13 +112,14 @@ def repeated(run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> d
         return next(r for r in recs if r["status"] != "ok")
     median = ok[(len(ok) - 1) // 2]
     median["_repeat_steps_s"] = [step_s(r) for r in recs]
+    median["_repeat_diag"] = [r.get("_diag") for r in recs]
     return median
 
 
 def commbench(out: Path, rate: str) -> dict:
     if not (RESUME["on"] and (out / "commbench.json").exists()):
         proc = login("srun", "-N2", "--ntasks-per-node=1", BENCH, "commbench", "launcher=slurm",
-                     "sizes=[262144,1048576,4194304]", "iters=20", "warmup=2", f"out={out}")
+                     "sizes=[262144,1048576,4194304]", "iters=20", "warmup=2", f"gap_ms={GAP_MS}", f"out={out}")
         if proc.returncode != 0:
             raise SystemExit(f"commbench failed: {proc.stderr[-2000:]}")
     record = json.loads((out / "commbench.json").read_text())
@@ -176,7 +212,7 @@ def sweep(out: Path, rates: list[str], frameworks: list[str], quality: bool) -> 
                     if rec["status"] == "ok" and singles[fw]["status"] == "ok":
                         point.update(samples_per_s=rec["throughput"]["samples_per_s"],
                                      step_s=step_s(rec), repeat_steps_s=rec["_repeat_steps_s"],
-                                     hosts=rec["env"]["rank_hosts"],
+                                     hosts=rec["env"]["rank_hosts"], repeat_diag=rec["_repeat_diag"],
                                      wire_bytes_per_rank=rec["comm"]["wire_bytes_per_rank"],
                                      one_rank_step_s=step_s(singles[fw]),
                                      predicted=predictions(rec, singles[fw], out / rate / "commbench" / "network.yaml"))
@@ -201,16 +237,22 @@ def _f(x, fmt):
     return "-" if x is None else format(x, fmt)
 
 
+def _diag(d: dict | None) -> str:
+    if not d:
+        return "-"
+    return f"{sum(c.get('TcpRetransSegs', 0) for c in d['tcp'].values())}, {d['steal_s']:.1f}"
+
+
 def markdown(doc: dict) -> str:
     base = next((p["from_base"]["base"] for p in doc["points"] if p.get("from_base")), "-")
     lines = ["Step time predicted two ways: (a) compute from a 1-rank run on one node (bench report's projection "
              f"check), (b) compute from the run at {base} less its modelled collectives (`bench project`'s "
              "measured_on path); collectives priced on the link as configured / on commbench's fit.", "",
-             "| link | framework | ranks | status | samples/s | step (ms) | repeats (ms) | 1-rank step (ms) "
-             "| wire/rank/step (KiB) "
+             "| link | framework | ranks | status | samples/s | step (ms) | repeats (ms) "
+             "| repeats: TCP retransmits, CPU steal (s) | 1-rank step (ms) | wire/rank/step (KiB) "
              "| (a) configured (ms) | error | (a) fitted (ms) | error "
              f"| (b) from {base}, configured (ms) | error | (b) fitted (ms) | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in doc["points"]:
         cells = []
         for pr in (p.get("predicted") or {}, p.get("from_base") or {}):
@@ -222,6 +264,7 @@ def markdown(doc: dict) -> str:
                      f"{_f(p.get('samples_per_s'), '.1f')} | "
                      f"{_f(p.get('step_s') and p['step_s'] * 1e3, '.1f')} | "
                      f"{'/'.join(f'{x * 1e3:.1f}' for x in p.get('repeat_steps_s') or []) or '-'} | "
+                     f"{' / '.join(_diag(d) for d in p.get('repeat_diag') or []) or '-'} | "
                      f"{_f(p.get('one_rank_step_s') and p['one_rank_step_s'] * 1e3, '.1f')} | "
                      f"{_f(p.get('wire_bytes_per_rank') and p['wire_bytes_per_rank'] / 1024, '.0f')} | " + " | ".join(cells) + " |")
     lines += ["", "| link | commbench all-reduce fit: bandwidth (MB/s) | of the link rate | alpha (us) |", "|---|---|---|---|"]

@@ -1,7 +1,10 @@
 """`bench commbench launcher.nproc=N`: the machine's ceiling for each collective, on the backend and
 ranks a run uses (gloo on CPU, NCCL on GPU), over message sizes.
 
-Per kind and size: the op's time (each rank's median over `iters`, max over ranks), algbw = bytes /
+Per kind and size: the op's time (each rank's median over `iters`, max over ranks; with `gap_ms=G`
+every rank sleeps G ms after the barrier before each timed op, so the link has been idle as it is
+between a training step's collectives: on `bench cluster`'s shaped links a message after idle
+crosses at a different speed than back to back), algbw = bytes /
 time and busbw = algbw x the nccl-tests factor (all-reduce 2(N-1)/N; all-gather, reduce-scatter
 (N-1)/N; broadcast, reduce, p2p 1), where bytes is the full buffer (all-gather: the gathered size;
 reduce-scatter: the input) as in nccl-tests and in the runs' comm records. On gloo each rank also
@@ -29,7 +32,7 @@ from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import bus_bandwidth, gloo_reduce_sent, wire_factor
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send")
-DEFAULTS = {"nproc": 2, "sizes": None, "iters": 5, "warmup": 2,
+DEFAULTS = {"nproc": 2, "sizes": None, "iters": 5, "warmup": 2, "gap_ms": 0.0,
             "kinds": list(KINDS), "out": "outputs/commbench", "device": "auto", "launcher": "local",
             "network": None}
 # Message sizes when none are given. gloo on CPU reaches its bandwidth by 16 MiB; NVLink and
@@ -53,7 +56,7 @@ def expected_written(kind: str, nbytes: float, world: int, backend: str) -> floa
 
 
 def parse_args(args: list[str]) -> dict:
-    """`launcher.nproc=N sizes=[a,b] iters=K kinds=[...] out=DIR run.device=cpu` -> options."""
+    """`launcher.nproc=N sizes=[a,b] iters=K gap_ms=G kinds=[...] out=DIR run.device=cpu` -> options."""
     opts = {k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS.items()}
     for arg in args:
         key, sep, value = arg.partition("=")
@@ -62,12 +65,14 @@ def parse_args(args: list[str]) -> dict:
         key = {"launcher.nproc": "nproc", "run.device": "device", "launcher.name": "launcher"}.get(key, key)
         if key not in opts:
             raise ConfigError(f"commbench: unknown option {key!r} (known: launcher.nproc, launcher, sizes, "
-                              "iters, warmup, kinds, out, run.device, network)")
+                              "iters, warmup, gap_ms, kinds, out, run.device, network)")
         if key in ("sizes", "kinds"):
             items = [v for v in value.strip("[]").split(",") if v]
             opts[key] = [int(v) for v in items] if key == "sizes" else items
         elif key in ("nproc", "iters", "warmup"):
             opts[key] = int(value)
+        elif key == "gap_ms":
+            opts[key] = float(value)
         else:
             opts[key] = value
     if opts["launcher"] not in ("local", "slurm"):
@@ -77,6 +82,8 @@ def parse_args(args: list[str]) -> dict:
         raise ConfigError(f"commbench: unknown kinds {bad} (known: {', '.join(KINDS)})")
     if (opts["nproc"] < 2 and opts["launcher"] == "local") or opts["iters"] < 1 or any(s < 4 for s in opts["sizes"] or []):
         raise ConfigError("commbench: needs launcher.nproc >= 2, iters >= 1 and sizes >= 4 bytes")
+    if not 0 <= opts["gap_ms"] <= 10_000:
+        raise ConfigError("commbench: gap_ms must be within [0, 10000]")
     return opts
 
 
@@ -144,6 +151,8 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
             times = []
             for _ in range(opts["iters"]):
                 dist.barrier()
+                if opts["gap_ms"]:      # the link idle, as between a training step's collectives
+                    time.sleep(opts["gap_ms"] / 1e3)
                 t0 = time.perf_counter()
                 op()
                 sync()
@@ -236,7 +245,7 @@ def _write(raw: dict, opts: dict, out: Path, world: int) -> int:
     rows = summarize(raw["ranks"], world, raw["backend"])
     hosts = raw.get("hosts") or [os.uname().nodename]
     record = {"schema": "ddlbench.commbench/1", "backend": raw["backend"], "device": raw["device"],
-              "world_size": world, "iters": opts["iters"], "hostname": os.uname().nodename,
+              "world_size": world, "iters": opts["iters"], "gap_ms": opts["gap_ms"], "hostname": os.uname().nodename,
               "hosts": hosts, "launcher": opts["launcher"], "rows": rows, "fits": fits(rows, world, raw["backend"]),
               "note": "time = max over ranks of each rank's median; busbw = algbw x nccl-tests factor; "
                       "bytes = full buffer (all-gather output, reduce-scatter input); fits: alpha and "

@@ -165,7 +165,8 @@ def test_commbench_bandwidth_arithmetic():
     assert max(default_sizes("cpu")) == 16 << 20            # gloo levels off by 16 MiB
     assert max(default_sizes("cuda")) == 1 << 30            # NVLink / InfiniBand need ~GiB messages
     from ddlbench.errors import ConfigError
-    for bad in (["kinds=[allreduce]"], ["launcher.nproc=1"], ["nproc"], ["colour=red"]):
+    assert parse_args(["gap_ms=50"])["gap_ms"] == 50.0 and parse_args([])["gap_ms"] == 0.0
+    for bad in (["kinds=[allreduce]"], ["launcher.nproc=1"], ["nproc"], ["colour=red"], ["gap_ms=-1"]):
         with pytest.raises(ConfigError):
             parse_args(bad)
 

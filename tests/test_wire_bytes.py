@@ -14,10 +14,10 @@ from ddlbench.commbench import KINDS
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_gloo_writes_what_the_wire_factors_say(tmp_path, nproc):
     proc = bench("commbench", f"launcher.nproc={nproc}", "sizes=[1048576,16777216]", "iters=3", "warmup=1",
-                 f"out={tmp_path}", "network=local_gloo", timeout=240)
+                 f"out={tmp_path}", "network=local_gloo", "gap_ms=2", timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((tmp_path / "commbench.json").read_text())
-    assert rec["backend"] == "gloo" and rec["world_size"] == nproc
+    assert rec["backend"] == "gloo" and rec["world_size"] == nproc and rec["gap_ms"] == 2.0
     assert sorted({r["kind"] for r in rec["rows"]}) == sorted(KINDS) and len(rec["rows"]) == 2 * len(KINDS)
     for r in rec["rows"]:
         print(r["kind"], r["written_bytes_mean"] / r["wire_bytes_expected"])
