@@ -3,7 +3,8 @@ inter-node link rates, the projection model held against each, and the communica
 strategies against DDP on the slowest link, time to target included.
 
     .venv/bin/python benchmarks/network_sweep.py OUT_DIR [--rates 10gbit,1gbit,100mbit] [--resume]
-        [--frameworks ddp,fsdp_full,deepspeed_zero2,horovod] [--skip-quality] [--repeats 3]
+        [--frameworks ddp,fsdp_full,deepspeed_zero2,horovod] [--skip-quality] [--repeats 3] [--gap-ms 0]
+        [--per-world-fits]
 
 Root only (network namespaces; see docs/cluster.md). For each rate: `bench cluster up nodes=2
 link=RATE`; `bench commbench launcher=slurm` across the two nodes (α-β fit -> a fitted network);
@@ -39,10 +40,13 @@ PER_NODE = (1, 2)        # ranks per node: 2 and 4 ranks on the 2 nodes
 STEPS = ["model=gpt2_tiny", "run.warmup_steps=3", "run.measure_steps=15", "run.progress=false", "logger=none"]
 RESUME = {"on": False, "reused": 0}
 REPEATS = {"n": 3}
-# commbench sleeps this long before each timed op: a run's collectives come after ~50 ms of compute,
-# and on the shaped links a message after idle crosses at a different speed than back to back
-# (100 Mbit/s: 1 MiB all-reduce 13.5 MB/s after 50 ms idle, 12.1 back to back; 1 Gbit/s: 110 vs 122)
-GAP_MS = 50
+# --gap-ms: commbench sleeps this long before each timed op (a run's collectives come after ~50 ms of
+# compute, and on the shaped links a message after idle crosses at a different speed than back to
+# back: 100 Mbit/s, 1 MiB all-reduce 13.5 MB/s after 50 ms idle, 12.1 back to back; 1 Gbit/s 110 vs
+# 122). Default 0: fitted after idle, the 2-rank points came closer but the 4-rank ones went further
+# (the idle gift lands on a ring's first step, and the fit hands it to every small message).
+GAP = {"ms": 0.0}
+PER_WORLD = {"on": False}     # --per-world-fits: commbench at 4 ranks too, priced for 4-rank collectives
 
 
 def cluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -116,24 +120,38 @@ def repeated(run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> d
     return median
 
 
-def commbench(out: Path, rate: str) -> dict:
+def _commbench(out: Path, per_node: int) -> dict:
     if not (RESUME["on"] and (out / "commbench.json").exists()):
-        proc = login("srun", "-N2", "--ntasks-per-node=1", BENCH, "commbench", "launcher=slurm",
-                     "sizes=[262144,1048576,4194304]", "iters=20", "warmup=2", f"gap_ms={GAP_MS}", f"out={out}")
+        proc = login("srun", "-N2", f"--ntasks-per-node={per_node}", "--overcommit", BENCH, "commbench",
+                     "launcher=slurm", "sizes=[262144,1048576,4194304]", "iters=20", "warmup=2",
+                     f"gap_ms={GAP['ms']}", f"out={out}")
         if proc.returncode != 0:
             raise SystemExit(f"commbench failed: {proc.stderr[-2000:]}")
-    record = json.loads((out / "commbench.json").read_text())
+    return json.loads((out / "commbench.json").read_text())
+
+
+def commbench(out: Path, rate: str) -> dict:
+    """commbench across the two nodes at 2 ranks (one a node: out) and with --per-world-fits at 4
+    (two a node, sharing its core and link: out + '_x4'); the fitted network (out/network.yaml)
+    prices the link by the 2-rank all-reduce fit, every kind by its own, and a 4-rank collective
+    by the 4-rank fits where measured."""
+    record = _commbench(out, 1)
     # the fitted network from the measurements, by this code's fit (a resumed sweep's earlier
     # network.yaml may predate per-kind fits): the cluster's description, the link priced by
     # the all-reduce fit, every other kind by its own
     import yaml
 
     from ddlbench.cluster.plan import make_plan, network_description
-    from ddlbench.network.fit import fits, fitted_network
+    from ddlbench.network.fit import add_world_fits, fits, fitted_network
     base = network_description(make_plan(2, rate, [0, 1], "-", NAME))
     record["fits"] = fits(record["rows"], record["world_size"], record["backend"])
     fit = next(f for f in record["fits"] if f["kind"] == "all_reduce")
-    (out / "network.yaml").write_text(yaml.safe_dump(fitted_network(base, fit, 2, record["fits"]), sort_keys=False))
+    network = fitted_network(base, fit, 2, record["fits"])
+    if PER_WORLD["on"]:
+        four = _commbench(out.with_name(out.name + "_x4"), 2)
+        record["fits_x4"] = fits(four["rows"], four["world_size"], four["backend"])
+        network = add_world_fits(network, record["fits_x4"], four["world_size"], "link")
+    (out / "network.yaml").write_text(yaml.safe_dump(network, sort_keys=False))
     return record
 
 
@@ -198,7 +216,9 @@ def sweep(out: Path, rates: list[str], frameworks: list[str], quality: bool) -> 
             t0 = time.monotonic()
             cb = commbench(out / rate / "commbench", rate)
             fit = next(f for f in cb["fits"] if f["kind"] == "all_reduce")
-            doc["commbench"][rate] = {"hosts": cb["hosts"], "all_reduce_fit": fit}
+            doc["commbench"][rate] = {"hosts": cb["hosts"], "all_reduce_fit": fit, "gap_ms": cb.get("gap_ms", 0.0),
+                                      "all_reduce_fit_x4": next((f for f in cb.get("fits_x4", [])
+                                                                 if f["kind"] == "all_reduce"), None)}
             for fw in frameworks:
                 if fw not in singles:     # compute does not depend on the link: 1-rank runs once
                     singles[fw] = repeated(out / "one_rank" / fw, 1, f"framework={fw}", *STEPS,
@@ -267,12 +287,14 @@ def markdown(doc: dict) -> str:
                      f"{' / '.join(_diag(d) for d in p.get('repeat_diag') or []) or '-'} | "
                      f"{_f(p.get('one_rank_step_s') and p['one_rank_step_s'] * 1e3, '.1f')} | "
                      f"{_f(p.get('wire_bytes_per_rank') and p['wire_bytes_per_rank'] / 1024, '.0f')} | " + " | ".join(cells) + " |")
-    lines += ["", "| link | commbench all-reduce fit: bandwidth (MB/s) | of the link rate | alpha (us) |", "|---|---|---|---|"]
+    lines += ["", "| link | commbench all-reduce fit: bandwidth (MB/s) | of the link rate | alpha (us) "
+              "| idle gap before each op (ms) | 4-rank fit (MB/s, alpha us) |", "|---|---|---|---|---|---|"]
     from ddlbench.cluster.plan import rate_bits
     for rate, cb in doc["commbench"].items():
-        f = cb["all_reduce_fit"]
+        f, f4 = cb["all_reduce_fit"], cb.get("all_reduce_fit_x4")
+        x4 = (f"{f4['bandwidth_Bps'] / 1e6:.1f}, {f4['alpha_s'] * 1e6:.0f}" if f4 and "bandwidth_Bps" in f4 else "-")
         lines.append(f"| {rate} | {f['bandwidth_Bps'] / 1e6:.1f} | {f['bandwidth_Bps'] * 8 / rate_bits(rate):.1%} | "
-                     f"{f['alpha_s'] * 1e6:.0f} |")
+                     f"{f['alpha_s'] * 1e6:.0f} | {cb.get('gap_ms', 0.0):g} | {x4} |")
     if doc["quality"]:
         ref = next((q for q in doc["quality"] if q["strategy"] == "ddp"), {})
         lines += ["", f"Time to target on the slowest link ({doc['quality'][0]['rate']}), experiment=seed_language_tiny, "
@@ -323,9 +345,14 @@ def main() -> int:
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--resume", action="store_true", help="read back results already in OUT_DIR")
     ap.add_argument("--repeats", type=int, default=REPEATS["n"], help="runs per point (the median run stands for it)")
+    ap.add_argument("--gap-ms", type=float, default=GAP["ms"], help="commbench's idle gap before each timed op")
+    ap.add_argument("--per-world-fits", action="store_true",
+                    help="commbench at 4 ranks (2 a node) too; 4-rank collectives priced by those fits")
     args = ap.parse_args()
     RESUME["on"] = args.resume
     REPEATS["n"] = args.repeats
+    GAP["ms"] = args.gap_ms
+    PER_WORLD["on"] = args.per_world_fits
     out = args.out.resolve()
     rates = args.rates.split(",")
     doc = sweep(out, rates, args.frameworks.split(","), not args.skip_quality)

@@ -372,3 +372,30 @@ def test_the_issue_log_gives_headroom_and_ranks_agree_on_the_latest():
     assert latest_issue([[[1.0, 100]], [[0.8, 60], [0.1, 40]]]) == [[1.0, 100]]
     row = per_step({"all_reduce": {"bytes": 300, "calls": 4, "issued": [[1.0, 150]]}}, steps=2)
     assert row == {"all_reduce": {"bytes": 150.0, "calls": 2.0, "issued": [[1.0, 150]]}}
+
+
+def test_fits_measured_at_another_world_size_price_collectives_of_that_size():
+    """commbench at 2 ranks (one a node) and at 4 (two a node, sharing its core and link): the
+    fitted network keeps the 4-rank fits per kind under by_world, and a 4-rank collective is priced
+    by them, a 2-rank one as before. By hand, gloo's flat ring, no latency: 2 ranks, 6 MB all-reduce
+    over the 12 MB/s fit: 2 x 1/2 x 6 MB / 12 MB/s = 0.5 s; 4 ranks over the 4-rank fit (8 MB/s):
+    2 x 3/4 x 6 MB / 8 MB/s = 1.125 s (the 2-rank fit would say 0.75 s)."""
+    from ddlbench.network.fit import add_world_fits, fitted_network
+    from ddlbench.network.model import collective_time, from_dict, kind_spans
+    cluster = {"name": "cluster_box", "dimensions": [
+        {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 0.0},
+        {"name": "link", "size": 2, "bandwidth_GBps": 0.0125, "latency_us": 0.0}]}
+    ar2 = {"kind": "all_reduce", "world_size": 2, "alpha_s": 0.0, "bandwidth_Bps": 12e6, "sizes": [1, 2]}
+    ar4 = {**ar2, "world_size": 4, "bandwidth_Bps": 8e6}
+    rs4 = {"kind": "reduce_scatter", "world_size": 4, "error": "no fit"}
+    doc = add_world_fits(fitted_network(cluster, ar2, 2), [ar4, rs4, ar2], 4)
+    assert doc["kinds"] == {"all_reduce": {"link": {"bandwidth_GBps": 0.012, "latency_us": 0.0,
+                                                     "by_world": {4: {"bandwidth_GBps": 0.008, "latency_us": 0.0}}}}}
+    net = from_dict(doc)
+    two = [(1, net.dims[0]), (2, net.dims[1])]
+    four = [(2, net.dims[0]), (2, net.dims[1])]
+    assert collective_time("all_reduce", 6e6, kind_spans(net, "all_reduce", two, 6e6), "gloo")[0] == pytest.approx(0.5)
+    assert collective_time("all_reduce", 6e6, kind_spans(net, "all_reduce", four, 6e6), "gloo")[0] == pytest.approx(1.125)
+    assert kind_spans(net, "all_gather", four, 6e6) == four          # no fit of its own: as described
+    with pytest.raises(ValueError):
+        add_world_fits(doc, [ar4], 4, dimension="rack")

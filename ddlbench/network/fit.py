@@ -113,6 +113,29 @@ def fitted_network(base: dict, fit: dict, world: int, others: list[dict] = ()) -
             "source": "bench commbench (alpha-beta least squares)", **({"kinds": kinds} if kinds else {})}
 
 
+def add_world_fits(network: dict, others: list[dict], world: int, dimension: str | None = None) -> dict:
+    """A fitted network (fitted_network's output) with per-kind fits measured at another number of
+    ranks kept beside the first, under kinds[kind][dimension]['by_world'][world]: a collective
+    over that many ranks is priced by them on that dimension (default: the outermost, the link
+    between nodes; ddlbench.network.model.kind_spans). On `bench cluster` 4 ranks on 2 nodes
+    share each node's core and link, which a 2-rank fit does not see."""
+    spanned = next((d for d in network["dimensions"] if d["name"] == dimension), None) if dimension \
+        else network["dimensions"][-1]
+    if spanned is None:
+        raise ValueError(f"network {network.get('name')} has no dimension {dimension!r}")
+    dim = spanned["name"]
+    kinds = {k: {d: dict(v) for d, v in per.items()} for k, per in (network.get("kinds") or {}).items()}
+    for f in others:
+        if "error" in f or f["world_size"] != world:
+            continue
+        # a kind without a fit of its own keeps the dimension's price at every other world size
+        entry = kinds.setdefault(f["kind"], {}).setdefault(
+            dim, {"bandwidth_GBps": spanned["bandwidth_GBps"], "latency_us": spanned["latency_us"]})
+        entry["by_world"] = {**entry.get("by_world", {}), world: _priced(f)}
+    return {**network, "kinds": kinds,
+            "description": f"{network.get('description', '')}; per-kind fits at {world} ranks too".strip("; ")}
+
+
 def _priced(f: dict) -> dict:
     """A fit as the network description keeps it (GB/s, us; per-size segments where fitted)."""
     out = {"bandwidth_GBps": _g(f["bandwidth_Bps"] / 1e9), "latency_us": _g(f["alpha_s"] * 1e6)}

@@ -193,15 +193,17 @@ def _segment(fit: dict, message_bytes: float | None, ranks: int) -> dict:
 def kind_spans(network: Network, kind: str, spans: list[tuple[int, Dimension]],
                message_bytes: float | None = None) -> list[tuple[int, Dimension]]:
     """`spans` with each dimension that a per-kind fit priced (the network's `kinds`:
-    {kind: {dimension: {bandwidth_GBps, latency_us[, world_size, segments]}}}, written by bench
-    commbench) at that kind's fitted bandwidth and latency for a message of `message_bytes`; the
+    {kind: {dimension: {bandwidth_GBps, latency_us[, world_size, segments, by_world]}}}, written by
+    bench commbench) at that kind's fitted bandwidth and latency for a message of `message_bytes`
+    (from the fit measured at the collective's number of ranks where `by_world` has one); the
     others as described."""
     fitted = (network.meta.get("kinds") or {}).get(kind) or {}
     ranks = math.prod(n for n, _ in spans)
     out = []
     for n, d in spans:
         if d.name in fitted:
-            f = _segment(fitted[d.name], message_bytes, ranks)
+            at_world = fitted[d.name].get("by_world") or {}     # a fit measured at this many ranks
+            f = _segment(at_world.get(ranks) or at_world.get(str(ranks)) or fitted[d.name], message_bytes, ranks)
             d = Dimension(d.name, d.size, float(f["bandwidth_GBps"]) * GB, float(f["latency_us"]) * 1e-6,
                           d.cost_per_GBps)
         out.append((n, d))
