@@ -122,7 +122,7 @@ def repeated(run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> d
 
 def _commbench(out: Path, per_node: int) -> dict:
     if not (RESUME["on"] and (out / "commbench.json").exists()):
-        proc = login("srun", "-N2", f"--ntasks-per-node={per_node}", "--overcommit", BENCH, "commbench",
+        proc = login("srun", "-N2", f"-n{2 * per_node}", "--overcommit", BENCH, "commbench",
                      "launcher=slurm", "sizes=[262144,1048576,4194304]", "iters=20", "warmup=2",
                      f"gap_ms={GAP['ms']}", f"out={out}")
         if proc.returncode != 0:

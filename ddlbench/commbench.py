@@ -268,7 +268,13 @@ def _fitted_network_file(record: dict, opts: dict, out: Path) -> Path | None:
 
     from ddlbench.network.fit import fitted_network
     from ddlbench.network.model import load
-    base = yaml.safe_load(Path(load(base_name).source).read_text())
+    network = load(base_name)
+    if record["world_size"] > network.max_devices:      # e.g. 2 ranks a node on bench cluster's 1-core nodes
+        print(f"commbench: no network.yaml: {record['world_size']} ranks exceed the {network.max_devices} devices "
+              f"network {network.name} describes (ranks share devices); the fits are in commbench.json "
+              "(ddlbench.network.fit.add_world_fits keeps them beside a fitted network's)", file=sys.stderr)
+        return None
+    base = yaml.safe_load(Path(network.source).read_text())
     path = out / "network.yaml"
     path.write_text(yaml.safe_dump(fitted_network(base, fit, record["world_size"], record["fits"]), sort_keys=False))
     return path

@@ -216,3 +216,21 @@ def test_ddp_memory_theory_counts_the_bucket_copy_without_bucket_view():
     assert ddp.model_state_bytes_theory(1000, "adamw") == 16_000          # 4 + 4 + 8 per parameter
     ddp.options = DDPOptions(gradient_as_bucket_view=False)
     assert ddp.model_state_bytes_theory(1000, "adamw") == 20_000          # + 4: buckets copy the grads
+
+
+def test_commbench_at_more_ranks_than_the_network_has_devices_keeps_its_fits(tmp_path, capsys):
+    """4 ranks on bench cluster's two 1-core nodes (2 a node, --overcommit): the fits stay in
+    commbench.json; no network.yaml is written (the description has 2 devices), said on stderr
+    instead of failing the command after the measurement."""
+    import yaml
+
+    from ddlbench.commbench import _fitted_network_file
+    base = tmp_path / "box.yaml"
+    base.write_text(yaml.safe_dump({"name": "box", "dimensions": [
+        {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 100.0},
+        {"name": "link", "size": 2, "bandwidth_GBps": 0.0125, "latency_us": 100.0}]}))
+    fit = {"kind": "all_reduce", "world_size": 4, "alpha_s": 0.0, "bandwidth_Bps": 8e6, "sizes": [1, 2]}
+    assert _fitted_network_file({"fits": [fit], "world_size": 4}, {"network": str(base)}, tmp_path) is None
+    assert not (tmp_path / "network.yaml").exists() and "4 ranks exceed the 2 devices" in capsys.readouterr().err
+    assert _fitted_network_file({"fits": [{**fit, "world_size": 2}], "world_size": 2}, {"network": str(base)},
+                                tmp_path) == tmp_path / "network.yaml"
