@@ -3,11 +3,12 @@ inter-node link rates, the projection model held against each, and the communica
 strategies against DDP on the slowest link, time to target included.
 
     .venv/bin/python benchmarks/network_sweep.py OUT_DIR [--rates 10gbit,1gbit,100mbit] [--resume]
-        [--frameworks ddp,fsdp_full,deepspeed_zero2,horovod] [--skip-quality] [--repeats 3] [--gap-ms 0]
-        [--per-world-fits]
+        [--frameworks ddp,fsdp_full,deepspeed_zero2,horovod] [--skip-quality] [--repeats 3] [--gap-ms 50]
+        [--no-per-world-fits]
 
 Root only (network namespaces; see docs/cluster.md). For each rate: `bench cluster up nodes=2
-link=RATE`; `bench commbench launcher=slurm` across the two nodes (α-β fit -> a fitted network);
+link=RATE`; `bench commbench launcher=slurm` across the two nodes, each op after 50 ms idle, at 2
+and at 4 ranks (α-β fits -> a fitted network);
 each framework at 2 nodes x 1 and x 2 ranks under `srun` (gpt2_tiny, per-rank batch 8), --repeats
 runs each (the median run stands for the point: run-to-run noise here is 5-10%); its step time
 predicted from a 1-rank run of the same configuration on one node (its compute) plus its own
@@ -43,10 +44,11 @@ REPEATS = {"n": 3}
 # --gap-ms: commbench sleeps this long before each timed op (a run's collectives come after ~50 ms of
 # compute, and on the shaped links a message after idle crosses at a different speed than back to
 # back: 100 Mbit/s, 1 MiB all-reduce 13.5 MB/s after 50 ms idle, 12.1 back to back; 1 Gbit/s 110 vs
-# 122). Default 0: fitted after idle, the 2-rank points came closer but the 4-rank ones went further
-# (the idle gift lands on a ring's first step, and the fit hands it to every small message).
-GAP = {"ms": 0.0}
-PER_WORLD = {"on": False}     # --per-world-fits: commbench at 4 ranks too, priced for 4-rank collectives
+# 122); --per-world-fits: commbench at 4 ranks (2 a node) too, for the 4-rank collectives. With both
+# (the defaults) the fitted network priced 15 of 16 points within 10%; back to back at 2 ranks only,
+# 10 of 16 (reports/network/README.md has all four combinations, measured on the same runs).
+GAP = {"ms": 50.0}
+PER_WORLD = {"on": True}
 
 
 def cluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -131,7 +133,7 @@ def _commbench(out: Path, per_node: int) -> dict:
 
 
 def commbench(out: Path, rate: str) -> dict:
-    """commbench across the two nodes at 2 ranks (one a node: out) and with --per-world-fits at 4
+    """commbench across the two nodes at 2 ranks (one a node: out) and, with --per-world-fits, at 4
     (two a node, sharing its core and link: out + '_x4'); the fitted network (out/network.yaml)
     prices the link by the 2-rank all-reduce fit, every kind by its own, and a 4-rank collective
     by the 4-rank fits where measured."""
@@ -346,7 +348,7 @@ def main() -> int:
     ap.add_argument("--resume", action="store_true", help="read back results already in OUT_DIR")
     ap.add_argument("--repeats", type=int, default=REPEATS["n"], help="runs per point (the median run stands for it)")
     ap.add_argument("--gap-ms", type=float, default=GAP["ms"], help="commbench's idle gap before each timed op")
-    ap.add_argument("--per-world-fits", action="store_true",
+    ap.add_argument("--per-world-fits", action=argparse.BooleanOptionalAction, default=PER_WORLD["on"],
                     help="commbench at 4 ranks (2 a node) too; 4-rank collectives priced by those fits")
     args = ap.parse_args()
     RESUME["on"] = args.resume
