@@ -139,7 +139,10 @@ def test_bench_project_writes_table_json_csv_and_plot(tmp_path):
     assert doc["rows"][-1]["comm_s"] > doc["rows"][0]["comm_s"]
     assert sum(doc["allocation"]["bandwidth_GBps"]) == pytest.approx(200, rel=1e-3)
     assert (tmp_path / "p" / "projection.png").stat().st_size > 10_000
-    assert "100000" in proc.stdout and "allocation (time" in proc.stdout
+    assert "100000" in proc.stdout and "allocation (time" in proc.stdout and "exposed ms" in proc.stdout
+    header = (tmp_path / "p" / "projection.csv").read_text().splitlines()[0]
+    assert header.endswith(",scaling_efficiency,exposed_comm_s")        # columns only ever appended
+    assert all(r["exposed_comm_s"] == pytest.approx(r["comm_s"]) for r in doc["rows"])   # DDP: no issue profile
 
 
 @pytest.mark.slow

@@ -113,10 +113,10 @@ def run(args: list[str]) -> int:
     with open(out / "projection.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["devices", "global_batch", "compute_s", "comm_s", "step_s", "samples_per_s", "comm_share",
-                    "scaling_efficiency"])
+                    "scaling_efficiency", "exposed_comm_s"])
         for r in rows:
             w.writerow([r["devices"], r["global_batch"], r["compute_s"], r["comm_s"], r["step_s"], r["samples_per_s"],
-                        r["comm_share"], r["scaling_efficiency"]])
+                        r["comm_share"], r["scaling_efficiency"], r["exposed_comm_s"]])
     plot = _plot(rows, out / "projection.png", f"{work.label} on {net.name} ({scaling} scaling)")
     _print(doc, out, plot)
     return 0
@@ -145,9 +145,10 @@ def _print(doc: dict, out: Path, plot: Path) -> None:
     from ddlbench.table import text_table
     print(f"{doc['strategy']} on {doc['network']}, {doc['scaling']} scaling, overlap {doc['overlap']}, "
           f"compute {doc['compute_s'] * 1e3:.2f} ms/step ({doc['compute_source']})")
-    print(text_table(["devices", "layout", "global batch", "step ms", "comm ms", "samples/s", "comm share",
-                      "efficiency"], [[str(r["devices"]), "x".join(map(str, r["layout"])), f"{r['global_batch']:.0f}",
-                     f"{r['step_s'] * 1e3:.2f}", f"{r['comm_s'] * 1e3:.2f}", f"{r['samples_per_s']:,.0f}",
+    print(text_table(["devices", "layout", "global batch", "step ms", "comm ms", "exposed ms", "samples/s",
+                      "comm share", "efficiency"], [[str(r["devices"]), "x".join(map(str, r["layout"])),
+                     f"{r['global_batch']:.0f}", f"{r['step_s'] * 1e3:.2f}", f"{r['comm_s'] * 1e3:.2f}",
+                     f"{r['exposed_comm_s'] * 1e3:.2f}", f"{r['samples_per_s']:,.0f}",
                      f"{r['comm_share']:.0%}", f"{r['scaling_efficiency']:.0%}"] for r in doc["rows"]]))
     if "allocation" in doc:
         a = doc["allocation"]
