@@ -46,7 +46,8 @@ REPEATS = {"n": 3}
 # back: 100 Mbit/s, 1 MiB all-reduce 13.5 MB/s after 50 ms idle, 12.1 back to back; 1 Gbit/s 110 vs
 # 122); --per-world-fits: commbench at 4 ranks (2 a node) too, for the 4-rank collectives. With both
 # (the defaults) the fitted network priced 15 of 16 points within 10%; back to back at 2 ranks only,
-# 10 of 16 (reports/network/README.md has all four combinations, measured on the same runs).
+# 10 of 16 (reports/network/README.md has all four combinations, measured on the same runs; a second
+# sweep with the defaults: 12 of 16, the misses at 10 Gbit/s).
 GAP = {"ms": 50.0}
 PER_WORLD = {"on": True}
 
