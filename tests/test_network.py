@@ -368,8 +368,10 @@ def test_the_issue_log_gives_headroom_and_ranks_agree_on_the_latest():
     log.add("all_reduce", 100, t=1.0)
     log.add("all_reduce", 50, t=1.5)
     log.compute_end(t=2.0)
-    log.add("all_reduce", 7, t=2.5)          # the next step's, not closed: not taken
-    assert log.take() == {"all_reduce": [[1.0, 100], [0.5, 50]]}
+    log.add("all_reduce", 7, t=2.5)          # after compute ended (synchronize's own): headroom 0
+    log.step_end()
+    log.add("all_reduce", 9, t=3.0)          # the next step's, not closed: not taken
+    assert log.take() == {"all_reduce": [[1.0, 100], [0.5, 50], [0.0, 7]]}
     assert log.take() == {}
     assert latest_issue([[[1.0, 100], [0.5, 50]], [[0.8, 100], [0.6, 50]]]) == [[0.8, 100], [0.5, 50]]
     assert latest_issue([[[1.0, 100]], [[0.8, 60], [0.1, 40]]]) == [[1.0, 100]]

@@ -133,6 +133,7 @@ class HorovodAdapter(Adapter):
         else:
             self.optimizer.step()
         self.optimizer.zero_grad()  # Horovod's override takes no set_to_none (torch default: None)
+        self.issues.step_end()
         return StepOut(loss=total / len(micro))
 
     def comm_stats(self) -> Optional[dict]:

@@ -46,8 +46,9 @@ class CommCounter:
 class IssueLog:
     """When a step's gradient messages were handed to a library that sends them in the background
     (Horovod's hooks during backward), as headroom: seconds of the step's compute still to run when
-    each was issued. `compute_end()` closes a step (backward done, the wait for the messages
-    begins); `take()` gives the last closed step's [[headroom_s, bytes], ...] per kind, in issue order."""
+    each was issued. `compute_end()` closes a step's compute (backward done, the wait for the
+    messages begins), `step_end()` the step; `take()` gives the last closed step's
+    [[headroom_s, bytes], ...] per kind, in issue order."""
 
     def __init__(self) -> None:
         self._pending: list[tuple[str, float, int]] = []
@@ -61,6 +62,13 @@ class IssueLog:
         self._last = {}
         for kind, at, nbytes in self._pending:
             self._last.setdefault(kind, []).append([max(end - at, 0.0), nbytes])
+        self._pending.clear()
+
+    def step_end(self) -> None:
+        """The step is over: messages issued after compute ended (Horovod's synchronize() sends the
+        gradients no hook fired for) belong to it, with no headroom, not to the next step."""
+        for kind, _, nbytes in self._pending:
+            self._last.setdefault(kind, []).append([0.0, nbytes])
         self._pending.clear()
 
     def take(self) -> dict[str, list[list[float]]]:
