@@ -75,27 +75,33 @@ def priced(work: Workload, network: Network, devices: int, algorithm: str = "bes
     return out
 
 
-def comm_time(work: Workload, network: Network, devices: int, algorithm: str = "best",
-              measured_groups: bool = False) -> tuple[float, dict]:
-    """Seconds of communication per step on `devices`, and seconds per collective kind."""
-    total, parts = 0.0, {}
+def step_comm(work: Workload, network: Network, devices: int, algorithm: str = "best",
+              measured_groups: bool = False, overlap: float = 0.0,
+              compute_scale: float = 1.0) -> tuple[float, dict, float]:
+    """One pricing of the step's collectives: (seconds of communication, seconds per collective
+    kind, seconds the step waits for it). The wait: collectives with an issue profile drained
+    under backward (headroom x compute_scale, for a per-device batch other than the measured one),
+    the others exposed but for the stated `overlap` fraction."""
+    total, parts, exposed = 0.0, {}, 0.0
     for c, t, alg in priced(work, network, devices, algorithm, measured_groups):
         total += t
         key = f"{c.kind}/{c.scope} ({alg})"
         parts[key] = parts.get(key, 0.0) + t
-    return total, parts
+        exposed += (drained(t, [(h * compute_scale, b) for h, b in c.issued]) if c.issued
+                    else (1.0 - overlap) * t)
+    return total, parts, exposed
+
+
+def comm_time(work: Workload, network: Network, devices: int, algorithm: str = "best",
+              measured_groups: bool = False) -> tuple[float, dict]:
+    """Seconds of communication per step on `devices`, and seconds per collective kind."""
+    return step_comm(work, network, devices, algorithm, measured_groups)[:2]
 
 
 def exposed_time(work: Workload, network: Network, devices: int, algorithm: str = "best",
                  measured_groups: bool = False, overlap: float = 0.0, compute_scale: float = 1.0) -> float:
-    """Seconds per step the step waits for communication: collectives with an issue profile
-    drained under backward (headroom x compute_scale, for a per-device batch other than the
-    measured one), the others exposed but for the stated `overlap` fraction."""
-    total = 0.0
-    for c, t, _ in priced(work, network, devices, algorithm, measured_groups):
-        total += (drained(t, [(h * compute_scale, b) for h, b in c.issued]) if c.issued
-                  else (1.0 - overlap) * t)
-    return total
+    """Seconds per step the step waits for communication (step_comm's third value)."""
+    return step_comm(work, network, devices, algorithm, measured_groups, overlap, compute_scale)[2]
 
 
 def compute_seconds(work: Workload, measured_on: Network | None = None, compute_from: Workload | None = None,
@@ -124,9 +130,8 @@ def project(work: Workload, network: Network, world_sizes: list[int], compute_s:
     for n in world_sizes:
         per_dev = work.per_device_batch if scaling == "weak" else global0 / n
         compute = compute_s * per_dev / work.per_device_batch
-        comm, parts = comm_time(work, network, n, algorithm)
-        exposed = exposed_time(work, network, n, algorithm, overlap=overlap,
-                               compute_scale=per_dev / work.per_device_batch)
+        comm, parts, exposed = step_comm(work, network, n, algorithm, overlap=overlap,
+                                         compute_scale=per_dev / work.per_device_batch)
         step = compute + exposed
         sps = per_dev * n / step
         rows.append({"devices": n, "layout": layout(network, n), "per_device_batch": per_dev,

@@ -8,7 +8,7 @@ max(1, ranks x threads_per_rank / usable_cores) — this machine's effect, state
 from __future__ import annotations
 
 from ddlbench.network.model import Network, backend_algorithm
-from ddlbench.network.project import comm_time, compute_seconds, exposed_time
+from ddlbench.network.project import compute_seconds, step_comm
 from ddlbench.network.workload import from_record
 
 
@@ -31,8 +31,7 @@ def predict(rec: dict, single: dict, network: Network, algorithm: str | None = N
     if one.world != 1:
         raise ValueError("the reference must be a 1-rank run")
     compute = compute_seconds(work, compute_from=one)[0] * oversubscription(rec) / oversubscription(single)
-    comm, parts = comm_time(work, network, work.world, algorithm, measured_groups=True)
-    exposed = exposed_time(work, network, work.world, algorithm, measured_groups=True)
+    comm, parts, exposed = step_comm(work, network, work.world, algorithm, measured_groups=True)
     predicted = compute + exposed
     return {"strategy": work.label, "world": work.world, "measured_step_s": work.step_s,
             "predicted_step_s": predicted, "compute_s": compute, "comm_s": comm, "exposed_comm_s": exposed,
