@@ -31,6 +31,8 @@ LINK = "100mbit"
 
 
 def test_rates_and_cores():
+    from ddlbench.cluster.world import cpu_mask
+    assert (cpu_mask([0]), cpu_mask([1]), cpu_mask([1, 2]), cpu_mask(range(12))) == ("1", "2", "6", "fff")
     assert rate_bits("1gbit") == 1e9 and rate_bits("100mbit") == 1e8 and rate_bits("2.5gbit") == 2.5e9
     for bad in ("1gbps", "fast", "10kbit"):
         with pytest.raises(ConfigError):
@@ -96,6 +98,14 @@ def test_two_nodes_with_their_own_hosts_cores_and_addresses(box):
     assert [r[0] for r in rows] == ["n1", "n2"]
     assert rows[0][1] != rows[1][1]                                  # disjoint cores
     assert rows[0][4].startswith("10.88.0.1/") and rows[1][4].startswith("10.88.0.2/")
+    from ddlbench.cluster.world import cpu_mask
+    # receive steering: each node's packets, in and out through the switch, on its own cores
+    for node, (_, cores, *_) in zip(("n1", "n2"), rows):
+        ids = [c for part in cores.split(",") for c in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+        mask = cpu_mask(ids)
+        for ns, dev in ((node, "eth0"), ("head", f"v{node}")):
+            got = login("ip", "netns", "exec", ns, "cat", f"/sys/class/net/{dev}/queues/rx-0/rps_cpus").stdout
+            assert got.strip().lstrip("0,") == mask, (ns, dev, got)
     # accounting: the job, with its two nodes, reaches slurmdbd (asynchronously: poll)
     def accounted() -> bool:
         out = login("sacct", "-n", "-X", "-P", "-o", "JobName,NNodes,NodeList,State").stdout.split()
@@ -316,4 +326,7 @@ def test_the_build_script_shapes_both_directions_of_every_link():
         assert f"tc -n {node} qdisc replace dev eth0 root tbf rate 1000000000bit" in script
         assert f"tc -n head qdisc replace dev v{node} root tbf rate 1000000000bit" in script
         assert f"taskset -c {node[1:] and int(node[1:]) - 1} slurmd -N {node}" in script
+        mask = 1 << (int(node[1:]) - 1)
+        assert f"ip netns exec {node} sh -c '[ ! -e /sys/class/net/eth0/queues/rx-0/rps_cpus ] || echo {mask}" in script
+        assert f"ip netns exec head sh -c '[ ! -e /sys/class/net/v{node}/queues/rx-0/rps_cpus ] || echo {mask}" in script
     assert script.index("mount -t tmpfs") < script.index("ip netns add head")   # the world's own /run first
