@@ -4,7 +4,7 @@ strategies against DDP on the slowest link, time to target included.
 
     .venv/bin/python benchmarks/network_sweep.py OUT_DIR [--rates 10gbit,1gbit,100mbit] [--resume]
         [--frameworks ddp,fsdp_full,deepspeed_zero2,horovod] [--skip-quality] [--repeats 3] [--gap-ms 50]
-        [--no-per-world-fits]
+        [--no-per-world-fits] [--fit-statistic time_s|mean_time_s] [--base RATE]
 
 Root only (network namespaces; see docs/cluster.md). For each rate: `bench cluster up nodes=2
 link=RATE`; `bench commbench launcher=slurm` across the two nodes, each op after 50 ms idle, at 2
@@ -50,6 +50,10 @@ REPEATS = {"n": 3}
 # sweep with the defaults: 12 of 16, the misses at 10 Gbit/s).
 GAP = {"ms": 50.0}
 PER_WORLD = {"on": True}
+# --fit-statistic: what commbench's fits are drawn through, per size: time_s (the slowest rank's
+# median over the iterations) or mean_time_s (its mean: on a node of one core an op now and then
+# stalls 4-6 ms, and a step of many ops pays the mean)
+FIT = {"statistic": "time_s"}
 
 
 def cluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -147,12 +151,12 @@ def commbench(out: Path, rate: str) -> dict:
     from ddlbench.cluster.plan import make_plan, network_description
     from ddlbench.network.fit import add_world_fits, fits, fitted_network
     base = network_description(make_plan(2, rate, [0, 1], "-", NAME))
-    record["fits"] = fits(record["rows"], record["world_size"], record["backend"])
+    record["fits"] = fits(record["rows"], record["world_size"], record["backend"], FIT["statistic"])
     fit = next(f for f in record["fits"] if f["kind"] == "all_reduce")
     network = fitted_network(base, fit, 2, record["fits"])
     if PER_WORLD["on"]:
         four = _commbench(out.with_name(out.name + "_x4"), 2)
-        record["fits_x4"] = fits(four["rows"], four["world_size"], four["backend"])
+        record["fits_x4"] = fits(four["rows"], four["world_size"], four["backend"], FIT["statistic"])
         network = add_world_fits(network, record["fits_x4"], four["world_size"], "link")
     (out / "network.yaml").write_text(yaml.safe_dump(network, sort_keys=False))
     return record
@@ -211,7 +215,8 @@ def up(rate: str) -> None:
 
 
 def sweep(out: Path, rates: list[str], frameworks: list[str], quality: bool) -> dict:
-    doc = {"rates": rates, "frameworks": frameworks, "points": [], "quality": [], "commbench": {}}
+    doc = {"rates": rates, "frameworks": frameworks, "points": [], "quality": [], "commbench": {},
+           "fit_statistic": FIT["statistic"]}
     singles: dict[str, dict] = {}
     for rate in rates:
         up(rate)
@@ -270,7 +275,8 @@ def markdown(doc: dict) -> str:
     base = next((p["from_base"]["base"] for p in doc["points"] if p.get("from_base")), "-")
     lines = ["Step time predicted two ways: (a) compute from a 1-rank run on one node (bench report's projection "
              f"check), (b) compute from the run at {base} less its modelled collectives (`bench project`'s "
-             "measured_on path); collectives priced on the link as configured / on commbench's fit.", "",
+             "measured_on path); collectives priced on the link as configured / on commbench's fit "
+             f"(through each size's {'mean' if doc.get('fit_statistic') == 'mean_time_s' else 'median'} time).", "",
              "| link | framework | ranks | status | samples/s | step (ms) | repeats (ms) "
              "| repeats: TCP retransmits, CPU steal (s) | 1-rank step (ms) | wire/rank/step (KiB) "
              "| (a) configured (ms) | error | (a) fitted (ms) | error "
@@ -351,7 +357,10 @@ def main() -> int:
     ap.add_argument("--gap-ms", type=float, default=GAP["ms"], help="commbench's idle gap before each timed op")
     ap.add_argument("--per-world-fits", action=argparse.BooleanOptionalAction, default=PER_WORLD["on"],
                     help="commbench at 4 ranks (2 a node) too; 4-rank collectives priced by those fits")
+    ap.add_argument("--fit-statistic", choices=("time_s", "mean_time_s"), default=FIT["statistic"],
+                    help="commbench's fits through each size's median time (time_s) or mean time")
     args = ap.parse_args()
+    FIT["statistic"] = args.fit_statistic
     RESUME["on"] = args.resume
     REPEATS["n"] = args.repeats
     GAP["ms"] = args.gap_ms

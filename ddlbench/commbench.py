@@ -157,7 +157,8 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
                 op()
                 sync()
                 times.append(time.perf_counter() - t0)
-            rows.append({"kind": kind, "bytes": nbytes, "median_s": statistics.median(times), "written": written})
+            rows.append({"kind": kind, "bytes": nbytes, "median_s": statistics.median(times),
+                         "mean_s": statistics.fmean(times), "written": written})
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     hosts = [None] * world
@@ -170,7 +171,8 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
 
 
 def summarize(ranks: list[list[dict]], world: int, backend: str) -> list[dict]:
-    """Per (kind, bytes): time = max over ranks of each rank's median; bandwidths; on gloo the mean
+    """Per (kind, bytes): time = max over ranks of each rank's median (mean_time_s: of each rank's
+    mean, where an op sometimes stalls the mean is what a step of many such ops pays); bandwidths; on gloo the mean
     written bytes per rank beside the wire factors' prediction."""
     out = []
     for i, row in enumerate(ranks[0]):
@@ -178,6 +180,8 @@ def summarize(ranks: list[list[dict]], world: int, backend: str) -> list[dict]:
         t = max(p["median_s"] for p in per)
         alg, bus = bus_bandwidth(row["kind"], row["bytes"], t, world)
         entry = {"kind": row["kind"], "bytes": row["bytes"], "time_s": t, "algbw_Bps": alg, "busbw_Bps": bus}
+        if all("mean_s" in p for p in per):     # what many ops cost on average, stalls included
+            entry["mean_time_s"] = max(p["mean_s"] for p in per)
         if all(p["written"] is not None for p in per):
             entry["written_bytes_mean"] = sum(p["written"] for p in per) / world
             entry["wire_bytes_expected"] = expected_written(row["kind"], row["bytes"], world, backend)

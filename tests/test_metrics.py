@@ -160,6 +160,12 @@ def test_commbench_bandwidth_arithmetic():
         == {"all_reduce": 3.0}
     opts = parse_args(["launcher.nproc=3", "sizes=[1024,4096]", "kinds=[all_reduce]"])
     assert (opts["nproc"], opts["sizes"], opts["kinds"]) == (3, [1024, 4096], ["all_reduce"])
+    # per kind and size: the slowest rank's median, and its mean beside it
+    from ddlbench.commbench import summarize
+    ranks = [[{"kind": "send", "bytes": 8, "median_s": 1.0, "mean_s": 2.0, "written": None}],
+             [{"kind": "send", "bytes": 8, "median_s": 1.5, "mean_s": 1.6, "written": None}]]
+    (row,) = summarize(ranks, 2, "gloo")
+    assert (row["time_s"], row["mean_time_s"], row["algbw_Bps"]) == (1.5, 2.0, 8 / 1.5)
     from ddlbench.commbench import default_sizes
     assert parse_args([])["sizes"] is None                  # chosen once the device is known
     assert max(default_sizes("cpu")) == 16 << 20            # gloo levels off by 16 MiB

@@ -192,6 +192,10 @@ def test_alpha_beta_fit_in_the_models_terms():
     assert fits(flat, 2) == [{"kind": "broadcast", "world_size": 2,
                               "error": "broadcast: time does not grow with size; no bandwidth to fit"}]
     assert ar["alpha_s"] == pytest.approx(100e-6) and ar["bandwidth_Bps"] == pytest.approx(1e8)
+    # fitted on the mean instead: an op that stalls 4 ms one time in four adds 1 ms to it
+    means = [dict(r, mean_time_s=r["time_s"] + 1e-3) for r in rows]
+    (am,) = fits(means, 2, statistic="mean_time_s")
+    assert am["alpha_s"] == pytest.approx((2e-4 + 1e-3) / 2) and am["bandwidth_Bps"] == pytest.approx(1e8)
     # the cluster's description: one rank per node, so the link dimension is what was measured
     cluster = {"name": "cluster_box", "dimensions": [
         {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 100.0},

@@ -74,12 +74,13 @@ def fit_alpha_beta(points: list[tuple[float, float]], kind: str, p: int, backend
             **({"backend": backend} if backend else {})}
 
 
-def fits(rows: list[dict], world: int, backend: str | None = None) -> list[dict]:
+def fits(rows: list[dict], world: int, backend: str | None = None, statistic: str = "time_s") -> list[dict]:
     """commbench rows ({kind, bytes, time_s}) -> one fit per kind measured at >= 2 sizes; a kind
-    whose times do not grow with size (noise) gets {kind, error} instead of failing the others."""
+    whose times do not grow with size (noise) gets {kind, error} instead of failing the others.
+    statistic: the rows' time to fit (time_s, from each rank's median; mean_time_s, from its mean)."""
     by_kind: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
-        by_kind.setdefault(r["kind"], []).append((r["bytes"], r["time_s"]))
+        by_kind.setdefault(r["kind"], []).append((r["bytes"], r[statistic]))
     out = []
     for kind, pts in by_kind.items():
         if len({b for b, _ in pts}) < 2:
