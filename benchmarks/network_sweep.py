@@ -179,14 +179,16 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
     """`bench project`'s own path, held against each link: compute = the step measured at `base`
     minus its exposed collectives modelled at `base` (multi-rank overheads stay in), plus the base
     run's collectives (and issue profile, where it has one) exposed at each other rate; on the
-    configured and on the fitted networks. Only the base run is read for a prediction."""
+    configured and on the fitted networks. Only the base run is read for a prediction; beside it,
+    `repeat_range`: the least and greatest error over every pairing of a base repeat (its own
+    prediction) with a target repeat (its step), the spread the runs' own noise puts on the error."""
     from ddlbench.network.model import backend_algorithm, load, recorded_network
     from ddlbench.network.project import compute_seconds, exposed_time
     from ddlbench.network.workload import from_record
     def key(p):
         return p["rate"], p["framework"], p.get("ranks", 2)
 
-    recs = {key(p): json.loads((Path(p["run_dir"]) / "result.json").read_text())
+    recs = {key(p): dict(json.loads((Path(p["run_dir"]) / "result.json").read_text()), _dir=p["run_dir"])
             for p in doc["points"] if p["status"] == "ok"}
     for p in doc["points"]:
         at_base = (base, p["framework"], p.get("ranks", 2))
@@ -205,6 +207,17 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
             measured = from_record(recs[key(p)]).step_s
             p["from_base"][label] = {"predicted_step_s": compute + exposed,
                                      "relative_error": (compute + exposed - measured) / measured}
+            predicted = [compute_seconds(w, measured_on=net(base), algorithm=alg)[0]
+                         + exposed_time(w, net(p["rate"]), w.world, alg, measured_groups=True)
+                         for w in map(from_record, repeats(recs[at_base]["_dir"]))]
+            errs = [(x - m) / m for x in predicted for m in p.get("repeat_steps_s") or [measured]]
+            p["from_base"][label]["repeat_range"] = [min(errs), max(errs)]
+
+
+def repeats(run_dir: str) -> list[dict]:
+    """The ok records of every repeat beside run_dir (its siblings rep0, rep1, ...)."""
+    recs = [json.loads(f.read_text()) for f in sorted(Path(run_dir).parent.glob("rep*/result.json"))]
+    return [r for r in recs if r.get("status") == "ok"]
 
 
 def up(rate: str) -> None:
@@ -275,7 +288,9 @@ def markdown(doc: dict) -> str:
     base = next((p["from_base"]["base"] for p in doc["points"] if p.get("from_base")), "-")
     lines = ["Step time predicted two ways: (a) compute from a 1-rank run on one node (bench report's projection "
              f"check), (b) compute from the run at {base} less its modelled collectives (`bench project`'s "
-             "measured_on path); collectives priced on the link as configured / on commbench's fit "
+             "measured_on path; in brackets the least and greatest error over every pairing of a base "
+             "repeat with a repeat of the point: the runs' own noise); collectives priced on the link as "
+             "configured / on commbench's fit "
              f"(through each size's {'mean' if doc.get('fit_statistic') == 'mean_time_s' else 'median'} time).", "",
              "| link | framework | ranks | status | samples/s | step (ms) | repeats (ms) "
              "| repeats: TCP retransmits, CPU steal (s) | 1-rank step (ms) | wire/rank/step (KiB) "
@@ -287,7 +302,9 @@ def markdown(doc: dict) -> str:
         for pr in (p.get("predicted") or {}, p.get("from_base") or {}):
             for key in ("configured", "fitted"):
                 q = pr.get(key) or {}
-                cells += ([_f(q["predicted_step_s"] * 1e3, ".1f"), f"{q['relative_error']:+.1%}"]
+                spread = (f" [{q['repeat_range'][0]:+.1%}, {q['repeat_range'][1]:+.1%}]"
+                          if q.get("repeat_range") else "")
+                cells += ([_f(q["predicted_step_s"] * 1e3, ".1f"), f"{q['relative_error']:+.1%}{spread}"]
                           if "predicted_step_s" in q else [q.get("error", "-"), "-"])
         lines.append(f"| {p['rate']} | {p['framework']} | {p.get('ranks', 2)} | {p['status']} | "
                      f"{_f(p.get('samples_per_s'), '.1f')} | "
@@ -382,6 +399,15 @@ def main() -> int:
         if errs:
             print(f"projection |error| {way}: mean {sum(errs) / len(errs):.1%}, max {max(errs):.1%} "
                   f"over {len(errs)} predictions")
+    for label in ("configured", "fitted"):
+        qs = [p["from_base"][label] for p in doc["points"] if p["rate"] != (p.get("from_base") or {}).get("base")
+              and "repeat_range" in (p.get("from_base") or {}).get(label, {})]
+        if qs:
+            within = sum(abs(q["relative_error"]) <= 0.10 for q in qs)
+            always = sum(max(map(abs, q["repeat_range"])) <= 0.10 for q in qs)
+            never = sum(q["repeat_range"][0] > 0.10 or q["repeat_range"][1] < -0.10 for q in qs)
+            print(f"(b) {label}: {within} of {len(qs)} within 10%; over every pairing of repeats, "
+                  f"{always} within 10% whichever, {never} outside 10% whichever")
     if RESUME["reused"]:
         print(f"{RESUME['reused']} run(s) read back from {out} (--resume), not measured now")
     print(f"written: {out / 'network_sweep.md'}, {out / 'throughput_vs_link.png'}, {out / 'report' / 'report.html'}")
