@@ -1,7 +1,8 @@
 """`bench commbench launcher.nproc=N`: the machine's ceiling for each collective, on the backend and
 ranks a run uses (gloo on CPU, NCCL on GPU), over message sizes.
 
-Per kind and size: the op's time (each rank's median over `iters`, max over ranks; with `gap_ms=G`
+Per kind and size: the op's time (each rank's median over `iters`, max over ranks, and beside it
+the same of each rank's mean, `mean_time_s`; with `gap_ms=G`
 every rank sleeps G ms after the barrier before each timed op, so the link has been idle as it is
 between a training step's collectives: on `bench cluster`'s shaped links a message after idle
 crosses at a different speed than back to back), algbw = bytes /
@@ -251,7 +252,7 @@ def _write(raw: dict, opts: dict, out: Path, world: int) -> int:
     record = {"schema": "ddlbench.commbench/1", "backend": raw["backend"], "device": raw["device"],
               "world_size": world, "iters": opts["iters"], "gap_ms": opts["gap_ms"], "hostname": os.uname().nodename,
               "hosts": hosts, "launcher": opts["launcher"], "rows": rows, "fits": fits(rows, world, raw["backend"]),
-              "note": "time = max over ranks of each rank's median; busbw = algbw x nccl-tests factor; "
+              "note": "time = max over ranks of each rank's median (mean_time_s: of each rank's mean); busbw = algbw x nccl-tests factor; "
                       "bytes = full buffer (all-gather output, reduce-scatter input); fits: alpha and "
                       "bandwidth of the network model's cost (ddlbench.network.fit)"}
     atomic_write_json(out / "commbench.json", record)

@@ -33,6 +33,7 @@ LINK = "100mbit"
 def test_rates_and_cores():
     from ddlbench.cluster.world import cpu_mask
     assert (cpu_mask([0]), cpu_mask([1]), cpu_mask([1, 2]), cpu_mask(range(12))) == ("1", "2", "6", "fff")
+    assert (cpu_mask([32]), cpu_mask([0, 40]), cpu_mask([64])) == ("1,00000000", "100,00000001", "1,00000000,00000000")
     assert rate_bits("1gbit") == 1e9 and rate_bits("100mbit") == 1e8 and rate_bits("2.5gbit") == 2.5e9
     for bad in ("1gbps", "fast", "10kbit"):
         with pytest.raises(ConfigError):

@@ -33,8 +33,11 @@ def tbf(ns: str, dev: str, rate: str) -> str:
 
 
 def cpu_mask(cores) -> str:
-    """rps_cpus' hex mask of the given cores ([0] -> '1', [1, 2] -> '6')."""
-    return format(sum(1 << c for c in cores), "x")
+    """rps_cpus' hex mask of the given cores ([0] -> '1', [1, 2] -> '6'), in the kernel's bitmap
+    spelling: 32-bit groups of 8 hex digits, comma-separated, past core 31 ([32] -> '1,00000000')."""
+    digits = format(sum(1 << c for c in cores), "x")
+    groups = [digits[max(0, i - 8):i] for i in range(len(digits), 0, -8)][::-1]
+    return ",".join([groups[0]] + [g.zfill(8) for g in groups[1:]])
 
 
 def steer(ns: str, dev: str, cores) -> str:
