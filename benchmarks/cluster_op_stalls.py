@@ -18,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 GAP_S = 0.05
 ITERS = 15
@@ -79,11 +80,14 @@ def summary(ranks: list[dict]) -> list[dict]:
 
 
 def main() -> int:
+    if len(sys.argv) != 2:      # said before measuring, not after
+        print("usage: srun -N2 -n2 python benchmarks/cluster_op_stalls.py OUT.json", file=sys.stderr)
+        return 2
     ranks = measure()
     if ranks is None:
         return 0
     rows = summary(ranks)
-    json.dump({"hosts": [r["host"] for r in ranks], "summary": rows, "ranks": ranks}, open(sys.argv[1], "w"))
+    Path(sys.argv[1]).write_text(json.dumps({"hosts": [r["host"] for r in ranks], "summary": rows, "ranks": ranks}))
     print(f"{'kind':11} {'bytes':>8} {'mode':13} {'median ms':>9} {'mean ms':>8} {'skew ms':>8} {'> 2 ms':>7}")
     for r in rows:
         print(f"{r['kind']:11} {r['bytes']:8} {r['mode']:13} {r['median_ms']:9.2f} {r['mean_ms']:8.2f} "

@@ -196,28 +196,29 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
         if at_base not in recs or key(p) not in recs:
             continue
         p["from_base"] = {"base": base}
+        alg = backend_algorithm(recs[key(p)]["env"].get("backend"))     # gloo: flat rings
+        measured = from_record(recs[key(p)]).step_s
+        base_repeats = [from_record(r) for r in repeats(recs[at_base]["_dir"])]
         for label in ("configured", "fitted"):
             def net(rate, p=p, label=label):
                 rec = recs[(rate, p["framework"], p.get("ranks", 2))]
                 return (recorded_network(rec) if label == "configured"
                         else load(str(out / rate / "commbench" / "network.yaml")))
-            alg = backend_algorithm(recs[key(p)]["env"].get("backend"))     # gloo: flat rings
-            base_work = from_record(recs[at_base])
-            compute, _ = compute_seconds(base_work, measured_on=net(base), algorithm=alg)
-            exposed = exposed_time(base_work, net(p["rate"]), base_work.world, alg, measured_groups=True)
-            measured = from_record(recs[key(p)]).step_s
-            p["from_base"][label] = {"predicted_step_s": compute + exposed,
-                                     "relative_error": (compute + exposed - measured) / measured}
-            predicted = [compute_seconds(w, measured_on=net(base), algorithm=alg)[0]
-                         + exposed_time(w, net(p["rate"]), w.world, alg, measured_groups=True)
-                         for w in map(from_record, repeats(recs[at_base]["_dir"]))]
+            at, to = net(base), net(p["rate"])
+
+            def predict(work, at=at, to=to, alg=alg):
+                compute, _ = compute_seconds(work, measured_on=at, algorithm=alg)
+                return compute + exposed_time(work, to, work.world, alg, measured_groups=True)
+            one = predict(from_record(recs[at_base]))
+            predicted = [predict(w) for w in base_repeats]
             errs = [(x - m) / m for x in predicted for m in p.get("repeat_steps_s") or [measured]]
-            p["from_base"][label]["repeat_range"] = [min(errs), max(errs)]
             # pooled: the median of the base repeats' predictions (each its own compute), not the
             # median run's alone
             pooled = statistics.median(predicted)
-            p["from_base"][label]["pooled"] = {"predicted_step_s": pooled,
-                                               "relative_error": (pooled - measured) / measured}
+            p["from_base"][label] = {"predicted_step_s": one, "relative_error": (one - measured) / measured,
+                                     "repeat_range": [min(errs), max(errs)],
+                                     "pooled": {"predicted_step_s": pooled,
+                                                "relative_error": (pooled - measured) / measured}}
 
 
 def repeats(run_dir: str) -> list[dict]:
