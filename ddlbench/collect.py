@@ -141,6 +141,9 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     record["env"]["hostnames"] = sorted({g["hostname"] for g in gathered})
     record["env"]["rank_hosts"] = [g["hostname"] for g in gathered]     # rank r ran on rank_hosts[r]
     record["env"]["network"] = envinfo.network_ran_on()
+    record["env"]["comm_threads"] = {"policy": gathered[0]["comm_threads"]["policy"],
+                                     "per_rank": [g["comm_threads"]["threads"] for g in gathered]}
+    record["warnings"] += sorted({g["comm_threads"]["note"] for g in gathered if g["comm_threads"].get("note")})
     record["timing"] = {
         "warmup_steps": warmup, "measured_steps": measure,
         "step_time_s": {k: stats[k] for k in ("median", "mean", "p10", "p90", "std", "min", "max")},

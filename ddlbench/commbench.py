@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from ddlbench import commthreads
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import bus_bandwidth, gloo_reduce_sent, wire_factor
 
@@ -131,6 +132,8 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend)
+    dist.barrier()                         # gloo's threads exist (and have their names)
+    comm_threads = commthreads.apply()     # as the runner does ($DDLBENCH_COMM_THREADS, inside `bench cluster`)
 
     def sync():
         if device.type == "cuda":
@@ -138,6 +141,8 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
 
     rows = []
     for kind in opts["kinds"]:
+        if kind == "send":
+            commthreads.reset()            # FIFO threads stall gloo's send/recv 1 s (ddlbench/commthreads.py)
         for size in opts["sizes"]:
             op = _op(kind, size, world, rank, device)
             nbytes = _elements(size, world) * 4
@@ -163,10 +168,16 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     hosts = [None] * world
-    dist.all_gather_object(hosts, os.uname().nodename)
+    dist.all_gather_object(hosts, (os.uname().nodename, comm_threads))
     if rank == 0:
         Path(results).write_text(json.dumps({"backend": backend, "device": device.type, "ranks": gathered,
-                                             "hosts": hosts}))
+                                             "hosts": [h for h, _ in hosts],
+                                             "comm_threads": {
+                                                 "policy": comm_threads["policy"],
+                                                 "per_rank": [t["threads"] for _, t in hosts],
+                                                 **({"note": "the send rows ran with the threads back to fair"}
+                                                    if comm_threads["policy"] == "fifo" and "send" in opts["kinds"]
+                                                    else {})}}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -251,7 +262,7 @@ def _write(raw: dict, opts: dict, out: Path, world: int) -> int:
     hosts = raw.get("hosts") or [os.uname().nodename]
     record = {"schema": "ddlbench.commbench/1", "backend": raw["backend"], "device": raw["device"],
               "world_size": world, "iters": opts["iters"], "gap_ms": opts["gap_ms"], "hostname": os.uname().nodename,
-              "hosts": hosts, "launcher": opts["launcher"], "rows": rows, "fits": fits(rows, world, raw["backend"]),
+              "hosts": hosts, "comm_threads": raw.get("comm_threads"), "launcher": opts["launcher"], "rows": rows, "fits": fits(rows, world, raw["backend"]),
               "note": "time = max over ranks of each rank's median (mean_time_s: of each rank's mean); busbw = algbw x nccl-tests factor; "
                       "bytes = full buffer (all-gather output, reduce-scatter input); fits: alpha and "
                       "bandwidth of the network model's cost (ddlbench.network.fit)"}

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddlbench import models
+from ddlbench import commthreads, models
 from ddlbench.adapters.base import RankContext
 from ddlbench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from ddlbench.config import Plan
@@ -122,6 +122,7 @@ def _busy_probe(adapter, device) -> float | None:
 
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
     cfg, dims = plan.cfg, plan.dims
+    commthreads.policy()     # a bad $DDLBENCH_COMM_THREADS fails here, not after the first step
     torch.manual_seed(cfg.run.seed)
     spec = models.build(cfg.model, ctx.device.type)
     tracking = RunTracker(ctx.device) if cfg.run.memory_tracker else contextlib.nullcontext()
@@ -181,6 +182,9 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
             losses.append(out.loss)
             progress.update(step, out.loss, t - t_prev)
             t_prev = t
+            if step == 0:    # the first step made the threads its collectives use; not part of any step
+                comm_threads = commthreads.apply(p2p=dims.pp > 1)
+                t_prev = time.perf_counter()
             if evaluate and evaluate.due(step + 1):
                 evals.append({**evaluate(step + 1), "wall_s": time.perf_counter() - wall0})
                 progress.note(val_loss=evals[-1]["loss"])
@@ -229,6 +233,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         "adapter_stats": adapter_stats,
         "gpu": gpu_stats,
         "hostname": platform.node(),
+        "comm_threads": comm_threads if step_s else commthreads.apply(p2p=dims.pp > 1),
     }
     gathered: list = [None] * ctx.world_size
     dist.all_gather_object(gathered, local)

@@ -56,6 +56,11 @@ def test_plan_files():
     net = network_description(p)
     assert net["dimensions"][1] == {"name": "link", "size": 2, "bandwidth_GBps": 0.125, "latency_us": 100.0,
                                     "cost_per_GBps": 1.0}
+    # communication threads first unless asked otherwise (ddlbench/commthreads.py)
+    assert p.comm_threads == "fifo" and p.to_dict()["comm_threads"] == "fifo"
+    assert make_plan(2, "1gbit", [0, 1], "/st", comm_threads="fair").comm_threads == "fair"
+    with pytest.raises(ConfigError, match="comm_threads='rt': one of fair, fifo"):
+        make_plan(2, "1gbit", [0, 1], "/st", comm_threads="rt")
 
 
 def cluster(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -70,6 +75,8 @@ def login(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess:
 def test_bad_input_is_refused_before_anything_is_built():
     proc = cluster("up", f"name={NAME}x", "link=fast")
     assert proc.returncode == 2 and "kbit, mbit or gbit" in proc.stderr, proc.stderr
+    proc = cluster("up", f"name={NAME}x", "comm_threads=rt")
+    assert proc.returncode == 2 and "one of fair, fifo" in proc.stderr, proc.stderr
     proc = cluster("exec", "hostname")
     assert proc.returncode == 2 and "after --" in proc.stderr
     proc = cluster("frobnicate")
@@ -127,6 +134,9 @@ def test_frameworks_across_two_nodes_under_slurm(box, tmp_path, framework):
     assert rec["status"] == "ok", rec["error"]
     assert rec["env"]["rank_hosts"] == ["n1", "n2"] and rec["parallel"]["nodes"] == 2
     assert rec["comm"]["wire_bytes_per_rank"] > 0
+    # `bench cluster`'s default: every rank's gloo threads SCHED_FIFO (ddlbench/commthreads.py)
+    assert rec["env"]["comm_threads"]["policy"] == "fifo"
+    assert all("gloo_tcp_loop" in names for names in rec["env"]["comm_threads"]["per_rank"])
     # the network it ran on, as `bench cluster` described it: the link at 100 Mbit/s
     assert rec["env"]["network"]["description"]["dimensions"][1]["bandwidth_GBps"] == 0.0125
     _records[framework] = rec
@@ -227,6 +237,7 @@ def test_commbench_across_nodes_fits_the_link(box, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((out / "commbench.json").read_text())
     assert sorted(rec["hosts"]) == ["n1", "n2"] and rec["launcher"] == "slurm" and rec["world_size"] == 2
+    assert rec["comm_threads"]["policy"] == "fifo" and all(rec["comm_threads"]["per_rank"])
     (fit,) = rec["fits"]
     print(f"all-reduce fit at {LINK}: {fit['bandwidth_Bps'] / 1e6:.2f} MB/s, alpha {fit['alpha_s'] * 1e6:.0f} us")
     assert 0.8 <= fit["bandwidth_Bps"] / (rate_bits(LINK) / 8) <= 1.02

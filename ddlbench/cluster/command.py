@@ -1,4 +1,4 @@
-"""`bench cluster up [nodes=2] [link=1gbit] [name=box]`, `bench cluster status [name=box]`,
+"""`bench cluster up [nodes=2] [link=1gbit] [name=box] [comm_threads=nice]`, `bench cluster status [name=box]`,
 `bench cluster exec [name=box] -- CMD ...`, `bench cluster down [name=box]`.
 
 `up` builds the cluster (ddlbench/cluster/world.py) from a plan (ddlbench/cluster/plan.py) and waits
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import yaml
 
+from ddlbench import commthreads
 from ddlbench.cluster import plan as planning
 from ddlbench.cluster import world
 from ddlbench.errors import ConfigError
 
-USAGE = ("usage: bench cluster up [nodes=N] [link=RATE] [name=NAME]   |   bench cluster status [name=NAME]   |   "
+USAGE = ("usage: bench cluster up [nodes=N] [link=RATE] [name=NAME] [comm_threads=nice|fair]   |   bench cluster status [name=NAME]   |   "
          "bench cluster exec [name=NAME] -- CMD ...   |   bench cluster down [name=NAME]")
 STATE_FILE = "cluster.json"
 
@@ -51,8 +52,9 @@ def enter(state: dict, cmd: list[str], **kw) -> subprocess.CompletedProcess:
     pid = login_pid(state)
     if pid is None:
         raise ConfigError(f"cluster {state['plan']['name']} is not up (no slurmctld); `bench cluster up` first")
-    env = ["env", f"SLURM_CONF={state['plan']['state']}/slurm.conf",
-           f"DDLBENCH_NETWORK={state['plan']['state']}/network.yaml"]   # srun/sbatch pass it on
+    env = ["env", f"SLURM_CONF={state['plan']['state']}/slurm.conf",     # srun/sbatch pass these on
+           f"DDLBENCH_NETWORK={state['plan']['state']}/network.yaml",
+           f"{commthreads.ENV}={state['plan'].get('comm_threads', 'fair')}"]
     return subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", "-u", "--", *env, *cmd], **kw)
 
 
@@ -77,7 +79,7 @@ def _write_files(p: planning.Plan) -> None:
 
 
 def up(args: list[str]) -> int:
-    opts = parse(args, {"nodes", "link", "name"})
+    opts = parse(args, {"nodes", "link", "name", "comm_threads"})
     name = opts.get("name", "box")
     if not name.isidentifier():
         raise ConfigError(f"name={name!r}: letters, digits and '_' only")
@@ -96,10 +98,12 @@ def up(args: list[str]) -> int:
         world.end_world(old["world"])  # what is left of a previous cluster whose controller died
     if state_path.exists():
         shutil.rmtree(state_path)      # a previous cluster's files: logs, database, spool
-    p = planning.make_plan(nodes, opts.get("link", "1gbit"), sorted(os.sched_getaffinity(0)), str(state_path), name)
+    p = planning.make_plan(nodes, opts.get("link", "1gbit"), sorted(os.sched_getaffinity(0)), str(state_path), name,
+                           opts.get("comm_threads", "fifo"))
     _write_files(p)
     print(f"cluster {name}: {nodes} nodes ({', '.join(f'{n.name} {n.addr} cores {list(n.cores)}' for n in p.nodes)}), "
-          f"links {p.link} (tbf, both directions); state in {p.state}", flush=True)
+          f"links {p.link} (tbf, both directions), communication threads {p.comm_threads}; state in {p.state}",
+          flush=True)
     try:
         proc = subprocess.run(["unshare", "-m", "-n", "--propagation", "private", "bash", f"{p.state}/build.sh"],
                               capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
@@ -151,7 +155,8 @@ def status(args: list[str]) -> int:
         print(f"cluster {name}: down")
         return 1
     p = state["plan"]
-    print(f"cluster {name}: up; {len(p['nodes'])} nodes, links {p['link']}; {len(world.processes_in(state['world']))} "
+    print(f"cluster {name}: up; {len(p['nodes'])} nodes, links {p['link']}, communication threads "
+          f"{p.get('comm_threads', 'fair')}; {len(world.processes_in(state['world']))} "
           f"processes in its world; network description {state['network']}")
     enter(state, ["sinfo", "-N", "-o", "%N %T %c %C"], timeout=15)
     return 0

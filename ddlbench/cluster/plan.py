@@ -12,6 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ddlbench.commthreads import POLICIES
 from ddlbench.errors import ConfigError
 
 SUBNET = "10.88.0"
@@ -53,6 +54,7 @@ class Plan:
     state: str                      # the cluster's directory: configs, logs, pids, its database
     link: str                       # inter-node rate, tc spelling
     nodes: tuple[Node, ...]
+    comm_threads: str = "fifo"      # $DDLBENCH_COMM_THREADS inside the cluster (ddlbench/commthreads.py)
     head: str = "head"
     head_addr: str = HEAD_ADDR
     ports: dict = field(default_factory=lambda: dict(PORTS))
@@ -73,12 +75,15 @@ def split_cores(cores: list[int], nodes: int) -> list[tuple[int, ...]]:
     return [tuple(cores[i * per:(i + 1) * per]) for i in range(nodes)]
 
 
-def make_plan(nodes: int, link: str, cores: list[int], state: str, name: str = "box") -> Plan:
+def make_plan(nodes: int, link: str, cores: list[int], state: str, name: str = "box",
+              comm_threads: str = "fifo") -> Plan:
     rate_bits(link)
+    if comm_threads not in POLICIES:
+        raise ConfigError(f"comm_threads={comm_threads!r}: one of {', '.join(POLICIES)}")
     if nodes > 200:
         raise ConfigError("nodes must be <= 200 (one /24 subnet)")
     shares = split_cores(sorted(cores), nodes)
-    return Plan(name=name, state=state, link=link,
+    return Plan(name=name, state=state, link=link, comm_threads=comm_threads,
                 nodes=tuple(Node(f"n{i}", f"{SUBNET}.{i}", shares[i - 1]) for i in range(1, nodes + 1)))
 
 
