@@ -19,7 +19,6 @@ prints the table.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import statistics
@@ -27,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from cluster_op_stalls import GAP_S, spin
+from cluster_op_stalls import GAP_S, collect, spin
 
 SIZES = (262144, 1048576)
 ITERS = 20
@@ -138,14 +137,9 @@ def summary(ranks: list[dict]) -> list[dict]:
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
-        print("usage: srun -N2 -n2 python benchmarks/cluster_host_probe.py OUT.json", file=sys.stderr)
-        return 2
-    ranks = measure()
-    if ranks is None:
-        return 0
-    rows = summary(ranks)
-    Path(sys.argv[1]).write_text(json.dumps({"hosts": [r["host"] for r in ranks], "summary": rows, "ranks": ranks}))
+    rows = collect("cluster_host_probe.py", measure, summary)
+    if isinstance(rows, int):
+        return rows
     print(f"{'variant':10} {'bytes':>8} {'mode':13} {'median ms':>9} {'> 2 ms':>7} "
           f"{'gloo run ms/op':>14} {'gloo runnable-wait ms/op':>24}")
     for r in rows:

@@ -79,15 +79,24 @@ def summary(ranks: list[dict]) -> list[dict]:
              "over_2ms": sum(o > 2e-3 for o, _ in v) / len(v)} for (k, b, m), v in groups.items()]
 
 
-def main() -> int:
-    if len(sys.argv) != 2:      # said before measuring, not after
-        print("usage: srun -N2 -n2 python benchmarks/cluster_op_stalls.py OUT.json", file=sys.stderr)
+def collect(script: str, measure, summary) -> list[dict] | int:
+    """The usage said before measuring (exit code 2), then measure(); rank 0 writes OUT.json and
+    gets summary(ranks)'s rows, every other rank exit code 0."""
+    if len(sys.argv) != 2:
+        print(f"usage: srun -N2 -n2 python benchmarks/{script} OUT.json", file=sys.stderr)
         return 2
     ranks = measure()
     if ranks is None:
         return 0
     rows = summary(ranks)
     Path(sys.argv[1]).write_text(json.dumps({"hosts": [r["host"] for r in ranks], "summary": rows, "ranks": ranks}))
+    return rows
+
+
+def main() -> int:
+    rows = collect("cluster_op_stalls.py", measure, summary)
+    if isinstance(rows, int):
+        return rows
     print(f"{'kind':11} {'bytes':>8} {'mode':13} {'median ms':>9} {'mean ms':>8} {'skew ms':>8} {'> 2 ms':>7}")
     for r in rows:
         print(f"{r['kind']:11} {r['bytes']:8} {r['mode']:13} {r['median_ms']:9.2f} {r['mean_ms']:8.2f} "
