@@ -133,7 +133,7 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
         torch.cuda.set_device(device)
     dist.init_process_group(backend)
     dist.barrier()                         # gloo's threads exist (and have their names)
-    comm_threads = commthreads.apply()     # as the runner does ($DDLBENCH_COMM_THREADS, inside `bench cluster`)
+    comm_threads = {"policy": commthreads.policy(), "threads": []}
 
     def sync():
         if device.type == "cuda":
@@ -143,6 +143,8 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
     for kind in opts["kinds"]:
         if kind == "send":
             commthreads.reset()            # FIFO threads stall gloo's send/recv 1 s (ddlbench/commthreads.py)
+        else:                              # as the runner does ($DDLBENCH_COMM_THREADS, inside `bench cluster`)
+            comm_threads = commthreads.apply()
         for size in opts["sizes"]:
             op = _op(kind, size, world, rank, device)
             nbytes = _elements(size, world) * 4

@@ -1,4 +1,4 @@
-"""`bench cluster up [nodes=2] [link=1gbit] [name=box] [comm_threads=nice]`, `bench cluster status [name=box]`,
+"""`bench cluster up [nodes=2] [link=1gbit] [name=box] [comm_threads=fifo]`, `bench cluster status [name=box]`,
 `bench cluster exec [name=box] -- CMD ...`, `bench cluster down [name=box]`.
 
 `up` builds the cluster (ddlbench/cluster/world.py) from a plan (ddlbench/cluster/plan.py) and waits
@@ -23,7 +23,7 @@ from ddlbench.cluster import plan as planning
 from ddlbench.cluster import world
 from ddlbench.errors import ConfigError
 
-USAGE = ("usage: bench cluster up [nodes=N] [link=RATE] [name=NAME] [comm_threads=nice|fair]   |   bench cluster status [name=NAME]   |   "
+USAGE = ("usage: bench cluster up [nodes=N] [link=RATE] [name=NAME] [comm_threads=fifo|fair]   |   bench cluster status [name=NAME]   |   "
          "bench cluster exec [name=NAME] -- CMD ...   |   bench cluster down [name=NAME]")
 STATE_FILE = "cluster.json"
 
