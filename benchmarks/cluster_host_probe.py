@@ -6,9 +6,9 @@ the scheduling of gloo's threads? 2 ranks, one a node; per size, each op back to
   back: 2N bytes on the wire, one after the other), no gloo;
 - `gloo`: a gloo all-reduce of N bytes (N each way at once), its threads as gloo makes them;
 - `gloo_nice`: the same with gloo's threads (gloo_tcp_loop, pt_gloo_runloop) at nice -20, the
-  fair scheduler's largest weight, as `bench cluster` sets them (ddlbench/commthreads.py);
-- `gloo_fifo`: the same with those threads SCHED_FIFO instead (measured for comparison; not what
-  ddlbench sets: with it point-to-point ops stalled by exactly 1 s).
+  fair scheduler's largest weight (tried as the safer knob; it did not help after compute);
+- `gloo_fifo`: the same with those threads SCHED_FIFO, as `bench cluster` sets them by default
+  (ddlbench/commthreads.py; not for point-to-point ops, which it stalled by exactly 1 s).
 
 For the gloo rows, also the CPU time gloo's threads ran and waited runnable (in the run queue)
 per op, from /proc/self/task/*/schedstat (each op's barrier included). Rank 0 writes OUT.json and
@@ -31,22 +31,20 @@ from cluster_op_stalls import GAP_S, collect, spin
 SIZES = (262144, 1048576)
 ITERS = 20
 MODES = ("back_to_back", "after_spin")
-GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
 
 
 def gloo_thread_times() -> tuple[float, float, list[int]]:
     """Seconds gloo's threads ran and waited runnable so far, and their tids."""
+    from ddlbench.commthreads import selected, threads
     run = wait = 0.0
     tids = []
-    for t in os.listdir("/proc/self/task"):
+    for tid, _ in selected(threads()):
         try:
-            name = Path(f"/proc/self/task/{t}/comm").read_text().strip()
-            if name.startswith(GLOO_THREADS):
-                fields = Path(f"/proc/self/task/{t}/schedstat").read_text().split()
-                run, wait = run + int(fields[0]) / 1e9, wait + int(fields[1]) / 1e9
-                tids.append(int(t))
-        except OSError:
-            pass
+            fields = Path(f"/proc/self/task/{tid}/schedstat").read_text().split()
+        except OSError:      # the thread ended meanwhile
+            continue
+        run, wait = run + int(fields[0]) / 1e9, wait + int(fields[1]) / 1e9
+        tids.append(tid)
     return run, wait, tids
 
 

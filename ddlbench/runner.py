@@ -123,6 +123,7 @@ def _busy_probe(adapter, device) -> float | None:
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
     cfg, dims = plan.cfg, plan.dims
     commthreads.policy()     # a bad $DDLBENCH_COMM_THREADS fails here, not after the first step
+    pipelined = dims.pp > 1  # stages send point to point: comm threads stay fair (ddlbench/commthreads.py)
     torch.manual_seed(cfg.run.seed)
     spec = models.build(cfg.model, ctx.device.type)
     tracking = RunTracker(ctx.device) if cfg.run.memory_tracker else contextlib.nullcontext()
@@ -183,7 +184,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
             progress.update(step, out.loss, t - t_prev)
             t_prev = t
             if step == 0:    # the first step made the threads its collectives use; not part of any step
-                comm_threads = commthreads.apply(p2p=dims.pp > 1)
+                comm_threads = commthreads.apply(p2p=pipelined)
                 t_prev = time.perf_counter()
             if evaluate and evaluate.due(step + 1):
                 evals.append({**evaluate(step + 1), "wall_s": time.perf_counter() - wall0})
@@ -233,7 +234,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         "adapter_stats": adapter_stats,
         "gpu": gpu_stats,
         "hostname": platform.node(),
-        "comm_threads": comm_threads if step_s else commthreads.apply(p2p=dims.pp > 1),
+        "comm_threads": comm_threads if step_s else commthreads.apply(p2p=pipelined),
     }
     gathered: list = [None] * ctx.world_size
     dist.all_gather_object(gathered, local)
