@@ -26,6 +26,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runs import reuse
@@ -40,21 +42,24 @@ STRATEGIES = {"ddp": ["framework=ddp"], "daso": ["framework=daso", "framework.op
 PER_RANK_BATCH = 8
 PER_NODE = (1, 2)        # ranks per node: 2 and 4 ranks on the 2 nodes
 STEPS = ["model=gpt2_tiny", "run.warmup_steps=3", "run.measure_steps=15", "run.progress=false", "logger=none"]
-RESUME = {"on": False, "reused": 0}
-REPEATS = {"n": 3}
-# --gap-ms: commbench sleeps this long before each timed op (a run's collectives come after ~50 ms of
-# compute, and on the shaped links a message after idle crosses at a different speed than back to
-# back: 100 Mbit/s, 1 MiB all-reduce 13.5 MB/s after 50 ms idle, 12.1 back to back; 1 Gbit/s 110 vs
-# 122); --per-world-fits: commbench at 4 ranks (2 a node) too, for the 4-rank collectives. With both
-# (the defaults) the fitted network priced 15 of 16 points within 10%; back to back at 2 ranks only,
-# 10 of 16 (reports/network/README.md has all four combinations, measured on the same runs; a second
-# sweep with the defaults: 12 of 16, the misses at 10 Gbit/s).
-GAP = {"ms": 50.0}
-PER_WORLD = {"on": True}
-# --fit-statistic: what commbench's fits are drawn through, per size: time_s (the slowest rank's
-# median over the iterations) or mean_time_s (its mean: on a node of one core an op now and then
-# stalls 4-6 ms, and a step of many ops pays the mean)
-FIT = {"statistic": "time_s"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The sweep's settings (the command line), one object handed to every step."""
+    resume: bool = False           # --resume: read back results already in OUT_DIR
+    repeats: int = 3               # runs per point; the median run stands for it
+    # --gap-ms: commbench sleeps this long before each timed op (a run's collectives come after ~50 ms
+    # of compute, and on the shaped links a message after idle crosses at a different speed than back
+    # to back: 100 Mbit/s, 1 MiB all-reduce 13.5 MB/s after 50 ms idle, 12.1 back to back); with
+    # per_world_fits (commbench at 4 ranks, 2 a node, too) the defaults: reports/network/README.md
+    # has the four combinations measured on the same runs (fit_variants/)
+    gap_ms: float = 50.0
+    per_world_fits: bool = True
+    # what commbench's fits are drawn through, per size: time_s (the slowest rank's median over the
+    # iterations) or mean_time_s (its mean: a step of many ops pays the mean)
+    fit_statistic: str = "time_s"
+    reused: Counter = field(default_factory=Counter, compare=False)   # runs read back (--resume)
 
 
 def cluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -86,13 +91,13 @@ def tcp_counters(nodes: int) -> dict:
     return out
 
 
-def srun_bench(run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> dict:
+def srun_bench(s: Settings, run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> dict:
     """`bench run launcher=slurm` as an srun step of `nodes` nodes x `per_node` tasks inside the
     cluster (more tasks than a node's cores: --overcommit, the node's ranks share its core).
     Beside the record (run_dir/network_diag.json): the CPU time the hypervisor stole meanwhile
     and each node's TCP retransmissions, to tell a stall of the machine from one of the links."""
-    if reuse(run_dir, RESUME["on"]):
-        RESUME["reused"] += 1
+    if reuse(run_dir, s.resume):
+        s.reused["runs"] += 1
     else:
         before, stolen = tcp_counters(nodes), steal_s()
         login("srun", f"-N{nodes}", f"-n{nodes * per_node}", "--overcommit", "--kill-on-bad-exit=1", BENCH, "run",
@@ -114,11 +119,11 @@ def step_s(rec: dict) -> float:
     return rec["timing"]["step_time_s"]["median"]
 
 
-def repeated(run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> dict:
-    """REPEATS runs of one configuration (run_dir/rep<k>), each a fresh srun step; the run whose
+def repeated(s: Settings, run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> dict:
+    """s.repeats runs of one configuration (run_dir/rep<k>), each a fresh srun step; the run whose
     median step time is the median of the repeats' stands for the point (its record prices the
     point's collectives), with every repeat's step time beside it."""
-    recs = [srun_bench(run_dir / f"rep{k}", nodes, *overrides, per_node=per_node) for k in range(REPEATS["n"])]
+    recs = [srun_bench(s, run_dir / f"rep{k}", nodes, *overrides, per_node=per_node) for k in range(s.repeats)]
     ok = sorted((r for r in recs if r["status"] == "ok"), key=step_s)
     if len(ok) < len(recs):
         return next(r for r in recs if r["status"] != "ok")
@@ -128,22 +133,22 @@ def repeated(run_dir: Path, nodes: int, *overrides: str, per_node: int = 1) -> d
     return median
 
 
-def _commbench(out: Path, per_node: int) -> dict:
-    if not (RESUME["on"] and (out / "commbench.json").exists()):
+def _commbench(s: Settings, out: Path, per_node: int) -> dict:
+    if not (s.resume and (out / "commbench.json").exists()):
         proc = login("srun", "-N2", f"-n{2 * per_node}", "--overcommit", BENCH, "commbench",
                      "launcher=slurm", "sizes=[262144,1048576,4194304]", "iters=20", "warmup=2",
-                     f"gap_ms={GAP['ms']}", f"out={out}")
+                     f"gap_ms={s.gap_ms}", f"out={out}")
         if proc.returncode != 0:
             raise SystemExit(f"commbench failed: {proc.stderr[-2000:]}")
     return json.loads((out / "commbench.json").read_text())
 
 
-def commbench(out: Path, rate: str) -> dict:
+def commbench(s: Settings, out: Path, rate: str) -> dict:
     """commbench across the two nodes at 2 ranks (one a node: out) and, with --per-world-fits, at 4
     (two a node, sharing its core and link: out + '_x4'); the fitted network (out/network.yaml)
     prices the link by the 2-rank all-reduce fit, every kind by its own, and a 4-rank collective
     by the 4-rank fits where measured."""
-    record = _commbench(out, 1)
+    record = _commbench(s, out, 1)
     # the fitted network from the measurements, by this code's fit (a resumed sweep's earlier
     # network.yaml may predate per-kind fits): the cluster's description, the link priced by
     # the all-reduce fit, every other kind by its own
@@ -152,12 +157,12 @@ def commbench(out: Path, rate: str) -> dict:
     from ddlbench.cluster.plan import make_plan, network_description
     from ddlbench.network.fit import add_world_fits, fits, fitted_network
     base = network_description(make_plan(2, rate, [0, 1], "-", NAME))
-    record["fits"] = fits(record["rows"], record["world_size"], record["backend"], FIT["statistic"])
+    record["fits"] = fits(record["rows"], record["world_size"], record["backend"], s.fit_statistic)
     fit = next(f for f in record["fits"] if f["kind"] == "all_reduce")
     network = fitted_network(base, fit, 2, record["fits"])
-    if PER_WORLD["on"]:
-        four = _commbench(out.with_name(out.name + "_x4"), 2)
-        record["fits_x4"] = fits(four["rows"], four["world_size"], four["backend"], FIT["statistic"])
+    if s.per_world_fits:
+        four = _commbench(s, out.with_name(out.name + "_x4"), 2)
+        record["fits_x4"] = fits(four["rows"], four["world_size"], four["backend"], s.fit_statistic)
         network = add_world_fits(network, record["fits_x4"], four["world_size"], "link")
     (out / "network.yaml").write_text(yaml.safe_dump(network, sort_keys=False))
     return record
@@ -234,26 +239,26 @@ def up(rate: str) -> None:
         raise SystemExit(f"bench cluster up failed: {proc.stderr[-2000:]}")
 
 
-def sweep(out: Path, rates: list[str], frameworks: list[str], quality: bool) -> dict:
+def sweep(s: Settings, out: Path, rates: list[str], frameworks: list[str], quality: bool) -> dict:
     doc = {"rates": rates, "frameworks": frameworks, "points": [], "quality": [], "commbench": {},
-           "fit_statistic": FIT["statistic"]}
+           "fit_statistic": s.fit_statistic}
     singles: dict[str, dict] = {}
     for rate in rates:
         up(rate)
         try:
             t0 = time.monotonic()
-            cb = commbench(out / rate / "commbench", rate)
+            cb = commbench(s, out / rate / "commbench", rate)
             fit = next(f for f in cb["fits"] if f["kind"] == "all_reduce")
             doc["commbench"][rate] = {"hosts": cb["hosts"], "all_reduce_fit": fit, "gap_ms": cb.get("gap_ms", 0.0),
                                       "all_reduce_fit_x4": next((f for f in cb.get("fits_x4", [])
                                                                  if f["kind"] == "all_reduce"), None)}
             for fw in frameworks:
                 if fw not in singles:     # compute does not depend on the link: 1-rank runs once
-                    singles[fw] = repeated(out / "one_rank" / fw, 1, f"framework={fw}", *STEPS,
+                    singles[fw] = repeated(s, out / "one_rank" / fw, 1, f"framework={fw}", *STEPS,
                                            f"run.global_batch={PER_RANK_BATCH}")
                 for per_node in PER_NODE:
                     ranks = 2 * per_node
-                    rec = repeated(out / rate / (fw if per_node == 1 else f"{fw}_x{ranks}"), 2, f"framework={fw}",
+                    rec = repeated(s, out / rate / (fw if per_node == 1 else f"{fw}_x{ranks}"), 2, f"framework={fw}",
                                    *STEPS, f"run.global_batch={ranks * PER_RANK_BATCH}", per_node=per_node)
                     point = {"rate": rate, "framework": fw, "ranks": ranks, "status": rec["status"],
                              "error": (rec.get("error") or {}).get("message"), "run_dir": rec["_dir"]}
@@ -267,7 +272,7 @@ def sweep(out: Path, rates: list[str], frameworks: list[str], quality: bool) -> 
                     doc["points"].append(point)
             if quality and rate == rates[-1]:
                 for label, ov in STRATEGIES.items():
-                    rec = srun_bench(out / rate / "quality" / label.replace(":", "_"), 2,
+                    rec = srun_bench(s, out / rate / "quality" / label.replace(":", "_"), 2,
                                      "experiment=seed_language_tiny", "run.progress=false", "logger=none", *ov)
                     conv = rec.get("convergence") or {}
                     doc["quality"].append({"rate": rate, "strategy": label, "status": rec["status"],
@@ -377,21 +382,19 @@ def main() -> int:
                                    "else the first: the fastest link can be the machine's, not the shaper's)")
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--resume", action="store_true", help="read back results already in OUT_DIR")
-    ap.add_argument("--repeats", type=int, default=REPEATS["n"], help="runs per point (the median run stands for it)")
-    ap.add_argument("--gap-ms", type=float, default=GAP["ms"], help="commbench's idle gap before each timed op")
-    ap.add_argument("--per-world-fits", action=argparse.BooleanOptionalAction, default=PER_WORLD["on"],
+    d = Settings()
+    ap.add_argument("--repeats", type=int, default=d.repeats, help="runs per point (the median run stands for it)")
+    ap.add_argument("--gap-ms", type=float, default=d.gap_ms, help="commbench's idle gap before each timed op")
+    ap.add_argument("--per-world-fits", action=argparse.BooleanOptionalAction, default=d.per_world_fits,
                     help="commbench at 4 ranks (2 a node) too; 4-rank collectives priced by those fits")
-    ap.add_argument("--fit-statistic", choices=("time_s", "mean_time_s"), default=FIT["statistic"],
+    ap.add_argument("--fit-statistic", choices=("time_s", "mean_time_s"), default=d.fit_statistic,
                     help="commbench's fits through each size's median time (time_s) or mean time")
     args = ap.parse_args()
-    FIT["statistic"] = args.fit_statistic
-    RESUME["on"] = args.resume
-    REPEATS["n"] = args.repeats
-    GAP["ms"] = args.gap_ms
-    PER_WORLD["on"] = args.per_world_fits
+    s = Settings(resume=args.resume, repeats=args.repeats, gap_ms=args.gap_ms, per_world_fits=args.per_world_fits,
+                 fit_statistic=args.fit_statistic)
     out = args.out.resolve()
     rates = args.rates.split(",")
-    doc = sweep(out, rates, args.frameworks.split(","), not args.skip_quality)
+    doc = sweep(s, out, rates, args.frameworks.split(","), not args.skip_quality)
     cross_rate(out, doc, args.base or rates[min(1, len(rates) - 1)])
     (out / "network_sweep.json").write_text(json.dumps(doc, indent=1))
     text = markdown(doc)
@@ -418,8 +421,8 @@ def main() -> int:
                   f"{always} within 10% whichever, {never} outside 10% whichever; from the base repeats "
                   f"pooled (the median of their predictions): {sum(e <= 0.10 for e in pooled)} of "
                   f"{len(pooled)} within 10%, mean {sum(pooled) / max(1, len(pooled)):.1%}, max {max(pooled, default=0):.1%}")
-    if RESUME["reused"]:
-        print(f"{RESUME['reused']} run(s) read back from {out} (--resume), not measured now")
+    if s.reused["runs"]:
+        print(f"{s.reused['runs']} run(s) read back from {out} (--resume), not measured now")
     print(f"written: {out / 'network_sweep.md'}, {out / 'throughput_vs_link.png'}, {out / 'report' / 'report.html'}")
     return 0
 

@@ -22,7 +22,7 @@ def _global_losses(gathered: list) -> list[float]:
     return [mean_ignoring_missing([g["loss"][i] for g in gathered]) for i in range(steps)]
 
 
-def _comm(gathered: list, world: int, params: int | None, adapter, backend: str) -> dict | None:
+def _comm(gathered: list, world: int, params: int | None, analytic, backend: str) -> dict | None:
     per_rank = [g["comm"]["counts"] for g in gathered]
     if any(c is None for c in per_rank):
         return None
@@ -74,7 +74,7 @@ def _comm(gathered: list, world: int, params: int | None, adapter, backend: str)
                               "seconds of the step's compute still to run when the library was handed the "
                               "message (its background thread sends it while backward goes on), the smallest "
                               "over ranks; bench project prices a link draining them in that order")
-    out.update(analytic_comm(adapter.analytic_comm(), params, world, backend))
+    out.update(analytic_comm(analytic, params, world, backend))
     times = [g["comm"].get("time") for g in gathered]
     if all(t is not None for t in times):
         out["time"] = comm_time(times, per_step_bytes, world)
@@ -100,7 +100,7 @@ def gpu_telemetry(per_rank: list, global_batch: int) -> dict:
                     "each board's energy counter where it has one"}
 
 
-def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, threads: int,
+def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, threads: int,
                     wall_s: float) -> dict:
     from ddlbench.models.flops import train_flops_per_sample
 
@@ -108,20 +108,21 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     measure = len(gathered[0]["step_time_s"])
     warmup = len(gathered[0]["all_step_time_s"]) - measure
     record = empty_record(Path(run_dir).name, plan.raw, status="ok", precision=plan.cfg.run.precision)
-    desc = adapter.describe()
+    desc = strategy.describe()
     native = desc.get("native_config")
     if isinstance(native, dict):
-        native.setdefault("mixed_precision", adapter.precision_summary())
+        native.setdefault("mixed_precision", strategy.precision.describe())
     record["framework"].update(version=desc.get("version"), native_config=native,
-                               taxonomy=plan.adapter_cls.taxonomy(plan.options),
-                               grad_reduce_dtype=plan.adapter_cls.grad_reduce_dtype(plan.options, ctx.precision))
+                               taxonomy=plan.variant.taxonomy(),
+                               grad_reduce_dtype=plan.variant.grad_reduce_dtype(ctx.precision))
 
     step_times = global_step_times([g["step_time_s"] for g in gathered])
     stats = summarize(step_times)
     window_step = window_step_time([g["step_time_s"] for g in gathered])
     tp = throughput(dims.global_batch, window_step, dims.world_size, spec.tokens_per_sample)
-    params = adapter.params
-    flops = train_flops_per_sample(spec, recompute_blocks=adapter.recomputes_blocks())
+    params = strategy.params
+    recompute = plan.variant.recomputes_blocks()
+    flops = train_flops_per_sample(spec, recompute_blocks=recompute)
     tf32 = ctx.device.type == "cuda" and cuda_tf32_enabled(getattr(cfg.model, "arch", None))
     peak, peak_source = peak_flops(cfg.hardware, ctx.device, ctx.precision, threads, tf32)
     mfu_value = hfu_value = None
@@ -169,20 +170,21 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, adapter, gathered: list, thr
     record["memory"] = {
         "per_rank": [{"rank": g["rank"], **g["memory"], "baseline_rss_bytes": g["baseline_rss_bytes"]}
                      for g in gathered],
-        "model_state_bytes_per_rank_theory": adapter.model_state_bytes_theory(
+        "model_state_bytes_per_rank_theory": strategy.model_state_bytes_theory(
             params or 0, optim.name, optim.momentum) if params else None,
         "note": "baseline_rss_bytes = peak RSS after imports, before the model is built",
     }
-    record["comm"] = _comm(gathered, dims.world_size, params, adapter, ctx.backend)
+    analytic = plan.variant.analytic_comm(dims, ctx.precision, params or 0, strategy.per_node)
+    record["comm"] = _comm(gathered, dims.world_size, params, analytic, ctx.backend)
     if any(g.get("adapter_stats") for g in gathered):
-        record["model_parallel"] = adapter.summarize_rank_stats(
+        record["model_parallel"] = strategy.summarize_rank_stats(
             [g["adapter_stats"] for g in gathered], record["timing"]["per_rank_median_s"])
     record["mfu"] = mfu_value
     record["gpu"] = gpu_telemetry([g.get("gpu") for g in gathered], dims.global_batch)
     record["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
                        "palm_train_per_sample": flops["palm_flops"],
                        "hardware_train_per_sample": flops["hardware_flops"],
-                       "recompute": "activation checkpointing per block" if adapter.recomputes_blocks() else None,
+                       "recompute": "activation checkpointing per block" if recompute else None,
                        "hfu": hfu_value, "peak_dtype": peak_dtype(ctx.device.type, ctx.precision, tf32),
                        "peak_per_device": peak, "peak_source": peak_source,
                        "note": "mfu = train_per_sample x samples/s / (devices x peak); hfu the same with "

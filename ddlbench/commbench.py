@@ -59,24 +59,14 @@ def expected_written(kind: str, nbytes: float, world: int, backend: str) -> floa
 
 def parse_args(args: list[str]) -> dict:
     """`launcher.nproc=N sizes=[a,b] iters=K gap_ms=G kinds=[...] out=DIR run.device=cpu` -> options."""
-    opts = {k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS.items()}
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            raise ConfigError(f"commbench: expected key=value, got {arg!r}")
-        key = {"launcher.nproc": "nproc", "run.device": "device", "launcher.name": "launcher"}.get(key, key)
-        if key not in opts:
-            raise ConfigError(f"commbench: unknown option {key!r} (known: launcher.nproc, launcher, sizes, "
-                              "iters, warmup, gap_ms, kinds, out, run.device, network)")
-        if key in ("sizes", "kinds"):
-            items = [v for v in value.strip("[]").split(",") if v]
-            opts[key] = [int(v) for v in items] if key == "sizes" else items
-        elif key in ("nproc", "iters", "warmup"):
-            opts[key] = int(value)
-        elif key == "gap_ms":
-            opts[key] = float(value)
-        else:
-            opts[key] = value
+    from ddlbench.keyvalue import parse_key_values
+    kv = parse_key_values(args, "commbench", DEFAULTS,
+                          aliases={"launcher.nproc": "nproc", "run.device": "device", "launcher.name": "launcher"})
+    d = DEFAULTS
+    opts = {"nproc": kv.integer("nproc", d["nproc"], low=0), "sizes": kv.items("sizes", int, d["sizes"]),
+            "iters": kv.integer("iters", d["iters"], low=0), "warmup": kv.integer("warmup", d["warmup"], low=0),
+            "gap_ms": kv.number("gap_ms", d["gap_ms"]), "kinds": kv.items("kinds", default=list(d["kinds"])),
+            **{k: kv.text(k, d[k]) for k in ("out", "device", "launcher", "network")}}
     if opts["launcher"] not in ("local", "slurm"):
         raise ConfigError(f"commbench: launcher must be local or slurm, got {opts['launcher']!r}")
     bad = [k for k in opts["kinds"] if k not in KINDS]

@@ -22,12 +22,16 @@ GROUPS = ("framework", "model", "data", "optim", "launcher", "logger", "hardware
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a launcher needs: the validated config, its plain form, the dims, the adapter."""
+    """Everything a launcher needs: the validated config, its plain form, the dims, the
+    framework variant (ddlbench/adapters/variant.py: pure, its strategy is built on the ranks)."""
     cfg: BenchCfg
     raw: dict[str, Any]
     dims: ParallelDims
-    adapter_cls: type
-    options: Any  # the adapter's validated Options
+    variant: Any   # a ddlbench.adapters.variant.Variant holding the validated options
+
+    @property
+    def options(self) -> Any:
+        return self.variant.options
 
 
 def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
@@ -100,9 +104,9 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
 ADAPTER_PACKAGE = "ddlbench.adapters."
 
 
-def load_adapter_class(path: str) -> type:
+def load_variant_class(path: str) -> type:
     """Only the project's own adapters: a module under ddlbench.adapters and a subclass of
-    Adapter. Anything else (e.g. 'os:system') is refused before it is imported."""
+    Variant. Anything else (e.g. 'os:system') is refused before it is imported."""
     module, _, name = path.partition(":")
     if not module.startswith(ADAPTER_PACKAGE) or not module[len(ADAPTER_PACKAGE):].isidentifier():
         raise ConfigError(f"framework.adapter '{path}': only adapters in {ADAPTER_PACKAGE.rstrip('.')} "
@@ -111,9 +115,9 @@ def load_adapter_class(path: str) -> type:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"framework.adapter: cannot load '{path}': {exc}") from None
-    from ddlbench.adapters.base import Adapter
-    if not (isinstance(cls, type) and issubclass(cls, Adapter)):
-        raise ConfigError(f"framework.adapter '{path}' is not an Adapter")
+    from ddlbench.adapters.variant import Variant
+    if not (isinstance(cls, type) and issubclass(cls, Variant)):
+        raise ConfigError(f"framework.adapter '{path}' is not an adapter's Variant")
     return cls
 
 
@@ -123,19 +127,19 @@ def validate(raw: dict[str, Any]) -> Plan:
         cfg = BenchCfg.model_validate(_concrete(raw))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
-    adapter_cls = load_adapter_class(cfg.framework.adapter)
+    variant_cls = load_variant_class(cfg.framework.adapter)
     try:
-        options = adapter_cls.Options.model_validate(cfg.framework.options)
+        variant = variant_cls(variant_cls.Options.model_validate(cfg.framework.options))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "framework.options")) from None
     if cfg.launcher.name == "local" and cfg.launcher.nodes != 1:
         raise ConfigError(f"launcher.nodes {cfg.launcher.nodes}: the local launcher runs on one node "
                           "(use launcher=slurm across nodes)")
     dims = resolve_dims(cfg.launcher.nproc, cfg.run.global_batch, cfg.run.micro_batch,
-                        nodes=cfg.launcher.nodes, **adapter_cls.parallel_shape(options, cfg))
-    adapter_cls.check_config(options, cfg, dims)  # raises ConfigError for cross-key problems
+                        nodes=cfg.launcher.nodes, **variant.parallel_shape(cfg))
+    variant.check_config(cfg, dims)  # raises ConfigError for cross-key problems
     check_data(cfg)
-    return Plan(cfg=cfg, raw=raw, dims=dims, adapter_cls=adapter_cls, options=options)
+    return Plan(cfg=cfg, raw=raw, dims=dims, variant=variant)
 
 
 def _concrete(raw: dict[str, Any]) -> dict[str, Any]:

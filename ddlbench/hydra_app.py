@@ -21,12 +21,15 @@ def main(cfg: DictConfig) -> str:
     from hydra.core.hydra_config import HydraConfig
 
     from ddlbench.config import validate
-    from ddlbench.launch.local import run_local
+    from ddlbench.launch.base import launcher_for
 
     raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     raw["run"]["dir"] = str(run_dir)
-    record = run_local(validate(raw), run_dir)
+    plan = validate(raw)
+    record = launcher_for(plan).launch(plan, run_dir)
+    if record is None:       # a Slurm task other than rank 0
+        return "ok"
     print(f"{run_dir}: {record['status']}")
     return record["status"]
 

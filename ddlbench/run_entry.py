@@ -25,24 +25,20 @@ def run(overrides: list[str]) -> int:
         import json
         print(json.dumps({"parallel": plan.dims.as_dict(), "mesh": plan.dims.mesh_shape(),
                           "framework": plan.cfg.framework.model_dump(), "model": plan.cfg.model.model_dump(),
-                          **plan.adapter_cls.dry_run_info(plan.options, plan.cfg, plan.dims)}, indent=2))
+                          **plan.variant.dry_run_info(plan.cfg, plan.dims)}, indent=2))
         print("dry run: config is valid; nothing launched")
         return 0
     rd = rundir.for_run(plan)
     run_dir = rd.path
     if rd.result.exists():
         raise ConfigError(f"run.dir {run_dir} already holds a result.json; choose another run.dir")
-    from ddlbench.launch.local import run_local
+    from ddlbench.launch.base import launcher_for
     from ddlbench.sinks import log_to_sinks
     from ddlbench.table import render, rows
 
-    if plan.cfg.launcher.name == "slurm":
-        from ddlbench.launch.slurm import run_slurm
-        record = run_slurm(plan, run_dir)
-        if record is None:  # ranks other than 0: the result is rank 0's to report
-            return 0
-    else:
-        record = run_local(plan, run_dir, started=process_start_time(), validated=validated)
+    record = launcher_for(plan, started=process_start_time(), validated=validated).launch(plan, run_dir)
+    if record is None:  # a Slurm task other than rank 0: the result is rank 0's to report
+        return 0
     log_to_sinks(plan, run_dir, record)
     print(render(rows([record])))
     print(f"result: {rd.result}")

@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import platform
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ddlbench import commthreads, models
-from ddlbench.adapters.base import RankContext
+from ddlbench.adapters.base import CountsOwnCollectives, ModelParallel, Periodic, RankContext, param_fingerprint
+from ddlbench.adapters.common import loop_peaks, setup_peaks
 from ddlbench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from ddlbench.config import Plan
 from ddlbench.faults import FaultInjector
@@ -76,34 +78,35 @@ class _Progress:
             self.bar.close()
 
 
-def _probe_comm(adapter, batches, ctx) -> dict:
+def _probe_comm(strategy, batches, ctx) -> dict:
     """Extra, untimed steps under the collective counter (outside the window): one, or one
-    period of a strategy that communicates every k steps (adapter.comm_probe_steps()). Adapters
-    whose collectives bypass c10d (Horovod) report their own counts via comm_stats(). On gloo,
-    the bytes the process wrote meanwhile (its sockets) are recorded as an independent check."""
+    period of a strategy that communicates every k steps (Periodic.comm_probe_steps). Strategies
+    whose collectives bypass c10d (Horovod) report their own counts (CountsOwnCollectives). On
+    gloo, the bytes the process wrote meanwhile (its sockets) are recorded as an independent check."""
     from ddlbench.comm_probe import CollectiveCounter, written_bytes
-
-    steps = adapter.comm_probe_steps()
-    adapter.comm_stats()  # reset the adapter's own counters, if it has any
     from ddlbench.topology import hosts_of, node_groups, node_of
-    probe = CollectiveCounter(node_of(adapter.node_groups or node_groups(hosts_of(ctx))))
+
+    steps = strategy.comm_probe_steps() if isinstance(strategy, Periodic) else 1
+    own = isinstance(strategy, CountsOwnCollectives)
+    if own:
+        strategy.comm_stats()  # reset the strategy's own counters
+    probe = CollectiveCounter(node_of(strategy.node_groups or node_groups(hosts_of(ctx))))
     written = written_bytes() if ctx.backend == "gloo" else None
     with probe:
         for _ in range(steps):
-            adapter.train_step(next(batches))
+            strategy.train_step(next(batches))
         _sync(ctx.device)
     if written is not None:
         written = written_bytes() - written
-    own = adapter.comm_stats()
-    return {"source": "adapter" if own is not None else "c10d_dispatch",
-            "counts": own if own is not None else probe.take(), "steps": steps, "written_bytes": written}
+    return {"source": "adapter" if own else "c10d_dispatch",
+            "counts": strategy.comm_stats() if own else probe.take(), "steps": steps, "written_bytes": written}
 
 
-def _busy_probe(adapter, device) -> float | None:
-    """Model-parallel adapters' busy time per step, after the window: the fastest of 3 runs of
-    each pass the adapter hands over (adapter.busy_probe()), summed, x its repeats per step.
-    None where the adapter has no such probe."""
-    got = adapter.busy_probe()
+def _busy_probe(strategy, device) -> float | None:
+    """Model-parallel strategies' busy time per step, after the window: the fastest of 3 runs of
+    each pass the strategy hands over (ModelParallel.busy_probe), summed, x its repeats per step.
+    None where the strategy has no such probe."""
+    got = strategy.busy_probe() if isinstance(strategy, ModelParallel) else None
     if got is None:
         return None
     passes, per_step = got
@@ -116,143 +119,204 @@ def _busy_probe(adapter, device) -> float | None:
             _sync(device)
             best = min(best, time.perf_counter() - t0)
         total += best
-    adapter.after_busy_probe()
+    strategy.after_busy_probe()
     return total * per_step
 
 
+@dataclass
+class Setup:
+    """What the run trains and measures with, made before the loop (not timed)."""
+    strategy: object
+    spec: object
+    dataset: object
+    batches: object
+    steps_per_epoch: int | None
+    total: int                      # steps to train
+    evaluate: Evaluator | None      # quality mode with a validation split
+    target: float | None
+    peaks: dict                     # setup's memory peaks
+
+
+@dataclass
+class Window:
+    """What the timed loop leaves on this rank, read after it."""
+    step_s: list[float] = field(default_factory=list)   # every step, warm-up included (eval pauses excluded)
+    host_s: list[float] = field(default_factory=list)   # per step: previous step's end -> train_step called
+    losses: list = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+    start: float | None = None      # perf_counter at the start of the first measured step
+    end: float | None = None        # perf_counter at the end of the last step
+    first_step_end: float | None = None   # time.time() at the end of step 0 (the start-up timeline)
+    comm_threads: dict | None = None      # what commthreads.apply did after step 0
+    gpu: dict = field(default_factory=dict)   # NVML's telemetry over the loop
+
+
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
-    cfg, dims = plan.cfg, plan.dims
+    """set up -> the timed loop -> the probes after the window -> gather; rank 0 writes the result."""
+    cfg = plan.cfg
     commthreads.policy()     # a bad $DDLBENCH_COMM_THREADS fails here, not after the first step
-    pipelined = dims.pp > 1  # stages send point to point: comm threads stay fair (ddlbench/commthreads.py)
     torch.manual_seed(cfg.run.seed)
     spec = models.build(cfg.model, ctx.device.type)
     tracking = RunTracker(ctx.device) if cfg.run.memory_tracker else contextlib.nullcontext()
     with tracking:   # run.memory_tracker: every storage from before setup to the end of the loop
-        adapter = plan.adapter_cls(plan.options, ctx, dims)
-        adapter.setup(spec.build, build_optimizer_factory(cfg.optim))
-        adapter.mark_setup_done()
-        if cfg.run.memory_tracker:
-            tracking.label(adapter.model, adapter.optimizer)
-        events.mark(run_dir, "model_ready", ctx.rank)
-        dp_rank = adapter.dp_rank
-        dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
-        batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, dp_rank, ctx.device)
-        warmup, warnings = cfg.run.warmup_steps, []
-        evaluate = None
-        if cfg.run.epochs:  # quality mode: whole epochs, evaluation between steps
-            total = cfg.run.epochs * steps_per_epoch
-            if dataset.val.size:     # data.val_fraction=0: train only, nothing to evaluate
-                evaluate = Evaluator(adapter, dataset, dims, dp_rank, ctx.device, steps_per_epoch, cfg.run.eval_every)
-        else:
-            total = warmup + cfg.run.measure_steps
-        adapter.plan_steps(total, steps_per_epoch if cfg.run.epochs else None)
-        fault = FaultInjector(cfg.fault, ctx.rank, run_dir)
-        step_s: list[float] = []     # every step, warm-up included (eval pauses excluded)
-        host_s: list[float] = []     # per step: previous step's end -> this rank calls train_step
-        losses: list = []
-        evals: list[dict] = []
-        target = resolve_target(cfg.run.target, cfg.run.target_metric, cfg.run.target_vs_floor,
-                                dataset.floor["loss"] if dataset else None)
-        progress = _Progress(cfg.run.progress and ctx.rank == 0, total, warmup, dims.global_batch)
-        stop.expose(step_s, losses, warmup)   # what a SIGUSR1 stop saves (ddlbench/launch/stop.py)
-
-        from ddlbench.nvml import for_device
-        gpu = for_device(ctx.device)       # NVML sampler thread (CUDA only): outside every step
-        _sync(ctx.device)
-        wall0 = time.perf_counter()
-        if evaluate:
-            evals.append({**evaluate(0), "wall_s": 0.0})
-        t_prev = time.perf_counter()
-        for step in range(total):
-            if fault.active:
-                fault.at_step(step)
-            batch = next(batches)
-            if step == 1 and cfg.run.memory_tracker:
-                tracking.reset_peak()          # the steady state: the optimizer's state exists
-            host_s.append(time.perf_counter() - t_prev)
-            out = adapter.train_step(batch)
-            if fault.active:
-                fault.after_step(step)
-            _sync(ctx.device)
-            t = time.perf_counter()
-            step_s.append(t - t_prev)
-            if step == 0:
-                first_step_end = time.time()   # start-up timeline; written after the loop
-            if step == warmup:
-                window_start = t_prev          # the measured window: start of the first measured step
-            losses.append(out.loss)
-            progress.update(step, out.loss, t - t_prev)
-            t_prev = t
-            if step == 0:    # the first step made the threads its collectives use; not part of any step
-                comm_threads = commthreads.apply(p2p=pipelined)
-                t_prev = time.perf_counter()
-            if evaluate and evaluate.due(step + 1):
-                evals.append({**evaluate(step + 1), "wall_s": time.perf_counter() - wall0})
-                progress.note(val_loss=evals[-1]["loss"])
-                if cfg.run.stop_at_target and reached(evals[-1][cfg.run.target_metric], target, cfg.run.target_metric):
-                    break
-                t_prev = time.perf_counter()  # evaluation is not part of any step
-        wall_s = time.perf_counter() - wall0
-    gpu_stats = gpu.stop() if gpu is not None else {"available": False, "reason": f"{ctx.device.type} run"}
-    gpu_stats["steps"] = len(losses)
-    unix_offset = time.time() - time.perf_counter()
-    progress.close()
-    if step_s:
-        events.mark(run_dir, "first_step", ctx.rank, t=first_step_end)
-    if warmup >= len(step_s):  # quality mode: fewer steps than warm-up (short epochs, early stop)
-        warnings.append(f"run.warmup_steps {warmup} >= the {len(step_s)} steps trained; "
+        setup = set_up(plan, ctx, run_dir, spec, tracking)
+        window = train(plan, ctx, run_dir, setup, tracking)
+    warnings: list[str] = []
+    warmup = cfg.run.warmup_steps
+    if warmup >= len(window.step_s):  # quality mode: fewer steps than warm-up (short epochs, early stop)
+        warnings.append(f"run.warmup_steps {warmup} >= the {len(window.step_s)} steps trained; "
                         "timing statistics use the last step only")
-        warmup = len(step_s) - 1
-
-    memory = adapter.memory_stats()  # peaks of the training loop, before the probe step
-    if cfg.run.memory_tracker:
-        memory["tracker"] = {**tracking.result(), "steps": max(len(step_s) - 1, 0)}
-        warnings.append("run.memory_tracker: every step ran under torch's MemTracker (a Python dispatch "
-                        "mode): its step times and throughput are not comparable with other runs")
-    objective = (final_objective(adapter, dataset, dims, dp_rank, ctx.device, cfg.optim, len(losses))
-                 if cfg.run.final_objective else None)
-    comm = _probe_comm(adapter, batches, ctx)
-    if cfg.run.comm_profile and ctx.world_size > 1:
-        from ddlbench.comm_time import profile_comm
-        comm["time"] = profile_comm(adapter, batches, ctx.device, comm["steps"])
-    fingerprint = adapter.param_fingerprint() if cfg.run.param_fingerprint else None
-    adapter_stats = adapter.rank_stats()
-    busy = _busy_probe(adapter, ctx.device)
-    if busy is not None:
-        adapter_stats["busy_s_per_step"] = busy
-    local = {
-        "rank": ctx.rank,
-        "step_time_s": step_s[warmup:],
-        "all_step_time_s": step_s,
-        "host_time_s": host_s[warmup:],
-        "window_unix_s": ([unix_offset + window_start, unix_offset + t_prev]
-                          if len(step_s) > warmup and not cfg.run.epochs else None),
-        "loss": [float("nan") if l is None else float(l) for l in losses],
-        "memory": memory,
-        "baseline_rss_bytes": baseline_rss,
-        "comm": comm,
-        "adapter_stats": adapter_stats,
-        "gpu": gpu_stats,
-        "hostname": platform.node(),
-        "comm_threads": comm_threads if step_s else commthreads.apply(p2p=pipelined),
-    }
+        warmup = len(window.step_s) - 1
+    if window.step_s:
+        events.mark(run_dir, "first_step", ctx.rank, t=window.first_step_end)
+    local, probes = after_window(plan, ctx, setup, window, warmup, tracking, warnings)
+    local["baseline_rss_bytes"] = baseline_rss
     gathered: list = [None] * ctx.world_size
     dist.all_gather_object(gathered, local)
     if ctx.rank == 0:
-        record = build_ok_record(plan, ctx, run_dir, spec, adapter, gathered, threads, wall_s)
-        record["warnings"].extend(warnings)
-        timeline = events.read(run_dir)
-        record["startup_s"] = events.phases(timeline)
-        record["env"]["rank_start_method"] = events.info(timeline, "agent_start", "start_method")
-        if dataset is not None:
-            fill_convergence(record, cfg, dataset, steps_per_epoch, evals, target, gathered)
-            record["convergence"]["final_objective"] = objective
-        if fingerprint is not None:
-            record["final_params"] = {"fingerprint": fingerprint, "after_steps": len(losses) + comm["steps"] * (2 if "time" in comm else 1),
-                                      "note": "[sum, sum of squares, sum of |x|, sum of x_i (i+1)/n over the row-major "
-                                              "elements (order-sensitive)] per parameter after the "
-                                              "training loop, the comm-probe steps and the comm-profile steps"}
-        write_metrics_jsonl(run_dir, record, gathered)
-        write_result(run_dir, record)
-    adapter.teardown()
+        write_record(plan, ctx, run_dir, setup, window, gathered, probes, threads, warnings)
+    setup.strategy.teardown()
     dist.barrier()
+
+
+def set_up(plan: Plan, ctx: RankContext, run_dir: Path, spec, tracking) -> Setup:
+    """The strategy built and set up (its memory peaks kept), the data, the evaluator, the steps."""
+    cfg, dims = plan.cfg, plan.dims
+    strategy = plan.variant.strategy_class()(plan.variant, ctx, dims)
+    strategy.setup(spec.build, build_optimizer_factory(cfg.optim))
+    peaks = setup_peaks(ctx.device)
+    if cfg.run.memory_tracker:
+        tracking.label(strategy.model, strategy.optimizer)
+    events.mark(run_dir, "model_ready", ctx.rank)
+    dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
+    batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, strategy.dp_rank, ctx.device)
+    evaluate = None
+    if cfg.run.epochs:  # quality mode: whole epochs, evaluation between steps
+        total = cfg.run.epochs * steps_per_epoch
+        if dataset.val.size:     # data.val_fraction=0: train only, nothing to evaluate
+            evaluate = Evaluator(strategy, dataset, dims, strategy.dp_rank, ctx.device, steps_per_epoch,
+                                 cfg.run.eval_every)
+    else:
+        total = cfg.run.warmup_steps + cfg.run.measure_steps
+    if isinstance(strategy, Periodic):
+        strategy.plan_steps(total, steps_per_epoch if cfg.run.epochs else None)
+    target = resolve_target(cfg.run.target, cfg.run.target_metric, cfg.run.target_vs_floor,
+                            dataset.floor["loss"] if dataset else None)
+    return Setup(strategy, spec, dataset, batches, steps_per_epoch, total, evaluate, target, peaks)
+
+
+def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -> Window:
+    """THE timed loop: step boundaries by perf_counter after the device sync; nothing else inside."""
+    cfg, strategy, evaluate = plan.cfg, setup.strategy, setup.evaluate
+    warmup = cfg.run.warmup_steps
+    fault = FaultInjector(cfg.fault, ctx.rank, run_dir)
+    w = Window()
+    progress = _Progress(cfg.run.progress and ctx.rank == 0, setup.total, warmup, plan.dims.global_batch)
+    stop.expose(w.step_s, w.losses, warmup)   # what a SIGUSR1 stop saves (ddlbench/launch/stop.py)
+    from ddlbench.nvml import for_device
+    gpu = for_device(ctx.device)       # NVML sampler thread (CUDA only): outside every step
+    _sync(ctx.device)
+    wall0 = time.perf_counter()
+    if evaluate:
+        w.evals.append({**evaluate(0), "wall_s": 0.0})
+    t_prev = time.perf_counter()
+    for step in range(setup.total):
+        if fault.active:
+            fault.at_step(step)
+        batch = next(setup.batches)
+        if step == 1 and cfg.run.memory_tracker:
+            tracking.reset_peak()          # the steady state: the optimizer's state exists
+        w.host_s.append(time.perf_counter() - t_prev)
+        out = strategy.train_step(batch)
+        if fault.active:
+            fault.after_step(step)
+        _sync(ctx.device)
+        t = time.perf_counter()
+        w.step_s.append(t - t_prev)
+        if step == 0:
+            w.first_step_end = time.time()   # start-up timeline; written after the loop
+        if step == warmup:
+            w.start = t_prev                 # the measured window: start of the first measured step
+        w.losses.append(out.loss)
+        progress.update(step, out.loss, t - t_prev)
+        t_prev = w.end = t
+        if step == 0:    # the first step made the threads its collectives use; not part of any step
+            w.comm_threads = commthreads.apply(p2p=plan.dims.pp > 1)
+            t_prev = time.perf_counter()
+        if evaluate and evaluate.due(step + 1):
+            w.evals.append({**evaluate(step + 1), "wall_s": time.perf_counter() - wall0})
+            progress.note(val_loss=w.evals[-1]["loss"])
+            if cfg.run.stop_at_target and reached(w.evals[-1][cfg.run.target_metric], setup.target,
+                                                  cfg.run.target_metric):
+                break
+            t_prev = time.perf_counter()  # evaluation is not part of any step
+    w.wall_s = time.perf_counter() - wall0
+    progress.close()
+    w.gpu = gpu.stop() if gpu is not None else {"available": False, "reason": f"{ctx.device.type} run"}
+    w.gpu["steps"] = len(w.losses)
+    return w
+
+
+def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: int, tracking,
+                 warnings: list[str]) -> tuple[dict, dict]:
+    """Untimed, after the window: the loop's memory peaks, then the probes (final objective, the
+    collectives of one more step, their time, the parameters' fingerprint, model-parallel busy
+    time). Returns (this rank's series and facts to gather, rank-local results rank 0 records)."""
+    cfg, strategy = plan.cfg, setup.strategy
+    memory = loop_peaks(ctx.device, setup.peaks)  # peaks of the training loop, before the probe step
+    if cfg.run.memory_tracker:
+        memory["tracker"] = {**tracking.result(), "steps": max(len(w.step_s) - 1, 0)}
+        warnings.append("run.memory_tracker: every step ran under torch's MemTracker (a Python dispatch "
+                        "mode): its step times and throughput are not comparable with other runs")
+    objective = (final_objective(strategy, setup.dataset, plan.dims, strategy.dp_rank, ctx.device, cfg.optim,
+                                 len(w.losses)) if cfg.run.final_objective else None)
+    comm = _probe_comm(strategy, setup.batches, ctx)
+    if cfg.run.comm_profile and ctx.world_size > 1:
+        from ddlbench.comm_time import profile_comm
+        comm["time"] = profile_comm(strategy, setup.batches, ctx.device, comm["steps"])
+    fingerprint = param_fingerprint(strategy) if cfg.run.param_fingerprint else None
+    adapter_stats = strategy.rank_stats() if isinstance(strategy, ModelParallel) else {}
+    busy = _busy_probe(strategy, ctx.device)
+    if busy is not None:
+        adapter_stats["busy_s_per_step"] = busy
+    unix_offset = time.time() - time.perf_counter()
+    local = {
+        "rank": ctx.rank,
+        "step_time_s": w.step_s[warmup:],
+        "all_step_time_s": w.step_s,
+        "host_time_s": w.host_s[warmup:],
+        "window_unix_s": ([unix_offset + w.start, unix_offset + w.end]
+                          if len(w.step_s) > warmup and not cfg.run.epochs else None),
+        "loss": [float("nan") if loss is None else float(loss) for loss in w.losses],
+        "memory": memory,
+        "comm": comm,
+        "adapter_stats": adapter_stats,
+        "gpu": w.gpu,
+        "hostname": platform.node(),
+        "comm_threads": w.comm_threads if w.step_s else commthreads.apply(p2p=plan.dims.pp > 1),
+    }
+    return local, {"objective": objective, "fingerprint": fingerprint, "comm_steps": comm["steps"],
+                   "comm_profiled": "time" in comm}
+
+
+def write_record(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, w: Window, gathered: list,
+                 probes: dict, threads: int, warnings: list[str]) -> None:
+    """Rank 0: the record from every rank's series (ddlbench/collect.py), metrics.jsonl, result.json."""
+    record = build_ok_record(plan, ctx, run_dir, setup.spec, setup.strategy, gathered, threads, w.wall_s)
+    record["warnings"].extend(warnings)
+    timeline = events.read(run_dir)
+    record["startup_s"] = events.phases(timeline)
+    record["env"]["rank_start_method"] = events.info(timeline, "agent_start", "start_method")
+    if setup.dataset is not None:
+        fill_convergence(record, plan.cfg, setup.dataset, setup.steps_per_epoch, w.evals, setup.target, gathered)
+        record["convergence"]["final_objective"] = probes["objective"]
+    if probes["fingerprint"] is not None:
+        record["final_params"] = {
+            "fingerprint": probes["fingerprint"],
+            "after_steps": len(w.losses) + probes["comm_steps"] * (2 if probes["comm_profiled"] else 1),
+            "note": "[sum, sum of squares, sum of |x|, sum of x_i (i+1)/n over the row-major elements "
+                    "(order-sensitive)] per parameter after the training loop, the comm-probe steps and the "
+                    "comm-profile steps"}
+    write_metrics_jsonl(run_dir, record, gathered)
+    write_result(run_dir, record)

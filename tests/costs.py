@@ -15,7 +15,7 @@ PROF = ModelProfile(params=1000, largest_block_params=200, blocks=4, activation_
 
 @functools.cache
 def variant(framework: str):
-    """(adapter class, its options as the yaml sets them)."""
+    """(the Variant class, its options as the yaml sets them)."""
     from ddlbench.config import compose_raw
     raw = compose_raw([f"framework={framework}", "model=gpt2_tiny"])["framework"]
     module, name = raw["adapter"].split(":")
@@ -29,7 +29,7 @@ def dims(dp: int, tp: int = 1, pp: int = 1, mb: int = 2, ga: int = 1, dp_shard: 
 
 def cost_of(framework: str, dp: int, tp: int = 1, pp: int = 1, mb: int = 2, ga: int = 1, precision: str = "fp32",
             model: ModelProfile = PROF, per_node: int | None = None, **edits):
-    adapter, options = variant(framework)
-    shard = dp if adapter.name == "tensor_parallel" else 1      # FSDP2 over the dp ranks of each tp slice
-    return adapter.cost_model(adapter.Options(**{**options, **edits}), dims(dp, tp, pp, mb, ga, shard), model,
-                              precision, per_node)
+    cls, options = variant(framework)
+    shard = dp if cls.name == "tensor_parallel" else 1      # FSDP2 over the dp ranks of each tp slice
+    return cls(cls.Options(**{**options, **edits})).cost_model(dims(dp, tp, pp, mb, ga, shard), model, precision,
+                                                              per_node)

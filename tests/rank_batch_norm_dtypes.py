@@ -43,7 +43,7 @@ def see(i, bn) -> None:
     seen.setdefault(i, [str(bn.weight.dtype), str(bn.running_mean.dtype)])
 
 
-adapter = plan.adapter_cls(plan.options, ctx, plan.dims)
+adapter = plan.variant.strategy_class()(plan.variant, ctx, plan.dims)
 adapter.setup(build, build_optimizer_factory(plan.cfg.optim))
 batches, _ = batch_source(None, plan.cfg, spec, plan.dims, 0, ctx.device)
 adapter.train_step(next(batches))

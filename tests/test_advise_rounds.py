@@ -63,7 +63,7 @@ def test_without_repeats_the_noise_stays_unknown():
 def test_resume_measures_the_replacement_then_the_repeats():
     """bench advise's next rounds from its state: c1 ran out of memory, so c3 runs in its place;
     then the two best (c2, c3) run again as run.repeat=1; then the answer."""
-    from ddlbench.advise.command import collect, fold, next_round
+    from ddlbench.advise.conclude import collect, fold, next_round
 
     def rec(step):
         if step is None:

@@ -100,7 +100,7 @@ BAD = [
     (["data=markov", "run.epochs=1", "run.target=1.5", "run.target_metric=accuracy"], "an accuracy target must be in (0, 1]"),
     (["data=markov", "data.concentration=0"], "data.concentration: Input should be greater than 0"),
     (["framework.adapter=os:system"], "framework.adapter 'os:system': only adapters in ddlbench.adapters may be named"),
-    (["framework.adapter=ddlbench.adapters.common:split_micro"], "is not an Adapter"),
+    (["framework.adapter=ddlbench.adapters.common:split_micro"], "is not an adapter's Variant"),
     (["framework.adapter=ddlbench.adapters..x:Y"], "only adapters in ddlbench.adapters"),
 ]
 

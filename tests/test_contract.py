@@ -1,18 +1,23 @@
-"""The adapter contract is written down: every member of an adapter that the harness reads
-(the runner, the collector, the launchers, the sweep and advise) is declared on
-ddlbench.adapters.base.Adapter, so a new framework learns what to provide from one class."""
+"""The adapter contract is written down: every member of a strategy or a variant that the
+harness reads (the runner, the collector, the launchers, the sweep and advise) is declared on
+ddlbench.adapters.base.Strategy (or one of its optional interfaces) or on
+ddlbench.adapters.variant.Variant, so a new framework learns what to provide from two small classes."""
 from __future__ import annotations
 
 import ast
+import inspect
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-import torch
+import pytest
 
-from ddlbench.adapters.base import Adapter, RankContext
-from ddlbench.config import plan_from_overrides
+from ddlbench.adapters import base
+from ddlbench.adapters.variant import Variant
 
 BENCH = Path(__file__).resolve().parents[1] / "ddlbench"
-NAMES = {"adapter", "adapter_cls"}   # how the harness names an adapter or its class
+INTERFACES = (base.Strategy, base.Periodic, base.CountsOwnCollectives, base.ModelParallel)
 
 
 def modules():
@@ -21,9 +26,9 @@ def modules():
         yield path.relative_to(BENCH), ast.walk(ast.parse(path.read_text()))
 
 
-def read_members() -> dict[str, set[str]]:
-    """{attribute: {file}} for every `adapter.X` / `adapter_cls.X` / `plan.adapter_cls.X` outside
-    ddlbench/adapters."""
+def read_members(names: set[str]) -> dict[str, set[str]]:
+    """{attribute: {file}} for every `X.attr` with X in `names` (a name, or an attribute
+    `plan.variant`) outside ddlbench/adapters."""
     found: dict[str, set[str]] = {}
     for path, nodes in modules():
         if "adapters" in path.parts:
@@ -33,19 +38,78 @@ def read_members() -> dict[str, set[str]]:
                 continue
             v = node.value
             name = v.id if isinstance(v, ast.Name) else v.attr if isinstance(v, ast.Attribute) else None
-            if name in NAMES:
+            if name in names:
                 found.setdefault(node.attr, set()).add(str(path))
     return found
 
 
-def test_every_adapter_member_the_harness_reads_is_declared_on_the_base():
-    plan = plan_from_overrides(["framework=ddp", "launcher.nproc=1"])
-    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", precision="fp32")
-    declared = Adapter(plan.options, ctx, plan.dims)
-    members = read_members()
-    assert {"train_step", "setup", "node_groups", "dp_rank", "params", "busy_probe", "launch"} <= set(members), members
-    missing = {m: files for m, files in members.items() if not hasattr(declared, m)}
-    assert not missing, f"read from adapters but not declared on ddlbench.adapters.base.Adapter: {missing}"
+def declared(cls) -> set[str]:
+    """Class members and the attributes its __init__ assigns."""
+    names = {n for n in vars(cls) if not n.startswith("__")} | {"__init__"}
+    init = cls.__dict__.get("__init__")
+    if init is not None:
+        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(init)))
+        names |= {t.attr for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                  for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                  if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    return names
+
+
+def test_every_member_the_harness_reads_is_declared():
+    strategy_reads = read_members({"strategy"})
+    assert {"train_step", "setup", "node_groups", "dp_rank", "params", "precision"} <= set(strategy_reads)
+    on_strategy = set().union(*(declared(c) for c in INTERFACES))
+    missing = {m: f for m, f in strategy_reads.items() if m not in on_strategy}
+    assert not missing, f"read from strategies but declared on no interface of ddlbench/adapters/base.py: {missing}"
+    variant_reads = read_members({"variant"})
+    assert {"cost_model", "unsupported_reason", "starter", "taxonomy", "strategy_class"} <= set(variant_reads)
+    missing = {m: f for m, f in variant_reads.items() if m not in declared(Variant)}
+    assert not missing, f"read from variants but not declared on ddlbench.adapters.variant.Variant: {missing}"
+
+
+@pytest.mark.parametrize("cls", [Variant, *INTERFACES])
+def test_each_half_of_the_contract_is_small(cls):
+    """torchtitan's TrainSpec has ~11 fields; the old one-class contract had ~45 members."""
+    assert len(declared(cls)) <= 20, sorted(declared(cls))
+
+
+def test_every_framework_file_holds_a_variant_and_its_strategy():
+    """Each conf/framework names a Variant whose strategy is in the same file and is a Strategy."""
+    from ddlbench.config import CONF_DIR, compose_raw, group_options, load_variant_class
+    for name in group_options("framework"):
+        path = compose_raw([f"framework={name}"])["framework"]["adapter"]
+        cls = load_variant_class(path)
+        assert cls.strategy.partition(":")[0] == path.partition(":")[0], (name, cls.strategy)
+        assert issubclass(cls(cls.Options()).strategy_class(), base.Strategy), name
+    assert CONF_DIR.is_dir()
+
+
+def test_a_framework_own_launcher_is_named_only_by_it():
+    """The launchers ask the variant's starter; no launcher branches on a framework's name."""
+    where = {str(p.relative_to(BENCH)) for p in BENCH.rglob("*.py") if "horovodrun" in p.read_text()}
+    assert where <= {"adapters/horovod.py", "launch/horovod.py", "launch/hvd_slurm.py", "launch/hvd_worker.py"}, where
+
+
+def test_no_module_is_longer_than_400_lines():
+    long = {str(p.relative_to(BENCH)): n for p in BENCH.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
+
+
+PURE = """
+import json, sys
+from ddlbench.config import plan_from_overrides, group_options
+for name in group_options("framework"):
+    plan = plan_from_overrides([f"framework={name}", "launcher.nproc=2"])
+    plan.variant.taxonomy(); plan.variant.advise_options(2); plan.variant.unsupported_reason(plan.cfg, "cpu")
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("deepspeed", "horovod", "fairscale"))))
+"""
+
+
+def test_questions_about_a_variant_import_no_framework():
+    """Validation and advise's questions (taxonomy, option edits, unsupported reasons) of every
+    framework variant import neither DeepSpeed nor Horovod nor FairScale (only a rank does)."""
+    out = subprocess.run([sys.executable, "-c", PURE], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_nothing_below_the_command_line_imports_it():

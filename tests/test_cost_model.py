@@ -17,8 +17,8 @@ NO_COST_MODEL = {"ddp_powersgd": "PowerSGD's payload depends on every matrix's s
 
 def first_layout(framework: str, devices: int = 4) -> dict:
     from costs import variant
-    adapter, options = variant(framework)
-    return adapter.advise_options(adapter.Options(**options), devices)[0]
+    cls, options = variant(framework)
+    return cls(cls.Options(**options)).advise_options(devices)[0]
 
 
 @pytest.mark.parametrize("framework", group_options("framework"))
@@ -110,7 +110,7 @@ def test_cost_model_matches_what_a_run_sends(measured, framework):
                                 "run.micro_batch=2"])
     prof: ModelProfile = profile(plan.cfg.model)
     assert prof.params == rec["model"]["params"]
-    cost = plan.adapter_cls.cost_model(plan.options, plan.dims, prof, "fp32")
+    cost = plan.variant.cost_model(plan.dims, prof, "fp32")
     psi = 4 * prof.params
     predicted = {k: v * psi for k, v in cost.payload_psi().items()}
     got = rec["comm"]["per_step_bytes"]

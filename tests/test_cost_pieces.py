@@ -130,8 +130,8 @@ def test_pipeline_piece_is_what_the_busiest_rank_holds(real_vocab, framework):
     from ddlbench.models.registry import build
 
     cfg, prof = real_vocab
-    adapter, options = variant(framework)
-    v = adapter.stages_per_rank(adapter.Options(**options))
+    cls, options = variant(framework)
+    v = cls(cls.Options(**options)).stages_per_rank()
     with torch.device("meta"):
         plist = pieces(build(cfg, "cpu").build())
     owners = stage_owners(options["schedule"], 2, v)

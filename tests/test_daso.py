@@ -104,7 +104,7 @@ def test_the_plateau_all_reduce_uses_the_runs_device(monkeypatch):
     from ddlbench.adapters.base import RankContext
     seen = []
     monkeypatch.setattr(daso.dist, "all_reduce", lambda t, **kw: seen.append(t.device))
-    a = object.__new__(daso.DASOAdapter)
+    a = object.__new__(daso.DASOStrategy)
     a.options = SimpleNamespace(warmup_steps=0, cooldown_steps=0, max_global_skips=8)
     a.ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("meta"), backend="nccl",
                         precision="fp32")

@@ -63,7 +63,7 @@ def test_cuda_peaks_are_reset_after_setup(monkeypatch):
     before sharding) is kept apart and the counters reset, so the reported peak is the loop's."""
     import torch
 
-    from ddlbench.adapters.base import Adapter, RankContext
+    from ddlbench.adapters.common import loop_peaks, setup_peaks
     counters = {"peak": 1000, "resets": 0}
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: counters["peak"])
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: counters["peak"] + 24)
@@ -72,12 +72,10 @@ def test_cuda_peaks_are_reset_after_setup(monkeypatch):
         counters["resets"] += 1
         counters["peak"] = 0
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
-    ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
-                      precision="fp32")
-    a = Adapter(None, ctx, None)
-    a.mark_setup_done()
+    device = torch.device("cuda", 0)
+    setup = setup_peaks(device)
     counters["peak"] = 300                       # what the training loop then allocates at most
-    m = a.memory_stats()
+    m = loop_peaks(device, setup)
     assert counters["resets"] == 1
     assert (m["setup_peak_allocated_bytes"], m["peak_allocated_bytes"], m["peak_reserved_bytes"]) == (1000, 300, 324)
 
@@ -94,7 +92,7 @@ def test_step_boundaries_wait_for_the_compute_stream_only():
     plan = plan_from_overrides(["framework=deepspeed_zero2", "launcher.nproc=2"])
     ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
                       precision="bf16")
-    cfg = plan.adapter_cls(plan.options, ctx, plan.dims).ds_config(plan.cfg.optim)
+    cfg = plan.variant.strategy_class()(plan.variant, ctx, plan.dims).ds_config(plan.cfg.optim)
     assert cfg["timers"] == {"throughput": {"enabled": True, "synchronized": False}}
 
 
@@ -171,5 +169,5 @@ def test_deepspeed_casts_buffers_only_for_batch_norm_at_low_precision():
                                         ("bf16", False, None), ("fp32", True, None)):
         ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"), backend="gloo",
                           precision=precision)
-        cfg = plan.adapter_cls(plan.options, ctx, plan.dims).ds_config(plan.cfg.optim, batch_norm=batch_norm)
+        cfg = plan.variant.strategy_class()(plan.variant, ctx, plan.dims).ds_config(plan.cfg.optim, batch_norm=batch_norm)
         assert cfg.get("data_types") == want, (precision, batch_norm)

@@ -43,7 +43,7 @@ def _variants():
         if name == "ddp":
             continue
         plan = plan_from_overrides([f"framework={name}", "launcher.nproc=2"])
-        reason = plan.adapter_cls.unsupported_reason(plan.options, plan.cfg, DEVICE)
+        reason = plan.variant.unsupported_reason(plan.cfg, DEVICE)
         if reason:
             unrunnable[name] = reason
             continue

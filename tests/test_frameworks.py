@@ -18,7 +18,7 @@ def test_missing_package_is_an_unsupported_reason(monkeypatch, framework, packag
     plan = plan_from_overrides([f"framework={framework}"])
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
-    reason = plan.adapter_cls.unsupported_reason(plan.options, plan.cfg, "cpu")
+    reason = plan.variant.unsupported_reason(plan.cfg, "cpu")
     assert reason and package in reason and ("install" in reason or "build" in reason)
 
 
@@ -65,12 +65,12 @@ def test_horovod_counts_its_own_allreduces_without_lr_scaling(run_dir):
     assert rec["framework"]["native_config"]["lr_scaled_by_world_size"] is False
     # what ran: Horovod 0.28.1's own default (operations.cc), which its cost model (advise) uses too
     from ddlbench.adapters.cost import ModelProfile
-    from ddlbench.adapters.horovod import DEFAULT_FUSION_THRESHOLD_MB, HorovodAdapter
+    from ddlbench.adapters.horovod import DEFAULT_FUSION_THRESHOLD_MB, Horovod
     from ddlbench.dims import ParallelDims
     assert rec["framework"]["native_config"]["fusion_threshold_mb"] == DEFAULT_FUSION_THRESHOLD_MB == 128
     big = ModelProfile(params=10**9, largest_block_params=1, blocks=1, activation_bytes_per_sample=0,
                        checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0)
-    cost = HorovodAdapter.cost_model(HorovodAdapter.Options(), ParallelDims(2, 2, 1, 1, 1, 1, 2), big, "fp32")
+    cost = Horovod(Horovod.Options()).cost_model(ParallelDims(2, 2, 1, 1, 1, 1, 2), big, "fp32")
     assert cost.buffers["fusion buffer"] == DEFAULT_FUSION_THRESHOLD_MB << 20
 
 
@@ -126,12 +126,12 @@ def test_fairscale_fsdp_is_its_own_strategy_not_oss():
     plan = plan_from_overrides(["framework=fairscale_fsdp", "launcher.nproc=2"])
     ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
                       precision="fp32")
-    adapter = plan.adapter_cls(plan.options, ctx, plan.dims)
+    adapter = plan.variant.strategy_class()(plan.variant, ctx, plan.dims)
     adapter.version, adapter.params = "0.4.13", 1000      # what setup() would have set
     native = adapter.describe()["native_config"]
     assert native["wrapper"].startswith("fairscale.nn.FullyShardedDataParallel") and native["flatten_parameters"]
     # ZeRO-3 accounting: everything sharded; 2 all-gathers + 1 reduce-scatter of Psi per step
     assert adapter.model_state_bytes_theory(1000, "adamw") == 1000 * (4 + 4 + 8) // 2
-    assert adapter.analytic_comm().payload_psi == {"all_gather": 2.0, "reduce_scatter": 1.0}
+    assert plan.variant.analytic_comm(plan.dims, "fp32", 1000).payload_psi == {"all_gather": 2.0, "reduce_scatter": 1.0}
     with pytest.raises(ConfigError, match="flatten_parameters=false"):
         plan_from_overrides(["framework=fairscale_fsdp", "launcher.nproc=2", "optim.exclude_from_decay=bias_and_norm"])

@@ -215,8 +215,8 @@ def test_comm_by_group_size():
 def test_ddp_memory_theory_counts_the_bucket_copy_without_bucket_view():
     from types import SimpleNamespace
 
-    from ddlbench.adapters.ddp import DDPAdapter, DDPOptions
-    ddp = object.__new__(DDPAdapter)
+    from ddlbench.adapters.ddp import DDPOptions, DDPStrategy
+    ddp = object.__new__(DDPStrategy)
     ddp.ctx = SimpleNamespace(world_size=2)
     ddp.options = DDPOptions()
     assert ddp.model_state_bytes_theory(1000, "adamw") == 16_000          # 4 + 4 + 8 per parameter

@@ -115,7 +115,7 @@ def test_user_strings_are_escaped(tmp_path):
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<img src=x" not in html
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "a\\|b &lt;img" in md and "<script>" not in md
+    assert "a\\|b \\<img" in md and "<script>" not in md and "&lt;" not in md and "&gt;" not in md
 
 
 def test_wandb_report_offline_writes_a_valid_spec(known, tmp_path):

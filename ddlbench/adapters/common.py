@@ -1,6 +1,6 @@
-"""What several adapters share, beside the contract (ddlbench/adapters/base.py): autocast for the
-run's precision, a step over micro-batches, framework no-sync contexts, the canonical view of
-parameters that the equivalence tests compare, labels of the taxonomy, the process's peak RSS."""
+"""What several strategies share, beside the contract (ddlbench/adapters/base.py): a step over
+micro-batches, framework no-sync contexts, the canonical view of parameters that the equivalence
+tests compare, the memory peaks the runner reads around setup and the loop."""
 from __future__ import annotations
 
 import contextlib
@@ -15,12 +15,26 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def autocast(ctx):
-    """Autocast for the run's precision (ctx: the rank's RankContext); fp32 runs have none."""
-    if ctx.precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if ctx.precision == "bf16" else torch.float16
-    return torch.autocast(device_type=ctx.device.type, dtype=dtype)
+def setup_peaks(device: torch.device) -> dict:
+    """Called by the runner right after setup: on CUDA, keep setup's peak (the full model placed
+    before sharding or offload) and reset the peak counters, so the reported peaks are the
+    training loop's (ZeRO-3/FSDP/offload savings stay visible). Host RSS has no reset
+    (ru_maxrss): its value here is kept as the setup peak."""
+    peaks = {"setup_peak_rss_bytes": peak_rss_bytes(), "setup_peak_allocated_bytes": None}
+    if device.type == "cuda":
+        peaks["setup_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    return peaks
+
+
+def loop_peaks(device: torch.device, setup: dict) -> dict:
+    """Peaks of the training loop: device allocated/reserved (CUDA, reset after setup), host RSS
+    (since process start), and setup's own peaks."""
+    out = {"peak_allocated_bytes": None, "peak_reserved_bytes": None, "peak_rss_bytes": peak_rss_bytes(), **setup}
+    if device.type == "cuda":
+        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    return out
 
 
 def split_micro(batch: dict, n: int) -> list[dict]:
@@ -31,19 +45,18 @@ def split_micro(batch: dict, n: int) -> list[dict]:
     return [{k: parts[k][i] for k in batch} for i in range(n)]
 
 
-def forward_backward(model, batch: dict, grad_accum: int, ctx, no_sync,
-                     scaler=None) -> torch.Tensor:
-    """Forward+backward over `grad_accum` micro-batches; gradients are synchronised only on the
-    last one (`no_sync()` is the framework's context for the others). Returns the mean loss."""
+def forward_backward(model, batch: dict, grad_accum: int, precision, no_sync) -> torch.Tensor:
+    """Forward+backward over `grad_accum` micro-batches under the run's precision
+    (ddlbench/adapters/precision.py); gradients are synchronised only on the last one (`no_sync()`
+    is the framework's context for the others). Returns the mean loss."""
     micro = split_micro(batch, grad_accum)
-    total = torch.zeros((), device=ctx.device)
+    total = torch.zeros((), device=precision.device)
     for i, mb in enumerate(micro):
         sync = contextlib.nullcontext() if i == len(micro) - 1 else no_sync()
         with sync:
-            with autocast(ctx):
-                loss = model(**mb)
-            scaled = loss / len(micro)
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            with precision.forward_context():
+                loss = model(**precision.inputs(mb))
+            precision.backward(loss / len(micro))
         total += loss.detach().float()
     return total / len(micro)
 
@@ -98,14 +111,40 @@ def param_row(t: torch.Tensor) -> list[float]:
     return [float(t.sum()), float((t * t).sum()), float(t.abs().sum()), float((t * pos).sum())]
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (tensor parallel), or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole of a DTensor, gathered (collective), or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def send_any(h: torch.Tensor, dst: int) -> None:
+    """Blocking send of an fp32 tensor of any shape (up to 8 dimensions): its shape first, then it."""
+    import torch.distributed as dist
+    shape = torch.full((8,), -1, dtype=torch.int64)
+    shape[: h.dim()] = torch.tensor(h.shape)
+    dist.send(shape.to(h.device), dst)
+    dist.send(h.contiguous(), dst)
+
+
+def recv_any(src: int, device: torch.device) -> torch.Tensor:
+    """The fp32 tensor send_any sent from `src`."""
+    import torch.distributed as dist
+    shape = torch.empty(8, dtype=torch.int64, device=device)
+    dist.recv(shape, src)
+    h = torch.empty([int(d) for d in shape if d >= 0], device=device)
+    dist.recv(h, src)
+    return h
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The LossModel inside framework wrappers (DDP/DeepSpeed `.module`)."""
     while hasattr(model, "module") and isinstance(model.module, nn.Module):
         model = model.module
     return model
 
-
-def taxonomy_labels(parallelism: str, sync: str, pattern: str, sharding: str = "none",
-                    compression: str = "none") -> dict:
-    return {"parallelism": parallelism, "synchronisation": sync, "communication": pattern,
-            "sharding": sharding, "compression": compression}

@@ -33,14 +33,14 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from ddlbench.adapters.base import Adapter, StepOut
-from ddlbench.adapters.common import forward_backward, taxonomy_labels
+from ddlbench.adapters.base import Periodic, StepOut, Strategy
+from ddlbench.adapters.common import forward_backward
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, MiB, autocast_copies, buckets, split
+from ddlbench.adapters.precision import DTYPES
+from ddlbench.adapters.variant import Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from ddlbench.topology import cross_groups, hosts_of, node_groups, node_of
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class DASOOptions(BaseModel):
@@ -98,28 +98,27 @@ class Plateau:
 
 
 # ---- the adapter ------------------------------------------------------------------------------
-class DASOAdapter(Adapter):
+class DASO(Variant):
     name = "daso"
     Options = DASOOptions
+    strategy = "ddlbench.adapters.daso:DASOStrategy"
 
-    @classmethod
-    def taxonomy(cls, options) -> dict:
+    def taxonomy(self) -> dict:
         return taxonomy_labels("data (hierarchical)", "stale (global average every k steps, non-blocking)",
                                "all-reduce inside nodes + all-reduce of parameters across nodes + broadcast",
-                               compression=f"{options.downcast} (global parameters)")
+                               compression=f"{self.options.downcast} (global parameters)")
 
-    @classmethod
-    def grad_reduce_dtype(cls, options, precision: str) -> str:
-        return "fp32" if options.downcast == "fp32" else f"fp32 in nodes, {options.downcast} parameters across"
+    def grad_reduce_dtype(self, precision: str) -> str:
+        downcast = self.options.downcast
+        return "fp32" if downcast == "fp32" else f"fp32 in nodes, {downcast} parameters across"
 
-    @classmethod
-    def cost_model(cls, options, dims, model, precision, per_node=None):
+    def cost_model(self, dims, model, precision, per_node=None):
         """Between warm-up and cool-down, at the skips the cycle starts with (INITIAL_SKIPS; the
         plateau rule changes them later): every step DDP all-reduces gradients inside the node;
         every global_skip steps one rank per node all-reduces its flat parameters in `downcast`
         across the nodes (non-blocking) and then broadcasts them inside its node (per parameter:
         here per unit). The node's DDP holds its gradient buckets as copies."""
-        world, psi = dims.world_size, 4.0 * model.params
+        options, world, psi = self.options, dims.world_size, 4.0 * model.params
         node = min(options.ranks_per_node or per_node or world, world)
         if world % node:
             raise ConfigError(f"ranks per node {node} does not divide the world size {world}")
@@ -137,12 +136,13 @@ class DASOAdapter(Adapter):
         return CostModel(f"DASO cycling phase, global_skip {skip}, {node} ranks per node", model.params,
                          shard_ranks=world, buffers=buffers, traffic=tuple(traffic))
 
-    @classmethod
-    def check_config(cls, options, cfg, dims) -> None:
-        per_node = options.ranks_per_node
+    def check_config(self, cfg, dims) -> None:
+        per_node = self.options.ranks_per_node
         if per_node is not None and dims.world_size % per_node:
             raise ConfigError(f"framework.options.ranks_per_node={per_node} must divide the world size {dims.world_size}")
 
+
+class DASOStrategy(Periodic, Strategy):
     total: int = 10**12          # steps in the run (plan_steps); cool-down counts back from it
     window: Optional[int] = None
 
@@ -170,7 +170,6 @@ class DASOAdapter(Adapter):
         self.model = DDP(model, process_group=self.node_group,
                          device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None)
         self.optimizer = build_optimizer(self.model.parameters())
-        self.scaler = torch.amp.GradScaler(self.ctx.device.type) if self.ctx.precision == "fp16" else None
         self.step_no, self.sender = 0, 0
         self.global_skip, self.batches_to_wait = INITIAL_SKIPS
         self.cycle_start = None
@@ -252,8 +251,8 @@ class DASOAdapter(Adapter):
                                  "window_loss": mean})
 
     def train_step(self, batch: dict) -> StepOut:
-        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.ctx, self.model.no_sync, self.scaler)
-        self.step_optimizer()
+        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self.model.no_sync)
+        self.precision.step(self.optimizer)
         self._global_sync(self.step_no)
         self._adapt(self.step_no, loss)
         self.step_no += 1

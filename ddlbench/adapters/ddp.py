@@ -13,13 +13,14 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from ddlbench.adapters.base import Adapter, StepOut
-from ddlbench.adapters.common import forward_backward, taxonomy_labels
+from ddlbench.adapters.base import Periodic, StepOut, Strategy
+from ddlbench.adapters.common import forward_backward
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
+from ddlbench.adapters.parallelize import apply_checkpointing
+from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import AnalyticComm
 from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
-from ddlbench.models.spec import checkpoint_blocks
 
 
 class DDPOptions(BaseModel):
@@ -41,20 +42,21 @@ class DDPOptions(BaseModel):
     activation_checkpointing: bool = False   # recompute each block's forward in backward
 
 
-class DDPAdapter(Adapter):
+class DDP(Variant):
     name = "ddp"
     Options = DDPOptions
+    strategy = "ddlbench.adapters.ddp:DDPStrategy"
 
-    @classmethod
-    def taxonomy(cls, options) -> dict:
+    def taxonomy(self) -> dict:
+        options = self.options
         hook = options.comm_hook
         if hook == "post_local_sgd":
             return taxonomy_labels("data", "periodic (post-local SGD)", "all-reduce (gradients, then model averaging)")
         return taxonomy_labels("data", "sync", "all-reduce", compression={
             "none": "none", "fp16": "fp16", "bf16": "bf16", "powersgd": f"low-rank (PowerSGD r={options.powersgd_rank})"}[hook])
 
-    @classmethod
-    def check_config(cls, options, cfg, dims) -> None:
+    def check_config(self, cfg, dims) -> None:
+        options = self.options
         if options.comm_hook == "powersgd" and options.powersgd_start_iter < 2:
             raise ConfigError("framework.options.powersgd_start_iter must be >= 2 "
                               "(torch PowerSGD requires vanilla all-reduce for the first steps)")
@@ -62,15 +64,14 @@ class DDPAdapter(Adapter):
             raise ConfigError(f"framework.options.local_sgd_group_size={options.local_sgd_group_size} must divide "
                               f"the world size {dims.world_size}")
 
-    @classmethod
-    def cost_model(cls, options, dims, model, precision, per_node=None):
+    def cost_model(self, dims, model, precision, per_node=None):
         """DDP's Reducer all-reduces every gradient bucket (bucket_cap_mb of fp32 gradients) once
         per step (no_sync on the other micro-batches); bucket_cap_mb is passed explicitly, so torch
         caps the first bucket at it too (its 1 MiB first bucket is for bucket_cap_mb=None); the fp16/bf16 hooks halve the payload;
         post-local SGD (after its warm-up) all-reduces gradients inside its groups and averages
         the flattened parameters over the world every local_sgd_period steps. PowerSGD's payload
         depends on every matrix's shape and rank: no cost model."""
-        o = options
+        o = self.options
         if o.comm_hook == "powersgd":
             return None
         psi, dp = 4.0 * model.params, dims.dp
@@ -91,6 +92,18 @@ class DDPAdapter(Adapter):
         return CostModel(source, model.params, shard_ranks=dp, buffers=buffers, traffic=tuple(traffic),
                          grads_preallocated=o.gradient_as_bucket_view)
 
+    def grad_reduce_dtype(self, precision: str) -> str:
+        return {"fp16": "fp16", "bf16": "bf16", "powersgd": "fp32 (PowerSGD low-rank)"}.get(self.options.comm_hook, "fp32")
+
+    def analytic_comm(self, dims, precision, params, per_node=None) -> AnalyticComm | None:
+        if self.options.comm_hook != "none":
+            return None
+        return AnalyticComm(payload_psi(self, dims, precision, params, per_node),
+                            "DDP Reducer: one all-reduce of every gradient bucket",
+                            paper_psi=2.0, paper="ZeRO paper, data parallelism")
+
+
+class DDPStrategy(Periodic, Strategy):
     def setup(self, build_model, build_optimizer) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -98,7 +111,7 @@ class DDPAdapter(Adapter):
         model = build_model().to(self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
         if o.activation_checkpointing:
-            checkpoint_blocks(model)
+            apply_checkpointing(model)
         bucket_cap_mb = o.bucket_cap_mb
         self._forced_single_bucket = None
         if o.comm_hook == "powersgd" and self.ctx.backend == "gloo":
@@ -126,8 +139,6 @@ class DDPAdapter(Adapter):
             from torch.distributed.optim import PostLocalSGDOptimizer
             self.optimizer = PostLocalSGDOptimizer(self.optimizer, PeriodicModelAverager(
                 period=o.local_sgd_period, warmup_steps=o.local_sgd_warmup_steps))
-        # fp16 needs loss scaling (torch AMP recipe); bf16 and fp32 do not.
-        self.scaler = torch.amp.GradScaler(self.ctx.device.type) if self.ctx.precision == "fp16" else None
 
     def _register_hook(self) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -152,9 +163,8 @@ class DDPAdapter(Adapter):
         # none: DDP's C++ built-in all-reduce, the fastest path
 
     def train_step(self, batch: dict) -> StepOut:
-        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.ctx,
-                                self.model.no_sync, self.scaler)
-        self.step_optimizer()
+        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self.model.no_sync)
+        self.precision.step(self.optimizer)
         return StepOut(loss=loss)
 
     def _bucket_bytes(self) -> list[int]:
@@ -163,16 +173,6 @@ class DDPAdapter(Adapter):
 
     def comm_probe_steps(self) -> int:
         return self.options.local_sgd_period if self.options.comm_hook == "post_local_sgd" else 1
-
-    @classmethod
-    def grad_reduce_dtype(cls, options, precision: str) -> str:
-        return {"fp16": "fp16", "bf16": "bf16", "powersgd": "fp32 (PowerSGD low-rank)"}.get(options.comm_hook, "fp32")
-
-    def analytic_comm(self) -> AnalyticComm | None:
-        if self.options.comm_hook != "none":
-            return None
-        return AnalyticComm(self.cost_payload_psi(), "DDP Reducer: one all-reduce of every gradient bucket",
-                            paper_psi=2.0, paper="ZeRO paper, data parallelism")
 
     def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
         # gradient_as_bucket_view=False: the reducer's buckets are a second fp32 copy of the grads
@@ -193,7 +193,7 @@ class DDPAdapter(Adapter):
             "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
             "mixed_precision": "none" if self.ctx.precision == "fp32" else f"torch.autocast({self.ctx.precision})",
             "backend": self.ctx.backend,
-            "grad_scaler": self.scaler is not None,
+            "grad_scaler": self.precision.scaler is not None,
         }
         if o.comm_hook == "powersgd":
             native.update(powersgd_rank=o.powersgd_rank, powersgd_start_iter=o.powersgd_start_iter)

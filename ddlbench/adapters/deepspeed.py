@@ -8,7 +8,6 @@ requires DeepSpeedCPUAdam (DeepSpeed's "AdamW" type; cpu_adam JIT-builds once wi
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 from typing import Literal, Optional
@@ -16,9 +15,11 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from ddlbench.adapters.base import Adapter, StepOut
-from ddlbench.adapters.common import batch_norms, param_row, split_micro, taxonomy_labels, unwrap
+from ddlbench.adapters.base import StepOut, Strategy
+from ddlbench.adapters.common import batch_norms, param_row, split_micro, unwrap
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, buckets, low, split
+from ddlbench.adapters.precision import DTYPES, FrameworkCast
+from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm
 from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from ddlbench.optim import param_groups
@@ -64,12 +65,13 @@ def precision_reason(device_type: str, precision: str, cpu_fp16_ok: bool) -> Opt
     return None
 
 
-class DeepSpeedAdapter(Adapter):
+class DeepSpeed(Variant):
     name = "deepspeed"
     Options = DeepSpeedOptions
+    strategy = "ddlbench.adapters.deepspeed:DeepSpeedStrategy"
 
-    @classmethod
-    def taxonomy(cls, options) -> dict:
+    def taxonomy(self) -> dict:
+        options = self.options
         shard = {0: "none", 1: "optimizer state", 2: "gradients + optimizer state",
                  3: "parameters + gradients + optimizer state"}[options.stage]
         if "cpu" in (options.offload_optimizer, options.offload_param):
@@ -79,8 +81,7 @@ class DeepSpeedAdapter(Adapter):
         return taxonomy_labels("data (ZeRO)" if options.stage else "data", "sync", pattern, shard,
                                options.communication_data_type if options.communication_data_type in ("fp16", "bf16") else "none")
 
-    @classmethod
-    def cost_model(cls, options, dims, model, precision, per_node=None):
+    def cost_model(self, dims, model, precision, per_node=None):
         """DeepSpeed 0.19's engine, as measured here (gpt2_tiny, 2 ranks, grad_accum 1 and 2:
         tests/test_cost_model.py): at bf16/fp16 it holds 2-byte parameters and gradients and an
         fp32 master copy in the optimizer; gradients cross in grad_reduce_dtype, parameters in the
@@ -102,9 +103,10 @@ class DeepSpeedAdapter(Adapter):
         the fp32 master weights an fp32 copy of every gradient (fused_optimizer.py step: flattened
         `p.grad.to(fp32)`), freed after the step: 4 B per parameter at the step's peak (found by
         MemTracker at bf16: the estimate was 4P short, -15.5%)."""
-        o, dp, p, s = options, dims.dp, model.params, options.stage
+        o, dp, p = self.options, dims.dp, model.params
+        s = o.stage
         state = 2 if low(precision) else 4
-        grad_wire = DTYPE_BYTES.get(cls.grad_reduce_dtype(options, precision), 4)
+        grad_wire = DTYPE_BYTES.get(self.grad_reduce_dtype(precision), 4)
         grads, params = grad_wire * p, state * p
         accum = dims.grad_accum
         reduce_msgs = buckets(grads, grad_wire * o.reduce_bucket_size)
@@ -132,20 +134,48 @@ class DeepSpeedAdapter(Adapter):
             offload_optimizer=o.offload_optimizer != "none", offload_params=o.offload_param != "none",
             buffers=buffers, traffic=tuple(traffic), step_grad_copy_bytes=4 if s == 0 and low(precision) else 0)
 
-    @classmethod
-    def check_config(cls, options, cfg, dims) -> None:
+    def check_config(self, cfg, dims) -> None:
         from ddlbench.errors import ConfigError
+        options = self.options
         if options.offload_param != "none" and options.stage != 3:
             raise ConfigError("framework.options.offload_param needs stage 3 (ZeRO-Infinity)")
         if options.offload_optimizer != "none" and options.stage == 0:
             raise ConfigError("framework.options.offload_optimizer needs stage >= 1")
 
-    @classmethod
-    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+    def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         if importlib.util.find_spec("deepspeed") is None:
             return "deepspeed is not installed (pip install 'ddlbench[deepspeed]')"
         return precision_reason(device_type, cfg.run.precision, device_type == "cpu" and _cpu_fp16_ok())
 
+    def grad_reduce_dtype(self, precision: str) -> str:
+        """communication_data_type, or DeepSpeed's default: the training dtype (bf16 engines reduce in bf16)."""
+        return self.options.communication_data_type or precision
+
+    def analytic_comm(self, dims, precision, params, per_node=None) -> Optional[AnalyticComm]:
+        """The cost model's payloads (cost_model's docstring: per stage, per micro-step where
+        DeepSpeed reduces per micro-step), with the code path and the paper's figure beside them."""
+        s = self.options.stage
+        payload = payload_psi(self, dims, precision, params, per_node)
+        if s == 0:
+            return AnalyticComm(payload, "DeepSpeed 0.19 engine.allreduce_gradients",
+                                paper_psi=2.0, paper="ZeRO paper, data parallelism")
+        if s in (1, 2):
+            return AnalyticComm(payload,
+                                "DeepSpeed 0.19 stage_1_and_2.py: average_tensor -> allreduce_and_scatter "
+                                "(use_multi_rank_bucket_allreduce=True"
+                                + (", on every micro-step" if s == 2 else ", at the accumulation boundary")
+                                + "), step -> all_gather_dp_groups",
+                                paper_psi=2.0, paper=f"ZeRO paper, stage {s}")
+        fits = (params or 0) <= self.options.stage3_max_live_parameters
+        how = ("the model fits in stage3_max_live_parameters: gathered once per step" if fits else
+               "upper bound: gathered in forward and backward of every micro-batch")
+        return AnalyticComm(payload,
+                            "DeepSpeed 0.19 stage3.py / partitioned_param_coordinator.py: reduce-scatter of "
+                            "gradients on every micro-step, all-gather of parameters per module; " + how,
+                            paper_psi=3.0, paper="ZeRO paper, stage 3")
+
+
+class DeepSpeedStrategy(Strategy):
     def ds_config(self, optim_cfg, batch_norm: bool = False) -> dict:
         """The engine's config. `batch_norm`: the model has BatchNorm layers (see below)."""
         o, d = self.options, self.dims
@@ -225,31 +255,22 @@ class DeepSpeedAdapter(Adapter):
             model_parameters=(param_groups(model.parameters(), oc.weight_decay, oc.exclude_from_decay)
                               if optimizer is None else None))
         self.version = deepspeed.__version__
-        self._dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.precision)
+        if self.ctx.precision != "fp32":     # the engine runs in its configured precision
+            self.precision = FrameworkCast(self.ctx.device, self.ctx.precision, self._precision_summary(),
+                                           input_dtype=DTYPES[self.ctx.precision])
 
     def train_step(self, batch: dict) -> StepOut:
         engine = self.model
         micro = split_micro(batch, self.dims.grad_accum)
         total = torch.zeros((), device=self.ctx.device)
         for mb in micro:
-            loss = engine(**self.prepare_inputs(mb))
+            loss = engine(**self.precision.inputs(mb))
             engine.backward(loss)  # scales by 1/grad_accum and the fp16 loss scale itself
             engine.step()          # applies the update only at the accumulation boundary
             total += loss.detach().float()
         return StepOut(loss=total / len(micro))
 
-    def prepare_inputs(self, batch: dict) -> dict:
-        if self._dtype is None:
-            return batch
-        # DeepSpeed holds low-precision weights; floating inputs must match
-        return {k: v.to(self._dtype) if v.is_floating_point() else v for k, v in batch.items()}
-
-    def forward_context(self):
-        return contextlib.nullcontext()  # the engine runs in its configured precision
-
-    def precision_summary(self) -> str:
-        if self.ctx.precision == "fp32":
-            return "none (fp32)"
+    def _precision_summary(self) -> str:
         comm = self.options.communication_data_type or f"{self.ctx.precision} (DeepSpeed's default: the model dtype)"
         return (f"DeepSpeed engine {self.ctx.precision}: {self.ctx.precision} parameters and gradients, fp32 master "
                 f"copy in the optimizer; gradient communication in {comm}")
@@ -269,34 +290,6 @@ class DeepSpeedAdapter(Adapter):
             params, self.ctx.world_size, param_bytes=2 if low else 4, grad_bytes=2 if low else 4,
             optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum, fp32_master_copy=low),
             shard_optim=s >= 1, shard_grads=s >= 2, shard_params=s >= 3)
-
-    @classmethod
-    def grad_reduce_dtype(cls, options, precision: str) -> str:
-        """communication_data_type, or DeepSpeed's default: the training dtype (bf16 engines reduce in bf16)."""
-        return options.communication_data_type or precision
-
-    def analytic_comm(self) -> Optional[AnalyticComm]:
-        """The cost model's payloads (cost_model's docstring: per stage, per micro-step where
-        DeepSpeed reduces per micro-step), with the code path and the paper's figure beside them."""
-        s = self.options.stage
-        payload = self.cost_payload_psi()
-        if s == 0:
-            return AnalyticComm(payload, "DeepSpeed 0.19 engine.allreduce_gradients",
-                                paper_psi=2.0, paper="ZeRO paper, data parallelism")
-        if s in (1, 2):
-            return AnalyticComm(payload,
-                                "DeepSpeed 0.19 stage_1_and_2.py: average_tensor -> allreduce_and_scatter "
-                                "(use_multi_rank_bucket_allreduce=True"
-                                + (", on every micro-step" if s == 2 else ", at the accumulation boundary")
-                                + "), step -> all_gather_dp_groups",
-                                paper_psi=2.0, paper=f"ZeRO paper, stage {s}")
-        fits = (self.params or 0) <= self.options.stage3_max_live_parameters
-        how = ("the model fits in stage3_max_live_parameters: gathered once per step" if fits else
-               "upper bound: gathered in forward and backward of every micro-batch")
-        return AnalyticComm(payload,
-                            "DeepSpeed 0.19 stage3.py / partitioned_param_coordinator.py: reduce-scatter of "
-                            "gradients on every micro-step, all-gather of parameters per module; " + how,
-                            paper_psi=3.0, paper="ZeRO paper, stage 3")
 
     def describe(self) -> dict:
         native = {"deepspeed_config": self.config, "backend": self.ctx.backend,

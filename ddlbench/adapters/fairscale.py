@@ -13,9 +13,10 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from ddlbench.adapters.base import Adapter, StepOut
-from ddlbench.adapters.common import forward_backward, taxonomy_labels
+from ddlbench.adapters.base import StepOut, Strategy
+from ddlbench.adapters.common import forward_backward
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
+from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm
 from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from ddlbench.optim import param_groups
@@ -29,12 +30,13 @@ class FairScaleOptions(BaseModel):
     flatten_parameters: bool = True     # FSDP: one flat parameter per unit (fairscale default)
 
 
-class FairScaleAdapter(Adapter):
+class FairScale(Variant):
     name = "fairscale"
     Options = FairScaleOptions
+    strategy = "ddlbench.adapters.fairscale:FairScaleStrategy"
 
-    @classmethod
-    def taxonomy(cls, options) -> dict:
+    def taxonomy(self) -> dict:
+        options = self.options
         if options.mode == "fsdp":
             return taxonomy_labels("data (sharded)", "sync", "all-gather + reduce-scatter",
                                    "parameters + gradients + optimizer state")
@@ -43,15 +45,14 @@ class FairScaleAdapter(Adapter):
         return taxonomy_labels("data (ZeRO)", "sync", pattern, shard,
                                "fp16 (parameter broadcast)" if options.broadcast_fp16 else "none")
 
-    @classmethod
-    def cost_model(cls, options, dims, model, precision, per_node=None):
+    def cost_model(self, dims, model, precision, per_node=None):
         """Once per step (no_sync on the other micro-batches), over the dp ranks:
         oss_sdp: ShardedDataParallel reduces each gradient bucket (reduce_buffer_size elements) to
         its owner, OSS broadcasts every owner's updated shard (fp16 with broadcast_fp16);
         oss_ddp: DDP's bucketed all-reduce, then the broadcast; fsdp (one unit: the whole model):
         all-gather in forward and again in backward per micro-batch, one reduce-scatter. OSS modes
         zero gradients in place, so every rank keeps all of them, unsharded, between steps."""
-        psi, dp, o = 4.0 * model.params, dims.dp, options
+        psi, dp, o = 4.0 * model.params, dims.dp, self.options
         bcast = split("broadcast", psi * (0.5 if o.broadcast_fp16 else 1.0), dp, dp, what="parameters")
         # gradients zeroed in place (set_to_none=False): every parameter keeps its .grad between steps
         common = dict(piece=model.params, shard_ranks=dp, buffers=autocast_copies(model.params, precision),
@@ -70,8 +71,8 @@ class FairScaleAdapter(Adapter):
                          traffic=tuple(split("all_gather", psi, 1, dp, per_step=2 * dims.grad_accum, what="parameters")
                                        + split("reduce_scatter", psi, 1, dp, what="gradients")))
 
-    @classmethod
-    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+    def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
+        options = self.options
         if importlib.util.find_spec("fairscale") is None:
             return "fairscale is not installed (pip install 'ddlbench[fairscale]')"
         if options.mode == "fsdp" and device_type != "cuda":
@@ -80,14 +81,29 @@ class FairScaleAdapter(Adapter):
             return "FairScale adapter runs fp32 only (ShardedGradScaler wiring not implemented)"
         return None
 
-    @classmethod
-    def check_config(cls, options, cfg, dims) -> None:
+    def check_config(self, cfg, dims) -> None:
+        options = self.options
         if options.mode == "fsdp" and options.flatten_parameters and cfg.optim.exclude_from_decay != "none":
             from ddlbench.errors import ConfigError
             raise ConfigError("FairScale FSDP flattens each unit's parameters into one 1-D tensor, so "
                               "optim.exclude_from_decay cannot tell biases from weights: set "
                               "framework.options.flatten_parameters=false")
 
+    def analytic_comm(self, dims, precision, params, per_node=None) -> Optional[AnalyticComm]:
+        payload = payload_psi(self, dims, precision, params, per_node)
+        if self.options.mode == "fsdp":   # reshard_after_forward (default): gather in forward and backward
+            return AnalyticComm(payload,
+                                "FairScale FSDP: all-gather in forward, again in backward, reduce-scatter of gradients",
+                                paper_psi=3.0, paper="ZeRO paper, stage 3 (P_os+g+p)")
+        if self.options.mode == "oss_ddp":
+            return AnalyticComm(payload,
+                                "torch DDP all-reduce of gradients, then OSS broadcasts each shard's updated parameters")
+        return AnalyticComm(payload,
+                            "ShardedDataParallel reduces each gradient to its owner, OSS broadcasts updated parameters",
+                            paper_psi=2.0, paper="ZeRO paper, stage 2 (P_os+g)")
+
+
+class FairScaleStrategy(Strategy):
     def setup(self, build_model, build_optimizer) -> None:
         import fairscale
         from fairscale.optim.oss import OSS
@@ -117,7 +133,7 @@ class FairScaleAdapter(Adapter):
             self.model = DDP(model, gradient_as_bucket_view=True, **kwargs)
 
     def train_step(self, batch: dict) -> StepOut:
-        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.ctx, self.model.no_sync)
+        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self.model.no_sync)
         self.optimizer.step()
         self.model.zero_grad(set_to_none=False)  # in place: see the module docstring
         return StepOut(loss=loss)
@@ -128,18 +144,6 @@ class FairScaleAdapter(Adapter):
             optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
             shard_optim=True, shard_grads=self.options.mode in ("oss_sdp", "fsdp"),
             shard_params=self.options.mode == "fsdp")
-
-    def analytic_comm(self) -> Optional[AnalyticComm]:
-        if self.options.mode == "fsdp":   # reshard_after_forward (default): gather in forward and backward
-            return AnalyticComm(self.cost_payload_psi(),
-                                "FairScale FSDP: all-gather in forward, again in backward, reduce-scatter of gradients",
-                                paper_psi=3.0, paper="ZeRO paper, stage 3 (P_os+g+p)")
-        if self.options.mode == "oss_ddp":
-            return AnalyticComm(self.cost_payload_psi(),
-                                "torch DDP all-reduce of gradients, then OSS broadcasts each shard's updated parameters")
-        return AnalyticComm(self.cost_payload_psi(),
-                            "ShardedDataParallel reduces each gradient to its owner, OSS broadcasts updated parameters",
-                            paper_psi=2.0, paper="ZeRO paper, stage 2 (P_os+g)")
 
     def describe(self) -> dict:
         o = self.options

@@ -8,14 +8,15 @@ every allreduce the optimizer issues, with the (possibly compressed) payload siz
 from __future__ import annotations
 
 import importlib.util
-from typing import ClassVar, Optional
+from typing import Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from ddlbench.adapters.base import Adapter, StepOut
-from ddlbench.adapters.common import autocast, split_micro, taxonomy_labels
+from ddlbench.adapters.base import CountsOwnCollectives, StepOut, Strategy
+from ddlbench.adapters.common import split_micro
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
+from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm, CommCounter, IssueLog
 from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
@@ -32,22 +33,21 @@ class HorovodOptions(BaseModel):
     fusion_threshold_mb: Optional[float] = None   # None = Horovod's default (DEFAULT_FUSION_THRESHOLD_MB); 0 = no fusion
 
 
-class HorovodAdapter(Adapter):
+class Horovod(Variant):
     name = "horovod"
     Options = HorovodOptions
-    launch: ClassVar[str] = "horovodrun"
+    strategy = "ddlbench.adapters.horovod:HorovodStrategy"
+    rank_starter = "ddlbench.launch.horovod:Horovodrun"   # horovodrun here; its slots and rendezvous under srun
 
-    @classmethod
-    def taxonomy(cls, options) -> dict:
+    def taxonomy(self) -> dict:
         return taxonomy_labels("data", "sync", "all-reduce (ring, tensor fusion)",
-                               compression="fp16" if options.fp16_compression else "none")
+                               compression="fp16" if self.options.fp16_compression else "none")
 
-    @classmethod
-    def cost_model(cls, options, dims, model, precision, per_node=None):
+    def cost_model(self, dims, model, precision, per_node=None):
         """hvd.DistributedOptimizer: one all-reduce per fusion buffer of gradients after the last
         of backward_passes_per_step (once per step), fp16 on the wire with compression; the fusion
         buffer itself on the device. Fusion off: one message per gradient (here per unit)."""
-        psi, dp = 4.0 * model.params, dims.dp
+        options, psi, dp = self.options, 4.0 * model.params, dims.dp
         fusion = (DEFAULT_FUSION_THRESHOLD_MB if options.fusion_threshold_mb is None
                   else options.fusion_threshold_mb) * MiB
         buffers = autocast_copies(model.params, precision)
@@ -59,18 +59,28 @@ class HorovodAdapter(Adapter):
                          + (", fp16 compression" if options.fp16_compression else ""),
                          model.params, shard_ranks=dp, buffers=buffers, traffic=tuple(traffic))
 
-    @classmethod
-    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+    def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         if importlib.util.find_spec("horovod") is None:
             return "horovod is not installed (build it with scripts/build_horovod.sh)"
         return None
 
-    @classmethod
-    def launch_env(cls, options) -> dict:
-        if options.fusion_threshold_mb is None:
+    def launch_env(self) -> dict:
+        if self.options.fusion_threshold_mb is None:
             return {}
-        return {"HOROVOD_FUSION_THRESHOLD": str(int(options.fusion_threshold_mb * 2**20))}
+        return {"HOROVOD_FUSION_THRESHOLD": str(int(self.options.fusion_threshold_mb * 2**20))}
 
+    def grad_reduce_dtype(self, precision: str) -> str:
+        return "fp16" if self.options.fp16_compression else "fp32"
+
+    def analytic_comm(self, dims, precision, params, per_node=None) -> Optional[AnalyticComm]:
+        if self.options.fp16_compression:
+            return None
+        return AnalyticComm(payload_psi(self, dims, precision, params, per_node),
+                            "hvd.DistributedOptimizer: one allreduce per gradient (fused)",
+                            paper_psi=2.0, paper="ZeRO paper, data parallelism")
+
+
+class HorovodStrategy(CountsOwnCollectives, Strategy):
     def setup(self, build_model, build_optimizer) -> None:
         import horovod
         import horovod.torch as hvd
@@ -93,7 +103,6 @@ class HorovodAdapter(Adapter):
         # running step() on zero gradients, which advances Adam's step count and changes every
         # later update (the equivalence gate caught it). A fresh optimizer has nothing to sync.
         self.model = model
-        self.scaler = torch.amp.GradScaler(self.ctx.device.type) if self.ctx.precision == "fp16" else None
         self.version = horovod.__version__
 
     def _count_allreduces(self, module) -> None:
@@ -118,18 +127,18 @@ class HorovodAdapter(Adapter):
         micro = split_micro(batch, self.dims.grad_accum)
         total = torch.zeros((), device=self.ctx.device)
         for mb in micro:  # Horovod all-reduces after the last of backward_passes_per_step
-            with autocast(self.ctx):
+            with self.precision.forward_context():
                 loss = self.model(**mb)
-            scaled = loss / len(micro)
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            self.precision.backward(loss / len(micro))
             total += loss.detach().float()
         self.issues.compute_end()   # backward is done: from here the step waits for the all-reduces
-        if self.scaler:  # Horovod's AMP recipe: synchronize, unscale, then step without re-sync
+        scaler = self.precision.scaler
+        if scaler:  # Horovod's AMP recipe: synchronize, unscale, then step without re-sync
             self.optimizer.synchronize()
-            self.scaler.unscale_(self.optimizer)
+            scaler.unscale_(self.optimizer)
             with self.optimizer.skip_synchronize():
-                self.scaler.step(self.optimizer)
-            self.scaler.update()
+                scaler.step(self.optimizer)
+            scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad()  # Horovod's override takes no set_to_none (torch default: None)
@@ -146,16 +155,6 @@ class HorovodAdapter(Adapter):
     def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
         return model_state_bytes_per_rank(params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
                                           optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum))
-
-    @classmethod
-    def grad_reduce_dtype(cls, options, precision: str) -> str:
-        return "fp16" if options.fp16_compression else "fp32"
-
-    def analytic_comm(self) -> Optional[AnalyticComm]:
-        if self.options.fp16_compression:
-            return None
-        return AnalyticComm(self.cost_payload_psi(), "hvd.DistributedOptimizer: one allreduce per gradient (fused)",
-                            paper_psi=2.0, paper="ZeRO paper, data parallelism")
 
     def describe(self) -> dict:
         import horovod.torch as hvd

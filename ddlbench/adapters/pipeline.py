@@ -27,9 +27,10 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
-from ddlbench.adapters.base import Adapter, StepOut
-from ddlbench.adapters.common import autocast, canonical_parameters, param_row, taxonomy_labels
+from ddlbench.adapters.base import ModelParallel, StepOut, Strategy
+from ddlbench.adapters.common import canonical_parameters, full_tensor, local_tensor, param_row, recv_any, send_any
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, Share, autocast_copies, split
+from ddlbench.adapters.variant import Variant, taxonomy_labels
 from ddlbench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import optimizer_state_bytes_per_param
@@ -52,31 +53,31 @@ class PipelineOptions(BaseModel):
     n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
 
 
-class PipelineAdapter(Adapter):
+class Pipeline(Variant):
     name = "pipeline"
     Options = PipelineOptions
+    strategy = "ddlbench.adapters.pipeline:PipelineStrategy"
 
-    @classmethod
-    def taxonomy(cls, options) -> dict:
+    def taxonomy(self) -> dict:
+        options = self.options
         kinds = ["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["data"] if options.dp != 1 else [])
         return taxonomy_labels(" + ".join(kinds), "sync", "p2p" + (" + all-reduce" if len(kinds) > 1 else ""),
                                "layers across stages")
 
-    @classmethod
-    def parallel_shape(cls, options, cfg) -> dict:
+    def parallel_shape(self, cfg) -> dict:
+        options = self.options
         m = options.n_microbatches
         if m is None and cfg.run.micro_batch is None:
             pp = options.pp if options.pp != -1 else max(1, cfg.launcher.nproc // max(1, options.dp * options.tp))
             m = pp
         return {"tp": options.tp, "pp": options.pp, "dp_replicate": options.dp, "n_microbatches": m}
 
-    @classmethod
-    def stages_per_rank(cls, options) -> int:
-        return 2 if options.schedule == "zbv_zero_bubble" else options.stages_per_rank
+    def stages_per_rank(self) -> int:
+        return 2 if self.options.schedule == "zbv_zero_bubble" else self.options.stages_per_rank
 
-    @classmethod
-    def check_config(cls, options, cfg, dims) -> None:
-        v = cls.stages_per_rank(options)
+    def check_config(self, cfg, dims) -> None:
+        options = self.options
+        v = self.stages_per_rank()
         if options.schedule in ("gpipe", "1f1b") and v != 1:
             raise ConfigError(f"framework.options.stages_per_rank {v}: schedule {options.schedule} runs one "
                               "stage per rank (use interleaved_1f1b or interleaved_zero_bubble)")
@@ -92,8 +93,7 @@ class PipelineAdapter(Adapter):
         if errors:
             raise ConfigError("; ".join(errors))
 
-    @classmethod
-    def cost_model(cls, options, dims, model, precision, per_node=None):
+    def cost_model(self, dims, model, precision, per_node=None):
         """A rank holds 1/pp of the blocks (v stage pieces of 1/(pp v) each), split again by tp.
         Per micro-batch it sends its stages' outputs forward and their gradients backward (v
         boundaries each way, in the activations' dtype), to the next/previous stage dp x tp ranks
@@ -109,12 +109,12 @@ class PipelineAdapter(Adapter):
         activations, each over the ranks: an upper bound where different ranks have them). The
         last stage keeps its output of every micro-batch until the next step begins (the stage's
         output_chunks; GPT-2: the logits, found with torch's MemTracker)."""
-        o, pp, tp, dp, m = options, dims.pp, dims.tp, dims.dp, dims.grad_accum
-        v = cls.stages_per_rank(options)
+        o, pp, tp, dp, m = self.options, dims.pp, dims.tp, dims.dp, dims.grad_accum
+        v = self.stages_per_rank()
         in_flight = m if o.schedule == "gpipe" else min(pp, m)
         # 1F1B: stage r holds min(pp - r, m) micro-batches (the last stage, with the head, one)
         flights = [min(pp - r, m) for r in range(pp)] if o.schedule == "1f1b" else [in_flight] * pp
-        mine = cls.busiest_rank(model, o.schedule, pp, v, tp, flights)
+        mine = self.busiest_rank(model, o.schedule, pp, v, tp, flights)
         piece = mine.params
         act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / tp
         traffic = (split("send", act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
@@ -150,34 +150,26 @@ class PipelineAdapter(Adapter):
         acts = max(r.activations * f for r, f in zip(ranks, flights)) / max(flights)
         return Share(max(r.params for r in ranks), max(r.compute for r in ranks), acts)
 
-    @classmethod
-    def advise_options(cls, options, devices: int) -> list[dict]:
+    def advise_options(self, devices: int) -> list[dict]:
         """Every pipeline depth > 1 that divides the ranks, data parallelism over the rest."""
         return [{"pp": p, "dp": devices // p} for p in range(2, devices + 1) if devices % p == 0]
 
-    @classmethod
-    def dry_run_info(cls, options, cfg, dims) -> dict:
+    def dry_run_info(self, cfg, dims) -> dict:
         """Stage layout and parameters per stage, from the model built on the meta device."""
-        from ddlbench import models
-        from ddlbench.models.pipeline import partition, pieces, stage_owners
-        from ddlbench.models.spec import count_params
-        with torch.device("meta"):
-            piece_list = pieces(models.build(cfg.model).build())   # meta: the layout only
-        v = cls.stages_per_rank(options)
-        ranges = partition(len(piece_list), dims.pp * v)
-        owners = stage_owners(options.schedule, dims.pp, v)
-        stages = [{"stage": s, "pp_rank": owners[s], "pieces": [r.start, r.stop - 1],
-                   "params": count_params(nn.ModuleList(piece_list[i] for i in r))} for s, r in enumerate(ranges)]
+        from ddlbench.models.pipeline import stage_layout
+        options, v = self.options, self.stages_per_rank()
+        n_pieces, stages = stage_layout(cfg.model, options.schedule, dims.pp, v)
         return {"pipeline": {"schedule": options.schedule, "n_microbatches": dims.grad_accum,
-                             "micro_batch": dims.micro_batch, "pieces": len(piece_list), "stages": stages,
+                             "micro_batch": dims.micro_batch, "pieces": n_pieces, "stages": stages,
                              "bubble_fraction_analytic": analytic_bubble(options.schedule, dims.pp, dims.grad_accum, v)}}
 
-    @classmethod
-    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+    def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         if cfg.run.precision == "fp16":
             return "pipeline adapter runs fp32 and bf16 (fp16 needs a GradScaler across stages, not wired)"
         return None
 
+
+class PipelineStrategy(ModelParallel, Strategy):
     # ---- setup ----
     def setup(self, build_model, build_optimizer) -> None:
         import torch.distributed.pipelining as pipelining
@@ -188,7 +180,7 @@ class PipelineAdapter(Adapter):
         from ddlbench.models.spec import count_params
 
         o, dims, ctx = self.options, self.dims, self.ctx
-        v = self.stages_per_rank(o)
+        v = self.variant.stages_per_rank()
         shape = dims.mesh_shape()
         self.mesh = init_device_mesh(ctx.device.type, tuple(shape.values()), mesh_dim_names=MESH_ORDER)
         coords = dims.coords(ctx.rank)
@@ -208,7 +200,7 @@ class PipelineAdapter(Adapter):
         self.stage_modules = [Stage(*(piece_list[i] for i in self.ranges[s])).to(ctx.device)
                               for s in self.local_ids]
         if dims.tp > 1:
-            from ddlbench.models.tensor_parallel import apply_tensor_parallel
+            from ddlbench.adapters.parallelize import apply_tensor_parallel
             for module in self.stage_modules:
                 apply_tensor_parallel(module, self.mesh["tp"])
         self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
@@ -220,7 +212,7 @@ class PipelineAdapter(Adapter):
         self._ordered = [((s, j), p, canon) for m, s in zip(self.stage_modules, self.local_ids)
                          for j, (p, canon) in enumerate(canonical_parameters(m))
                          if id(p) not in self._copies]
-        self.local_param_count = sum(_local_numel(p) for p in self.local_params)
+        self.local_param_count = sum(local_tensor(p).numel() for p in self.local_params)
         del full, piece_list
 
         stages = [PipelineStage(m, s, n_stages, ctx.device, group=self.pp_group)
@@ -274,7 +266,7 @@ class PipelineAdapter(Adapter):
         losses: list = []
         args = (batch[self._input_key(batch)],) if self.first else ()
         target = batch["labels"] if self.last else None
-        with autocast(self.ctx):
+        with self.precision.forward_context():
             self.schedule.step(*args, target=target, losses=losses if self.last else None)
         self._sync_grads()
         self.optimizer.step()
@@ -292,7 +284,7 @@ class PipelineAdapter(Adapter):
                 c.grad = total.clone()
         if self.dp_group is None:
             return
-        grads = [_local(p.grad) for p in self.local_params if p.grad is not None]
+        grads = [local_tensor(p.grad) for p in self.local_params if p.grad is not None]
         flat = torch._utils._flatten_dense_tensors(grads)
         dist.all_reduce(flat, group=self.dp_group)
         flat /= self.dims.dp
@@ -304,36 +296,21 @@ class PipelineAdapter(Adapter):
         stage's tp-rank 0 returns the sums, every other rank zeros (the evaluator sums over all)."""
         self.model.eval()
         try:
-            with torch.no_grad(), autocast(self.ctx):
+            with torch.no_grad(), self.precision.forward_context():
                 h = batch[self._input_key(batch)]
                 for s, owner in enumerate(self.owners):
                     if owner != self.pp_rank:
                         continue
                     if s > 0 and self.owners[s - 1] != self.pp_rank:
-                        h = self._recv(self.owners[s - 1])
+                        h = recv_any(self.pp_ranks[self.owners[s - 1]], self.ctx.device)
                     h = self.stage_modules[self.local_ids.index(s)](h)
                     if s + 1 < len(self.owners) and self.owners[s + 1] != self.pp_rank:
-                        self._send(h, self.owners[s + 1])
+                        send_any(h.float(), self.pp_ranks[self.owners[s + 1]])
                 if self.last and self.tp_rank == 0:
                     return self.loss(h, batch["labels"], batch["eval_weight"]).float()
                 return torch.zeros(3, device=self.ctx.device)
         finally:
             self.model.train()
-
-    def _send(self, h: torch.Tensor, pp_rank: int) -> None:
-        dst = self.pp_ranks[pp_rank]
-        shape = torch.full((8,), -1, dtype=torch.int64)
-        shape[: h.dim()] = torch.tensor(h.shape)
-        dist.send(shape.to(h.device), dst)
-        dist.send(h.float().contiguous(), dst)
-
-    def _recv(self, pp_rank: int) -> torch.Tensor:
-        src = self.pp_ranks[pp_rank]
-        shape = torch.empty(8, dtype=torch.int64, device=self.ctx.device)
-        dist.recv(shape, src)
-        h = torch.empty([int(d) for d in shape if d >= 0], device=self.ctx.device)
-        dist.recv(h, src)
-        return h
 
     # ---- reporting ----
     def busy_probe(self):
@@ -348,7 +325,7 @@ class PipelineAdapter(Adapter):
         def one_pass(module, x):
             def run():
                 inp = x.clone().requires_grad_(x.is_floating_point())
-                with autocast(self.ctx):
+                with self.precision.forward_context():
                     out = module(inp)
                 out.float().sum().backward()
             return run
@@ -368,7 +345,7 @@ class PipelineAdapter(Adapter):
 
     def summarize_rank_stats(self, stats: list[dict], per_rank_median_s: list[float]) -> dict:
         o, dims = self.options, self.dims
-        v = self.stages_per_rank(o)
+        v = self.variant.stages_per_rank()
         for st, median in zip(stats, per_rank_median_s):
             busy = st.get("busy_s_per_step")
             st["idle_fraction_measured"] = None if busy is None else measured_idle(median, busy)
@@ -386,7 +363,7 @@ class PipelineAdapter(Adapter):
         }
 
     def param_stats(self) -> list[tuple[int, list[float]]]:
-        mine = [(key, (p.ndim, param_row(canon(_full(p))))) for key, p, canon in self._ordered]
+        mine = [(key, (p.ndim, param_row(canon(full_tensor(p))))) for key, p, canon in self._ordered]
         gathered: list = [None] * self.ctx.world_size
         dist.all_gather_object(gathered, mine)
         merged = dict(item for rank_items in gathered for item in rank_items)
@@ -401,7 +378,7 @@ class PipelineAdapter(Adapter):
         native = {
             "api": "torch.distributed.pipelining (PipelineStage + " + SCHEDULES[o.schedule] + ")",
             "schedule": o.schedule, "n_microbatches": self.n_microbatches,
-            "stages": len(self.owners), "stages_per_rank": self.stages_per_rank(o),
+            "stages": len(self.owners), "stages_per_rank": self.variant.stages_per_rank(),
             "stage_owner_pp_rank": self.owners, "stage_pieces": [list(r) for r in self.ranges],
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
             "tied_weights": "gradient summed between the two pipeline ranks holding a copy"
@@ -411,17 +388,3 @@ class PipelineAdapter(Adapter):
             "scale_grads": True, "backend": self.ctx.backend,
         }
         return {"version": torch.__version__, "native_config": native}
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def _local_numel(t: torch.Tensor) -> int:
-    return _local(t).numel()

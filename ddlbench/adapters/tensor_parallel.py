@@ -15,13 +15,15 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from ddlbench.adapters.base import Adapter, StepOut
-from ddlbench.adapters.common import autocast, forward_backward, fsdp2_no_sync, taxonomy_labels
+from ddlbench.adapters.base import StepOut, Strategy
+from ddlbench.adapters.common import forward_backward, fsdp2_no_sync
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, split
+from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard, apply_tensor_parallel
+from ddlbench.adapters.precision import FrameworkCast
+from ddlbench.adapters.variant import Variant, taxonomy_labels
 from ddlbench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import optimizer_state_bytes_per_param
-from ddlbench.models.spec import checkpoint_blocks
 
 
 class TPOptions(BaseModel):
@@ -31,23 +33,21 @@ class TPOptions(BaseModel):
     activation_checkpointing: bool = False
 
 
-class TensorParallelAdapter(Adapter):
+class TensorParallel(Variant):
     name = "tensor_parallel"
     Options = TPOptions
+    strategy = "ddlbench.adapters.tensor_parallel:TensorParallelStrategy"
 
-    @classmethod
-    def taxonomy(cls, options) -> dict:
-        sharded = options.dp_shard != 1
+    def taxonomy(self) -> dict:
+        sharded = self.options.dp_shard != 1
         return taxonomy_labels("tensor" + (" + data (sharded)" if sharded else ""), "sync",
                                "all-reduce (activations)" + (" + all-gather + reduce-scatter" if sharded else ""),
                                "weights by tensor rank" + (" + FSDP2 over data ranks" if sharded else ""))
 
-    @classmethod
-    def parallel_shape(cls, options, cfg) -> dict:
-        return {"tp": options.tp, "dp_shard": options.dp_shard, "dp_replicate": 1}
+    def parallel_shape(self, cfg) -> dict:
+        return {"tp": self.options.tp, "dp_shard": self.options.dp_shard, "dp_replicate": 1}
 
-    @classmethod
-    def cost_model(cls, options, dims, model, precision, per_node=None):
+    def cost_model(self, dims, model, precision, per_node=None):
         """Megatron-style blocks: a block's output all-reduced twice in forward and twice in
         backward per micro-batch among the tp ranks (adjacent), in the activations' dtype. With
         dp_shard > 1, FSDP2 over each tp slice: all-gathers in forward and backward per micro-batch
@@ -72,28 +72,26 @@ class TensorParallelAdapter(Adapter):
                          buffers=buffers, activation_share=mine.activations, compute_share=mine.compute,
                          traffic=tuple(traffic))
 
-    @classmethod
-    def advise_options(cls, options, devices: int) -> list[dict]:
+    def advise_options(self, devices: int) -> list[dict]:
         """Every tp > 1 that divides the ranks, FSDP2 over the rest."""
         return [{"tp": t, "dp_shard": devices // t} for t in range(2, devices + 1) if devices % t == 0]
 
-    @classmethod
-    def check_config(cls, options, cfg, dims) -> None:
+    def check_config(self, cfg, dims) -> None:
         errors = model_fit_errors(dims, cfg.model, 1)
         if errors:
             raise ConfigError("; ".join(errors))
 
-    @classmethod
-    def unsupported_reason(cls, options, cfg, device_type: str) -> Optional[str]:
+    def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         if cfg.run.precision == "fp16":
             return "tensor-parallel adapter runs fp32 and bf16 (fp16 needs a sharded GradScaler, not wired)"
         return None
 
+
+class TensorParallelStrategy(Strategy):
     def setup(self, build_model, build_optimizer) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         from ddlbench.models.spec import count_params
-        from ddlbench.models.tensor_parallel import apply_tensor_parallel
 
         dims, ctx = self.dims, self.ctx
         self.mesh = init_device_mesh(ctx.device.type, tuple(dims.mesh_shape().values()), mesh_dim_names=MESH_ORDER)
@@ -103,42 +101,23 @@ class TensorParallelAdapter(Adapter):
         self.params = count_params(model)
         self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"])
         if self.options.activation_checkpointing:
-            checkpoint_blocks(model)
-        blocks = model.blocks()
-        self._mp = None
+            apply_checkpointing(model)
+        self.sharded = None
         if dims.dp_shard > 1:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-            kw = {"mesh": self.mesh["dp_shard"]}
-            if ctx.precision == "bf16":
-                self._mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                kw["mp_policy"] = self._mp
-            for block in blocks:
-                fully_shard(block, **kw)
-            fully_shard(model, **kw)
+            self.sharded = apply_fully_shard(model, self.mesh["dp_shard"], ctx.precision)
+            if self.sharded.mp_policy is not None:   # FSDP2 casts: no autocast on top
+                self.precision = FrameworkCast(ctx.device, ctx.precision,
+                                               self.sharded.precision_summary(" over dp_shard"))
         self.model = model
         self.optimizer = build_optimizer(model.parameters())
 
     def _no_sync(self):
         return fsdp2_no_sync(self.model) if self.dims.dp_shard > 1 else contextlib.nullcontext()
 
-    def _ctx(self):
-        from dataclasses import replace
-        return replace(self.ctx, precision="fp32") if self._mp is not None else self.ctx
-
     def train_step(self, batch: dict) -> StepOut:
-        loss = forward_backward(self.model, batch, self.dims.grad_accum, self._ctx(), self._no_sync)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self._no_sync)
+        self.precision.step(self.optimizer)
         return StepOut(loss=loss)
-
-    def forward_context(self):
-        return contextlib.nullcontext() if self._mp is not None else autocast(self.ctx)
-
-    def precision_summary(self) -> str:
-        if self._mp is not None:
-            return (f"MixedPrecisionPolicy(param_dtype={self._mp.param_dtype}, "
-                    f"reduce_dtype={self._mp.reduce_dtype}) over dp_shard")
-        return super().precision_summary()
 
     def eval_step(self, batch: dict) -> torch.Tensor:
         """Every tp rank computes the same sums; only tp rank 0 contributes to the evaluator's sum."""
@@ -160,8 +139,7 @@ class TensorParallelAdapter(Adapter):
             "plan": PLAN_DESCRIPTION, "tp_blocks": self.tp_blocks,
             "order": "tensor parallel -> activation checkpointing -> FSDP2",
             "activation_checkpointing": self.options.activation_checkpointing,
-            "mp_policy": None if self._mp is None else {"param_dtype": str(self._mp.param_dtype),
-                                                        "reduce_dtype": str(self._mp.reduce_dtype)},
+            "mp_policy": None if self.sharded is None else self.sharded.mp_record(),
             "backend": self.ctx.backend,
         }
         return {"version": torch.__version__, "native_config": native}

@@ -70,9 +70,9 @@ def enumerate_grid(model: str, devices: int, global_batch: int, frameworks=DEFAU
     for fw in frameworks:
         base = [f"framework={fw}", f"model={model}", f"launcher.nproc={devices}", f"run.global_batch={global_batch}"]
         composed = compose_raw([*base, *extra])
-        try:     # the variant's own ways of splitting the devices (Adapter.advise_options)
+        try:     # the variant's own ways of splitting the devices (Variant.advise_options)
             plan = validate(copy.deepcopy(composed))
-            option_edits = plan.adapter_cls.advise_options(plan.options, devices)
+            option_edits = plan.variant.advise_options(devices)
         except ConfigError:
             option_edits = [{}]          # invalid as given: its candidates say why
         for opts in option_edits:
@@ -106,7 +106,7 @@ def enumerate_grid(model: str, devices: int, global_batch: int, frameworks=DEFAU
                         cand.pruned = f"topology: tp {d.tp} > {devices_per_node} devices per node"
                         continue
                     try:
-                        reason = plan.adapter_cls.unsupported_reason(plan.options, plan.cfg, device_type(plan.cfg))
+                        reason = plan.variant.unsupported_reason(plan.cfg, device_type(plan.cfg))
                     except ConfigError as exc:
                         reason = str(exc)
                     if reason:

@@ -23,7 +23,7 @@ def layout_of(plan, shard_ranks: int) -> Layout:
 
 
 def cost_of_plan(plan, prof, per_node: int | None = None):
-    return plan.adapter_cls.cost_model(plan.options, plan.dims, prof, plan.cfg.run.precision, per_node)
+    return plan.variant.cost_model(plan.dims, prof, plan.cfg.run.precision, per_node)
 
 
 def estimate_plan(plan, prof, cost, device: str) -> dict:

@@ -29,13 +29,8 @@ STATE_FILE = "cluster.json"
 
 
 def parse(args: list[str], allowed: set[str]) -> dict:
-    out = {}
-    for a in args:
-        key, sep, value = a.partition("=")
-        if not sep or key not in allowed:
-            raise ConfigError(f"bench cluster: unexpected {a!r} (options: {', '.join(sorted(allowed)) or 'none'})\n{USAGE}")
-        out[key] = value
-    return out
+    from ddlbench.keyvalue import parse_key_values
+    return parse_key_values(args, "bench cluster", allowed, usage=USAGE).values
 
 
 def load_state(name: str) -> dict | None:

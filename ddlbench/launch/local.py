@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddlbench.config import Plan
@@ -20,7 +21,7 @@ from ddlbench.envinfo import usable_cores
 from ddlbench.errors import ConfigError
 from ddlbench.launch import events
 from ddlbench.launch.failures import is_lost_peer
-from ddlbench.launch.forked import Forked, rank_start_method
+from ddlbench.launch.forked import rank_start_method
 from ddlbench.launch.records import finish, innermost_frames, save_config, stopped_result, where_each_rank_was
 from ddlbench.launch.stop import ForwardUsr1
 from ddlbench.results import error_info, load_result, write_result
@@ -129,6 +130,17 @@ def wait_formed(proc, run_dir: Path, nproc: int, bound_s: float) -> bool:
     return formed(events.read(run_dir), nproc)
 
 
+@dataclass(frozen=True)
+class LocalLauncher:
+    """ddlbench/launch/base.py's interface on this machine: `started`/`validated`, when the run's
+    command began and its config was valid (the start-up timeline)."""
+    started: float | None = None
+    validated: float | None = None
+
+    def launch(self, plan: Plan, run_dir: Path) -> dict:
+        return run_local(plan, run_dir, self.started, self.validated)
+
+
 def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated: float | None = None) -> dict:
     """`started`/`validated`: when this run's command began and its config was valid (the
     start-up timeline, ddlbench.launch.events). A launch whose ranks do not form their process
@@ -158,11 +170,12 @@ def _run_local(plan: Plan, run_dir: Path, started: float | None, validated: floa
             check_gpu_count(cfg.launcher.nproc, visible_gpus().count)
     except ConfigError as exc:   # GPUs asked for, none usable: a result that says so, no CPU run
         return finish(run_dir, run_id, plan, "failed", error_info("no_gpu", str(exc)))
-    reason = plan.adapter_cls.unsupported_reason(plan.options, cfg, device)
+    reason = plan.variant.unsupported_reason(cfg, device)
     if reason:
         return finish(run_dir, run_id, plan, "unsupported", error_info("unsupported", reason))
 
     threads = threads_per_rank(plan)
+    starter = plan.variant.starter()
     start = time.monotonic()
     nproc = cfg.launcher.nproc
     # the ranks live in the agent's own session: a SIGTERM to this process must end them too
@@ -172,7 +185,9 @@ def _run_local(plan: Plan, run_dir: Path, started: float | None, validated: floa
         for attempt in range(1, cfg.run.form_retries + 2):
             events.mark(run_dir, "launch", attempt=attempt)
             os.environ["DDLBENCH_LAUNCH_ATTEMPT"] = str(attempt)   # the ranks inherit it (fault injection)
-            proc = _start(plan, run_dir, threads, start_method(plan, device))
+            # the process tree that starts the ranks, in its own session: the variant's starter
+            # (torch's elastic agent, or the framework's own launcher)
+            proc = starter.local(plan, run_dir, threads, start_method(plan, device))
             bound = min(cfg.run.form_timeout_s, max(0.0, cfg.run.timeout_s - (time.monotonic() - start)))
             # no retry left, or run.timeout_s ends first: the run's own timeout takes over
             if attempt > cfg.run.form_retries or bound < cfg.run.form_timeout_s or wait_formed(proc, run_dir, nproc, bound):
@@ -239,44 +254,8 @@ def _run_local(plan: Plan, run_dir: Path, started: float | None, validated: floa
     return finish(run_dir, run_id, plan, "failed", error_info("agent_failed", msg))
 
 
-def _start(plan: Plan, run_dir: Path, threads: int, method: str):
-    """The process tree that starts the ranks, in its own session: horovodrun for adapters that
-    declare `launch = "horovodrun"`; otherwise torch's elastic agent, forked from this process
-    (ranks forked in turn inherit the imports preloaded here; spawned ranks import their own)."""
-    cfg = plan.cfg
-    nproc = cfg.launcher.nproc
-    if plan.adapter_cls.launch == "horovodrun":
-        from ddlbench.launch.agent import free_port
-        env = dict(os.environ)
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS=str(threads))
-        env.update(plan.adapter_cls.launch_env(plan.options))
-        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-        cmd = [horovodrun, "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
-               sys.executable, "-m", "ddlbench.launch.hvd_worker", str(run_dir), str(threads)]
-        return subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
-    from ddlbench.launch import agent
-    if method == "fork":
-        preload(plan)
-    return Forked(lambda: agent.launch(run_dir, nproc, threads, cfg.launcher.monitor_interval_s, method),
-                  new_session=True)
-
-
-def preload(plan: Plan) -> None:
-    """Import here, once, what every forked rank needs (the runner, the model's library, the
-    adapter's framework) instead of in each rank. Imports only: nothing here may compute with
-    torch before the fork (ddlbench.launch.forked)."""
-    import importlib
-
-    from ddlbench import (
-        models,
-        runner,  # noqa: F401
-    )
-    for module in (*models.modules_for(plan.cfg.model), *plan.adapter_cls.preload_modules):
-        importlib.import_module(module)
-
-
 def _first_failure(run_dir: Path) -> dict | None:
-    """The elastic agent's failure.json, or the earliest per-rank error file (horovodrun)."""
+    """The elastic agent's failure.json, or the earliest per-rank error file (a starter without the agent)."""
     rd = RunDir(run_dir)
     if rd.failure.exists():
         return json.loads(rd.failure.read_text())

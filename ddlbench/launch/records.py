@@ -46,7 +46,7 @@ def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> 
     record = empty_record(run_id, plan.raw, status=status, precision=plan.cfg.run.precision)
     record["error"] = error
     record["parallel"] = plan.dims.as_dict()
-    record["framework"]["grad_reduce_dtype"] = plan.adapter_cls.grad_reduce_dtype(plan.options, plan.cfg.run.precision)
+    record["framework"]["grad_reduce_dtype"] = plan.variant.grad_reduce_dtype(plan.cfg.run.precision)
     record.setdefault("env", {})
     record["env"] = {**(record["env"] or {}), "env_vars": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}}
     write_result(run_dir, record)

@@ -2,7 +2,7 @@
 
     srun --ntasks=8 --kill-on-bad-exit=1 bench run launcher=slurm framework=ddp run.dir=...
 
-Horovod adapters get horovodrun's slots and rendezvous from ddlbench/launch/hvd_slurm.py.
+The variant's starter adds what its framework needs (Horovod: slots and a rendezvous).
 Rank, world size and local rank come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; the
 master address is the first host of SLURM_JOB_NODELIST; the port is derived from the job and
 step ids, so array tasks sharing a node never clash. Rank 0 saves the config and writes the
@@ -75,6 +75,13 @@ def task_threads(environ=os.environ) -> int:
     return max(1, len(os.sched_getaffinity(0)) // int(m.group(1) if m else 1))
 
 
+class SlurmLauncher:
+    """ddlbench/launch/base.py's interface where srun started this process as one rank."""
+
+    def launch(self, plan: Plan, run_dir: Path) -> dict | None:
+        return run_slurm(plan, run_dir)
+
+
 def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
     """Run this task's rank; rank 0 returns the record."""
     from ddlbench.launch.local import device_type
@@ -93,17 +100,14 @@ def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
             run_dir.mkdir(parents=True, exist_ok=True)
             return finish(run_dir, run_dir.name, plan, "failed", error_info("no_gpu", str(exc)))
         return None
-    reason = plan.adapter_cls.unsupported_reason(plan.options, plan.cfg, device)
+    reason = plan.variant.unsupported_reason(plan.cfg, device)
     if reason:
         if int(env["RANK"]) == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             return finish(run_dir, run_dir.name, plan, "unsupported", error_info("unsupported", reason))
         return None
-    rendezvous = None
-    if plan.adapter_cls.launch == "horovodrun":  # Horovod without horovodrun
-        from ddlbench.launch.hvd_slurm import Rendezvous, horovod_env
-        env.update(horovod_env(os.environ, env["MASTER_ADDR"]), **plan.adapter_cls.launch_env(plan.options))
-        env["LOCAL_WORLD_SIZE"] = env["HOROVOD_LOCAL_SIZE"]
+    starter = plan.variant.starter()
+    starter.slurm_env(plan, env)
     os.environ.update(env)
     rank = int(env["RANK"])
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -111,15 +115,11 @@ def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
         save_config(plan, run_dir)
     threads = plan.cfg.launcher.threads_per_rank or task_threads()
     try:
-        if "HOROVOD_RANK" in env:
-            rendezvous = Rendezvous(env)
-        run_rank(str(run_dir), threads, plan=plan)
+        with starter.slurm_session(env):
+            run_rank(str(run_dir), threads, plan=plan)
     except BaseException as exc:
         _record_failure(plan, run_dir, rank, exc)
         raise
-    finally:
-        if rendezvous is not None:
-            rendezvous.close()
     return load_result(RunDir(run_dir).result) if rank == 0 else None
 
 

@@ -1,5 +1,5 @@
 """Per-rank entry points. `rank_main` is started by the elastic agent (torchrun environment);
-`ddlbench.launch.hvd_worker` by horovodrun. Both run `run_rank`."""
+`ddlbench.launch.hvd_worker` by Horovod's starter (ddlbench/launch/horovod.py). Both run `run_rank`."""
 from __future__ import annotations
 
 import faulthandler

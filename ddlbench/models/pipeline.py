@@ -127,6 +127,18 @@ def piece_count(model_cfg) -> int:
         return len(pieces(models.build(model_cfg).build()))
 
 
+def stage_layout(model_cfg, schedule: str, pp: int, v: int) -> tuple[int, list[dict]]:
+    """(pieces, [{stage, pp_rank, pieces: [first, last], params}]) of the model built on the meta device."""
+    from ddlbench import models
+    from ddlbench.models.spec import count_params
+    with torch.device("meta"):
+        piece_list = pieces(models.build(model_cfg).build())   # meta: the layout only
+    owners = stage_owners(schedule, pp, v)
+    return len(piece_list), [{"stage": s, "pp_rank": owners[s], "pieces": [r.start, r.stop - 1],
+                              "params": count_params(nn.ModuleList(piece_list[i] for i in r))}
+                             for s, r in enumerate(partition(len(piece_list), pp * v))]
+
+
 def partition(n_pieces: int, n_stages: int) -> list[range]:
     """Contiguous piece ranges per stage. With at least as many body pieces (all but the first
     and last) as stages, the body is split evenly (earlier stages take the remainder) and the

@@ -13,41 +13,21 @@ KEYS = {"network", "world_sizes", "scaling", "overlap", "algorithm", "measured_o
         "allocate", "budget_GBps", "budget_cost", "devices", "min_GBps", "max_GBps"}
 
 
-def parse(args: list[str]) -> tuple[Path, dict]:
-    paths = [a for a in args if "=" not in a]
-    if len(paths) != 1:
-        raise ConfigError("usage: bench project RESULT network=NAME [world_sizes=[8,64,...]] [scaling=weak|strong] "
-                          "[overlap=0..1] [algorithm=auto|best|ring|tree|hierarchical|gloo] [measured_on=NETWORK] "
-                          "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [out=DIR]")
-    opts = {}
-    for a in args:
-        if "=" in a:
-            k, v = a.split("=", 1)
-            if k not in KEYS:
-                raise ConfigError(f"bench project: unknown option '{k}' (known: {', '.join(sorted(KEYS))})")
-            opts[k] = v
-    if "network" not in opts:
-        raise ConfigError("bench project: network=NAME is required (conf/network/*.yaml)")
-    return Path(paths[0]), opts
+USAGE = ("usage: bench project RESULT network=NAME [world_sizes=[8,64,...]] [scaling=weak|strong] "
+         "[overlap=0..1] [algorithm=auto|best|ring|tree|hierarchical|gloo] [measured_on=NETWORK] "
+         "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [out=DIR]")
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        vals = [int(float(x)) for x in text.strip("[]").split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"world_sizes must be a list of integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
+def parse(args: list[str]):
+    """(RESULT, the options as KeyValues)."""
+    from ddlbench.keyvalue import parse_key_values
+    kv = parse_key_values(args, "bench project", KEYS, positional=True, required=("network",), usage=USAGE)
+    if len(kv.positional) != 1:
+        raise ConfigError(USAGE)
+    sizes = kv.items("world_sizes", lambda x: int(float(x)), DEFAULT_WORLD_SIZES)
+    if not sizes or min(sizes) < 1:
         raise ConfigError("world_sizes must be integers >= 1")
-    return vals
-
-
-def _float(opts: dict, key: str, default=None):
-    if key not in opts:
-        return default
-    try:
-        return float(opts[key])
-    except ValueError:
-        raise ConfigError(f"{key} must be a number, got {opts[key]!r}") from None
+    return Path(kv.positional[0]), kv, sizes
 
 
 def _record(path: Path) -> dict:
@@ -63,36 +43,33 @@ def run(args: list[str]) -> int:
     from ddlbench.network import model, workload
     from ddlbench.network import project as proj
 
-    path, o = parse(args)
+    path, o, sizes = parse(args)
     rec = _record(path)
     work = workload.from_record(rec)
-    net = model.load(o["network"])
-    sizes = _ints(o.get("world_sizes", str(DEFAULT_WORLD_SIZES)))
+    net = model.load(o.text("network"))
     too_big = [n for n in sizes if n > net.max_devices]
     if too_big:
         raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
-    algorithm = o.get("algorithm", "auto")
+    algorithm = o.text("algorithm", "auto")
     if algorithm not in ("auto", "best", *model.ALGORITHMS, model.GLOO):
         raise ConfigError(f"algorithm must be auto, best, ring, tree, hierarchical or gloo, got {algorithm!r}")
-    scaling = o.get("scaling", "weak")
-    if scaling not in ("weak", "strong"):
-        raise ConfigError("scaling must be weak or strong")
-    overlap = _float(o, "overlap", 0.0)
+    scaling = o.choice("scaling", ("weak", "strong"), "weak")
+    overlap = o.number("overlap", 0.0)
     if not 0 <= overlap <= 1:
         raise ConfigError("overlap must be within [0, 1]")
-    compute_from = workload.from_record(_record(Path(o["compute_from"]))) if "compute_from" in o else None
+    compute_from = workload.from_record(_record(Path(o.text("compute_from")))) if o.text("compute_from") else None
     backend = (rec.get("env") or {}).get("backend")
     if algorithm == "auto":     # the algorithm the run's backend runs (gloo: flat rings, reduce-scatter as all-reduce)
         algorithm = model.backend_algorithm(backend)
     recorded = model.recorded_network(rec)      # inside `bench cluster`: the link it ran on
-    measured_on = model.load(o["measured_on"]) if "measured_on" in o else recorded or model.load("local_gloo")
+    measured_on = model.load(o.text("measured_on")) if o.text("measured_on") else recorded or model.load("local_gloo")
     if compute_from is not None or work.world == 1:
         measured_on = None
-    if backend == "nccl" and "measured_on" not in o and recorded is None and compute_from is None and work.world > 1:
+    if backend == "nccl" and not o.text("measured_on") and recorded is None and compute_from is None and work.world > 1:
         raise ConfigError("a GPU (nccl) result needs measured_on=<the network it ran on> or compute_from=<1-rank result>")
     compute_s, compute_src = proj.compute_seconds(work, measured_on, compute_from, algorithm)
     rows = proj.project(work, net, sizes, compute_s, scaling, algorithm, overlap)
-    out = Path(o.get("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}"))
+    out = Path(o.text("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}"))
     out.mkdir(parents=True, exist_ok=True)
     doc = {"run_id": rec.get("run_id"), "strategy": work.label, "network": net.name, "network_file": net.source,
            "scaling": scaling, "overlap": overlap, "algorithm": algorithm,
@@ -101,12 +78,12 @@ def run(args: list[str]) -> int:
            "collectives": [{"kind": c.kind, "bytes_per_step": c.bytes, "scope": c.scope, "measured_group": c.ranks}
                            for c in work.collectives],
            "rows": rows}
-    if "allocate" in o:
+    if o.text("allocate"):
         from ddlbench.network.allocate import allocate
-        devices = int(_float(o, "devices", sizes[-1]))
+        devices = int(o.number("devices", sizes[-1]))
         try:
-            doc["allocation"] = allocate(work, net, devices, compute_s, o["allocate"], _float(o, "budget_GBps"),
-                                         _float(o, "budget_cost"), _float(o, "min_GBps", 0.1), _float(o, "max_GBps"))
+            doc["allocation"] = allocate(work, net, devices, compute_s, o.text("allocate"), o.number("budget_GBps"),
+                                         o.number("budget_cost"), o.number("min_GBps", 0.1), o.number("max_GBps"))
         except ValueError as exc:
             raise ConfigError(f"allocate: {exc}") from None
     (out / "projection.json").write_text(json.dumps(doc, indent=2))

@@ -123,7 +123,8 @@ def sections(rep, head: dict) -> list[Section]:
 # ---- Markdown ---------------------------------------------------------------------------------
 
 def md_escape(s: str) -> str:
-    return (str(s).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """CommonMark backslash escapes (no HTML entities: they show as `&gt;` in plain-text readers)."""
+    return (str(s).replace("\\", "\\\\").replace("|", "\\|").replace("<", "\\<").replace(">", "\\>")
             .replace("\n", " "))
 
 

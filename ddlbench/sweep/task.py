@@ -100,7 +100,8 @@ def preload_for(overrides: list[str]) -> None:
     """Import what the cell's ranks will need here, once per sweep process, so every forked
     cell after the first starts warm. A cell whose config is bad is left to fail in its child."""
     from ddlbench.config import plan_from_overrides
-    from ddlbench.launch.local import device_type, preload, start_method
+    from ddlbench.launch.local import device_type, start_method
+    from ddlbench.launch.starters import preload
     try:
         plan = plan_from_overrides(overrides)
     except ConfigError:

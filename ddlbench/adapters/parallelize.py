@@ -1,0 +1,79 @@
+"""Parallelisms as functions that every strategy applies to its model the same way, in one order
+(torchtitan's parallelize_llama):
+
+    apply_tensor_parallel -> apply_checkpointing -> apply_compile -> apply_fully_shard
+
+Tensor parallelism first (it replaces modules), activation checkpointing per block on what it
+left, compile per block where it comes (not yet: run.compile is the next step), FSDP2 last over
+the blocks and the root. A strategy applies the ones it uses; none of them times anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+from torch import nn
+
+from ddlbench.adapters.common import batch_norms
+from ddlbench.adapters.precision import DTYPES
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh) -> int:
+    """The Megatron-style plan on every block (ddlbench/models/tensor_parallel.py); the block count."""
+    from ddlbench.models.tensor_parallel import apply_tensor_parallel as plan
+    return plan(model, tp_mesh)
+
+
+def apply_checkpointing(model: nn.Module) -> int:
+    """Non-reentrant activation checkpointing on every block (ddlbench/models/spec.py); the block count."""
+    from ddlbench.models.spec import checkpoint_blocks
+    return checkpoint_blocks(model)
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """What apply_fully_shard did, for the strategy's record."""
+    units: int                    # fully_shard units (blocks + the root)
+    fp32_units: int               # batch-norm units kept in fp32
+    mp_policy: Optional[object]   # the MixedPrecisionPolicy, or None at fp32
+
+    def precision_summary(self, where: str = "") -> str:
+        mp = self.mp_policy
+        return f"MixedPrecisionPolicy(param_dtype={mp.param_dtype}, reduce_dtype={mp.reduce_dtype}){where}"
+
+    def mp_record(self) -> Optional[dict]:
+        mp = self.mp_policy
+        return None if mp is None else {"param_dtype": str(mp.param_dtype), "reduce_dtype": str(mp.reduce_dtype)}
+
+
+def apply_fully_shard(model: nn.Module, mesh, precision: str, *, reduce_dtype: Literal["fp32", "param"] = "fp32",
+                      reshard_after_forward: bool = True, wrap: Literal["blocks", "root"] = "blocks",
+                      cpu_offload: bool = False) -> Sharded:
+    """FSDP2 (torch.distributed.fsdp.fully_shard) per block (wrap=blocks) and at the root, over
+    `mesh`. At bf16/fp16 precision is FSDP2's MixedPrecisionPolicy (parameters in the run's dtype,
+    gradients reduced in fp32 or that dtype), not autocast. BatchNorm layers get fp32 units of their
+    own, as FSDP1's MixedPrecision does by default (_module_classes_to_ignore_mixed_precision):
+    with bf16 parameters and fp32 running statistics cuDNN's batch norm fails in backward (seen on
+    an H100); inputs stay in the compute dtype (cast_forward_inputs=False)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    mp = None
+    if precision != "fp32":
+        dtype = DTYPES[precision]
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if reduce_dtype == "fp32" else dtype)
+    kw: dict = dict(mesh=mesh, reshard_after_forward=reshard_after_forward)
+    if mp is not None:
+        kw["mp_policy"] = mp
+    if cpu_offload:
+        # pinned host memory needs a CUDA driver; on CPU-only ranks the path runs unpinned
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
+    fp32_units = batch_norms(model) if mp is not None else []
+    for bn in fp32_units:
+        fully_shard(bn, **{**kw, "mp_policy": MixedPrecisionPolicy(
+            param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)})
+    blocks = model.blocks() if wrap == "blocks" else []
+    for block in blocks:
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    return Sharded(units=len(blocks) + 1, fp32_units=len(fp32_units), mp_policy=mp)

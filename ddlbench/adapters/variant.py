@@ -1,0 +1,126 @@
+"""The pure half of an adapter (docs/design.md §3): what a framework variant is and costs,
+answerable with no process group, no device and without importing the framework's package.
+
+Validation, `bench advise`'s enumeration and pricing, the launchers' choices and the collector
+ask a Variant; only a rank builds the variant's Strategy (ddlbench/adapters/base.py), which
+imports the framework. Everything here is a function of the options and the arguments it is given.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, ClassVar, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from ddlbench.adapters.cost import CostModel, ModelProfile
+    from ddlbench.dims import ParallelDims
+    from ddlbench.metrics.comm import AnalyticComm
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def taxonomy_labels(parallelism: str, sync: str, pattern: str, sharding: str = "none",
+                    compression: str = "none") -> dict:
+    return {"parallelism": parallelism, "synchronisation": sync, "communication": pattern,
+            "sharding": sharding, "compression": compression}
+
+
+def load(path: str):
+    """`module:name` -> the object (a strategy or starter class, named by a variant)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class Variant:
+    """One framework variant: its options (validated), its parallel shape, what it cannot run,
+    its taxonomy, its cost model, the launcher it needs. Subclasses override what differs."""
+
+    name: ClassVar[str] = "base"
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    # the per-rank half, "module:Class" under ddlbench.adapters, imported only on a rank
+    strategy: ClassVar[str] = ""
+    # how the ranks are started, on one machine and in a Slurm step (ddlbench/launch/starters.py):
+    # "module:Class", imported by the launcher only
+    rank_starter: ClassVar[str] = "ddlbench.launch.starters:Elastic"
+    # modules the local launcher imports once before it forks CPU ranks (only modules that merely
+    # import: no threads, no device work at import)
+    preload_modules: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, options: BaseModel):
+        self.options = options
+
+    def strategy_class(self) -> type:
+        return load(self.strategy)
+
+    def starter(self):
+        """The object that starts this variant's ranks (ddlbench/launch/starters.py)."""
+        return load(self.rank_starter)()
+
+    def parallel_shape(self, cfg) -> dict:
+        """Keyword arguments for ddlbench.dims.resolve_dims: the tp, pp, dp_shard (and pipeline
+        n_microbatches) this variant uses; data parallelism (dp_replicate) takes the rest."""
+        return {}
+
+    def check_config(self, cfg, dims: "ParallelDims") -> None:
+        """Raise ConfigError for combinations this framework cannot take."""
+
+    def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
+        """Why this variant cannot run here (missing package, device, precision), or None."""
+        return None
+
+    def taxonomy(self) -> dict:
+        """Labels from the survey's taxonomy, shown in the report: parallelism (data, pipeline,
+        tensor, hybrid), synchronisation (sync, periodic, stale, async), communication pattern,
+        sharding, and compression of what is communicated."""
+        return taxonomy_labels(parallelism="data", sync="sync", pattern="all-reduce")
+
+    def grad_reduce_dtype(self, precision: str) -> str:
+        """The dtype in which gradients cross the network at this run precision (a parity field:
+        at bf16 DeepSpeed reduces in bf16 by default, DDP/FSDP2/Horovod in fp32)."""
+        return "fp32"
+
+    def recomputes_blocks(self) -> bool:
+        """Whether a run recomputes each block's forward in backward (activation checkpointing)."""
+        return bool(getattr(self.options, "activation_checkpointing", False))
+
+    def launch_env(self) -> dict:
+        """Environment variables the framework reads at start-up (set by the launcher)."""
+        return {}
+
+    def dry_run_info(self, cfg, dims: "ParallelDims") -> dict:
+        """What `run.dry_run=true` prints beyond the dims (one CPU process, no process group)."""
+        return {}
+
+    def cost_model(self, dims: "ParallelDims", model: "ModelProfile", precision: str,
+                   per_node: Optional[int] = None) -> Optional["CostModel"]:
+        """What this variant holds and sends per optimizer step on `dims` (ddlbench.adapters.cost):
+        what is sharded and over which ranks, its buffers, its collectives (per micro-batch where
+        the framework communicates per micro-batch), its pipeline bubble. `per_node`: ranks per
+        node where the variant's groups follow the nodes. None = no cost model (bench advise
+        then prunes the variant, saying so)."""
+        return None
+
+    def advise_options(self, devices: int) -> list[dict]:
+        """The option edits `bench advise` tries on `devices` ranks (its ways of splitting them:
+        tp sizes, pipeline depths, shard-group sizes); [{}] = the variant as is."""
+        return [{}]
+
+    def analytic_comm(self, dims: "ParallelDims", precision: str, params: int,
+                      per_node: Optional[int] = None) -> Optional["AnalyticComm"]:
+        """What a run sends per step (payload per collective kind in units of Psi, the code path it
+        follows, the paper's figure); None where there is no simple formula."""
+        return None
+
+
+def payload_psi(variant: Variant, dims: "ParallelDims", precision: str, params: int,
+                per_node: Optional[int] = None) -> Optional[dict]:
+    """A run's data-parallel payload per step, {kind: units of Psi}, from the variant's cost model
+    (the one source for advise's prices and the record's analytic volume); None without one."""
+    from ddlbench.adapters.cost import ModelProfile
+    prof = ModelProfile(params=params or 0, largest_block_params=0, blocks=1, activation_bytes_per_sample=0,
+                        checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0)
+    cost = variant.cost_model(dims, prof, precision, per_node)
+    return None if cost is None else cost.payload_psi()

@@ -1,0 +1,38 @@
+"""Horovod's starter (ddlbench/launch/starters.py): `horovodrun --gloo` on one machine; under srun,
+the slots and the rendezvous horovodrun would have provided (ddlbench/launch/hvd_slurm.py). The
+ranks run ddlbench.launch.hvd_worker, which maps HOROVOD_* to torch's env:// variables."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+class Horovodrun:
+    def local(self, plan, run_dir: Path, threads: int, method: str):
+        from ddlbench.launch.agent import free_port
+        nproc = plan.cfg.launcher.nproc
+        env = dict(os.environ)
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS=str(threads))
+        env.update(plan.variant.launch_env())
+        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
+        cmd = [horovodrun, "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
+               sys.executable, "-m", "ddlbench.launch.hvd_worker", str(run_dir), str(threads)]
+        return subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+
+    def slurm_env(self, plan, env: dict) -> None:
+        from ddlbench.launch.hvd_slurm import horovod_env
+        env.update(horovod_env(os.environ, env["MASTER_ADDR"]), **plan.variant.launch_env())
+        env["LOCAL_WORLD_SIZE"] = env["HOROVOD_LOCAL_SIZE"]
+
+    @contextlib.contextmanager
+    def slurm_session(self, env: dict):
+        """Rank 0 serves the rendezvous (Horovod's own HTTP server) for the step's tasks."""
+        from ddlbench.launch.hvd_slurm import Rendezvous
+        rendezvous = Rendezvous(env)
+        try:
+            yield
+        finally:
+            rendezvous.close()
