@@ -37,7 +37,7 @@ def main(out: Path, resume: bool = False) -> None:
         run_dir = out / f"{i:02d}_{fw}_{n}"
         reused = reuse(run_dir, resume)
         if not reused:
-            subprocess.run([str(REPO / ".venv/bin/bench"), "run", f"framework={fw}", f"launcher.nproc={n}",
+            subprocess.run([str(Path(sys.executable).with_name("bench")), "run", f"framework={fw}", f"launcher.nproc={n}",
                             *COMMON, *extra, f"run.dir={run_dir}"], cwd=REPO, stdin=subprocess.DEVNULL,
                            capture_output=True, timeout=900)
         rec = json.loads((run_dir / "result.json").read_text())

@@ -48,6 +48,16 @@ def default_sizes(device: str) -> list[int]:
     return list(DEFAULT_SIZES[device])
 
 
+def device_kind(requested: str) -> str:
+    """cuda or cpu for run.device (auto: CUDA where NVML sees a GPU; not CUDA itself, so CPU ranks
+    can still be forked from here): what the message sizes and the start method follow, on the
+    local launcher and in an srun task alike."""
+    if requested == "auto":
+        from ddlbench.gpus import visible_gpus
+        return "cuda" if visible_gpus().available else "cpu"
+    return "cuda" if requested == "cuda" else "cpu"
+
+
 def expected_written(kind: str, nbytes: float, world: int, backend: str) -> float:
     """Mean bytes a rank sends for one op of `kind` on `backend` (send: only rank 0 sends)."""
     if kind == "send":
@@ -207,10 +217,7 @@ def run(args: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if opts["launcher"] == "slurm":
         return _run_srun_task(opts, out)
-    device = "cuda" if opts["device"] == "cuda" else "cpu"
-    if opts["device"] == "auto":     # NVML, not CUDA: CPU ranks are forked from here
-        from ddlbench.gpus import visible_gpus
-        device = "cuda" if visible_gpus().available else "cpu"
+    device = device_kind(opts["device"])
     if opts["sizes"] is None:
         opts["sizes"] = default_sizes(device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -237,7 +244,7 @@ def _run_srun_task(opts: dict, out: Path) -> int:
     if world < 2:
         raise ConfigError("commbench launcher=slurm: needs an srun step of >= 2 tasks (srun -N2 ...)")
     if opts["sizes"] is None:
-        opts["sizes"] = default_sizes("cpu" if opts["device"] != "cuda" else "cuda")
+        opts["sizes"] = default_sizes(device_kind(opts["device"]))
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.join(tmp, "ranks.json")
         _rank(rank, world, opts, None, results)

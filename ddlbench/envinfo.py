@@ -12,10 +12,17 @@ from typing import Optional
 
 import torch
 
-ENV_ALLOWLIST = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG",
-                 "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SLURM_JOB_ID",
+ENV_ALLOWLIST = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS",
+                 "GLOO_SOCKET_IFNAME", "SLURM_JOB_ID",
                  "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_NNODES", "SLURM_NTASKS",
                  "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME", "SLURM_RESTART_COUNT")
+# every variable with these prefixes: what a user debugging a multi-node run needs to see
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+
+
+def env_vars(environ=os.environ) -> dict:
+    """The allow-listed variables and every NCCL_* / TORCH_NCCL_* that was set, sorted."""
+    return {k: environ[k] for k in sorted(environ) if k in ENV_ALLOWLIST or k.startswith(ENV_PREFIXES)}
 PACKAGES = ("torch", "torchvision", "transformers", "hydra-core", "deepspeed", "horovod",
             "fairscale", "wandb", "numpy")
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +90,7 @@ def capture(device: torch.device, backend: str, threads_per_rank: int) -> dict:
         "git_sha": sha,
         "git_dirty": bool(dirty) if dirty is not None else None,
         "argv0": Path(sys.argv[0]).name,
-        "env_vars": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ},
+        "env_vars": env_vars(),
     }
     if device.type == "cuda":
         info["cudnn"] = torch.backends.cudnn.version()

@@ -112,7 +112,24 @@ def test_the_plateau_all_reduce_uses_the_runs_device(monkeypatch):
     a.global_skip, a.batches_to_wait, a.history = 4, 1, []
     a.plateau = Plateau(threshold=0.05, patience=2)
     try:
-        a._adapt(step=3, loss=1.0)
+        a._adapt(step=3, loss=torch.tensor(1.0, device="meta"))
     except (NotImplementedError, RuntimeError):   # meta tensors have no values to read back
         pass
     assert seen == [torch.device("meta")]
+
+
+def test_the_window_loss_stays_on_the_device_inside_steps():
+    """DASO converted every step's loss to a Python float (a device sync inside each timed step).
+    Losses on the meta device have no value to read: any host read inside a window would raise."""
+    from types import SimpleNamespace
+
+    from ddlbench.adapters import daso
+    from ddlbench.adapters.base import RankContext
+    a = object.__new__(daso.DASOStrategy)
+    a.options = SimpleNamespace(warmup_steps=0, cooldown_steps=0, max_global_skips=8)
+    a.ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("meta"), backend="nccl",
+                        precision="fp32")
+    a.window, a.total, a.window_loss = 4, 100, [0.0, 0]
+    for step in range(3):                          # steps 0-2 of a 4-step window: no boundary
+        a._adapt(step=step, loss=torch.tensor(2.0, device="meta"))
+    assert a.window_loss[1] == 3 and a.window_loss[0].device == torch.device("meta")

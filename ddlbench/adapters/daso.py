@@ -231,15 +231,18 @@ class DASOStrategy(Periodic, Strategy):
             else:
                 self.pending = (work, buf, sender, step + self.batches_to_wait, self.batches_to_wait)
 
-    def _adapt(self, step: int, loss: Optional[float]) -> None:
+    def _adapt(self, step: int, loss: Optional[torch.Tensor]) -> None:
+        """The window's losses summed on the device (no host sync inside a step); at the window's
+        end one all-reduce, the only point where the host reads them."""
         o = self.options
         if loss is not None:
-            self.window_loss[0] += float(loss)
+            self.window_loss[0] = self.window_loss[0] + loss.detach().to(torch.float64)
             self.window_loss[1] += 1
         if (step + 1) % self.window or phase(step, self.total, o.warmup_steps, o.cooldown_steps) == "blocking":
             return
         # on the run's device: an NCCL group all-reduces only CUDA tensors
-        t = torch.tensor(self.window_loss, dtype=torch.float64, device=self.ctx.device)
+        t = torch.stack([torch.as_tensor(self.window_loss[0], dtype=torch.float64, device=self.ctx.device),
+                         torch.tensor(float(self.window_loss[1]), dtype=torch.float64, device=self.ctx.device)])
         dist.all_reduce(t)             # one world-averaged loss, so every rank takes the same decision
         self.window_loss = [0.0, 0]
         mean = float(t[0] / max(t[1], 1.0))

@@ -3,7 +3,6 @@ config before anything starts, and the result of a run whose ranks could not wri
 (unsupported, failed, timeout, stopped by SIGUSR1). Used by the local and the Slurm launchers."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -42,13 +41,13 @@ def stopped_result(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> di
 
 
 def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> dict:
-    from ddlbench.envinfo import ENV_ALLOWLIST
+    from ddlbench.envinfo import env_vars
     record = empty_record(run_id, plan.raw, status=status, precision=plan.cfg.run.precision)
     record["error"] = error
     record["parallel"] = plan.dims.as_dict()
     record["framework"]["grad_reduce_dtype"] = plan.variant.grad_reduce_dtype(plan.cfg.run.precision)
     record.setdefault("env", {})
-    record["env"] = {**(record["env"] or {}), "env_vars": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}}
+    record["env"] = {**(record["env"] or {}), "env_vars": env_vars()}
     write_result(run_dir, record)
     return record
 

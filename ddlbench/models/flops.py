@@ -1,7 +1,11 @@
 """Training FLOPs per sample, counted with torch.utils.flop_counter (forward + backward).
 
-Counted on the meta device (no memory, no compute) so it is cheap for XL presets; falls back to
-a real CPU pass for modules meta tensors cannot run. Model FLOPs (MFU) count one forward and one
+Counted on the meta device (no memory, no compute), so it is cheap for XL presets and never runs
+the model on the host. Attention is counted whatever kernel the run uses: where SDPA or flash
+attention picks its mask from tensor values (which meta tensors do not have), the count runs on
+the same model with eager attention, the same matmuls (ModelSpec.count_factory); torch's SDPA
+formula and the eager matmuls both count the full T x T scores (the non-causal convention, as
+PaLM's 12*L*H*Q*T does). Model FLOPs (MFU) count one forward and one
 backward; hardware FLOPs (HFU) count what runs, i.e. with activation checkpointing the block
 forwards a second time, counted the same way on a model with the same checkpointing applied. For transformers the PaLM formula
 (Chowdhery et al. 2022, appendix B: 6N + 12*L*H*Q*T per token) is reported beside it.
@@ -16,7 +20,7 @@ from ddlbench.models.spec import ModelSpec, checkpoint_blocks, count_params, exa
 
 def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
     with torch.device(device):
-        model = spec.build()
+        model = (spec.count_factory or spec.factory)()
     if recompute_blocks:  # the run's activation checkpointing: backward re-runs each block's forward
         checkpoint_blocks(model)
     # vision: two samples, as BatchNorm in training mode needs more than one value per channel;
@@ -31,11 +35,9 @@ def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
 def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool = False) -> dict:
     """{'flops': model FLOPs, 'hardware_flops': FLOPs executed (with the recomputed forward of
     checkpointed blocks), 'method': str, 'palm_flops': int | None}"""
-    try:
-        flops, method, device = _count(spec, "meta"), "flop_counter(meta)", "meta"
-    except Exception:  # some ops have no meta kernel; a real pass is exact, only slower
-        flops, method, device = _count(spec, "cpu"), "flop_counter(cpu)", "cpu"
-    hardware = _count(spec, device, recompute_blocks=True) if recompute_blocks else flops
+    flops = _count(spec, "meta")
+    method = "flop_counter(meta)" + (", eager attention (the same matmuls)" if spec.count_factory else "")
+    hardware = _count(spec, "meta", recompute_blocks=True) if recompute_blocks else flops
     palm = None
     if spec.kind == "language":
         c = spec.config

@@ -1,6 +1,9 @@
 """Language models: the GPT-2 family through transformers.GPT2Config."""
 from __future__ import annotations
 
+import copy
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,11 +67,17 @@ def gpt2_config(mc, device_type: str = "cpu"):
 def gpt2_spec(mc, device_type: str = "cpu") -> ModelSpec:
     config = gpt2_config(mc, device_type)
 
-    def factory() -> nn.Module:
+    def factory(cfg=config) -> nn.Module:
         from transformers import GPT2LMHeadModel
         from transformers.utils import logging as hf_logging
         hf_logging.set_verbosity_error()
-        return CausalLM(GPT2LMHeadModel(config))
+        return CausalLM(GPT2LMHeadModel(cfg))
+
+    count_factory = None
+    if config._attn_implementation != "eager":   # SDPA/flash decide their mask from tensor values
+        eager = copy.deepcopy(config)
+        eager._attn_implementation = "eager"
+        count_factory = functools.partial(factory, eager)
 
     def sample(gen: torch.Generator) -> dict:
         ids = torch.randint(0, mc.vocab_size, (mc.seq_len,), generator=gen)
@@ -76,4 +85,5 @@ def gpt2_spec(mc, device_type: str = "cpu") -> ModelSpec:
 
     return ModelSpec(name=mc.name, kind="language", factory=factory, sample=sample,
                      tokens_per_sample=mc.seq_len,
-                     config={**config.to_diff_dict(), "attn_implementation": config._attn_implementation})
+                     config={**config.to_diff_dict(), "attn_implementation": config._attn_implementation},
+                     count_factory=count_factory)

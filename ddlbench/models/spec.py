@@ -16,6 +16,9 @@ class ModelSpec:
     sample: Callable[[torch.Generator], dict]   # one synthetic sample, seeded
     tokens_per_sample: Optional[int]            # None for vision
     config: dict                                # the model's native config (GPT2Config, arch...)
+    # the same model with an attention whose FLOPs count on the meta device (eager: the matmuls
+    # SDPA and flash kernels run, which need a real tensor to pick a mask); None = `factory`
+    count_factory: Optional[Callable[[], nn.Module]] = None
 
     def build(self) -> nn.Module:
         return self.factory()

@@ -1,0 +1,41 @@
+"""GPU-path decisions that a CPU test can see (desk-checked against the first H100 run's records):
+what a run records about its environment, and which message sizes commbench picks where GPUs are."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ddlbench import commbench
+from ddlbench.envinfo import env_vars
+
+
+def test_every_nccl_variable_that_was_set_is_recorded():
+    environ = {"NCCL_ALGO": "Ring", "NCCL_IB_HCA": "mlx5_0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+               "CUDA_DEVICE_MAX_CONNECTIONS": "1", "OMP_NUM_THREADS": "4", "HOME": "/root", "MY_NCCL": "x"}
+    assert env_vars(environ) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_ALGO": "Ring", "NCCL_IB_HCA": "mlx5_0",
+                                 "OMP_NUM_THREADS": "4", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+def test_commbench_in_an_srun_task_picks_gpu_sizes_where_gpus_are(monkeypatch, tmp_path):
+    """`bench commbench launcher=slurm` with run.device=auto stopped at 16 MiB (CPU sizes): the
+    choice tested for the literal string "cuda"."""
+    import ddlbench.gpus
+    import ddlbench.launch.slurm
+    monkeypatch.setattr(ddlbench.gpus, "visible_gpus", lambda: SimpleNamespace(available=True))
+    monkeypatch.setattr(ddlbench.launch.slurm, "rank_env", lambda: {"RANK": "1", "WORLD_SIZE": "2"})
+    for key in ("RANK", "WORLD_SIZE"):       # the task writes them into os.environ: put back after
+        monkeypatch.setenv(key, "0")
+    seen = {}
+    monkeypatch.setattr(commbench, "_rank", lambda rank, world, opts, port, results: seen.update(opts))
+    opts = commbench.parse_args(["launcher=slurm"])            # run.device=auto, no sizes given
+    assert commbench._run_srun_task(opts, tmp_path) == 0      # rank 1: nothing to write
+    assert seen["sizes"] == commbench.DEFAULT_SIZES["cuda"] and max(seen["sizes"]) == 1 << 30
+    monkeypatch.setattr(ddlbench.gpus, "visible_gpus", lambda: SimpleNamespace(available=False))
+    assert commbench.device_kind("auto") == "cpu" and commbench.device_kind("cuda") == "cuda"
+
+
+def test_benchmarks_find_bench_beside_the_interpreter():
+    """benchmarks/model_parallel.py ran .venv/bin/bench, absent where the wheels are installed elsewhere."""
+    from pathlib import Path
+    found = [p.name for p in (Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py")
+             if ".venv/bin/bench" in p.read_text()]
+    assert not found, found
