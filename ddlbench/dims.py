@@ -137,7 +137,10 @@ def model_fit_errors(dims: ParallelDims, model_cfg, stages: int, schedule: str |
     errors = []
     tp = dims.tp
     if tp > 1:
-        if model_cfg.kind == "language":
+        if model_cfg.kind == "language" and model_cfg.family == "llama":
+            widths = {"model.n_head": model_cfg.n_head, "model.n_kv_head": model_cfg.n_kv_head,
+                      "model.intermediate_size": model_cfg.intermediate_size}
+        elif model_cfg.kind == "language":
             widths = {"model.n_head": model_cfg.n_head, "model.n_embd": model_cfg.n_embd,
                       "4*model.n_embd (MLP)": 4 * model_cfg.n_embd}
         elif getattr(model_cfg, "vit", None) is not None:
@@ -146,7 +149,7 @@ def model_fit_errors(dims: ParallelDims, model_cfg, stages: int, schedule: str |
                       "model.vit.mlp_dim": v.mlp_dim}
         else:
             widths = {}
-            errors.append(f"tensor parallelism has a plan for GPT-2 and ViT only, not model.arch "
+            errors.append(f"tensor parallelism has a plan for GPT-2, Llama and ViT only, not model.arch "
                           f"'{model_cfg.arch}'")
         for key, value in widths.items():
             if value % tp:

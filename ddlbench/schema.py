@@ -26,9 +26,13 @@ class FrameworkCfg(Strict):
 
 
 class LanguageModelCfg(Strict):
+    """A decoder-only language model through transformers, random init (nothing downloaded): the
+    GPT-2 family (GPT2Config) or the Llama family (LlamaConfig: RMSNorm, SwiGLU MLP, rotary
+    embeddings, grouped-query attention). One vocabulary for both: n_layer, n_embd (hidden size),
+    n_head; the Llama-only keys are null for GPT-2."""
     name: str
     kind: Literal["language"]
-    family: Literal["gpt2"] = "gpt2"
+    family: Literal["gpt2", "llama"] = "gpt2"
     n_layer: PositiveInt
     n_embd: PositiveInt
     n_head: PositiveInt
@@ -38,11 +42,27 @@ class LanguageModelCfg(Strict):
     # auto: eager on CPU (deterministic, identical across frameworks: the equivalence gate),
     # sdpa on CUDA (fused/flash kernels, no T x T matrix in memory); recorded in the result
     attention: Literal["auto", "eager", "sdpa"] = "auto"
+    # Llama family only (null for GPT-2):
+    n_kv_head: Optional[PositiveInt] = None          # grouped-query attention's key/value heads
+    intermediate_size: Optional[PositiveInt] = None  # SwiGLU MLP width
+    rope_theta: Optional[float] = None               # rotary base
+    rms_norm_eps: Optional[float] = None
+    tie_embeddings: Optional[bool] = None            # LM head shares the embedding (Llama 3.2 1B/3B)
 
     @model_validator(mode="after")
-    def _heads_divide_width(self):
+    def _shapes_fit(self):
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        llama_only = {k: getattr(self, k) for k in ("n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps",
+                                                    "tie_embeddings") if getattr(self, k) is not None}
+        if self.family == "gpt2" and llama_only:
+            raise ValueError(f"{', '.join(sorted(llama_only))}: Llama-family keys, not for family gpt2")
+        if self.family == "llama":
+            missing = [k for k in ("n_kv_head", "intermediate_size", "rope_theta") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"family llama needs model.{', model.'.join(missing)}")
+            if self.n_head % self.n_kv_head:
+                raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
         return self
 
 

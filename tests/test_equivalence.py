@@ -1,6 +1,7 @@
 """The equivalence gate (docs/design.md §7): every mathematically equivalent strategy gives DDP's loss
 series (10 steps, fp32, same seed and global batch, 2 ranks) within 1e-5 relative, and the same
-final parameters, on gpt2_tiny and resnet18_tiny.
+final parameters, on gpt2_tiny and resnet18_tiny, and on llama_tiny one variant of each framework
+family (suite time: the families share their code paths across variants).
 
 Strategies marked non-equivalent in their config (lossy compression, a different optimizer
 implementation) are checked against their stated `loss_rtol_vs_ddp` on gpt2_tiny only: on
@@ -28,7 +29,9 @@ STEPS = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8",
 GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            "tensor_parallel_fsdp": (4, ()),
            "fsdp_hybrid": (4, ("framework.options.hybrid_shard_size=2",))}
-MODELS = ["gpt2_tiny", "resnet18_tiny"]
+MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny"]
+# llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family
+LLAMA_VARIANTS = {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b", "tensor_parallel"}
 # Equivalent strategies whose native optimizer is a different implementation of the same
 # AdamW (ZeRO-Offload requires DeepSpeedCPUAdam): losses at 1e-5, parameters at this tolerance.
 PARAM_RTOL: dict[str, float] = {}
@@ -64,7 +67,7 @@ def _fits(model: str, framework: str) -> bool:
         plan_from_overrides([f"framework={framework}", f"model={model}", "launcher.nproc=2"])
         return True
     except ConfigError as exc:
-        assert "plan for GPT-2 and ViT only" in str(exc), exc
+        assert "plan for GPT-2, Llama and ViT only" in str(exc), exc
         return False
 
 
@@ -73,6 +76,8 @@ def _params():
         for name, equivalent, rtol in VARIANTS:
             if name in GATE_AT and model != "gpt2_tiny":
                 continue   # 4-rank cases on the transformer only (suite time)
+            if model == "llama_tiny" and name not in LLAMA_VARIANTS:
+                continue
             if (equivalent or model == "gpt2_tiny") and _fits(model, name):
                 yield pytest.param(model, name, equivalent, rtol, id=f"{name}-{model}")
 
@@ -116,7 +121,7 @@ def _zero_gradient_params(model: str) -> set[int]:
     spec = models.build(plan_from_overrides([f"model={model}"]).cfg.model)
     with torch.device("meta"):
         names = [n for n, _ in spec.build().named_parameters()]
-    return {i for i, n in enumerate(names) if n.endswith("attn.c_attn.bias")}
+    return {i for i, n in enumerate(names) if n.endswith("attn.c_attn.bias")}   # Llama has no biases
 
 
 def assert_same_params(a: list, b: list, rel: float, loose: set[int] = frozenset()) -> None:

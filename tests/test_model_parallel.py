@@ -129,7 +129,7 @@ def test_bubble_fractions_by_hand():
 
 
 # ---- the split ----
-@pytest.mark.parametrize("model", ["gpt2_tiny", "resnet18_tiny", "vgg16_tiny", "vit_tiny"])
+@pytest.mark.parametrize("model", ["gpt2_tiny", "llama_tiny", "resnet18_tiny", "vgg16_tiny", "vit_tiny"])
 def test_pieces_compute_the_models_own_forward(model):
     cfg = plan_from_overrides([f"model={model}"]).cfg.model
     spec = models.build(cfg)
@@ -147,7 +147,7 @@ def test_pieces_compute_the_models_own_forward(model):
     assert torch.equal(got, want)
     assert piece_count(cfg) == len(pieces(net))
     tied = tied_parameters(pieces(net))
-    assert len(tied) == (1 if model == "gpt2_tiny" else 0)   # GPT-2: wte = lm_head
+    assert len(tied) == (1 if model in ("gpt2_tiny", "llama_tiny") else 0)   # the embedding = lm_head
     if tied:
         assert tied[0][1] == [0, len(pieces(net)) - 1]
 
@@ -155,7 +155,7 @@ def test_pieces_compute_the_models_own_forward(model):
 # ---- validation and dry runs ----
 @pytest.mark.parametrize("overrides,msg", [
     (["framework=tensor_parallel", "launcher.nproc=3", "run.global_batch=6"], "model.n_head = 4 is not divisible by tp = 3"),
-    (["framework=tensor_parallel", "model=resnet18_tiny"], "plan for GPT-2 and ViT only"),
+    (["framework=tensor_parallel", "model=resnet18_tiny"], "plan for GPT-2, Llama and ViT only"),
     (["framework=pipeline_interleaved", "launcher.nproc=4"], "splits into 4 pipeline pieces, fewer than the 8 stages"),
     (["framework=pipeline_1f1b", "framework.options.n_microbatches=1"], "needs micro-batches >= pipeline ranks: 1 < pp 2"),
     (["framework=pipeline_gpipe", "framework.options.stages_per_rank=2"], "runs one stage per rank"),

@@ -40,8 +40,9 @@ def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool = False) -> d
     hardware = _count(spec, "meta", recompute_blocks=True) if recompute_blocks else flops
     palm = None
     if spec.kind == "language":
-        c = spec.config
-        n_layer, n_embd, n_head = c.get("n_layer", 12), c.get("n_embd", 768), c.get("n_head", 12)
+        c = spec.config     # GPT2Config's names (a value equal to its default is left out) or LlamaConfig's
+        n_layer = c.get("n_layer", c.get("num_hidden_layers", 12))
+        n_embd, n_head = c.get("n_embd", c.get("hidden_size", 768)), c.get("n_head", c.get("num_attention_heads", 12))
         with torch.device("meta"):
             params = count_params(spec.build())
         palm = palm_train_flops_per_token(params, n_layer, n_head, n_embd // n_head,

@@ -1,4 +1,5 @@
-"""Language models: the GPT-2 family through transformers.GPT2Config."""
+"""Language models through transformers, random init: the GPT-2 family (GPT2Config) and the Llama
+family (LlamaConfig: RMSNorm, SwiGLU, rotary embeddings, grouped-query attention)."""
 from __future__ import annotations
 
 import copy
@@ -44,7 +45,9 @@ class CausalLM(nn.Module):
         return lm_loss(logits, labels, eval_weight)
 
     def blocks(self) -> list[nn.Module]:
-        return list(self.net.transformer.h)
+        if hasattr(self.net, "transformer"):     # GPT-2
+            return list(self.net.transformer.h)
+        return list(self.net.model.layers)       # Llama
 
 
 def attention_impl(requested: str, device_type: str) -> str:
@@ -64,14 +67,33 @@ def gpt2_config(mc, device_type: str = "cpu"):
     )
 
 
-def gpt2_spec(mc, device_type: str = "cpu") -> ModelSpec:
-    config = gpt2_config(mc, device_type)
+def llama_config(mc, device_type: str = "cpu"):
+    """Llama 3.x shapes from the preset (random init); rope scaling is left out: it changes the
+    rotary frequencies past the original context, not the cost."""
+    from transformers import LlamaConfig
+    return LlamaConfig(
+        num_hidden_layers=mc.n_layer, hidden_size=mc.n_embd, num_attention_heads=mc.n_head,
+        num_key_value_heads=mc.n_kv_head, intermediate_size=mc.intermediate_size, vocab_size=mc.vocab_size,
+        max_position_embeddings=mc.seq_len, rope_theta=mc.rope_theta, rms_norm_eps=mc.rms_norm_eps or 1e-5,
+        attention_dropout=mc.dropout, tie_word_embeddings=bool(mc.tie_embeddings), hidden_act="silu",
+        bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,
+        attn_implementation=attention_impl(getattr(mc, "attention", "auto"), device_type),
+    )
+
+
+def language_spec(mc, device_type: str = "cpu") -> ModelSpec:
+    """The family's config, its causal-LM class, and `count_factory` where SDPA/flash attention
+    decides its mask from tensor values (the FLOP count then runs eager attention on meta)."""
+    if mc.family == "llama":
+        config, class_name = llama_config(mc, device_type), "LlamaForCausalLM"
+    else:
+        config, class_name = gpt2_config(mc, device_type), "GPT2LMHeadModel"
 
     def factory(cfg=config) -> nn.Module:
-        from transformers import GPT2LMHeadModel
+        import transformers
         from transformers.utils import logging as hf_logging
         hf_logging.set_verbosity_error()
-        return CausalLM(GPT2LMHeadModel(cfg))
+        return CausalLM(getattr(transformers, class_name)(cfg))
 
     count_factory = None
     if config._attn_implementation != "eager":   # SDPA/flash decide their mask from tensor values

@@ -4,11 +4,13 @@ Applied in order, the pieces compute the model's logits: `head(...(piece1(piece0
 same operations as the model's own forward (tests/test_pipeline_split.py checks equality).
 A pipeline stage is a contiguous run of pieces (`partition`). Pieces:
 - GPT-2: Embed (wte + wpe + dropout) | one piece per transformer block | Head (ln_f + lm_head)
+- Llama: Embed (embed_tokens) | one piece per decoder layer (with its rotary embedding and causal
+  mask, computed per piece as LlamaModel computes them once) | Head (norm + lm_head)
 - ViT: Embed (patchify, class token, position embedding, dropout) | encoder layers | Head
 - ResNet: Stem (conv, bn, relu, maxpool) | one piece per residual block | Head (pool, fc)
 - VGG: the feature extractor cut after each max-pool | Head (pool, classifier)
 
-GPT-2 ties lm_head.weight to wte.weight. Pieces keep the tie (the same Parameter object) when
+GPT-2 (and Llama 3.2 1B/3B) tie lm_head.weight to the token embedding. Pieces keep the tie (the same Parameter object) when
 they live in one process; the pipeline adapter, which keeps only its own stages, sums the
 tied weight's gradient between the two ranks holding a copy (`tied_parameters`).
 """
@@ -41,7 +43,7 @@ class _Block(nn.Module):
         # no position_ids for the mask: with them HF looks for packed sequences (a data-dependent
         # .item(), impossible on meta); positions here are 0..T-1, never packed
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                                  past_key_values=None, position_ids=None)
+                                  cache=None, position_ids=None)
         return self.block(hidden, None, mask, position_ids=pos)
 
 
@@ -52,6 +54,41 @@ class _LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.ln_f(hidden))
+
+
+class _LlamaEmbed(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.embed_tokens = model.embed_tokens
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+
+class _LlamaBlock(nn.Module):
+    """One Llama decoder layer with the rotary embedding and causal mask LlamaModel builds for it
+    (positions 0..T-1, no padding, no cache). The rotary module has no parameters (inv_freq buffer)."""
+
+    def __init__(self, layer: nn.Module, config, rotary: nn.Module):
+        super().__init__()
+        self.layer, self.config, self.rotary = layer, config, rotary
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask
+        pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
+                                  cache=None, position_ids=None)
+        return self.layer(hidden, attention_mask=mask, position_ids=pos,
+                          position_embeddings=self.rotary(hidden, position_ids=pos))
+
+
+class _LlamaHead(nn.Module):
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.norm, self.lm_head = net.model.norm, net.lm_head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
 
 
 class _VitEmbed(nn.Module):
@@ -96,6 +133,9 @@ def pieces(model: nn.Module) -> list[nn.Module]:
         return [net]                 # one piece: nothing to pipeline
     if hasattr(net, "transformer"):  # GPT-2
         return [_Embed(net.transformer), *(_Block(b, net.config) for b in net.transformer.h), _LMHead(net)]
+    if hasattr(net, "model") and hasattr(net.model, "layers"):   # Llama
+        m = net.model
+        return [_LlamaEmbed(m), *(_LlamaBlock(layer, net.config, m.rotary_emb) for layer in m.layers), _LlamaHead(net)]
     if hasattr(net, "encoder"):      # ViT
         return [_VitEmbed(net), *net.encoder.layers, _VitHead(net)]
     if hasattr(net, "layer1"):       # ResNet

@@ -1,4 +1,4 @@
-"""Megatron-style tensor-parallel plans for GPT-2 (Hugging Face) and ViT (torchvision) blocks,
+"""Megatron-style tensor-parallel plans for GPT-2 and Llama (Hugging Face) and ViT (torchvision) blocks,
 with DTensor's `parallelize_module` on a 1-D "tp" DeviceMesh.
 
 Per block: attention QKV column-wise (each rank computes its own heads), attention output
@@ -87,6 +87,19 @@ def _gpt2_block(block: nn.Module, mesh) -> None:
                                      "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()})
 
 
+def _llama_block(block: nn.Module, mesh) -> None:
+    """Llama's projections are separate Linears (no fused QKV): q, k, v column-wise (rank r keeps
+    query heads r*H/tp.. and key/value heads r*KV/tp..: the same GQA groups), o row-wise; SwiGLU's
+    gate and up column-wise, down row-wise. LlamaAttention reshapes with -1 heads, so it runs on
+    its local heads as it is (torchtitan's plan for Llama)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(block, mesh, {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                                     "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+                                     "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                                     "mlp.down_proj": RowwiseParallel()})
+
+
 def _vit_block(block: nn.Module, mesh) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -97,24 +110,29 @@ def _vit_block(block: nn.Module, mesh) -> None:
 
 
 def tp_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The blocks a plan applies to: HF GPT2Block and torchvision EncoderBlock."""
-    return [(type(m).__name__, m) for m in module.modules()
-            if type(m).__name__ in ("GPT2Block", "EncoderBlock")]
+    """The blocks a plan applies to: HF GPT2Block and LlamaDecoderLayer, torchvision EncoderBlock."""
+    return [(type(m).__name__, m) for m in module.modules() if type(m).__name__ in BLOCK_PLANS]
 
 
 def apply_tensor_parallel(module: nn.Module, mesh) -> int:
-    """Convert and parallelize every GPT-2 / ViT block inside `module`; returns how many."""
+    """Convert and parallelize every GPT-2 / Llama / ViT block inside `module`; returns how many."""
     blocks = tp_blocks(module)
     if not blocks:
-        raise ValueError("tensor parallelism has a plan for GPT-2 and ViT blocks only")
+        raise ValueError("tensor parallelism has a plan for GPT-2, Llama and ViT blocks only")
     for kind, block in blocks:
-        (_gpt2_block if kind == "GPT2Block" else _vit_block)(block, mesh)
+        BLOCK_PLANS[kind](block, mesh)
     return len(blocks)
+
+
+BLOCK_PLANS = {"GPT2Block": _gpt2_block, "LlamaDecoderLayer": _llama_block, "EncoderBlock": _vit_block}
 
 
 # per block kind: the layers the plan shards, and whether their bias is sharded too (column-wise)
 # or replicated (row-wise); names in the model as built (before the Conv1D / attention conversions)
 SPLIT_LAYERS = {"GPT2Block": {"attn.c_attn": True, "attn.c_proj": False, "mlp.c_fc": True, "mlp.c_proj": False},
+                "LlamaDecoderLayer": {"self_attn.q_proj": True, "self_attn.k_proj": True, "self_attn.v_proj": True,
+                                      "self_attn.o_proj": False, "mlp.gate_proj": True, "mlp.up_proj": True,
+                                      "mlp.down_proj": False},
                 "EncoderBlock": {"self_attention.in_proj": True, "self_attention.out_proj": False,
                                  "mlp.0": True, "mlp.3": False}}
 
@@ -140,6 +158,9 @@ PLAN_DESCRIPTION = {
     "GPT2Block": {"attn.c_attn": "ColwiseParallel (Conv1D->Linear, rows permuted per rank's heads)",
                   "attn.c_proj": "RowwiseParallel (Conv1D->Linear)",
                   "mlp.c_fc": "ColwiseParallel (Conv1D->Linear)", "mlp.c_proj": "RowwiseParallel (Conv1D->Linear)"},
+    "LlamaDecoderLayer": {"self_attn.q_proj/k_proj/v_proj": "ColwiseParallel (local query and key/value heads)",
+                          "self_attn.o_proj": "RowwiseParallel",
+                          "mlp.gate_proj/up_proj": "ColwiseParallel", "mlp.down_proj": "RowwiseParallel"},
     "EncoderBlock": {"self_attention.in_proj": "ColwiseParallel (MultiheadAttention -> LocalHeadsAttention, rows permuted)",
                      "self_attention.out_proj": "RowwiseParallel", "mlp.0": "ColwiseParallel",
                      "mlp.3": "RowwiseParallel"},
