@@ -300,6 +300,15 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
                    "comm_profiled": "time" in comm}
 
 
+def compile_time(gathered: list) -> dict:
+    """run.compile: torch.compile runs inside the first (warm-up) step; its cost is that step less a
+    measured step (max over ranks of the first step, median of the measured ones)."""
+    first = max(g["all_step_time_s"][0] for g in gathered if g["all_step_time_s"])
+    steady = sorted(max(s) for s in zip(*(g["step_time_s"] for g in gathered)))
+    median = steady[len(steady) // 2] if steady else 0.0
+    return {"compile_s": max(0.0, first - median)}
+
+
 def write_record(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, w: Window, gathered: list,
                  probes: dict, threads: int, warnings: list[str]) -> None:
     """Rank 0: the record from every rank's series (ddlbench/collect.py), metrics.jsonl, result.json."""
@@ -307,6 +316,8 @@ def write_record(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, w: W
     record["warnings"].extend(warnings)
     timeline = events.read(run_dir)
     record["startup_s"] = events.phases(timeline)
+    if plan.cfg.run.compile and record["startup_s"] is not None:
+        record["startup_s"].update(compile_time(gathered))
     record["env"]["rank_start_method"] = events.info(timeline, "agent_start", "start_method")
     if setup.dataset is not None:
         fill_convergence(record, plan.cfg, setup.dataset, setup.steps_per_epoch, w.evals, setup.target, gathered)

@@ -230,7 +230,15 @@ class RunCfg(Strict):
     comm_profile: bool = True         # one more untimed step under torch.profiler: comm time, overlap
     memory_tracker: bool = False      # every step under torch's MemTracker: memory.tracker per rank (slow)
     param_fingerprint: bool = False   # record [sum, sum^2, sum |x|, position-weighted sum] per final parameter (gathers!)
+    compile: bool = False             # torch.compile, applied as each framework recommends (adapters/parallelize.py)
     dir: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _compile_in_warm_up(self):
+        if self.compile and self.warmup_steps < 1:
+            raise ValueError("run.compile needs run.warmup_steps >= 1: the first step compiles, and it must "
+                             "not be measured")
+        return self
 
 
 class FaultCfg(Strict):

@@ -33,6 +33,7 @@ class RankContext:
     precision: str        # fp32 | bf16 | fp16 (the run's; strategies must honour it)
     hosts: tuple[str, ...] = ()   # every rank's host, in rank order, exchanged once when the
                                   # process group forms (empty where no launcher filled it)
+    compile: bool = False         # run.compile: torch.compile as the framework recommends
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from ddlbench.adapters.base import Periodic, StepOut, Strategy
 from ddlbench.adapters.common import forward_backward
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
-from ddlbench.adapters.parallelize import apply_checkpointing
+from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import AnalyticComm
@@ -112,6 +112,7 @@ class DDPStrategy(Periodic, Strategy):
         self.params = sum(p.numel() for p in model.parameters())
         if o.activation_checkpointing:
             apply_checkpointing(model)
+        self.compiled = apply_compile(model) if self.ctx.compile else None
         bucket_cap_mb = o.bucket_cap_mb
         self._forced_single_bucket = None
         if o.comm_hook == "powersgd" and self.ctx.backend == "gloo":
@@ -194,6 +195,7 @@ class DDPStrategy(Periodic, Strategy):
             "mixed_precision": "none" if self.ctx.precision == "fp32" else f"torch.autocast({self.ctx.precision})",
             "backend": self.ctx.backend,
             "grad_scaler": self.precision.scaler is not None,
+            "compile": self.compiled,
         }
         if o.comm_hook == "powersgd":
             native.update(powersgd_rank=o.powersgd_rank, powersgd_start_iter=o.powersgd_start_iter)

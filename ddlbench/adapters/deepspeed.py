@@ -145,7 +145,8 @@ class DeepSpeed(Variant):
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         if importlib.util.find_spec("deepspeed") is None:
             return "deepspeed is not installed (pip install 'ddlbench[deepspeed]')"
-        return precision_reason(device_type, cfg.run.precision, device_type == "cpu" and _cpu_fp16_ok())
+        return (precision_reason(device_type, cfg.run.precision, device_type == "cpu" and _cpu_fp16_ok())
+                or super().unsupported_reason(cfg, device_type))
 
     def grad_reduce_dtype(self, precision: str) -> str:
         """communication_data_type, or DeepSpeed's default: the training dtype (bf16 engines reduce in bf16)."""
@@ -255,6 +256,10 @@ class DeepSpeedStrategy(Strategy):
             model_parameters=(param_groups(model.parameters(), oc.weight_decay, oc.exclude_from_decay)
                               if optimizer is None else None))
         self.version = deepspeed.__version__
+        self.compiled = None
+        if self.ctx.compile:     # DeepSpeed's own API: the engine compiles its module
+            self.model.compile()
+            self.compiled = "DeepSpeedEngine.compile() (torch.compile of the engine's module)"
         if self.ctx.precision != "fp32":     # the engine runs in its configured precision
             self.precision = FrameworkCast(self.ctx.device, self.ctx.precision, self._precision_summary(),
                                            input_dtype=DTYPES[self.ctx.precision])
@@ -294,5 +299,6 @@ class DeepSpeedStrategy(Strategy):
     def describe(self) -> dict:
         native = {"deepspeed_config": self.config, "backend": self.ctx.backend,
                   "optimizer": ("DeepSpeedCPUAdam (config type AdamW)" if self._offload
-                                else f"client {type(self.optimizer.optimizer if hasattr(self.optimizer, 'optimizer') else self.optimizer).__name__}")}
+                                else f"client {type(self.optimizer.optimizer if hasattr(self.optimizer, 'optimizer') else self.optimizer).__name__}"),
+                  "compile": self.compiled}
         return {"version": self.version, "native_config": native}

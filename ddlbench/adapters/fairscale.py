@@ -79,7 +79,7 @@ class FairScale(Variant):
             return "FairScale FSDP needs CUDA streams; it runs on GPU only"
         if cfg.run.precision != "fp32":
             return "FairScale adapter runs fp32 only (ShardedGradScaler wiring not implemented)"
-        return None
+        return super().unsupported_reason(cfg, device_type)
 
     def check_config(self, cfg, dims) -> None:
         options = self.options

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 from ddlbench.adapters.base import StepOut, Strategy
 from ddlbench.adapters.common import forward_backward, fsdp2_no_sync
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, split
-from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard
+from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, apply_fully_shard
 from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
@@ -101,7 +101,7 @@ class FSDP2(Variant):
         if cfg.run.precision == "fp16":
             return ("FSDP2 adapter runs fp32 and bf16 (torch's recommended FSDP2 precision); fp16 "
                     "needs a sharded gradient scaler, which this adapter does not wire")
-        return None
+        return super().unsupported_reason(cfg, device_type)
 
     def grad_reduce_dtype(self, precision: str) -> str:
         """MixedPrecisionPolicy.reduce_dtype: fp32 (torchtitan's recipe) or the parameters' dtype."""
@@ -141,6 +141,7 @@ class FSDP2Strategy(Strategy):
         self.mesh = self._mesh()
         if o.activation_checkpointing:   # before sharding, as torchtitan applies it
             apply_checkpointing(model)
+        self.compiled = apply_compile(model) if self.ctx.compile else None
         self.sharded = apply_fully_shard(model, self.mesh, self.ctx.precision, reduce_dtype=o.reduce_dtype,
                                          reshard_after_forward=o.reshard_after_forward, wrap=o.wrap,
                                          cpu_offload=o.cpu_offload)
@@ -176,6 +177,7 @@ class FSDP2Strategy(Strategy):
             "fp32_batch_norm_units": self.sharded.fp32_units,
             "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
             "mp_policy": self.sharded.mp_record(),
+            "compile": self.compiled,
             "offload_policy": ({"class": "CPUOffloadPolicy", "pin_memory": self.ctx.device.type == "cuda"}
                                if o.cpu_offload else None),
             "backend": self.ctx.backend,

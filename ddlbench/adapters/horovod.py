@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from ddlbench.adapters.base import CountsOwnCollectives, StepOut, Strategy
 from ddlbench.adapters.common import split_micro
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
+from ddlbench.adapters.parallelize import apply_compile
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm, CommCounter, IssueLog
 from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
@@ -62,7 +63,7 @@ class Horovod(Variant):
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         if importlib.util.find_spec("horovod") is None:
             return "horovod is not installed (build it with scripts/build_horovod.sh)"
-        return None
+        return super().unsupported_reason(cfg, device_type)
 
     def launch_env(self) -> dict:
         if self.options.fusion_threshold_mb is None:
@@ -91,6 +92,7 @@ class HorovodStrategy(CountsOwnCollectives, Strategy):
         model = build_model().to(self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self.compiled = apply_compile(model) if self.ctx.compile else None   # the optimizer hooks stay outside
         compression = hvd.Compression.fp16 if o.fp16_compression else hvd.Compression.none
         self.counter = CommCounter()
         self.issues = IssueLog()   # when backward handed each gradient over: Horovod sends while backward runs
@@ -162,7 +164,7 @@ class HorovodStrategy(CountsOwnCollectives, Strategy):
         native = {"optimizer": "hvd.DistributedOptimizer", "op": "Average",
                   "compression": "fp16" if o.fp16_compression else "none",
                   "backward_passes_per_step": self.dims.grad_accum,
-                  "lr_scaled_by_world_size": False,
+                  "lr_scaled_by_world_size": False, "compile": self.compiled,
                   "fusion_threshold_mb": (DEFAULT_FUSION_THRESHOLD_MB if o.fusion_threshold_mb is None
                                           else o.fusion_threshold_mb),
                   "controller": "gloo" if hvd.gloo_enabled() else "mpi",

@@ -166,7 +166,7 @@ class Pipeline(Variant):
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         if cfg.run.precision == "fp16":
             return "pipeline adapter runs fp32 and bf16 (fp16 needs a GradScaler across stages, not wired)"
-        return None
+        return super().unsupported_reason(cfg, device_type)
 
 
 class PipelineStrategy(ModelParallel, Strategy):

@@ -84,7 +84,7 @@ class TensorParallel(Variant):
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         if cfg.run.precision == "fp16":
             return "tensor-parallel adapter runs fp32 and bf16 (fp16 needs a sharded GradScaler, not wired)"
-        return None
+        return super().unsupported_reason(cfg, device_type)
 
 
 class TensorParallelStrategy(Strategy):

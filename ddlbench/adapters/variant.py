@@ -34,6 +34,17 @@ def load(path: str):
     return getattr(importlib.import_module(module), name)
 
 
+COMPILES = ("ddp", "fsdp2", "deepspeed", "horovod")   # strategies that apply run.compile (parallelize.apply_compile)
+
+
+def compile_reason(variant: "Variant", cfg) -> Optional[str]:
+    """run.compile on a strategy that does not wire torch.compile: a result that says so."""
+    if getattr(cfg.run, "compile", False) and variant.name not in COMPILES:
+        return (f"run.compile: torch.compile is wired for {', '.join(COMPILES)}; the {variant.name} adapter does "
+                "not apply it yet")
+    return None
+
+
 class Variant:
     """One framework variant: its options (validated), its parallel shape, what it cannot run,
     its taxonomy, its cost model, the launcher it needs. Subclasses override what differs."""
@@ -68,8 +79,8 @@ class Variant:
         """Raise ConfigError for combinations this framework cannot take."""
 
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
-        """Why this variant cannot run here (missing package, device, precision), or None."""
-        return None
+        """Why this variant cannot run here (missing package, device, precision, run.compile), or None."""
+        return compile_reason(self, cfg)
 
     def taxonomy(self) -> dict:
         """Labels from the survey's taxonomy, shown in the report: parallelism (data, pipeline,
