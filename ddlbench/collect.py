@@ -111,10 +111,12 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     desc = strategy.describe()
     native = desc.get("native_config")
     if isinstance(native, dict):
-        native.setdefault("mixed_precision", strategy.precision.describe())
+        native["mixed_precision"] = strategy.precision.describe()
     record["framework"].update(version=desc.get("version"), native_config=native,
                                taxonomy=plan.variant.taxonomy(),
-                               grad_reduce_dtype=plan.variant.grad_reduce_dtype(ctx.precision))
+                               grad_reduce_dtype=plan.variant.grad_reduce_dtype(ctx.precision),
+                               precision_recipe={**strategy.precision.recipe(),
+                                                 "grad_reduce": plan.variant.grad_reduce_dtype(ctx.precision)})
 
     step_times = global_step_times([g["step_time_s"] for g in gathered])
     stats = summarize(step_times)

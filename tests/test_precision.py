@@ -75,6 +75,10 @@ def test_precision_is_applied_or_refused_with_a_reason(tmp_path, fp32, bf16_runs
     assert got != fp32, "bit-identical to fp32: the precision was not applied"
     how = rec["framework"]["native_config"]["mixed_precision"]
     assert any(w in how for w in NATIVE[precision]), how
+    recipe = rec["framework"]["precision_recipe"]    # one record of the recipe, whoever applies it
+    assert recipe["compute"] == precision and recipe["params"] in ("fp32", precision), recipe
+    assert recipe["grad_reduce"] == rec["framework"]["grad_reduce_dtype"]
+    assert (recipe["loss_scaling"] is not None) == (precision == "fp16"), recipe
     c = rec["comm"]
     if c["analytic_wire_bytes_per_rank"] is not None:    # the analytic model at this precision: what ran
         assert c["wire_bytes_per_rank"] == pytest.approx(c["analytic_wire_bytes_per_rank"], rel=1e-4), c["per_step_bytes"]

@@ -32,7 +32,9 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     assert rec["memory"]["model_state_bytes_per_rank_theory"] == 16 * rec["model"]["params"]  # fp32 AdamW
     assert 0 < rec["mfu"] <= 1 and rec["flops"]["hfu"] == rec["mfu"] and rec["flops"]["peak_dtype"] == "fp32"
     assert rec["gpu"]["available"] is False and rec["gpu"]["reason"] == "cpu run"   # no NVML on CPU
-    assert rec["framework"]["native_config"]["mixed_precision"] == "none"
+    assert rec["framework"]["native_config"]["mixed_precision"] == "none (fp32)"
+    assert rec["framework"]["precision_recipe"] == {"params": "fp32", "compute": "fp32", "master_weights": None,
+                                                    "loss_scaling": None, "grad_reduce": "fp32"}
     assert all(m["setup_peak_rss_bytes"] <= m["peak_rss_bytes"] for m in rec["memory"]["per_rank"])
     assert rec["env"]["backend"] == "gloo" and rec["env"]["threads_per_rank"] >= 1
     assert rec["framework"]["native_config"]["gradient_as_bucket_view"] is True

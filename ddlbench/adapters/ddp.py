@@ -192,7 +192,6 @@ class DDPStrategy(Periodic, Strategy):
             "find_unused_parameters": o.find_unused_parameters,
             "comm_hook": o.comm_hook,
             "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
-            "mixed_precision": "none" if self.ctx.precision == "fp32" else f"torch.autocast({self.ctx.precision})",
             "backend": self.ctx.backend,
             "grad_scaler": self.precision.scaler is not None,
             "compile": self.compiled,

@@ -261,8 +261,10 @@ class DeepSpeedStrategy(Strategy):
             self.model.compile()
             self.compiled = "DeepSpeedEngine.compile() (torch.compile of the engine's module)"
         if self.ctx.precision != "fp32":     # the engine runs in its configured precision
-            self.precision = FrameworkCast(self.ctx.device, self.ctx.precision, self._precision_summary(),
-                                           input_dtype=DTYPES[self.ctx.precision])
+            self.precision = FrameworkCast(
+                self.ctx.device, self.ctx.precision, self._precision_summary(), input_dtype=DTYPES[self.ctx.precision],
+                master_weights="fp32 in the optimizer",
+                loss_scaling="DeepSpeed dynamic loss scale" if self.ctx.precision == "fp16" else None)
 
     def train_step(self, batch: dict) -> StepOut:
         engine = self.model

@@ -146,7 +146,8 @@ class FSDP2Strategy(Strategy):
                                          reshard_after_forward=o.reshard_after_forward, wrap=o.wrap,
                                          cpu_offload=o.cpu_offload)
         if self.sharded.mp_policy is not None:   # FSDP2 casts: no autocast on top
-            self.precision = FrameworkCast(self.ctx.device, self.ctx.precision, self.sharded.precision_summary())
+            self.precision = FrameworkCast(self.ctx.device, self.ctx.precision, self.sharded.precision_summary(),
+                                           master_weights="fp32 sharded parameters (cast when gathered)")
         self.model = model
         self.optimizer = build_optimizer(model.parameters())
 

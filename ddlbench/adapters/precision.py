@@ -54,6 +54,12 @@ class Autocast:
         scaler = " + torch GradScaler" if self.scaler is not None else ""
         return f"torch.autocast({self.device.type}, {self.precision}) around forward, fp32 parameters{scaler}"
 
+    def recipe(self) -> dict:
+        """Parameter, compute and master-weight dtypes and loss scaling (the reduction dtype is the
+        variant's grad_reduce_dtype)."""
+        return {"params": "fp32", "compute": self.precision, "master_weights": None,
+                "loss_scaling": "torch GradScaler (dynamic)" if self.scaler is not None else None}
+
 
 @dataclass
 class FrameworkCast:
@@ -62,6 +68,8 @@ class FrameworkCast:
     precision: str
     summary: str                          # the framework's recipe, as recorded
     input_dtype: Optional[torch.dtype] = None   # floating inputs cast to it (DeepSpeed's 2-byte engine)
+    master_weights: Optional[str] = None  # where fp32 weights live beside the low-precision ones
+    loss_scaling: Optional[str] = None
     scaler: None = None
 
     def forward_context(self):
@@ -81,6 +89,10 @@ class FrameworkCast:
 
     def describe(self) -> str:
         return "none (fp32)" if self.precision == "fp32" else self.summary
+
+    def recipe(self) -> dict:
+        return {"params": self.precision, "compute": self.precision, "master_weights": self.master_weights,
+                "loss_scaling": self.loss_scaling}
 
 
 Precision = Autocast | FrameworkCast

@@ -107,7 +107,8 @@ class TensorParallelStrategy(Strategy):
             self.sharded = apply_fully_shard(model, self.mesh["dp_shard"], ctx.precision)
             if self.sharded.mp_policy is not None:   # FSDP2 casts: no autocast on top
                 self.precision = FrameworkCast(ctx.device, ctx.precision,
-                                               self.sharded.precision_summary(" over dp_shard"))
+                                               self.sharded.precision_summary(" over dp_shard"),
+                                               master_weights="fp32 sharded parameters (cast when gathered)")
         self.model = model
         self.optimizer = build_optimizer(model.parameters())
 

@@ -77,6 +77,15 @@ def training_memory_bytes(record: dict):
     return max(allocated) if allocated else _rss_above_baseline(record)
 
 
+def recipe_text(recipe: dict | None) -> str | None:
+    """framework.precision_recipe in one cell: params/compute/reduce dtypes, master weights, scaling."""
+    if not recipe:
+        return None
+    return (f"params {recipe.get('params')}, compute {recipe.get('compute')}, reduce {recipe.get('grad_reduce')}"
+            + (f", master {recipe['master_weights']}" if recipe.get("master_weights") else "")
+            + (f", {recipe['loss_scaling']}" if recipe.get("loss_scaling") else ""))
+
+
 def summary_row(record: dict, path: str = "") -> dict:
     cfg = record.get("config") or {}
     par = record.get("parallel") or {}
@@ -111,6 +120,10 @@ def summary_row(record: dict, path: str = "") -> dict:
         "data": (cfg.get("data") or {}).get("name"),
         "precision": record.get("precision"),
         "grad_reduce_dtype": (record.get("framework") or {}).get("grad_reduce_dtype"),
+        # how the precision is applied (autocast, FSDP2's MixedPrecisionPolicy, DeepSpeed's engine)
+        "precision_recipe": recipe_text((record.get("framework") or {}).get("precision_recipe")),
+        "compile": bool(run.get("compile", False)),
+        "attention": ((record.get("model") or {}).get("native_config") or {}).get("attn_implementation"),
         "seed": record.get("seed"),
         "repeat": run.get("repeat", 0), "optimizer": optim.get("name"), "lr": optim.get("lr"),
         "weight_decay": optim.get("weight_decay"), "epochs": run.get("epochs"),

@@ -65,6 +65,18 @@ GRAD_DTYPE_NOTE = ("The gradient-reduction dtype differs: each framework runs it
                    "(DDP) for bf16 everywhere.")
 
 
+PARITY_NOTES = {
+    "grad_reduce_dtype": GRAD_DTYPE_NOTE,
+    "precision_recipe": ("The precision recipe differs: at bf16/fp16 DDP, Horovod and pipelines run autocast over fp32 "
+                         "parameters, FSDP2 its MixedPrecisionPolicy (low-precision parameters while they are "
+                         "gathered), DeepSpeed its engine (low-precision parameters and gradients, fp32 master "
+                         "weights): the same run.precision, different numerics and memory."),
+    "compile": "Compiled and eager runs are compared: set run.compile the same for every run.",
+    "attention": ("The attention kernel differs (model.native_config.attn_implementation): set model.attention "
+                  "the same for every run."),
+}
+
+
 def parity_flags(rep) -> int:
     return int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0
 
@@ -72,7 +84,7 @@ def parity_flags(rep) -> int:
 def parity_notes(rep) -> list[str]:
     """What a flagged parity field means and the override that equalises it."""
     differs = {f for d in (rep.parity["differs"] if len(rep.parity) else []) for f in d}
-    return [GRAD_DTYPE_NOTE] if "grad_reduce_dtype" in differs else []
+    return [note for field, note in PARITY_NOTES.items() if field in differs]
 
 
 def header(rep) -> dict:
