@@ -264,7 +264,9 @@ class DeepSpeedStrategy(Strategy):
             self.precision = FrameworkCast(
                 self.ctx.device, self.ctx.precision, self._precision_summary(), input_dtype=DTYPES[self.ctx.precision],
                 master_weights="fp32 in the optimizer",
-                loss_scaling="DeepSpeed dynamic loss scale" if self.ctx.precision == "fp16" else None)
+                loss_scaling=None if self.ctx.precision != "fp16" else (
+                    f"DeepSpeed static loss scale {self.options.loss_scale:g}" if self.options.loss_scale
+                    else "DeepSpeed dynamic loss scale"))
 
     def train_step(self, batch: dict) -> StepOut:
         engine = self.model
