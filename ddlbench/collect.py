@@ -139,7 +139,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
 
     record["model"].update(params=params, tokens_per_sample=spec.tokens_per_sample,
                            native_config=spec.config)
-    record["parallel"] = dims.as_dict()
+    record["parallel"] = {**dims.as_dict(), **plan.choices}
     record["env"] = envinfo.capture(ctx.device, ctx.backend, threads)
     record["env"]["hostnames"] = sorted({g["hostname"] for g in gathered})
     record["env"]["rank_hosts"] = [g["hostname"] for g in gathered]     # rank r ran on rank_hosts[r]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ class Plan:
     raw: dict[str, Any]
     dims: ParallelDims
     variant: Any   # a ddlbench.adapters.variant.Variant holding the validated options
+    choices: dict = field(default_factory=dict)   # decisions made here, for the record (micro_batch_auto)
 
     @property
     def options(self) -> Any:
@@ -135,11 +136,32 @@ def validate(raw: dict[str, Any]) -> Plan:
     if cfg.launcher.name == "local" and cfg.launcher.nodes != 1:
         raise ConfigError(f"launcher.nodes {cfg.launcher.nodes}: the local launcher runs on one node "
                           "(use launcher=slurm across nodes)")
+    if cfg.run.micro_batch == "auto":
+        return _auto_micro_batch(raw, cfg, variant)
     dims = resolve_dims(cfg.launcher.nproc, cfg.run.global_batch, cfg.run.micro_batch,
                         nodes=cfg.launcher.nodes, **variant.parallel_shape(cfg))
     variant.check_config(cfg, dims)  # raises ConfigError for cross-key problems
     check_data(cfg)
     return Plan(cfg=cfg, raw=raw, dims=dims, variant=variant)
+
+
+def _auto_micro_batch(raw: dict[str, Any], cfg: BenchCfg, variant) -> Plan:
+    """run.micro_batch=auto: the plan at the micro-batch ddlbench/microbatch.py chooses; `raw`
+    keeps 'auto' (what was asked), the plan's cfg the number, `choices` why."""
+    from ddlbench.device import planned_device
+    from ddlbench.microbatch import choose
+
+    def plan_for(mb: int) -> Plan:
+        at = cfg.model_copy(update={"run": cfg.run.model_copy(update={"micro_batch": mb})})
+        dims = resolve_dims(at.launcher.nproc, at.run.global_batch, mb, nodes=at.launcher.nodes,
+                            **variant.parallel_shape(at))
+        variant.check_config(at, dims)
+        return Plan(cfg=at, raw=raw, dims=dims, variant=variant)
+
+    mb, why = choose(plan_for, cfg, planned_device(cfg.run.device))
+    plan = plan_for(mb)
+    check_data(plan.cfg)
+    return Plan(cfg=plan.cfg, raw=raw, dims=plan.dims, variant=variant, choices={"micro_batch_auto": why})
 
 
 def _concrete(raw: dict[str, Any]) -> dict[str, Any]:

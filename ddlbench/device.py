@@ -63,6 +63,15 @@ def launcher_device(requested: str, environ=os.environ) -> str:
     return resolve_device(requested, info.available, environ, torch_cuda=torch.version.cuda, unusable=info.unusable)
 
 
+def planned_device(requested: str) -> str:
+    """The device a run of this config will train on, asked of NVML (no CUDA context here; a
+    device that cannot be had is the launcher's `no_gpu` result, not an error here)."""
+    if requested == "cpu":
+        return "cpu"
+    from ddlbench.gpus import visible_gpus
+    return "cuda" if visible_gpus().available else "cpu"
+
+
 def auto_precision(device_type: str, bf16_supported: bool) -> str:
     """run.precision=auto: bf16 autocast on a GPU with bf16 in hardware (Ampere and later, not
     emulated: ddlbench.gpus.bf16_native), fp32 elsewhere (CPU, V100, T4: their fp16 needs loss

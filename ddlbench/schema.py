@@ -208,7 +208,10 @@ class RunCfg(Strict):
     warmup_steps: NonNegativeInt = 3
     measure_steps: PositiveInt = 10
     global_batch: PositiveInt = 8
-    micro_batch: Optional[PositiveInt] = None
+    # null: the framework's default (grad_accum 1, or the pipeline's micro-batches); auto: the largest
+    # the memory estimator says fits the device (ddlbench/microbatch.py)
+    micro_batch: Optional[Union[PositiveInt, Literal["auto"]]] = None
+    device_memory_gb: Optional[Annotated[float, Field(gt=0)]] = None   # emulate a smaller device (auto sizes to it)
     seed: NonNegativeInt = 0
     precision: Literal[("auto",) + PRECISIONS] = "auto"  # type: ignore[valid-type]  # auto: ddlbench.device.auto_precision
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -44,7 +44,7 @@ def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> 
     from ddlbench.envinfo import env_vars
     record = empty_record(run_id, plan.raw, status=status, precision=plan.cfg.run.precision)
     record["error"] = error
-    record["parallel"] = plan.dims.as_dict()
+    record["parallel"] = {**plan.dims.as_dict(), **plan.choices}
     record["framework"]["grad_reduce_dtype"] = plan.variant.grad_reduce_dtype(plan.cfg.run.precision)
     record.setdefault("env", {})
     record["env"] = {**(record["env"] or {}), "env_vars": env_vars()}

@@ -139,5 +139,5 @@ def _record_failure(plan: Plan, run_dir: Path, rank: int, exc: BaseException) ->
     record["error"] = error_info(type(exc).__name__, message, rank, host=host,
                                  lost_nodes=diagnosis["lost_nodes"] if diagnosis else None, peers=diagnosis,
                                  traceback="".join(traceback.format_exception(exc))[-4000:])
-    record["parallel"] = plan.dims.as_dict()
+    record["parallel"] = {**plan.dims.as_dict(), **plan.choices}
     write_result(run_dir, record)

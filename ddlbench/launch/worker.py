@@ -50,6 +50,11 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     device, backend = pick_device(plan.cfg.run.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        if plan.cfg.run.device_memory_gb is not None:    # emulate a smaller GPU: cap the allocator
+            from ddlbench.microbatch import GiB, memory_fraction
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(
+                memory_fraction(int(plan.cfg.run.device_memory_gb * GiB), total), device)
     baseline_rss = peak_rss_bytes()
     before_process_group(plan.cfg.fault, int(os.environ.get("RANK", 0)))   # fault injection only
     dist.init_process_group(backend, timeout=timedelta(seconds=plan.cfg.run.pg_timeout_s))
