@@ -25,7 +25,8 @@ from ddlbench.quality import batch_source  # noqa: E402
 
 dist.init_process_group("gloo")
 plan = plan_from_overrides([f"framework={sys.argv[1]}", "model=resnet18_tiny", "launcher.nproc=1",
-                            "run.precision=bf16", "run.global_batch=4"])
+                            "run.precision=bf16", "run.global_batch=4", *sys.argv[2:]])
+torch.manual_seed(0)
 ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo", precision="bf16")
 spec = models.build(plan.cfg.model, "cpu")
 seen = {}
@@ -46,7 +47,7 @@ def see(i, bn) -> None:
 adapter = plan.variant.strategy_class()(plan.variant, ctx, plan.dims)
 adapter.setup(build, build_optimizer_factory(plan.cfg.optim))
 batches, _ = batch_source(None, plan.cfg, spec, plan.dims, 0, ctx.device)
-adapter.train_step(next(batches))
-print(json.dumps({"layers": [seen[i] for i in sorted(seen)], "native_config": adapter.describe()["native_config"]},
-                 default=str))
+out = adapter.train_step(next(batches))
+print(json.dumps({"layers": [seen[i] for i in sorted(seen)], "native_config": adapter.describe()["native_config"],
+                  "loss": float(out.loss)}, default=str))
 dist.destroy_process_group()

@@ -131,13 +131,9 @@ def test_precision_auto_is_bf16_on_a_bf16_gpu_and_fp32_elsewhere(monkeypatch):
     assert plan_from_overrides(["model=gpt2_tiny"]).cfg.run.precision == "fp32"
 
 
-@pytest.mark.parametrize("framework,kept", [("fsdp_full", "torch.float32"), ("deepspeed_zero2", "torch.bfloat16")])
-def test_batch_norm_parameters_match_their_running_statistics_at_bf16(framework, kept):
-    """On an H100 FSDP2 and DeepSpeed 0.19 at bf16 failed every ResNet run in backward: bf16
-    BatchNorm parameters beside fp32 running statistics, which cuDNN refuses. FSDP2 keeps batch
-    norm fp32 in units of its own (FSDP1's default), DeepSpeed casts the buffers with the
-    parameters (data_types.buffer_dtype, what module.bfloat16() did before 0.19); each records it.
-    One real step on one gloo rank, every layer's dtypes as its forward saw them."""
+def _one_bf16_step(framework: str, *extra: str) -> dict:
+    """tests/rank_batch_norm_dtypes.py on one gloo rank: every batch norm's dtypes as its forward
+    saw them, the native config and the step's loss."""
     import os
     import subprocess
     import sys
@@ -147,14 +143,28 @@ def test_batch_norm_parameters_match_their_running_statistics_at_bf16(framework,
     script = Path(__file__).with_name("rank_batch_norm_dtypes.py")
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
            "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    proc = subprocess.run([sys.executable, str(script), framework], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, str(script), framework, *extra], capture_output=True, text=True, env=env,
                           timeout=240, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("framework,kept", [("fsdp_full", "torch.float32"), ("deepspeed_zero2", "torch.bfloat16")])
+def test_batch_norm_parameters_match_their_running_statistics_at_bf16(framework, kept):
+    """On an H100 FSDP2 and DeepSpeed 0.19 at bf16 failed every ResNet run in backward: bf16
+    BatchNorm parameters beside fp32 running statistics, which cuDNN refuses. FSDP2 keeps batch
+    norm fp32 (FSDP1's default): all of them in one unit (one collective for all), or one unit
+    each when asked, the same numbers; DeepSpeed casts the buffers with the parameters
+    (data_types.buffer_dtype, what module.bfloat16() did before 0.19); each records it. One real
+    step on one gloo rank, every layer's dtypes as its forward saw them."""
+    got = _one_bf16_step(framework)
     assert len(got["layers"]) == 20 and all(pair == [kept, kept] for pair in got["layers"]), got["layers"]
     native = got["native_config"]
     if framework == "fsdp_full":
-        assert native["fp32_batch_norm_units"] == 20
+        assert (native["fp32_batch_norm_units"], native["fp32_batch_norm_layers"]) == (1, 20)
+        per_layer = _one_bf16_step(framework, "framework.options.batch_norm_units=per_layer")
+        assert per_layer["layers"] == got["layers"] and per_layer["loss"] == got["loss"]
+        assert per_layer["native_config"]["fp32_batch_norm_units"] == 20
     else:
         assert native["deepspeed_config"]["data_types"] == {"buffer_dtype": "bf16"}
 

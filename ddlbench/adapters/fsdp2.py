@@ -33,6 +33,8 @@ class FSDP2Options(BaseModel):
     reduce_dtype: Literal["fp32", "param"] = "fp32"  # gradient reduction dtype under bf16
     wrap: Literal["blocks", "root"] = "blocks"  # per-block (recommended) or one unit
     activation_checkpointing: bool = False      # recompute each block's forward in backward
+    # at bf16, BatchNorms stay fp32 (cuDNN): all in one fully_shard unit, or one unit per layer (FSDP1's way)
+    batch_norm_units: Literal["one", "per_layer"] = "one"
 
 
 class FSDP2(Variant):
@@ -144,7 +146,7 @@ class FSDP2Strategy(Strategy):
         self.compiled = apply_compile(model) if self.ctx.compile else None
         self.sharded = apply_fully_shard(model, self.mesh, self.ctx.precision, reduce_dtype=o.reduce_dtype,
                                          reshard_after_forward=o.reshard_after_forward, wrap=o.wrap,
-                                         cpu_offload=o.cpu_offload)
+                                         cpu_offload=o.cpu_offload, batch_norm_units=o.batch_norm_units)
         if self.sharded.mp_policy is not None:   # FSDP2 casts: no autocast on top
             self.precision = FrameworkCast(self.ctx.device, self.ctx.precision, self.sharded.precision_summary(),
                                            master_weights="fp32 sharded parameters (cast when gathered)")
@@ -176,6 +178,7 @@ class FSDP2Strategy(Strategy):
             "reshard_after_forward": o.reshard_after_forward,
             "wrap": o.wrap, "fsdp_units": self.sharded.units,
             "fp32_batch_norm_units": self.sharded.fp32_units,
+            "fp32_batch_norm_layers": self.sharded.fp32_layers,
             "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
             "mp_policy": self.sharded.mp_record(),
             "compile": self.compiled,
