@@ -7,7 +7,7 @@ from conftest import run_record
 
 from ddlbench.config import plan_from_overrides
 from ddlbench.errors import ConfigError
-from ddlbench.microbatch import GiB, HEADROOM, memory_fraction, pick
+from ddlbench.microbatch import HEADROOM, GiB, memory_fraction, pick
 
 
 def test_pick_by_hand():
