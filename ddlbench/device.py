@@ -72,6 +72,12 @@ def planned_device(requested: str) -> str:
     return "cuda" if visible_gpus().available else "cpu"
 
 
+def cudnn_benchmark(model_kind: str, device_type: str) -> bool:
+    """cuDNN picks the fastest convolution algorithm for each shape (it tries them in the first,
+    warm-up steps): on CUDA for vision models, whose shapes are fixed; a language model has no convolution."""
+    return device_type == "cuda" and model_kind == "vision"
+
+
 def auto_precision(device_type: str, bf16_supported: bool) -> str:
     """run.precision=auto: bf16 autocast on a GPU with bf16 in hardware (Ampere and later, not
     emulated: ddlbench.gpus.bf16_native), fp32 elsewhere (CPU, V100, T4: their fp16 needs loss

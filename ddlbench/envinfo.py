@@ -94,6 +94,7 @@ def capture(device: torch.device, backend: str, threads_per_rank: int) -> dict:
     }
     if device.type == "cuda":
         info["cudnn"] = torch.backends.cudnn.version()
+        info["cudnn_benchmark"] = torch.backends.cudnn.benchmark
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         info["gpu_count"] = torch.cuda.device_count()
     return info

@@ -42,6 +42,12 @@ class LanguageModelCfg(Strict):
     # auto: eager on CPU (deterministic, identical across frameworks: the equivalence gate),
     # sdpa on CUDA (fused/flash kernels, no T x T matrix in memory); recorded in the result
     attention: Literal["auto", "eager", "sdpa"] = "auto"
+    # GPT-2's activation: auto = gelu_pytorch_tanh on CUDA (the same function in one kernel), gelu_new
+    # (GPT-2's own, a chain of elementwise ops) on CPU; Llama's is SiLU (SwiGLU)
+    activation: Literal["auto", "gelu_new", "gelu_pytorch_tanh"] = "auto"
+    # the embedding and head rows padded to a multiple of this (tensor cores); auto = 64 on CUDA, 1 on
+    # CPU; the data's tokens stay below vocab_size (nanoGPT's 50304 for GPT-2)
+    pad_vocab_to: Union[Literal["auto"], PositiveInt] = "auto"
     # Llama family only (null for GPT-2):
     n_kv_head: Optional[PositiveInt] = None          # grouped-query attention's key/value heads
     intermediate_size: Optional[PositiveInt] = None  # SwiGLU MLP width
@@ -55,6 +61,8 @@ class LanguageModelCfg(Strict):
             raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
         llama_only = {k: getattr(self, k) for k in ("n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps",
                                                     "tie_embeddings") if getattr(self, k) is not None}
+        if self.family == "llama" and self.activation != "auto":
+            raise ValueError("model.activation is GPT-2's; Llama's MLP is SwiGLU (SiLU)")
         if self.family == "gpt2" and llama_only:
             raise ValueError(f"{', '.join(sorted(llama_only))}: Llama-family keys, not for family gpt2")
         if self.family == "llama":
@@ -85,6 +93,8 @@ class VisionModelCfg(Strict):
     num_classes: Annotated[int, Field(ge=2)]
     channels: PositiveInt = 3     # input channels; torchvision nets take 3, logreg any
     vit: Optional[VitCfg] = None
+    # convolutions in NHWC (tensor cores' layout); auto = on CUDA for convolutional nets
+    channels_last: Union[Literal["auto"], bool] = "auto"
 
     @model_validator(mode="after")
     def _vit_needs_shape(self):

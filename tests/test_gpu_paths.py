@@ -39,3 +39,43 @@ def test_benchmarks_find_bench_beside_the_interpreter():
     found = [p.name for p in (Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py")
              if ".venv/bin/bench" in p.read_text()]
     assert not found, found
+
+
+def test_fast_paths_on_cuda_and_the_cpu_numbers_kept():
+    """What a GPU run gets that a CPU run does not: GPT-2's GELU in one kernel, the vocabulary
+    padded to a multiple of 64 (nanoGPT's 50304), NHWC convolutions, cuDNN autotuning; each
+    overridable and recorded in model.native_config."""
+    from ddlbench import models
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.device import cudnn_benchmark
+    from ddlbench.models.language import gpt2_activation, padded_vocab
+    from ddlbench.models.vision import use_channels_last
+    assert (gpt2_activation("auto", "cuda"), gpt2_activation("auto", "cpu")) == ("gelu_pytorch_tanh", "gelu_new")
+    assert gpt2_activation("gelu_new", "cuda") == "gelu_new"
+    assert (padded_vocab(50257, "auto", "cuda"), padded_vocab(50257, "auto", "cpu"), padded_vocab(50257, 128, "cpu"),
+            padded_vocab(128256, "auto", "cuda")) == (50304, 50257, 50304, 128256)
+    assert use_channels_last("auto", "resnet50", "cuda") and not use_channels_last("auto", "resnet50", "cpu")
+    assert not use_channels_last("auto", "vit", "cuda") and use_channels_last(True, "vit", "cpu")
+    assert cudnn_benchmark("vision", "cuda") and not cudnn_benchmark("language", "cuda")
+    assert not cudnn_benchmark("vision", "cpu")
+    cfg = plan_from_overrides(["model=gpt2_small"]).cfg.model
+    native = models.build(cfg, "cuda").config
+    assert (native["vocab_size"], native["activation_function"]) == (50304, "gelu_pytorch_tanh")
+    assert models.build(cfg, "cpu").config.get("vocab_size", 50257) == 50257
+
+
+def test_channels_last_computes_the_same_loss():
+    import torch
+
+    from ddlbench import models
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.models.spec import example_batch
+    losses = []
+    for layout in ("false", "true"):
+        cfg = plan_from_overrides(["model=resnet18_tiny", f"model.channels_last={layout}"]).cfg.model
+        spec = models.build(cfg, "cpu")
+        torch.manual_seed(0)
+        model = spec.build()
+        assert spec.config["channels_last"] is (layout == "true")
+        losses.append(float(model(**example_batch(spec, 4, "cpu"))))
+    assert losses[1] == __import__("pytest").approx(losses[0], rel=1e-5)

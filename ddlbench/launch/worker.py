@@ -49,7 +49,9 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     torch.set_num_threads(threads)
     device, backend = pick_device(plan.cfg.run.device)
     if device.type == "cuda":
+        from ddlbench.device import cudnn_benchmark
         torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = cudnn_benchmark(plan.cfg.model.kind, device.type)
         if plan.cfg.run.device_memory_gb is not None:    # emulate a smaller GPU: cap the allocator
             from ddlbench.microbatch import GiB, memory_fraction
             total = torch.cuda.get_device_properties(device).total_memory

@@ -57,10 +57,26 @@ def attention_impl(requested: str, device_type: str) -> str:
     return "sdpa" if device_type == "cuda" else "eager"
 
 
+def gpt2_activation(requested: str, device_type: str) -> str:
+    """auto: gelu_pytorch_tanh on CUDA (one fused kernel; autocast runs gelu_new's pow in fp32),
+    GPT-2's own gelu_new on CPU (the numbers the CPU suite and reports were measured with)."""
+    if requested != "auto":
+        return requested
+    return "gelu_pytorch_tanh" if device_type == "cuda" else "gelu_new"
+
+
+def padded_vocab(vocab_size: int, pad_to, device_type: str) -> int:
+    """The embedding rows: vocab_size rounded up to a multiple of pad_to (auto: 64 on CUDA, 1 on CPU)."""
+    multiple = (64 if device_type == "cuda" else 1) if pad_to == "auto" else int(pad_to)
+    return -(-vocab_size // multiple) * multiple
+
+
 def gpt2_config(mc, device_type: str = "cpu"):
     from transformers import GPT2Config
     return GPT2Config(
-        n_layer=mc.n_layer, n_embd=mc.n_embd, n_head=mc.n_head, vocab_size=mc.vocab_size,
+        n_layer=mc.n_layer, n_embd=mc.n_embd, n_head=mc.n_head,
+        vocab_size=padded_vocab(mc.vocab_size, getattr(mc, "pad_vocab_to", "auto"), device_type),
+        activation_function=gpt2_activation(getattr(mc, "activation", "auto"), device_type),
         n_positions=mc.seq_len, resid_pdrop=mc.dropout, embd_pdrop=mc.dropout,
         attn_pdrop=mc.dropout, bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,
         loss_type="ForCausalLM", attn_implementation=attention_impl(getattr(mc, "attention", "auto"), device_type),
@@ -73,7 +89,8 @@ def llama_config(mc, device_type: str = "cpu"):
     from transformers import LlamaConfig
     return LlamaConfig(
         num_hidden_layers=mc.n_layer, hidden_size=mc.n_embd, num_attention_heads=mc.n_head,
-        num_key_value_heads=mc.n_kv_head, intermediate_size=mc.intermediate_size, vocab_size=mc.vocab_size,
+        num_key_value_heads=mc.n_kv_head, intermediate_size=mc.intermediate_size,
+        vocab_size=padded_vocab(mc.vocab_size, getattr(mc, "pad_vocab_to", "auto"), device_type),
         max_position_embeddings=mc.seq_len, rope_theta=mc.rope_theta, rms_norm_eps=mc.rms_norm_eps or 1e-5,
         attention_dropout=mc.dropout, tie_word_embeddings=bool(mc.tie_embeddings), hidden_act="silu",
         bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,

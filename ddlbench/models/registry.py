@@ -19,4 +19,4 @@ def build(model_cfg, device_type: str = "cpu") -> ModelSpec:
         from ddlbench.models.language import language_spec
         return language_spec(model_cfg, device_type)
     from ddlbench.models.vision import vision_spec
-    return vision_spec(model_cfg)
+    return vision_spec(model_cfg, device_type)

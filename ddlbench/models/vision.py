@@ -31,15 +31,18 @@ class LinearClassifier(nn.Module):
 
 
 class Classifier(nn.Module):
-    """A torchvision classifier that computes its own loss."""
+    """A torchvision classifier that computes its own loss; `channels_last`: images in NHWC (the
+    weights are put in that layout when the model is built)."""
 
-    def __init__(self, net: nn.Module):
+    def __init__(self, net: nn.Module, channels_last: bool = False):
         super().__init__()
-        self.net = net
+        self.net, self.channels_last = net, channels_last
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor,
                 eval_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Mean cross-entropy; with `eval_weight` the weighted sums [loss, correct, samples]."""
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
         return classification_loss(self.net(images), labels, eval_weight)
 
     def blocks(self) -> list[nn.Module]:
@@ -69,16 +72,27 @@ def _net(mc) -> nn.Module:
     return getattr(tvm, mc.arch)(weights=None, num_classes=mc.num_classes)
 
 
-def vision_spec(mc) -> ModelSpec:
+def use_channels_last(requested, arch: str, device_type: str) -> bool:
+    """auto: NHWC on CUDA for convolutional nets (NVIDIA's recipe with tensor cores); never for
+    ViT (its one convolution is the patch embedding) or logreg."""
+    if requested != "auto":
+        return bool(requested)
+    return device_type == "cuda" and arch not in ("vit", "vit_b_16", "logreg")
+
+
+def vision_spec(mc, device_type: str = "cpu") -> ModelSpec:
+    channels_last = use_channels_last(getattr(mc, "channels_last", "auto"), mc.arch, device_type)
+
     def factory() -> nn.Module:
-        return Classifier(_net(mc))
+        model = Classifier(_net(mc), channels_last)
+        return model.to(memory_format=torch.channels_last) if channels_last else model
 
     def sample(gen: torch.Generator) -> dict:
         label = torch.randint(0, mc.num_classes, (), generator=gen)
         return {"images": torch.randn(mc.channels, mc.image_size, mc.image_size, generator=gen), "labels": label}
 
     config = {"arch": mc.arch, "image_size": mc.image_size, "num_classes": mc.num_classes,
-              "channels": mc.channels}
+              "channels": mc.channels, "channels_last": channels_last}
     if mc.vit is not None:
         config["vit"] = mc.vit.model_dump()
     return ModelSpec(name=mc.name, kind="vision", factory=factory, sample=sample,
