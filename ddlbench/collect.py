@@ -103,6 +103,7 @@ def gpu_telemetry(per_rank: list, global_batch: int) -> dict:
 def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, threads: int,
                     wall_s: float) -> dict:
     from ddlbench.models.flops import train_flops_per_sample
+    from ddlbench.optim import optimizer_impl
 
     cfg, dims = plan.cfg, plan.dims
     measure = len(gathered[0]["step_time_s"])
@@ -115,6 +116,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     record["framework"].update(version=desc.get("version"), native_config=native,
                                taxonomy=plan.variant.taxonomy(),
                                grad_reduce_dtype=plan.variant.grad_reduce_dtype(ctx.precision),
+                               optimizer_impl=optimizer_impl(cfg.optim.impl, ctx.device.type),
                                precision_recipe={**strategy.precision.recipe(),
                                                  "grad_reduce": plan.variant.grad_reduce_dtype(ctx.precision)})
 

@@ -27,8 +27,22 @@ def param_groups(params: Iterable, weight_decay: float, exclude_from_decay: str)
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer_factory(optim_cfg):
-    """params -> the run's torch optimizer (AdamW or SGD) with the decay groups above."""
+IMPL_KWARGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}
+
+
+def optimizer_impl(requested: str, device_type: str) -> str:
+    """optim.impl: auto = fused on CUDA (torch's fused AdamW/SGD: one kernel for every parameter,
+    what torchtitan uses), the for-loop on CPU (torch's default there; the suite's numbers)."""
+    if requested != "auto":
+        return requested
+    return "fused" if device_type == "cuda" else "for_loop"
+
+
+def build_optimizer_factory(optim_cfg, device_type: str = "cpu"):
+    """params -> the run's torch optimizer (AdamW or SGD) with the decay groups above, in the
+    implementation optimizer_impl decides (`build.impl`)."""
+    impl = optimizer_impl(getattr(optim_cfg, "impl", "auto"), device_type)
+
     def build(params):
         params = list(params)
         # a wrapper that partitions groups itself (FairScale OSS) hands back groups we made
@@ -36,10 +50,11 @@ def build_optimizer_factory(optim_cfg):
             param_groups(params, optim_cfg.weight_decay, optim_cfg.exclude_from_decay)
         if optim_cfg.name == "adamw":
             return torch.optim.AdamW(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                                     eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
+                                     eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay, **IMPL_KWARGS[impl])
         return torch.optim.SGD(groups, lr=optim_cfg.lr, momentum=optim_cfg.momentum,
-                               weight_decay=optim_cfg.weight_decay)
+                               weight_decay=optim_cfg.weight_decay, **IMPL_KWARGS[impl])
     build.optim_cfg = optim_cfg  # adapters that must build the optimizer natively read this
+    build.impl = impl
     return build
 
 

@@ -184,7 +184,7 @@ def set_up(plan: Plan, ctx: RankContext, run_dir: Path, spec, tracking) -> Setup
     """The strategy built and set up (its memory peaks kept), the data, the evaluator, the steps."""
     cfg, dims = plan.cfg, plan.dims
     strategy = plan.variant.strategy_class()(plan.variant, ctx, dims)
-    strategy.setup(spec.build, build_optimizer_factory(cfg.optim))
+    strategy.setup(spec.build, build_optimizer_factory(cfg.optim, ctx.device.type))
     peaks = setup_peaks(ctx.device)
     if cfg.run.memory_tracker:
         tracking.label(strategy.model, strategy.optimizer)

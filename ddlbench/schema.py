@@ -180,6 +180,9 @@ class OptimCfg(Strict):
     # bias_and_norm: parameters with fewer than 2 dimensions (biases, norm scales/shifts) get
     # weight_decay 0, the usual exclusion (GPT-2/nanoGPT, torchvision recipes); none: all decay
     exclude_from_decay: Literal["none", "bias_and_norm"] = "none"
+    # the update's implementation (ddlbench/optim.py::optimizer_impl): auto = fused on CUDA (one
+    # kernel for every parameter, torchtitan's default), torch's for-loop on CPU
+    impl: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
 
 
 class LauncherCfg(Strict):

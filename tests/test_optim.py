@@ -81,3 +81,14 @@ def test_logreg_is_one_linear_layer_on_the_flattened_input():
     logits = model.net(x)
     assert torch.allclose(logits, x.reshape(3, 64) @ model.net.fc.weight.T + model.net.fc.bias)
     assert model.blocks() == []
+
+
+def test_the_implementation_follows_the_device_unless_set():
+    from ddlbench.optim import optimizer_impl
+    assert (optimizer_impl("auto", "cuda"), optimizer_impl("auto", "cpu")) == ("fused", "for_loop")
+    assert optimizer_impl("foreach", "cuda") == "foreach"
+    cfg = plan_from_overrides(["optim=adamw"]).cfg.optim
+    cuda = build_optimizer_factory(cfg, "cuda")
+    assert cuda.impl == "fused" and cuda(nn.Linear(2, 1).parameters()).defaults["fused"] is True
+    cpu = build_optimizer_factory(cfg, "cpu")
+    assert cpu.impl == "for_loop" and cpu(nn.Linear(2, 1).parameters()).defaults["foreach"] is False

@@ -35,6 +35,7 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     assert rec["framework"]["native_config"]["mixed_precision"] == "none (fp32)"
     assert rec["framework"]["precision_recipe"] == {"params": "fp32", "compute": "fp32", "master_weights": None,
                                                     "loss_scaling": None, "grad_reduce": "fp32"}
+    assert rec["framework"]["optimizer_impl"] == "for_loop"        # torch's default on CPU
     assert all(m["setup_peak_rss_bytes"] <= m["peak_rss_bytes"] for m in rec["memory"]["per_rank"])
     assert rec["env"]["backend"] == "gloo" and rec["env"]["threads_per_rank"] >= 1
     assert rec["framework"]["native_config"]["gradient_as_bucket_view"] is True

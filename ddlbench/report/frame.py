@@ -123,6 +123,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         # how the precision is applied (autocast, FSDP2's MixedPrecisionPolicy, DeepSpeed's engine)
         "precision_recipe": recipe_text((record.get("framework") or {}).get("precision_recipe")),
         "compile": bool(run.get("compile", False)),
+        "optimizer_impl": (record.get("framework") or {}).get("optimizer_impl"),
         "attention": ((record.get("model") or {}).get("native_config") or {}).get("attn_implementation"),
         "seed": record.get("seed"),
         "repeat": run.get("repeat", 0), "optimizer": optim.get("name"), "lr": optim.get("lr"),
