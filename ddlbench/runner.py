@@ -316,8 +316,8 @@ def write_record(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, w: W
     record["warnings"].extend(warnings)
     timeline = events.read(run_dir)
     record["startup_s"] = events.phases(timeline)
-    if plan.cfg.run.compile and record["startup_s"] is not None:
-        record["startup_s"].update(compile_time(gathered))
+    if plan.cfg.run.compile:   # also where the launch has no start-up timeline (Horovod's starter)
+        record["startup_s"] = {**(record["startup_s"] or {}), **compile_time(gathered)}
     record["env"]["rank_start_method"] = events.info(timeline, "agent_start", "start_method")
     if setup.dataset is not None:
         fill_convergence(record, plan.cfg, setup.dataset, setup.steps_per_epoch, w.evals, setup.target, gathered)

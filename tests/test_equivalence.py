@@ -151,8 +151,10 @@ def test_the_fingerprint_sees_moved_values():
 # Bytes on gloo's sockets exceed the counted payloads by control messages: gloo's, 576 B per
 # 2-rank all-reduce (`bench commbench launcher.nproc=2`, its 4 KiB row: 4672 written for 4096),
 # 3% of PowerSGD's tiny all-reduces; Horovod's negotiation, 770 B (fp32) to 1170 B (fp16
-# compression) per tensor per step on gpt2_tiny. Allowed: 1% + these rounded up, per call.
-CONTROL_BYTES_PER_CALL = {"horovod": 1500}
+# compression) per tensor per step on gpt2_tiny, up to 2,400 B when the tensors reach the
+# coordinator over more of its cycles (seen once, fp16, on a busy 2-core machine: 67 KB over 28
+# tensors). Allowed: 1% + these rounded up, per call.
+CONTROL_BYTES_PER_CALL = {"horovod": 3000}
 # The analytic volumes leave out scalar all-reduces (DeepSpeed's norm / overflow checks: 4-8 B)
 # and are checked on gpt2_tiny only: on resnet18_tiny DDP-based strategies also broadcast the
 # BatchNorm buffers every forward (broadcast_buffers), which no Psi formula includes.

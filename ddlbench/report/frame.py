@@ -78,10 +78,11 @@ def training_memory_bytes(record: dict):
 
 
 def recipe_text(recipe: dict | None) -> str | None:
-    """framework.precision_recipe in one cell: params/compute/reduce dtypes, master weights, scaling."""
+    """framework.precision_recipe in one cell: params/compute dtypes, master weights, scaling (the
+    reduction dtype is a parity field of its own, grad_reduce_dtype)."""
     if not recipe:
         return None
-    return (f"params {recipe.get('params')}, compute {recipe.get('compute')}, reduce {recipe.get('grad_reduce')}"
+    return (f"params {recipe.get('params')}, compute {recipe.get('compute')}"
             + (f", master {recipe['master_weights']}" if recipe.get("master_weights") else "")
             + (f", {recipe['loss_scaling']}" if recipe.get("loss_scaling") else ""))
 
