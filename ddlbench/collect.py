@@ -116,7 +116,9 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     record["framework"].update(version=desc.get("version"), native_config=native,
                                taxonomy=plan.variant.taxonomy(),
                                grad_reduce_dtype=plan.variant.grad_reduce_dtype(ctx.precision),
-                               optimizer_impl=optimizer_impl(cfg.optim.impl, ctx.device.type),
+                               # a framework that steps its own optimizer says so (DeepSpeedCPUAdam)
+                               optimizer_impl=desc.get("optimizer_impl") or optimizer_impl(cfg.optim.impl,
+                                                                                           ctx.device.type),
                                precision_recipe={**strategy.precision.recipe(),
                                                  "grad_reduce": plan.variant.grad_reduce_dtype(ctx.precision)})
 

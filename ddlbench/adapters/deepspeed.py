@@ -305,4 +305,5 @@ class DeepSpeedStrategy(Strategy):
                   "optimizer": ("DeepSpeedCPUAdam (config type AdamW)" if self._offload
                                 else f"client {type(self.optimizer.optimizer if hasattr(self.optimizer, 'optimizer') else self.optimizer).__name__}"),
                   "compile": self.compiled}
-        return {"version": self.version, "native_config": native}
+        return {"version": self.version, "native_config": native,
+                "optimizer_impl": "DeepSpeedCPUAdam" if self._offload else None}
