@@ -44,8 +44,28 @@ def variants() -> list[str]:
     return sorted(p.stem for p in (REPO / "conf" / "framework").glob("*.yaml"))
 
 
-def cells(frameworks: list[str], models: list[str], precisions: list[str]) -> list[tuple[str, str, str]]:
-    return [(f, m, p) for m in models for p in precisions for f in frameworks]
+def cells(frameworks: list[str], models: list[str], precisions: list[str]) -> list[tuple[str, str, str, tuple]]:
+    return [(f, m, p, ()) for m in models for p in precisions for f in frameworks]
+
+
+def parse_cell(spec: str) -> tuple[str, str, str, tuple]:
+    """'FW MODEL PREC [key=value ...]' -> (fw, model, precision, overrides)."""
+    words = spec.split()
+    if len(words) < 3 or any("=" not in w for w in words[3:]):
+        raise ValueError(f"--cell {spec!r}: expected 'FRAMEWORK MODEL PRECISION [key=value ...]'")
+    return words[0], words[1], words[2], tuple(words[3:])
+
+
+def cell_name(fw: str, model: str, prec: str, overrides: tuple) -> str:
+    """A directory name for a cell: its overrides' last key parts and values, path-safe."""
+    tail = [f"{k.rsplit('.', 1)[-1]}_{v}" for k, v in (o.split("=", 1) for o in overrides)]
+    return "-".join([fw, model, prec, *tail]).replace("/", "_")
+
+
+def merged(common: list[str], overrides: tuple) -> list[str]:
+    """The common overrides, less the keys a cell sets itself, then the cell's."""
+    mine = {o.split("=", 1)[0] for o in overrides}
+    return [c for c in common if c.split("=", 1)[0] not in mine] + list(overrides)
 
 
 def mfu_on_measured_peak(mfu: float | None, table_peak: float | None, measured_peak: float | None) -> float | None:
@@ -76,6 +96,22 @@ def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.
         count += 10
         sync()
     return 2 * n ** 3 * count / (time.perf_counter() - start)
+
+
+def matmul_peak_events(n: int, reps: int = 50) -> float:
+    """bf16 n x n x n products timed with CUDA events (kernel time, no host timing), after warm-up."""
+    import torch
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        a @ b
+    end.record()
+    end.synchronize()
+    return 2 * n ** 3 * reps / (start.elapsed_time(end) / 1e3)
 
 
 def sweep_ok(check: dict) -> bool:
@@ -134,6 +170,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    ap.add_argument("--cell", action="append", default=[], metavar="'FW MODEL PREC [key=value ...]'",
+                    help="one cell with its own overrides (repeatable); replaces the frameworks x models grid")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma list of {','.join(PARTS)} (the matmul peak is always measured)")
     ap.add_argument("--deadline", type=float, default=None,
@@ -160,30 +198,39 @@ def main() -> int:
     dtypes = ("bf16", "tf32", "fp32") if a.device == "cuda" else ("bf16", "fp32")   # flops.peak_dtype's values
     checks["matmul_peak_flops"] = {d: matmul_peak(a.device, d) for d in dtypes}
     print("measured matmul peak:", {k: f"{v / 1e12:.1f} TFLOP/s" for k, v in checks["matmul_peak_flops"].items()})
+    if a.device == "cuda":
+        checks["matmul_bf16_events"] = {str(n): matmul_peak_events(n) for n in (4096, 8192, 16384)}
+        print("bf16 matmul, CUDA events:", {k: f"{v / 1e12:.1f}" for k, v in checks["matmul_bf16_events"].items()})
     if "fork" in parts:
         checks.update(fork_checks(a.out, a.device, log, a.timeout))
         save(a.out, checks)
         print(f"two-cell sweep: {'ok' if checks['sweep_ok'] else 'FAILED'}; "
               f"advise: {'ok' if checks['advise_ok'] else 'FAILED'}", flush=True)
 
-    todo = cells(frameworks, a.models.split(","), a.precisions.split(",")) if "cells" in parts else []
+    grid = [parse_cell(c) for c in a.cell] or cells(frameworks, a.models.split(","), a.precisions.split(","))
+    todo = grid if "cells" in parts else []
     checks["not_run"] = []
-    for i, (fw, model, prec) in enumerate(todo, 1):
+    for i, (fw, model, prec, overrides) in enumerate(todo, 1):
+        name = cell_name(fw, model, prec, overrides)
         if a.deadline is not None and time.monotonic() - started > a.deadline:
-            checks["not_run"].append(f"{fw}-{model}-{prec}")
+            checks["not_run"].append(name)
             continue
         cell_start = time.monotonic()
-        d = runs / f"{fw}-{model}-{prec}"
-        why = bench(["run", f"framework={fw}", f"model={model}", f"run.precision={prec}", f"run.dir={d}", *common],
-                    log, a.timeout + 60)
+        d = runs / name
+        why = bench(["run", f"framework={fw}", f"model={model}", f"run.precision={prec}", f"run.dir={d}",
+                     *merged(common, overrides)], log, a.timeout + 60)
         rec = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
-        row = {"framework": fw, "model": model, "precision": prec, "status": rec["status"] if rec else "no result"}
+        row = {"framework": fw, "model": model, "precision": prec, "overrides": list(overrides),
+               "status": rec["status"] if rec else "no result"}
         if rec is None:
             row["error"] = why   # refused before a run (exit 2: the config's one line), or the timeout
         if rec and rec["status"] == "ok":
             flops = rec.get("flops") or {}
             measured = checks["matmul_peak_flops"].get(flops.get("peak_dtype"))
             row.update(samples_per_s=rec["throughput"]["samples_per_s"], mfu=rec.get("mfu"),
+                       tokens_per_s=rec["throughput"].get("tokens_per_s"),
+                       micro_batch=(rec.get("parallel") or {}).get("micro_batch"),
+                       compile_s=(rec.get("startup_s") or {}).get("compile_s"),
                        peak_dtype=flops.get("peak_dtype"), table_peak=flops.get("peak_per_device"),
                        peak_source=flops.get("peak_source"),
                        mfu_measured_peak=mfu_on_measured_peak(rec.get("mfu"), flops.get("peak_per_device"), measured),
@@ -194,7 +241,7 @@ def main() -> int:
         row["wall_s"] = round(time.monotonic() - cell_start, 1)
         checks["cells"].append(row)
         save(a.out, checks)   # a matrix stopped half-way keeps the rows it made
-        print(f"[{i}/{len(todo)}] {fw} {model} {prec}: {row['status']} ({row['wall_s']} s)"
+        print(f"[{i}/{len(todo)}] {name}: {row['status']} ({row['wall_s']} s)"
               + (f" {row['samples_per_s']:.1f} samples/s" if row.get("samples_per_s") else "")
               + (f" -- {row['error'][:160]}" if row.get("error") else ""), flush=True)
     if checks["not_run"]:
