@@ -179,6 +179,7 @@ class FSDP2Strategy(Strategy):
             "wrap": o.wrap, "fsdp_units": self.sharded.units,
             "fp32_batch_norm_units": self.sharded.fp32_units,
             "fp32_batch_norm_layers": self.sharded.fp32_layers,
+            "params_made_contiguous": self.sharded.made_contiguous,
             "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
             "mp_policy": self.sharded.mp_record(),
             "compile": self.compiled,

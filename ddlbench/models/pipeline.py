@@ -16,6 +16,8 @@ tied weight's gradient between the two ranks holding a copy (`tied_parameters`).
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -30,6 +32,21 @@ class _Embed(nn.Module):
         return self.drop(self.wte(input_ids) + self.wpe(pos))
 
 
+def causal_mask(config, hidden: torch.Tensor):
+    """The causal mask the HF model builds for positions 0..T-1 (no padding, no cache). No
+    position_ids: with them HF looks for packed sequences (a data-dependent .item(), impossible on
+    meta). Argument names differ across transformers 5.x (5.17 on the GPU image: past_key_values
+    and cache_position; 5.2x: cache): they are read off the signature."""
+    from transformers.masking_utils import create_causal_mask
+    params = inspect.signature(create_causal_mask).parameters
+    kw = {"config": config, "attention_mask": None, "position_ids": None,
+          ("inputs_embeds" if "inputs_embeds" in params else "input_embeds"): hidden,
+          ("cache" if "cache" in params else "past_key_values"): None}
+    if "cache_position" in params:
+        kw["cache_position"] = torch.arange(hidden.shape[1], device=hidden.device)
+    return create_causal_mask(**kw)
+
+
 class _Block(nn.Module):
     """One GPT-2 block with the causal mask GPT2Model builds for it (no padding, no cache)."""
 
@@ -38,12 +55,8 @@ class _Block(nn.Module):
         self.block, self.config = block, config
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
         pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        # no position_ids for the mask: with them HF looks for packed sequences (a data-dependent
-        # .item(), impossible on meta); positions here are 0..T-1, never packed
-        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                                  cache=None, position_ids=None)
+        mask = causal_mask(self.config, hidden)
         return self.block(hidden, None, mask, position_ids=pos)
 
 
@@ -74,10 +87,8 @@ class _LlamaBlock(nn.Module):
         self.layer, self.config, self.rotary = layer, config, rotary
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
         pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                                  cache=None, position_ids=None)
+        mask = causal_mask(self.config, hidden)
         return self.layer(hidden, attention_mask=mask, position_ids=pos,
                           position_embeddings=self.rotary(hidden, position_ids=pos))
 
