@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -274,7 +275,7 @@ def main() -> int:
         checks["report_error"] = report_error
     save(a.out, checks)
     (a.out / "COMMANDS.md").write_text("# Commands, as run by benchmarks/gpu_matrix.py\n\n```\n"
-                                       + " ".join(["python", *sys.argv]) + "\n" + "\n".join(log) + "\n```\n")
+                                       + shlex.join(["python", *sys.argv]) + "\n" + "\n".join(log) + "\n```\n")
     bad = [c for c in checks["cells"] if c["status"] not in ("ok", "unsupported")]
     ratio = (checks.get("runner_overhead") or {}).get("ratio")
     print(f"{len(checks['cells']) - len(bad)}/{len(checks['cells'])} cells ok or unsupported with a reason; "
