@@ -58,7 +58,7 @@ def choose(plan_for, cfg, device: str) -> tuple[int, dict]:
     from ddlbench.advise.memcheck import predicted
     from ddlbench.advise.profile import profile
 
-    prof = profile(cfg.model, cfg.run.precision)
+    prof = profile(cfg.model, cfg.run.precision, device)
     ranks_here = cfg.launcher.nproc if cfg.launcher.name == "local" else max(1, cfg.launcher.nproc // cfg.launcher.nodes)
     limit, source = device_limit(cfg.run, device, ranks_here)
     estimates = []

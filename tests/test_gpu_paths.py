@@ -79,3 +79,22 @@ def test_channels_last_computes_the_same_loss():
         assert spec.config["channels_last"] is (layout == "true")
         losses.append(float(model(**example_batch(spec, 4, "cpu"))))
     assert losses[1] == __import__("pytest").approx(losses[0], rel=1e-5)
+
+
+def test_causal_mask_speaks_the_gpu_images_transformers(monkeypatch):
+    """transformers 5.17 (the GPU image) names create_causal_mask's arguments input_embeds,
+    cache_position and past_key_values; 5.2x (CI) inputs_embeds and cache. Found on an H200."""
+    import torch
+    import transformers.masking_utils as mu
+
+    from ddlbench.models.pipeline import causal_mask
+    seen = {}
+
+    def older(config, input_embeds, attention_mask, cache_position, past_key_values, position_ids=None):
+        seen.update(config=config, shape=tuple(input_embeds.shape), cache_position=cache_position.tolist(),
+                    past_key_values=past_key_values, attention_mask=attention_mask, position_ids=position_ids)
+        return "mask"
+    monkeypatch.setattr(mu, "create_causal_mask", older)
+    assert causal_mask("cfg", torch.zeros(1, 3, 8)) == "mask"
+    assert seen == {"config": "cfg", "shape": (1, 3, 8), "cache_position": [0, 1, 2], "past_key_values": None,
+                    "attention_mask": None, "position_ids": None}

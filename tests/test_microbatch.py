@@ -47,3 +47,46 @@ def test_a_run_records_the_choice(tmp_path):
     auto = rec["parallel"]["micro_batch_auto"]
     assert rec["parallel"]["micro_batch"] == auto["chosen"] < 8 and "fits" in auto["why"]
     assert rec["parallel"]["grad_accum"] == 8 // auto["chosen"] and rec["config"]["run"]["micro_batch"] == "auto"
+
+
+def test_fused_attention_saves_no_scores_by_hand():
+    import torch
+
+    from ddlbench.advise.profile import _saver, attention_scores
+    assert attention_scores((2, 4, 16, 16), 16) and not attention_scores((2, 16, 32), 16)
+    assert not attention_scores((2, 4, 16, 16), None) and not attention_scores((16, 16), 16)
+    assert not attention_scores((2, 16, 16), 16)       # hidden states whose width equals T
+    saved: dict = {}
+    pack = _saver(set(), saved, fused_attention_len=16)
+    pack(torch.empty(2, 4, 16, 16).view(8, 16, 16))    # a view of the scores: its storage decides
+    pack(torch.empty(2, 16, 16))
+    assert sum(saved.values()) == 2 * 16 * 16 * 4
+
+
+def test_profile_for_cuda_leaves_out_what_eager_attention_saves():
+    """llama_tiny (2 layers, 4 heads, T=128) built for CUDA runs SDPA: the profile leaves out
+    eager attention's softmax output in fp32 and its bf16 copy, one each per layer (found on an
+    H200: with them Llama 1B's estimate was 2x the measured peak). Its vocabulary (256) is a
+    multiple of 64, so padding changes nothing here."""
+    from ddlbench.advise.profile import profile
+    mc = plan_from_overrides(["model=llama_tiny"]).cfg.model
+    cpu, gpu = profile(mc, "bf16", "cpu"), profile(mc, "bf16", "cuda")
+    assert cpu.activation_bytes_per_sample - gpu.activation_bytes_per_sample == 2 * 4 * 128 * 128 * (4 + 2)
+    # autocast frameworks: the same model measured in fp32, above the bf16 figure
+    assert gpu.autocast_activation_bytes_per_sample > gpu.activation_bytes_per_sample > 0
+    assert profile(mc, "fp32", "cuda").autocast_activation_bytes_per_sample == 0
+
+
+def test_autocast_frameworks_take_the_fp32_activation_figures_by_hand():
+    from ddlbench.adapters.cost import CostModel, ModelProfile, autocast_copies
+    from ddlbench.advise.memory import Layout, activation_bytes
+    prof = ModelProfile(params=100, largest_block_params=10, blocks=4, activation_bytes_per_sample=1000,
+                        checkpointed_bytes_per_sample=100, boundary_bytes_per_sample=0,
+                        autocast_activation_bytes_per_sample=1800, autocast_checkpointed_bytes_per_sample=150)
+    mixed, cast = CostModel("autocast", piece=100, buffers=autocast_copies(100, "bf16")), CostModel("cast", piece=100)
+    assert mixed.autocast and not cast.autocast and not CostModel("fp32", piece=100,
+                                                                  buffers=autocast_copies(100, "fp32")).autocast
+    lay = Layout(framework="ddp", dp=1, micro_batch=2)
+    assert activation_bytes(lay, prof, mixed) == 2 * 1800 and activation_bytes(lay, prof, cast) == 2 * 1000
+    ck = Layout(framework="ddp", dp=1, micro_batch=2, checkpointing=True)
+    assert activation_bytes(ck, prof, mixed) == 2 * (150 + 1800 / 4)

@@ -64,6 +64,11 @@ class ModelProfile:
     pieces: tuple = ()                      # Piece, in pipeline order; () = unknown: uniform splits
     largest_weight_params: int = 0          # the largest single parameter tensor (GPT-2: the tied wte)
     output_bytes_per_sample: int = 0        # the model's output (GPT-2: the logits, seq x vocab)
+    # the two activation figures with the model in fp32, for frameworks that autocast it (fp32
+    # parameters; autocast saves 2-byte copies of matmul inputs, fp32 elsewhere: these bound it
+    # from above); 0 = not measured (fp32 runs: the figures above are these)
+    autocast_activation_bytes_per_sample: int = 0
+    autocast_checkpointed_bytes_per_sample: int = 0
 
     @property
     def root_params(self) -> int:
@@ -146,6 +151,12 @@ class CostModel:
                                      # sends overlap the next micro-batch's compute (advise.predict)
     traffic: tuple = ()              # Traffic, per optimizer step
 
+    @property
+    def autocast(self) -> bool:
+        """torch.autocast runs the model at 2 bytes over fp32 parameters (its weight copies are
+        among the buffers): activations are then mixed, not all in the training dtype."""
+        return AUTOCAST_COPIES in self.buffers
+
     def payload_psi(self) -> dict[str, float]:
         """Data-parallel payload per step per collective kind, in units of Psi."""
         psi = 4.0 * self.piece
@@ -182,6 +193,9 @@ def low(precision: str) -> bool:
     return precision in ("bf16", "fp16")
 
 
+AUTOCAST_COPIES = "autocast weight copies"
+
+
 def autocast_copies(piece: float, precision: str) -> dict:
     """torch.autocast caches a 2-byte copy of every weight it casts (fp32 parameters kept)."""
-    return {"autocast weight copies": 2.0 * piece} if low(precision) else {}
+    return {AUTOCAST_COPIES: 2.0 * piece} if low(precision) else {}

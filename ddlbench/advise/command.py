@@ -59,7 +59,7 @@ def start(args: list[str]) -> int:
     if not valid:
         raise ConfigError("no candidate is valid: " + "; ".join(f"{c.label()}: {c.pruned}" for c in grid[:5]))
     cfg = valid[0].plan.cfg
-    prof = profile(cfg.model, cfg.run.precision)
+    prof = profile(cfg.model, cfg.run.precision, device)
     for c in valid:
         attach_cost(c, prof, per_node)
     across = spread_overrides(opts["devices"], per_node, opts["backend"])

@@ -34,7 +34,7 @@ def estimate_plan(plan, prof, cost, device: str) -> dict:
 
 def predicted(plan, prof=None, per_node: int | None = None, device: str = "cpu") -> dict:
     """advise's memory estimate for this plan's busiest rank ({part: bytes, 'total', 'host'})."""
-    prof = prof or profile(plan.cfg.model, plan.cfg.run.precision)
+    prof = prof or profile(plan.cfg.model, plan.cfg.run.precision, device)
     cost = cost_of_plan(plan, prof, per_node)
     if cost is None:
         raise ValueError(f"{plan.cfg.framework.name} declares no cost model")
@@ -55,7 +55,7 @@ def compare(record: dict, plan, prof=None) -> dict:
     if not ranks:
         raise ValueError(f"{record.get('run_id')}: no memory.tracker (run with run.memory_tracker=true)")
     busiest = max(ranks, key=lambda t: t["peak_bytes"])
-    prof = prof or profile(plan.cfg.model, plan.cfg.run.precision)
+    prof = prof or profile(plan.cfg.model, plan.cfg.run.precision, busiest["device"].split(":")[0])
     cost = cost_of_plan(plan, prof)
     if cost is None:
         raise ValueError(f"{plan.cfg.framework.name} declares no cost model")

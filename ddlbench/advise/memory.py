@@ -46,9 +46,12 @@ class Layout:
 
 
 def activation_bytes(layout: Layout, model: ModelProfile, cost: CostModel) -> float:
-    per_sample = model.activation_bytes_per_sample
+    full, ckpt = model.activation_bytes_per_sample, model.checkpointed_bytes_per_sample
+    if cost.autocast and model.autocast_activation_bytes_per_sample:   # mixed: bounded by the fp32 figures
+        full, ckpt = model.autocast_activation_bytes_per_sample, model.autocast_checkpointed_bytes_per_sample
+    per_sample = full
     if layout.checkpointing:
-        per_sample = model.checkpointed_bytes_per_sample + model.activation_bytes_per_sample / max(model.blocks, 1)
+        per_sample = ckpt + full / max(model.blocks, 1)
     return per_sample * layout.micro_batch * cost.in_flight * cost.activation_share
 
 
