@@ -8,7 +8,7 @@ set -uo pipefail
 name=$1; shift
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   >/tmp/pip.log 2>&1 || { tail -20 /tmp/pip.log; exit 3; }
 export PYTHONPATH=$PWD:/tmp/site
 if [ ! -d /tmp/site/deepspeed ]; then
