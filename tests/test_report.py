@@ -307,3 +307,20 @@ def test_no_plot_title_or_legend_covers_data_or_is_clipped(tmp_path, monkeypatch
         ["throughput", "scaling", "memory", "communication", "mfu", "best", "convergence_gpt2_tiny_markov"])
     problems = [p for name, fig in figs for p in _layout_problems(fig, name)]
     assert not problems, problems
+
+
+def test_configurations_that_would_look_alike_say_how_they_differ_by_hand():
+    """Found reading the H200 report: four DDP gpt2_small bf16 rows (compiled or not, another
+    micro-batch, the old fast path) were indistinguishable in the comparison."""
+    from ddlbench.report.frame import distinguishing_settings
+    base = {"run": {"compile": False, "global_batch": 8, "dir": "/a", "repeat": 0}, "optim": {"lr": 1e-3},
+            "logger": {"name": "none"}}
+    compiled = {**base, "run": {**base["run"], "compile": True, "dir": "/b"}}
+    bigger = {**base, "run": {**base["run"], "global_batch": 32, "repeat": 1}, "optim": {"lr": [1, 2]}}
+    other_model = {**base, "run": {**base["run"], "compile": True}}
+    groups = [("ddp", "m", 1, "bf16")] * 3 + [("ddp", "other", 1, "bf16")]
+    assert distinguishing_settings([base, compiled, bigger, other_model], groups) == [
+        "optim.lr=0.001 run.compile=false run.global_batch=8",     # run.dir and run.repeat are volatile
+        "optim.lr=0.001 run.compile=true run.global_batch=8",
+        "optim.lr=[1,2] run.compile=false run.global_batch=32",
+        ""]                                                         # alone in its group

@@ -52,6 +52,41 @@ def as_run(config: dict, record: dict) -> dict:
     return config
 
 
+def flat(config: dict) -> dict:
+    """{'group.key': value} of a config without its volatile keys (deeper values kept whole)."""
+    out = {}
+    for group, value in _strip(config or {}, VOLATILE).items():
+        if isinstance(value, dict):
+            out.update({f"{group}.{k}": v for k, v in value.items()})
+        else:
+            out[group] = value
+    return out
+
+
+def _show(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v).lower() if v is not None else "null"
+    return v if isinstance(v, str) else _canonical(v).decode()
+
+
+def distinguishing_settings(configs: list[dict], groups: list) -> list[str]:
+    """Per run: the settings that tell its configuration apart from the others in its group (one
+    framework variant, model, world size and precision), as the overrides `key=value ...` that
+    differ within the group; '' where the group holds one configuration. Without it the report's
+    comparison showed such configurations (compiled or not, another micro-batch) as identical rows."""
+    members: dict = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    out = [""] * len(configs)
+    for idx in members.values():
+        flats = [flat(configs[i]) for i in idx]
+        keys = sorted(set().union(*flats))
+        varying = [k for k in keys if len({_canonical(f.get(k)) for f in flats}) > 1]
+        for i, f in zip(idx, flats):
+            out[i] = " ".join(f"{k}={_show(f.get(k))}" for k in varying)
+    return out
+
+
 def _peak_memory(record: dict):
     peaks = []
     for m in (record.get("memory") or {}).get("per_rank") or []:
@@ -152,6 +187,8 @@ def summary_frame(records: list[dict], paths: list[str]) -> pd.DataFrame:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     df["label"] = df["framework"].astype(str) + df["variant"].map(
         lambda v: "" if v in (None, "default") or v != v else f":{v}")   # v != v: NaN, a record without one
+    df["settings"] = distinguishing_settings([as_run(r.get("config") or {}, r) for r in records],
+                                             list(zip(df["label"], df["model"], df["world_size"], df["precision"])))
     add_scaling(df)
     return df.sort_values(["model", "label", "world_size", "repeat", "run_id"], kind="stable").reset_index(drop=True)
 

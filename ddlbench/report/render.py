@@ -49,6 +49,10 @@ def cell_table(rep) -> tuple[list[str], list[list[str]]]:
                      _num(c.final_val_loss, ".4f"), _num(c.final_val_accuracy, ".3f"),
                      _ci(c.time_to_target_s, c.time_to_target_ci_low, c.time_to_target_ci_high, ".2f",
                          rng=c.time_to_target_range)])
+    if any(getattr(c, "settings", "") for c in rep.cells.itertuples()):   # configurations that would look alike
+        head.insert(1, "settings")
+        for row, c in zip(rows, rep.cells.itertuples()):
+            row.insert(1, c.settings or "-")
     return head, rows
 
 

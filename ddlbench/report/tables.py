@@ -29,6 +29,7 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
         first = g.iloc[0]
         out.append({
             "config_id": cid, "label": first["label"], "model": first["model"],
+            "settings": first["settings"] if "settings" in g else "",
             "world_size": first["world_size"], "global_batch": first["global_batch"],
             "precision": first["precision"] if "precision" in g else None,
             "runs": len(g), "ok": len(ok),
