@@ -69,6 +69,15 @@ def merged(common: list[str], overrides: tuple) -> list[str]:
     return [c for c in common if c.split("=", 1)[0] not in mine] + list(overrides)
 
 
+def expand_plan(argv: list[str]) -> list[str]:
+    """`--plan STEP`: that step of benchmarks/gpu_plan.py, as the arguments it stands for."""
+    if "--plan" not in argv:
+        return argv
+    i = argv.index("--plan")
+    from gpu_plan import STEPS
+    return [*argv[:i], *STEPS[argv[i + 1]].matrix_args(), *argv[i + 2:]]
+
+
 def mfu_on_measured_peak(mfu: float | None, table_peak: float | None, measured_peak: float | None) -> float | None:
     """A run's MFU re-based from the table's peak to the peak measured on this device."""
     if mfu is None or not table_peak or not measured_peak:
@@ -173,11 +182,13 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
     ap.add_argument("--cell", action="append", default=[], metavar="'FW MODEL PREC [key=value ...]'",
                     help="one cell with its own overrides (repeatable); replaces the frameworks x models grid")
+    ap.add_argument("--overhead", action="append", default=[], metavar="'MODEL PRECISION BATCH [compile] [repeats=N]'",
+                    help="a runner-vs-reference-loop comparison (repeatable); default: the first model, fp32")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma list of {','.join(PARTS)} (the matmul peak is always measured)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds from start after which no further cell starts (rows listed as not_run)")
-    a = ap.parse_args()
+    a = ap.parse_args(expand_plan(sys.argv[1:]))
     parts = set(a.parts.split(","))
     if parts - set(PARTS):
         ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {','.join(PARTS)}")
@@ -258,16 +269,23 @@ def main() -> int:
         checks["nproc2_on_one_gpu"]["refused"] = nproc2_refused(checks["nproc2_on_one_gpu"])
         print("2 ranks on 1 GPU:", checks["nproc2_on_one_gpu"])
     if "overhead" in parts:
-        overhead = a.out / "runner_overhead.json"
-        cmd = [sys.executable, "benchmarks/runner_overhead.py", "--model", a.models.split(",")[0], "--nproc", "1",
-               "--device", a.device, "--steps", str(max(a.steps, 5)), "--repeats", "3", "--json", str(overhead)]
-        log.append(" ".join(["python", *cmd[1:]]))
-        try:
-            subprocess.run(cmd, cwd=REPO, check=True, timeout=3 * 2 * (a.timeout + 60))
-            checks["runner_overhead"] = json.loads(overhead.read_text())
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            checks["runner_overhead"] = {"error": str(exc)}
-        print("runner overhead:", checks["runner_overhead"], flush=True)
+        specs = a.overhead or [f"{a.models.split(',')[0]} fp32 {a.global_batch}"]
+        checks["runner_overhead"] = []
+        for i, spec in enumerate(specs):
+            model, prec, batch, *flags = spec.split()
+            out = a.out / f"runner_overhead_{i}.json"
+            cmd = [sys.executable, "benchmarks/runner_overhead.py", "--model", model, "--nproc", "1", "--device",
+                   a.device, "--precision", prec, "--global-batch", batch, "--steps", str(max(a.steps, 5)),
+                   "--repeats", next((f.split("=")[1] for f in flags if f.startswith("repeats=")), "3"),
+                   "--json", str(out), *(["--compile"] if "compile" in flags else [])]
+            log.append(" ".join(["python", *cmd[1:]]))
+            try:
+                subprocess.run(cmd, cwd=REPO, check=True, timeout=3 * 2 * (a.timeout + 60))
+                checks["runner_overhead"].append(json.loads(out.read_text()))
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+                checks["runner_overhead"].append({"spec": spec, "error": str(exc)})
+            print("runner overhead:", checks["runner_overhead"][-1], flush=True)
+            save(a.out, checks)
     report_error = ""
     if "report" in parts and runs.exists():
         report_error = bench(["report", str(runs), "--out", str(a.out / "report")], log, 600)
@@ -277,9 +295,10 @@ def main() -> int:
     (a.out / "COMMANDS.md").write_text("# Commands, as run by benchmarks/gpu_matrix.py\n\n```\n"
                                        + shlex.join(["python", *sys.argv]) + "\n" + "\n".join(log) + "\n```\n")
     bad = [c for c in checks["cells"] if c["status"] not in ("ok", "unsupported")]
-    ratio = (checks.get("runner_overhead") or {}).get("ratio")
+    ratios = [r.get("ratio") for r in checks.get("runner_overhead") or []]
+    ratio = None if not ratios or None in ratios else ratios
     print(f"{len(checks['cells']) - len(bad)}/{len(checks['cells'])} cells ok or unsupported with a reason; "
-          f"runner/bare {ratio if ratio is None else round(ratio, 3)}; written to {a.out}")
+          f"runner/reference {ratio if ratio is None else [round(r, 3) for r in ratio]}; written to {a.out}")
     failed = [name for name, part, ok in (
         ("cells", "cells", not bad), ("runner_overhead", "overhead", ratio is not None),
         ("report", "report", not report_error), ("sweep", "fork", checks.get("sweep_ok")),

@@ -1,6 +1,10 @@
-"""Does the harness cost throughput? Compares `bench run` (the runner) with a bare,
-hand-written DDP loop on the same model, batch, data, optimizer, precision (fp32) and thread
-count, alternating them in one session, and prints the ratio of median samples/s (target >= 0.99).
+"""Does the harness cost throughput? Compares `bench run framework=ddp` (the runner) with a bare,
+hand-written DDP loop (the reference) on the same model as built for the device (attention kernel,
+GPT-2's GELU, padded vocabulary), batch, data, precision recipe (autocast over fp32 parameters at
+bf16), optimizer implementation (optim.impl=auto: fused on CUDA, for-loop on CPU), compile setting
+(Module.compile per block before DDP, as the runner does) and thread count, alternating them in
+one session; both timed by the same statistic (global batch / the median over steps of the slowest
+rank's step time). Prints the median of the alternating pairs' ratios (target >= 0.97).
 On CUDA (NCCL, one GPU per rank) it also compares the runner's peak allocated memory with the
 bare loop's (the allocator's own counter in both programs, reset after set-up: what the harness
 adds), and checks that counter against one it does not keep: the driver's used memory
@@ -8,7 +12,7 @@ adds), and checks that counter against one it does not keep: the driver's used m
 which must hold its peak allocated.
 
     .venv/bin/python benchmarks/runner_overhead.py [--model gpt2_tiny] [--nproc 2] [--steps 40]
-        [--repeats 3] [--device cpu|cuda] [--json OUT.json]
+        [--repeats 3] [--device cpu|cuda] [--precision fp32|bf16] [--compile] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -27,13 +31,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, steps: int,
-               warmup: int, threads: int, out: str, device_type: str) -> None:
+               warmup: int, threads: int, out: str, device_type: str, precision: str = "fp32",
+               compile_blocks: bool = False) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ddlbench import models
     from ddlbench.config import plan_from_overrides
+    from ddlbench.optim import IMPL_KWARGS, optimizer_impl
 
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -42,11 +48,17 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=nproc)
-    cfg = plan_from_overrides([f"model={model}", "run.precision=fp32"]).cfg
+    cfg = plan_from_overrides([f"model={model}", f"run.precision={precision}"]).cfg
     torch.manual_seed(0)
-    spec = models.build(cfg.model)
-    model = DDP(spec.build().to(device), gradient_as_bucket_view=True, device_ids=[rank] if cuda else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    spec = models.build(cfg.model, device_type)
+    net = spec.build().to(device)
+    if compile_blocks:
+        for block in net.blocks():
+            block.compile()
+    model = DDP(net, gradient_as_bucket_view=True, device_ids=[rank] if cuda else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
+                            weight_decay=cfg.optim.weight_decay, **IMPL_KWARGS[optimizer_impl("auto", device_type)])
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     local = global_batch // nproc
     data = models.SyntheticData(spec, 0, global_batch, rank, local, 4, device)
     if cuda:
@@ -54,7 +66,8 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
     times = []
     t_prev = time.perf_counter()
     for step in range(warmup + steps):
-        loss = model(**data.batch(step))
+        with torch.autocast(device_type, dtype=low, enabled=low is not None):
+            loss = model(**data.batch(step))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -79,7 +92,8 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
     dist.destroy_process_group()
 
 
-def bare(model: str, nproc: int, global_batch: int, steps: int, warmup: int, device: str = "cpu") -> dict:
+def bare(model: str, nproc: int, global_batch: int, steps: int, warmup: int, device: str = "cpu",
+         precision: str = "fp32", compile_blocks: bool = False) -> dict:
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,21 +102,32 @@ def bare(model: str, nproc: int, global_batch: int, steps: int, warmup: int, dev
     os.environ["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory() as d:
         out = f"{d}/sps.json"
-        mp.start_processes(_bare_rank, args=(nproc, port, model, global_batch, steps, warmup, threads, out, device),
+        mp.start_processes(_bare_rank, args=(nproc, port, model, global_batch, steps, warmup, threads, out, device,
+                                             precision, compile_blocks),
                            nprocs=nproc, start_method="spawn")
         return json.loads(Path(out).read_text())
 
 
-def harness(model: str, nproc: int, global_batch: int, steps: int, warmup: int, device: str = "cpu") -> dict:
+def harness(model: str, nproc: int, global_batch: int, steps: int, warmup: int, device: str = "cpu",
+            precision: str = "fp32", compile_blocks: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-m", "ddlbench.cli", "run", "framework=ddp", f"model={model}",
                f"launcher.nproc={nproc}", f"run.global_batch={global_batch}", f"run.measure_steps={steps}",
-               f"run.warmup_steps={warmup}", "run.precision=fp32", f"run.device={device}",
+               f"run.warmup_steps={warmup}", f"run.precision={precision}", f"run.device={device}",
+               f"run.compile={str(compile_blocks).lower()}",
                "run.comm_profile=false", "logger=none", "run.progress=false", f"run.dir={d}/r"]
         subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, stdin=subprocess.DEVNULL)
         rec = json.loads(Path(f"{d}/r/result.json").read_text())
         return {"samples_per_s": rec["throughput"]["samples_per_s"],
                 "peak_allocated_bytes": [r["peak_allocated_bytes"] for r in rec["memory"]["per_rank"]]}
+
+
+TARGET = 0.97
+
+
+def pair_ratio(runner: list[float], reference: list[float]) -> float:
+    """The median of runner/reference over alternating pairs (drift between pairs cancels)."""
+    return statistics.median(r / b for r, b in zip(runner, reference))
 
 
 def allocator_within_driver(allocated: int, reserved: int, driver_used: int) -> bool:
@@ -120,23 +145,30 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--compile", action="store_true", help="both compile every block (run.compile=true)")
     ap.add_argument("--json", type=Path, help="also write the measurements here")
     a = ap.parse_args()
     bare_runs, harness_runs = [], []
-    for i in range(a.repeats):  # alternate so drift affects both equally
-        bare_runs.append(bare(a.model, a.nproc, a.global_batch, a.steps, a.warmup, a.device))
-        harness_runs.append(harness(a.model, a.nproc, a.global_batch, a.steps, a.warmup, a.device))
+    recipe = (a.device, a.precision, a.compile)
+    for i in range(a.repeats):  # alternate, each pair in a different order, so drift affects both alike
+        pair = [("bare", bare), ("runner", harness)][:: 1 if i % 2 == 0 else -1]
+        for name, fn in pair:
+            (bare_runs if name == "bare" else harness_runs).append(
+                fn(a.model, a.nproc, a.global_batch, a.steps, a.warmup, *recipe))
         print(f"repeat {i}: bare {bare_runs[-1]['samples_per_s']:.2f} samples/s, "
-              f"runner {harness_runs[-1]['samples_per_s']:.2f} samples/s")
+              f"runner {harness_runs[-1]['samples_per_s']:.2f} samples/s, "
+              f"ratio {harness_runs[-1]['samples_per_s'] / bare_runs[-1]['samples_per_s']:.3f}", flush=True)
     bare_sps = statistics.median(r["samples_per_s"] for r in bare_runs)
     harness_sps = statistics.median(r["samples_per_s"] for r in harness_runs)
-    ratio = harness_sps / bare_sps
-    out = {"model": a.model, "nproc": a.nproc, "device": a.device, "global_batch": a.global_batch,
-           "steps": a.steps, "repeats": a.repeats, "bare_samples_per_s": bare_sps,
-           "runner_samples_per_s": harness_sps, "ratio": ratio, "target": 0.99}
-    print(f"{a.model} x{a.nproc} ranks on {a.device}, global batch {a.global_batch}, {a.steps} steps, {a.repeats} repeats")
+    ratio = pair_ratio([r["samples_per_s"] for r in harness_runs], [r["samples_per_s"] for r in bare_runs])
+    out = {"model": a.model, "nproc": a.nproc, "device": a.device, "precision": a.precision, "compile": a.compile,
+           "global_batch": a.global_batch, "steps": a.steps, "repeats": a.repeats, "bare_samples_per_s": bare_sps,
+           "runner_samples_per_s": harness_sps, "ratio": ratio, "target": TARGET}
+    print(f"{a.model} x{a.nproc} ranks on {a.device}, {a.precision}, compile={a.compile}, global batch "
+          f"{a.global_batch}, {a.steps} steps, {a.repeats} repeats")
     print(f"median bare {bare_sps:.2f} samples/s, runner {harness_sps:.2f} samples/s")
-    print(f"runner/bare throughput ratio: {ratio:.3f} (target >= 0.99)")
+    print(f"runner/bare throughput ratio (median of pairs): {ratio:.3f} (target >= {TARGET})")
     if a.device == "cuda":   # rank 0, last repeat of each: same model, batch, optimizer, reset points
         runner_peak, bare_peak = harness_runs[-1]["peak_allocated_bytes"][0], bare_runs[-1]["peak_allocated_bytes"][0]
         mem = bare_runs[-1]["bare_memory"][0]

@@ -187,17 +187,41 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
             [g["adapter_stats"] for g in gathered], record["timing"]["per_rank_median_s"])
     record["mfu"] = mfu_value
     record["gpu"] = gpu_telemetry([g.get("gpu") for g in gathered], dims.global_batch)
+    measured, measured_source = measured_peak(ctx.device, peak_dtype(ctx.device.type, ctx.precision, tf32),
+                                              peak, peak_source)
     record["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
                        "palm_train_per_sample": flops["palm_flops"],
                        "hardware_train_per_sample": flops["hardware_flops"],
                        "recompute": "activation checkpointing per block" if recompute else None,
                        "hfu": hfu_value, "peak_dtype": peak_dtype(ctx.device.type, ctx.precision, tf32),
                        "peak_per_device": peak, "peak_source": peak_source,
+                       "measured_peak_per_device": measured, "measured_peak_source": measured_source,
+                       "mfu_on_measured_peak": rebase_mfu(mfu_value, peak, measured),
                        "note": "mfu = train_per_sample x samples/s / (devices x peak); hfu the same with "
                                "hardware_train_per_sample (recomputed forwards included)"}
     losses = _global_losses(gathered)
     record["convergence"]["train_loss"] = [[i, l] for i, l in enumerate(losses)]
     return record
+
+
+def measured_peak(device, key: str, peak, peak_source: str):
+    """(FLOP/s, source) of the matmul peak measured on this device, beside the datasheet's: on a
+    GPU the cached CUDA-event probe (ddlbench.hardware.measured_gpu_peak); on CPU the probe is
+    the only peak MFU has."""
+    if device.type != "cuda":
+        return peak, peak_source
+    from ddlbench.hardware import measured_gpu_peak
+    try:
+        return measured_gpu_peak(device, key)
+    except RuntimeError as exc:      # a probe that fails leaves the datasheet MFU as it is
+        return None, f"not measured: {exc}"[:200]
+
+
+def rebase_mfu(mfu_value, peak, measured):
+    """MFU on the measured peak: the same FLOPs over the peak this device reached."""
+    if mfu_value is None or not peak or not measured:
+        return None
+    return mfu_value * peak / measured
 
 
 def fill_convergence(record: dict, cfg, dataset, steps_per_epoch: int, evals: list[dict],

@@ -13,6 +13,10 @@ import torch
 from ddlbench.results import atomic_write_json
 
 CACHE = Path.home() / ".cache" / "ddlbench" / "cpu_peak.json"
+GPU_CACHE = Path.home() / ".cache" / "ddlbench" / "gpu_peak.json"
+# n x n x n products whose best rate is the measured GPU peak: on an H200 (bf16, CUDA events)
+# 4096 gave 790-793 TFLOP/s, 8192 720-748, 16384 672-675 (reports/gpu-h200/2026-11-26)
+GPU_PROBE_SHAPES = (4096, 8192, 16384)
 
 
 def cpu_model() -> str:
@@ -78,20 +82,79 @@ def match_gpu(name: str, table: dict):
     return max(hits, key=len) if hits else None
 
 
+def matmul_rate(n: int, reps: int, elapsed_ms: float) -> float:
+    """FLOP/s of `reps` n x n x n products (2 n^3 FLOPs each) in elapsed_ms."""
+    return 2 * n**3 * reps / (elapsed_ms / 1e3)
+
+
+def probe_gpu_matmul(device: torch.device, dtype: torch.dtype, tf32: bool = False,
+                     shapes=GPU_PROBE_SHAPES, reps: int = 20) -> float:
+    """Best rate over `shapes`, timed with CUDA events (kernel time, not host time), after three
+    warm-up products each; a shape that does not fit beside the run's memory is skipped."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    best = 0.0
+    try:
+        for n in shapes:
+            try:
+                a = torch.randn(n, n, device=device, dtype=dtype)
+                b = torch.randn(n, n, device=device, dtype=dtype)
+            except torch.cuda.OutOfMemoryError:
+                continue
+            for _ in range(3):
+                a @ b
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                a @ b
+            end.record()
+            end.synchronize()
+            best = max(best, matmul_rate(n, reps, start.elapsed_time(end)))
+            del a, b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    return best
+
+
+def gpu_probe_args(key: str) -> tuple[torch.dtype, bool]:
+    """(dtype, allow TF32) of the probe for a peak_dtype key."""
+    return {"bf16": (torch.bfloat16, False), "fp16": (torch.float16, False), "tf32": (torch.float32, True),
+            "fp32": (torch.float32, False)}[key]
+
+
+def measured_gpu_peak(device: torch.device, key: str, cache: Path = GPU_CACHE) -> tuple[float, str]:
+    """The matmul peak measured on this GPU model for a peak_dtype key, cached per host, GPU name
+    and key (one probe per machine, not per run)."""
+    key_str = f"{platform.node()}|{torch.cuda.get_device_name(device)}|{key}"
+    table = _read(cache)
+    if not table.get(key_str):
+        table[key_str] = probe_gpu_matmul(device, *gpu_probe_args(key))
+        _write(cache, table)
+    return table[key_str], f"matmul probe, CUDA events, best of n={','.join(map(str, GPU_PROBE_SHAPES))} ({key_str})"
+
+
+def _read(cache: Path) -> dict:
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(cache: Path, table: dict) -> None:
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cache, table)
+    except OSError:
+        pass  # an unwritable cache only costs a re-probe
+
+
 def cpu_peak(threads: int, precision: str, cache: Path = CACHE) -> tuple[float, str]:
     dtype = torch.bfloat16 if peak_dtype("cpu", precision) == "bf16" else torch.float32
     key = f"{platform.node()}|{cpu_model()}|threads={threads}|{dtype}"
-    try:
-        table = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        table = {}
+    table = _read(cache)
     if key not in table:
         table[key] = probe_cpu_matmul(threads, dtype)
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(cache, table)
-        except OSError:
-            pass  # an unwritable cache only costs a re-probe
+        _write(cache, table)
     return table[key], f"cpu matmul probe ({key})"
 
 

@@ -98,3 +98,25 @@ def test_causal_mask_speaks_the_gpu_images_transformers(monkeypatch):
     assert causal_mask("cfg", torch.zeros(1, 3, 8)) == "mask"
     assert seen == {"config": "cfg", "shape": (1, 3, 8), "cache_position": [0, 1, 2], "past_key_values": None,
                     "attention_mask": None, "position_ids": None}
+
+
+def test_mfu_on_the_measured_peak_beside_the_datasheets_by_hand(monkeypatch, tmp_path):
+    """Datasheet MFU stays the primary figure (comparable with published ones); the measured peak
+    (CUDA events, best of three shapes, cached per host, GPU and dtype) is recorded beside it."""
+    import torch
+
+    from ddlbench import collect, hardware
+    assert hardware.matmul_rate(1000, 5, 10.0) == 2 * 1000**3 * 5 / 0.01
+    assert hardware.gpu_probe_args("tf32") == (torch.float32, True)
+    assert hardware.gpu_probe_args("bf16") == (torch.bfloat16, False)
+    assert collect.rebase_mfu(0.3, 989.4e12, 791.5e12) == 0.3 * 989.4e12 / 791.5e12
+    assert collect.rebase_mfu(None, 989.4e12, 791.5e12) is None and collect.rebase_mfu(0.3, 1.0, None) is None
+    assert collect.measured_peak(torch.device("cpu"), "fp32", 1e11, "cpu probe") == (1e11, "cpu probe")
+    probes = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(hardware, "probe_gpu_matmul", lambda device, dtype, tf32: probes.append((dtype, tf32)) or 7.9e14)
+    cache = tmp_path / "gpu_peak.json"
+    for _ in range(2):    # the second run reads the cache
+        peak, source = hardware.measured_gpu_peak(torch.device("cuda", 0), "bf16", cache)
+        assert peak == 7.9e14 and "NVIDIA H200|bf16" in source and "CUDA events" in source
+    assert probes == [(torch.bfloat16, False)]

@@ -54,7 +54,9 @@ HOW_TO_READ = (
 
 COMPARISON_NOTE = ("Median over repeats of one configuration; brackets: 95% percentile-bootstrap interval, shown "
                    "from 5 ok repeats (with 2-4 the row shows their range, labelled as such: so few resampled "
-                   "medians span about [min, max], not a 95% interval).")
+                   "medians span about [min, max], not a 95% interval). MFU: on a GPU on the datasheet peak "
+                   "(comparable with published figures; result.json's flops.mfu_on_measured_peak has it on the "
+                   "matmul peak measured there), on CPU on the measured matmul probe.")
 PARITY_NOTE = ("Configurations of one model at one world size are compared field by field against the most "
                "common value; a difference is flagged (docs/design.md §7: same data, seed, global batch, "
                "optimizer, LR, precision, gradient-reduction dtype).")

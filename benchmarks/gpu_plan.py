@@ -1,0 +1,113 @@
+"""The GPU plan: what a session lent a GPU runs first, unattended, in steps that each fit one
+device call (under 10 minutes: the deadline, the last cell's timeout and the install). A session's
+15 device-minutes hold one step and most of the next (the machine's start included; the deadline
+lists what a step did not reach as not_run). Each step is benchmarks/gpu_matrix.py with the step's cells, deadline
+and reference-loop runs; on the lent machine (no network, the wheels carried):
+
+    run(carry=[".whl"], command="bash scripts/device_gpu_matrix.sh A --plan A")   # one step, into $OUT
+    python benchmarks/gpu_plan.py                                # here: every cell validated on CPU
+
+Steps, in the order to run them (the step a session cannot reach waits for the next GPU session):
+  A  the harness: the bf16 matmul peak (CUDA events, three shapes); the reference loop against the
+     runner on gpt2_small at micro-batch 32, eager and compiled; the fast-path cells
+  B  the frameworks: every framework that runs on one GPU, on llama_1b at bf16 with
+     run.micro_batch=auto, DDP twice (its repeat says how far one run is from the next)
+  C  memory-bound: llama_3b under run.device_memory_gb=40 (FSDP2 without offload ends OOM with its
+     reason, the offload variants run; llama_8b's offloaded state, ~128 GB, would fill the machine's
+     128 GiB of host memory) and ResNet-50 at batch 128 with each batch-norm recipe
+Run here, it validates each cell's configuration (`bench run ... run.dry_run=true run.device=cpu`,
+in-process) and prints the device commands; the suite runs it (tests/test_gpu_plan.py).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LLAMA = "llama_1b bf16 run.micro_batch=auto"
+GPT2 = "gpt2_small bf16 run.global_batch=32 run.micro_batch=auto"
+
+
+@dataclass(frozen=True)
+class Step:
+    what: str
+    cells: tuple[str, ...]                      # gpu_matrix --cell specs: 'FRAMEWORK MODEL PRECISION key=value ...'
+    deadline_s: int                             # no cell starts after this (gpu_matrix --deadline)
+    overhead: tuple[str, ...] = ()              # gpu_matrix --overhead specs: 'MODEL PRECISION BATCH [compile] [repeats=N]'
+    args: tuple[str, ...] = field(default=())   # more gpu_matrix arguments
+
+    def matrix_args(self) -> list[str]:
+        parts = "cells,overhead" if self.overhead else "cells"
+        out = ["--parts", parts, "--steps", "20", "--timeout", "120", "--deadline", str(self.deadline_s), *self.args]
+        for c in self.cells:
+            out += ["--cell", c]
+        for o in self.overhead:
+            out += ["--overhead", o]
+        return out
+
+
+STEPS = {
+    "A": Step("the harness against a reference loop; the fast path against the old one", (
+        "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach",
+        "ddp gpt2_small bf16"), deadline_s=60,
+        overhead=("gpt2_small bf16 32 repeats=2", "gpt2_small bf16 32 compile repeats=2")),
+    "B": Step("every framework that runs on one GPU, llama_1b bf16, micro_batch=auto", (
+        f"ddp {LLAMA}", f"fsdp_full {LLAMA}", f"deepspeed_zero3 {LLAMA}", f"fsdp_grad_op {LLAMA}",
+        f"deepspeed_zero2 {LLAMA}", f"ddp {LLAMA} run.repeat=1", f"deepspeed_zero1 {LLAMA}",
+        f"fsdp_hybrid {LLAMA}", f"deepspeed_zero0 {LLAMA}", f"ddp_bf16_hook {LLAMA}", f"fsdp_offload {LLAMA}",
+        f"deepspeed_zero3_offload {LLAMA}"), deadline_s=350),
+    "C": Step("memory-bound: llama_3b in 40 GB; ResNet-50 batch 128 with each batch-norm recipe", (
+        "fsdp_full llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_batch=1",
+        "fsdp_offload llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_batch=1",
+        "deepspeed_zero3_offload llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_batch=1",
+        "ddp resnet50 bf16 run.global_batch=128",
+        "fsdp_full resnet50 bf16 run.global_batch=128",
+        "fsdp_full resnet50 bf16 run.global_batch=128 framework.options.batch_norm_units=per_layer"),
+        deadline_s=350),
+}
+
+
+def cell_overrides(spec: str) -> list[str]:
+    """A --cell spec as `bench run` overrides."""
+    fw, model, prec, *rest = spec.split()
+    return [f"framework={fw}", f"model={model}", f"run.precision={prec}", *rest]
+
+
+def dry(steps: list[str]) -> int:
+    """Every cell's configuration validated here (run.device=cpu); run.micro_batch=auto sized
+    once per model (the estimator's profile is the slow part; here it sizes to this host, not the
+    GPU). The device commands printed. Returns the number of invalid cells."""
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.errors import ConfigError
+    bad, sized = 0, set()
+    for name in steps:
+        step = STEPS[name]
+        print(f"step {name}: {step.what}")
+        print(f"  device call: bash scripts/device_gpu_matrix.sh {name} --plan {name}")
+        print(f"  runs: python benchmarks/gpu_matrix.py --out OUT {shlex.join(step.matrix_args())}")
+        for spec in step.cells:
+            overrides = cell_overrides(spec)
+            if overrides[1] in sized:
+                overrides = [o for o in overrides if o != "run.micro_batch=auto"]
+            sized.add(overrides[1])
+            try:
+                plan = plan_from_overrides([*overrides, "run.device=cpu", "run.dry_run=true"])
+                print(f"  ok       {spec}  (dp {plan.dims.dp}, micro-batch {plan.dims.micro_batch})")
+            except ConfigError as exc:
+                bad += 1
+                print(f"  INVALID  {spec}: {exc}")
+    return bad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--step", choices=sorted(STEPS), help="only this step")
+    a = ap.parse_args()
+    return int(bool(dry([a.step] if a.step else sorted(STEPS))))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
