@@ -167,6 +167,10 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
             ", after torch.cuda.current_stream().synchronize() (the compute stream; communication left in "
             "flight on other streams is not waited for)" if ctx.device.type == "cuda" else ""),
     }
+    if all(g.get("issue_time_s") for g in gathered):
+        issue = max(summarize(g["issue_time_s"])["median"] for g in gathered)
+        record["timing"]["issue_time_s_median"] = issue
+        record["timing"]["launch_bound"] = launch_bound(issue, stats["median"], ctx.device.type)
     if all("host_time_s" in g for g in gathered):
         record["timing"]["per_rank_host_median_s"] = [summarize(g["host_time_s"])["median"] for g in gathered]
         record["stragglers"] = find_stragglers([g["host_time_s"] for g in gathered], stats["median"])
@@ -202,6 +206,20 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     losses = _global_losses(gathered)
     record["convergence"]["train_loss"] = [[i, l] for i, l in enumerate(losses)]
     return record
+
+
+LAUNCH_BOUND = 0.9
+
+
+def launch_bound(issue_s: float, step_s: float, device_type: str) -> dict:
+    """Whether the host's issuing of a step is what sets its pace: on CUDA train_step returns once
+    its kernels are queued, so an issue time close to the step time (>= LAUNCH_BOUND of it) means the
+    GPU waited on the host (small batches, no compile, many small kernels). On CPU the work runs as
+    it is issued: the question does not arise (None)."""
+    value = None if device_type != "cuda" or step_s <= 0 else issue_s >= LAUNCH_BOUND * step_s
+    return {"value": value, "issue_over_step": issue_s / step_s if step_s > 0 else None,
+            "rule": f"CUDA: launch-bound when the median time to issue a step (train_step called -> returned, "
+                    f"before the sync; slowest rank) >= {LAUNCH_BOUND:g} x the median step time"}
 
 
 def measured_peak(device, key: str, peak, peak_source: str):

@@ -142,6 +142,7 @@ class Window:
     """What the timed loop leaves on this rank, read after it."""
     step_s: list[float] = field(default_factory=list)   # every step, warm-up included (eval pauses excluded)
     host_s: list[float] = field(default_factory=list)   # per step: previous step's end -> train_step called
+    issue_s: list[float] = field(default_factory=list)  # per step: train_step called -> returned (before the sync)
     losses: list = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
@@ -227,8 +228,10 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
         batch = next(setup.batches)
         if step == 1 and cfg.run.memory_tracker:
             tracking.reset_peak()          # the steady state: the optimizer's state exists
-        w.host_s.append(time.perf_counter() - t_prev)
+        t_issue = time.perf_counter()
+        w.host_s.append(t_issue - t_prev)
         out = strategy.train_step(batch)
+        w.issue_s.append(time.perf_counter() - t_issue)
         if fault.active:
             fault.after_step(step)
         _sync(ctx.device)
@@ -286,6 +289,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "step_time_s": w.step_s[warmup:],
         "all_step_time_s": w.step_s,
         "host_time_s": w.host_s[warmup:],
+        "issue_time_s": w.issue_s[warmup:],
         "window_unix_s": ([unix_offset + w.start, unix_offset + w.end]
                           if len(w.step_s) > warmup and not cfg.run.epochs else None),
         "loss": [float("nan") if loss is None else float(loss) for loss in w.losses],

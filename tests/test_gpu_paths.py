@@ -120,3 +120,11 @@ def test_mfu_on_the_measured_peak_beside_the_datasheets_by_hand(monkeypatch, tmp
         peak, source = hardware.measured_gpu_peak(torch.device("cuda", 0), "bf16", cache)
         assert peak == 7.9e14 and "NVIDIA H200|bf16" in source and "CUDA events" in source
     assert probes == [(torch.bfloat16, False)]
+
+
+def test_launch_bound_by_hand():
+    from ddlbench.collect import launch_bound
+    assert launch_bound(0.095, 0.100, "cuda")["value"] is True      # the GPU waited on the host
+    assert launch_bound(0.020, 0.100, "cuda")["value"] is False
+    cpu = launch_bound(0.1, 0.1, "cpu")
+    assert cpu["value"] is None and cpu["issue_over_step"] == 1.0
