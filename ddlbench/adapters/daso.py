@@ -34,7 +34,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from ddlbench.adapters.base import Periodic, StepOut, Strategy
-from ddlbench.adapters.common import forward_backward
+from ddlbench.adapters.common import build_on, forward_backward
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, MiB, autocast_copies, buckets, split
 from ddlbench.adapters.precision import DTYPES
 from ddlbench.adapters.variant import Variant, taxonomy_labels
@@ -165,7 +165,7 @@ class DASOStrategy(Periodic, Strategy):
         groups = [dist.new_group(g) for g in self.node_groups]
         self.global_groups = [dist.new_group(g) for g in cross_groups(self.node_groups)]
         self.node_group = groups[node]
-        model = build_model().to(self.ctx.device)
+        model = build_on(build_model, self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
         self.model = DDP(model, process_group=self.node_group,
                          device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None)

@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from ddlbench.adapters.base import Periodic, StepOut, Strategy
-from ddlbench.adapters.common import forward_backward
+from ddlbench.adapters.common import build_on, forward_backward
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
@@ -108,7 +108,7 @@ class DDPStrategy(Periodic, Strategy):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         o = self.options
-        model = build_model().to(self.ctx.device)
+        model = build_on(build_model, self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
         if o.activation_checkpointing:
             apply_checkpointing(model)

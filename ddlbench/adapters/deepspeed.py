@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from ddlbench.adapters.base import StepOut, Strategy
-from ddlbench.adapters.common import batch_norms, param_row, split_micro, unwrap
+from ddlbench.adapters.common import batch_norms, build_on, param_row, split_micro, unwrap
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, buckets, low, split
 from ddlbench.adapters.precision import DTYPES, FrameworkCast
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
@@ -246,7 +246,7 @@ class DeepSpeedStrategy(Strategy):
 
         ds_logger.setLevel(logging.WARNING)
         deepspeed.init_distributed(dist_backend=self.ctx.backend)  # reuses the launcher's group
-        model = build_model().to(self.ctx.device)
+        model = build_on(build_model, self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
         self.config = self.ds_config(build_optimizer.optim_cfg, batch_norm=bool(batch_norms(model)))
         optimizer = None if self._offload else build_optimizer(model.parameters())

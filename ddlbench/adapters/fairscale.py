@@ -14,7 +14,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict
 
 from ddlbench.adapters.base import StepOut, Strategy
-from ddlbench.adapters.common import forward_backward
+from ddlbench.adapters.common import build_on, forward_backward
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm
@@ -109,7 +109,7 @@ class FairScaleStrategy(Strategy):
         from fairscale.optim.oss import OSS
 
         o = self.options
-        model = build_model().to(self.ctx.device)
+        model = build_on(build_model, self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
         self.version = fairscale.__version__
         if o.mode == "fsdp":

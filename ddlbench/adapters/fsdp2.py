@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from ddlbench.adapters.base import StepOut, Strategy
-from ddlbench.adapters.common import forward_backward, fsdp2_no_sync
+from ddlbench.adapters.common import build_on, forward_backward, fsdp2_no_sync
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, apply_fully_shard
 from ddlbench.adapters.precision import FrameworkCast
@@ -138,7 +138,7 @@ class FSDP2Strategy(Strategy):
 
     def setup(self, build_model, build_optimizer) -> None:
         o = self.options
-        model = build_model().to(self.ctx.device)
+        model = build_on(build_model, self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
         self.mesh = self._mesh()
         if o.activation_checkpointing:   # before sharding, as torchtitan applies it

@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from ddlbench.adapters.base import CountsOwnCollectives, StepOut, Strategy
-from ddlbench.adapters.common import split_micro
+from ddlbench.adapters.common import build_on, split_micro
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from ddlbench.adapters.parallelize import apply_compile
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
@@ -89,7 +89,7 @@ class HorovodStrategy(CountsOwnCollectives, Strategy):
 
         hvd.init()
         o = self.options
-        model = build_model().to(self.ctx.device)
+        model = build_on(build_model, self.ctx.device)
         self.params = sum(p.numel() for p in model.parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         self.compiled = apply_compile(model) if self.ctx.compile else None   # the optimizer hooks stay outside

@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from ddlbench.adapters.base import StepOut, Strategy
-from ddlbench.adapters.common import forward_backward, fsdp2_no_sync
+from ddlbench.adapters.common import build_on, forward_backward, fsdp2_no_sync
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard, apply_tensor_parallel
 from ddlbench.adapters.precision import FrameworkCast
@@ -97,7 +97,7 @@ class TensorParallelStrategy(Strategy):
         self.mesh = init_device_mesh(ctx.device.type, tuple(dims.mesh_shape().values()), mesh_dim_names=MESH_ORDER)
         coords = dims.coords(ctx.rank)
         self.tp_rank, self.dp_rank = coords["tp"], dims.dp_rank(ctx.rank)
-        model = build_model().to(ctx.device)
+        model = build_on(build_model, ctx.device)
         self.params = count_params(model)
         self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"])
         if self.options.activation_checkpointing:
