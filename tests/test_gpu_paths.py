@@ -128,3 +128,19 @@ def test_launch_bound_by_hand():
     assert launch_bound(0.020, 0.100, "cuda")["value"] is False
     cpu = launch_bound(0.1, 0.1, "cpu")
     assert cpu["value"] is None and cpu["issue_over_step"] == 1.0
+
+
+def test_the_loss_shifts_labels_not_logits_and_means_the_same_tokens():
+    """lm_loss no longer slices the (B, T, vocab) logits (a copy before the fp32 upcast's copy):
+    the labels are shifted and the last position ignored; the mean is over the same tokens, equal
+    to the sliced form bit for bit here, at fp32 and bf16."""
+    import torch
+    import torch.nn.functional as F
+
+    from ddlbench.models.language import lm_loss
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(3, 7, 11, generator=gen).to(dtype)
+        labels = torch.randint(0, 11, (3, 7), generator=gen)
+        sliced = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+        assert torch.equal(lm_loss(logits, labels), sliced)

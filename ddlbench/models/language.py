@@ -12,12 +12,19 @@ from torch import nn
 from ddlbench.models.spec import ModelSpec
 
 
+IGNORE = -100   # torch's default ignore_index
+
+
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
             eval_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Mean next-token cross-entropy (HF ForCausalLM's loss); with `eval_weight` (one weight per
     sequence) the weighted sums [loss, correct predictions, predictions] (evaluation)."""
     if eval_weight is None:
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+        # labels shifted instead of logits: logits[:, :-1] would copy the whole (B, T, vocab) tensor
+        # before the fp32 upcast copies it again (Llama 1B at micro-batch 4: 2 GiB at bf16); the last
+        # position is ignored, so the mean is over the same B x (T-1) tokens
+        target = F.pad(labels[:, 1:], (0, 1), value=IGNORE)
+        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE)
     logits, target = logits[:, :-1].float(), labels[:, 1:]
     per_token = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
     correct = (logits.argmax(-1) == target).float()
