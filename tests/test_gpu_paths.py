@@ -144,3 +144,10 @@ def test_the_loss_shifts_labels_not_logits_and_means_the_same_tokens():
         labels = torch.randint(0, 11, (3, 7), generator=gen)
         sliced = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
         assert torch.equal(lm_loss(logits, labels), sliced)
+
+
+def test_ddp_records_the_buckets_it_rebuilt_by_hand():
+    from ddlbench.adapters.ddp import bucket_record
+    rebuilt = bucket_record([497_000_000], [26_214_400] * 12 + [21_000_000], True)
+    assert len(rebuilt["bucket_sizes_bytes"]) == 13 and rebuilt["bucket_sizes_bytes_at_construction"] == [497_000_000]
+    assert bucket_record([1, 2], [], False)["bucket_sizes_bytes"] == [1, 2]

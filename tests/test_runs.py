@@ -45,6 +45,9 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     if nproc == 2:
         bucket_bytes = sum(rec["framework"]["native_config"]["bucket_sizes_bytes"])
         assert bucket_bytes == 4 * rec["model"]["params"]          # every fp32 grad, once
+        # the buckets DDP rebuilt after step 1 (in use since), the construction-time ones beside them
+        native = rec["framework"]["native_config"]
+        assert native["buckets_rebuilt"] is True and sum(native["bucket_sizes_bytes_at_construction"]) == bucket_bytes
         assert rec["comm"]["per_step_bytes"]["all_reduce"] == bucket_bytes
         assert rec["comm"]["source"] == "c10d_dispatch"
         assert rec["comm"]["wire_bytes_per_rank"] == pytest.approx(rec["comm"]["analytic_wire_bytes_per_rank"])

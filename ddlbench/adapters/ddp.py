@@ -168,8 +168,8 @@ class DDPStrategy(Periodic, Strategy):
         self.precision.step(self.optimizer)
         return StepOut(loss=loss)
 
-    def _bucket_bytes(self) -> list[int]:
-        sizes = self.model._get_ddp_logging_data().get("bucket_sizes", "")
+    def _bucket_bytes(self, key: str = "bucket_sizes") -> list[int]:
+        sizes = self.model._get_ddp_logging_data().get(key, "")
         return [int(s) for s in str(sizes).split(",") if s.strip()]
 
     def comm_probe_steps(self) -> int:
@@ -204,6 +204,16 @@ class DDPStrategy(Periodic, Strategy):
                           gradient_allreduce_group_size=o.local_sgd_group_size)
         if self._forced_single_bucket:
             native["forced_single_bucket"] = self._forced_single_bucket
-        if self.model is not None:
-            native["bucket_sizes_bytes"] = self._bucket_bytes()
+        if self.model is not None:   # after the loop: the buckets DDP rebuilt after its first step, in use since
+            native.update(bucket_record(self._bucket_bytes(), self._bucket_bytes("rebuilt_bucket_sizes"),
+                                        bool(self.model._get_ddp_logging_data().get("has_rebuilt_buckets"))))
         return {"version": torch.__version__, "native_config": native}
+
+
+def bucket_record(construction: list[int], rebuilt: list[int], has_rebuilt: bool) -> dict:
+    """DDP's gradient buckets as the run used them: DDP rebuilds its buckets in gradient-ready
+    order after the first step (construction-time bucketing put gpt2_small in one bucket on the
+    H100 where 13 all-reduces a step were counted); `bucket_sizes_bytes` is the rebuilt list where
+    DDP rebuilt, the construction one beside it."""
+    return {"bucket_sizes_bytes": rebuilt if has_rebuilt and rebuilt else construction,
+            "bucket_sizes_bytes_at_construction": construction, "buckets_rebuilt": has_rebuilt}
