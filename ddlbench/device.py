@@ -72,6 +72,22 @@ def planned_device(requested: str) -> str:
     return "cuda" if visible_gpus().available else "cpu"
 
 
+HARNESS_BACKEND_ENV = "DDLBENCH_HARNESS_BACKEND"
+
+
+def harness_backend(device_type: str, environ=os.environ) -> str:
+    """torch.distributed's backend for the run's default process group: NCCL on CUDA, gloo on CPU.
+    A framework that communicates through a library of its own (Horovod) sets
+    $DDLBENCH_HARNESS_BACKEND=gloo in its launch_env: the harness's gathers and barriers then go
+    over gloo and each rank holds one NCCL, the framework's, as its users' programs do."""
+    if device_type != "cuda":
+        return "gloo"
+    chosen = environ.get(HARNESS_BACKEND_ENV) or "nccl"
+    if chosen not in ("nccl", "gloo"):
+        raise ConfigError(f"{HARNESS_BACKEND_ENV}={chosen!r}: nccl or gloo")
+    return chosen
+
+
 def cudnn_benchmark(model_kind: str, device_type: str) -> bool:
     """cuDNN picks the fastest convolution algorithm for each shape (it tries them in the first,
     warm-up steps): on CUDA for vision models, whose shapes are fixed; a language model has no convolution."""

@@ -151,3 +151,32 @@ def test_ddp_records_the_buckets_it_rebuilt_by_hand():
     rebuilt = bucket_record([497_000_000], [26_214_400] * 12 + [21_000_000], True)
     assert len(rebuilt["bucket_sizes_bytes"]) == 13 and rebuilt["bucket_sizes_bytes_at_construction"] == [497_000_000]
     assert bucket_record([1, 2], [], False)["bucket_sizes_bytes"] == [1, 2]
+
+
+def test_horovods_issue_log_reads_device_stamps_after_the_window():
+    """On a GPU the host runs ahead of the kernels: Horovod's issue log stamps CUDA events and
+    reads them in take() (after the window; reading waits for them), never inside a step."""
+    from ddlbench.metrics.comm import IssueLog, device_clock
+    reads = []
+    ticks = iter(range(100))
+    log = IssueLog(marker=lambda: next(ticks), elapsed=lambda a, b: reads.append((a, b)) or (b - a) * 0.5)
+    log.add("all_reduce", 100)          # stamp 0
+    log.add("all_reduce", 50)           # stamp 1
+    log.compute_end()                   # stamp 2
+    log.step_end()
+    assert reads == []                  # nothing read during the step
+    assert log.take() == {"all_reduce": [[1.0, 100], [0.5, 50]]}
+    assert reads == [(0, 2), (1, 2)]
+    marker, elapsed = device_clock("cpu")
+    assert elapsed(1.0, 3.5) == 2.5
+
+
+def test_horovod_leaves_nccl_to_horovod():
+    """Each Horovod rank held a torch NCCL group beside Horovod's own: its launch_env asks for
+    the harness's group over gloo."""
+    from ddlbench.adapters.horovod import Horovod
+    from ddlbench.device import HARNESS_BACKEND_ENV, harness_backend
+    env = Horovod(Horovod.Options()).launch_env()
+    assert env[HARNESS_BACKEND_ENV] == "gloo"
+    assert harness_backend("cuda", env) == "gloo" and harness_backend("cuda", {}) == "nccl"
+    assert harness_backend("cpu", {}) == "gloo"

@@ -18,7 +18,8 @@ from ddlbench.adapters.common import build_on, split_micro
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from ddlbench.adapters.parallelize import apply_compile
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
-from ddlbench.metrics.comm import AnalyticComm, CommCounter, IssueLog
+from ddlbench.device import HARNESS_BACKEND_ENV
+from ddlbench.metrics.comm import AnalyticComm, CommCounter, IssueLog, device_clock
 from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 # Horovod 0.28.1's fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 MiB
@@ -66,9 +67,11 @@ class Horovod(Variant):
         return super().unsupported_reason(cfg, device_type)
 
     def launch_env(self) -> dict:
-        if self.options.fusion_threshold_mb is None:
-            return {}
-        return {"HOROVOD_FUSION_THRESHOLD": str(int(self.options.fusion_threshold_mb * 2**20))}
+        # the harness's own gathers over gloo: a rank's one NCCL is Horovod's (ddlbench/device.py)
+        env = {HARNESS_BACKEND_ENV: "gloo"}
+        if self.options.fusion_threshold_mb is not None:
+            env["HOROVOD_FUSION_THRESHOLD"] = str(int(self.options.fusion_threshold_mb * 2**20))
+        return env
 
     def grad_reduce_dtype(self, precision: str) -> str:
         return "fp16" if self.options.fp16_compression else "fp32"
@@ -95,7 +98,9 @@ class HorovodStrategy(CountsOwnCollectives, Strategy):
         self.compiled = apply_compile(model) if self.ctx.compile else None   # the optimizer hooks stay outside
         compression = hvd.Compression.fp16 if o.fp16_compression else hvd.Compression.none
         self.counter = CommCounter()
-        self.issues = IssueLog()   # when backward handed each gradient over: Horovod sends while backward runs
+        # when backward handed each gradient over (Horovod sends while backward runs): on a GPU timed
+        # by CUDA events on the compute stream, not the host's clock (it runs ahead of the kernels)
+        self.issues = IssueLog(*device_clock(self.ctx.device))
         self._count_allreduces(hvd_optimizer)
         base = build_optimizer(model.parameters())
         self.optimizer = hvd.DistributedOptimizer(

@@ -21,10 +21,10 @@ from ddlbench.rundir import RunDir
 def pick_device(requested: str):
     import torch
 
-    from ddlbench.device import cuda_index, resolve_device
+    from ddlbench.device import cuda_index, harness_backend, resolve_device
     if resolve_device(requested, torch.cuda.is_available(), torch_cuda=torch.version.cuda) == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        return torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count())), "nccl"
+        return torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count())), harness_backend("cuda")
     return torch.device("cpu"), "gloo"
 
 

@@ -48,33 +48,57 @@ class IssueLog:
     (Horovod's hooks during backward), as headroom: seconds of the step's compute still to run when
     each was issued. `compute_end()` closes a step's compute (backward done, the wait for the
     messages begins), `step_end()` the step; `take()` gives the last closed step's
-    [[headroom_s, bytes], ...] per kind, in issue order."""
+    [[headroom_s, bytes], ...] per kind, in issue order.
 
-    def __init__(self) -> None:
-        self._pending: list[tuple[str, float, int]] = []
-        self._last: dict[str, list[list[float]]] = {}
+    `marker()` stamps a moment and `elapsed(a, b)` reads seconds between two stamps: the host clock
+    by default; on a GPU CUDA events on the compute stream (`device_clock`), since the host runs
+    ahead of the kernels and its clock would time the issuing of backward, not backward. Stamps are
+    read in take(), after the window: reading an event waits for it."""
 
-    def add(self, kind: str, nbytes: int, t: float | None = None) -> None:
-        self._pending.append((kind, time.perf_counter() if t is None else t, int(nbytes)))
+    def __init__(self, marker=time.perf_counter, elapsed=lambda a, b: b - a) -> None:
+        self._marker, self._elapsed = marker, elapsed
+        self._pending: list[tuple[str, object, int]] = []
+        self._closed: list[tuple[str, object, object, int]] = []   # (kind, issued, compute end or None, bytes)
+        self._last: list[tuple[str, object, object, int]] = []
 
-    def compute_end(self, t: float | None = None) -> None:
-        end = time.perf_counter() if t is None else t
-        self._last = {}
-        for kind, at, nbytes in self._pending:
-            self._last.setdefault(kind, []).append([max(end - at, 0.0), nbytes])
+    def add(self, kind: str, nbytes: int, t=None) -> None:
+        self._pending.append((kind, self._marker() if t is None else t, int(nbytes)))
+
+    def compute_end(self, t=None) -> None:
+        end = self._marker() if t is None else t
+        self._closed = [(kind, at, end, nbytes) for kind, at, nbytes in self._pending]
         self._pending.clear()
 
     def step_end(self) -> None:
         """The step is over: messages issued after compute ended (Horovod's synchronize() sends the
         gradients no hook fired for) belong to it, with no headroom, not to the next step."""
-        for kind, _, nbytes in self._pending:
-            self._last.setdefault(kind, []).append([0.0, nbytes])
+        self._last = self._closed + [(kind, None, None, nbytes) for kind, _, nbytes in self._pending]
+        self._closed = []
         self._pending.clear()
 
     def take(self) -> dict[str, list[list[float]]]:
-        out, self._last = self._last, {}
+        out: dict[str, list[list[float]]] = {}
+        last = self._last or self._closed
+        for kind, at, end, nbytes in last:
+            headroom = 0.0 if end is None else max(self._elapsed(at, end), 0.0)
+            out.setdefault(kind, []).append([headroom, nbytes])
+        self._last, self._closed = [], []
         self._pending.clear()
         return out
+
+
+def device_clock(device) -> tuple:
+    """(marker, elapsed) for IssueLog: CUDA events on the current stream on a GPU, the host clock
+    elsewhere."""
+    if getattr(device, "type", device) != "cuda":
+        return time.perf_counter, lambda a, b: b - a
+    import torch
+
+    def marker():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return marker, lambda a, b: a.elapsed_time(b) / 1e3
 
 
 def latest_issue(profiles: list[list[list[float]]]) -> list[list[float]]:
