@@ -82,7 +82,7 @@ else
   nccl_home "$work/nccl"
   sed -i 's/set(CMAKE_CUDA_RUNTIME_LIBRARY "Static")/set(CMAKE_CUDA_RUNTIME_LIBRARY "Shared")/' "$src/CMakeLists.txt"
   sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' "$src/horovod/common/ops/cuda/CMakeLists.txt"
-  arch="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}"
+  arch="${TORCH_CUDA_ARCH_LIST:-8.0;8.6;8.9;9.0;10.0;12.0}"
   export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED \
          HOROVOD_BUILD_CUDA_CC_LIST="$(echo "$arch" | tr -d '.' | tr ';' ',' | sed 's/+PTX//g')"
 fi

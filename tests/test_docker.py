@@ -62,3 +62,23 @@ def test_slurm_templates_are_valid_bash():
     for script in sorted((REPO / "slurm").glob("*.sbatch")):
         proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{script.name}: {proc.stderr}"
+
+
+def test_gpu_container_templates_share_the_hosts_ipc_and_dev_shm():
+    """NCCL's shared-memory and P2P transports between the ranks of a node need one /dev/shm and
+    IPC namespace; a container per task with its own falls back to the network transport."""
+    pyxis = (REPO / "slurm" / "multinode_pyxis.sbatch").read_text()
+    assert "/dev/shm:/dev/shm" in pyxis.split("--container-mounts=", 1)[1].split()[0]
+    for script in ("multinode_apptainer.sbatch",):
+        cmd = [line for line in (REPO / "slurm" / script).read_text().splitlines()
+               if not line.lstrip().startswith("#")]
+        assert not any(flag in " ".join(cmd) for flag in ("--contain", "--ipc", "--no-mount dev")), script
+
+
+def test_gpu_image_builds_horovods_kernels_for_every_bf16_generation():
+    """It built for 8.0 and 9.0 only: Horovod on an L4, L40, A10 or RTX (8.6, 8.9) or a B200 (10.0)
+    had no kernels for its GPU."""
+    dockerfile = (REPO / "docker" / "Dockerfile.gpu").read_text()
+    arch = dockerfile.split('ARG TORCH_CUDA_ARCH_LIST="', 1)[1].split('"', 1)[0].split(";")
+    assert {"8.0", "8.6", "8.9", "9.0", "10.0"} <= set(arch)
+    assert f'TORCH_CUDA_ARCH_LIST:-{";".join(arch)}' in (REPO / "scripts" / "build_horovod.sh").read_text()
