@@ -120,7 +120,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
                                optimizer_impl=desc.get("optimizer_impl") or optimizer_impl(cfg.optim.impl,
                                                                                            ctx.device.type),
                                precision_recipe={**strategy.precision.recipe(),
-                                                 "grad_reduce": plan.variant.grad_reduce_dtype(ctx.precision)})
+                                                 "grad_reduce": plan.variant.grad_reduce_dtype(ctx.precision),
+                                                 **({"matmuls": FLOAT8_MATMULS} if cfg.run.float8 else {})})
 
     step_times = global_step_times([g["step_time_s"] for g in gathered])
     stats = summarize(step_times)
@@ -208,6 +209,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     return record
 
 
+FLOAT8_MATMULS = ("float8 in the converted linear layers (torchao Float8Linear: e4m3 inputs and weights, e5m2 "
+                  "output gradients, tensorwise dynamic scaling)")
 LAUNCH_BOUND = 0.9
 
 

@@ -52,6 +52,10 @@ class GpuInfo:
     def min_memory(self) -> Optional[int]:
         return min((g.total_memory for g in self.gpus), default=None)
 
+    @property
+    def min_capability(self) -> Optional[tuple[int, int]]:
+        return min((tuple(g.capability) for g in self.gpus), default=None)
+
 
 def bf16_native(capabilities: list[tuple[int, int]], hip: bool = False) -> bool:
     """bf16 in hardware on every device: compute capability 8.0 (Ampere) or later; ROCm devices

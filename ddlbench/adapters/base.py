@@ -34,6 +34,7 @@ class RankContext:
     hosts: tuple[str, ...] = ()   # every rank's host, in rank order, exchanged once when the
                                   # process group forms (empty where no launcher filled it)
     compile: bool = False         # run.compile: torch.compile as the framework recommends
+    float8: bool = False          # run.float8: float8 linear layers (parallelize.apply_float8)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from ddlbench.adapters.base import Periodic, StepOut, Strategy
 from ddlbench.adapters.common import build_on, forward_backward
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
-from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile
+from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, apply_float8
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import AnalyticComm
@@ -109,6 +109,7 @@ class DDPStrategy(Periodic, Strategy):
 
         o = self.options
         model = build_on(build_model, self.ctx.device)
+        self.float8 = apply_float8(model) if self.ctx.float8 else None   # before compile and the wrapper
         self.params = sum(p.numel() for p in model.parameters())
         if o.activation_checkpointing:
             apply_checkpointing(model)
@@ -194,7 +195,7 @@ class DDPStrategy(Periodic, Strategy):
             "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
             "backend": self.ctx.backend,
             "grad_scaler": self.precision.scaler is not None,
-            "compile": self.compiled,
+            "compile": self.compiled, "float8": self.float8,
         }
         if o.comm_hook == "powersgd":
             native.update(powersgd_rank=o.powersgd_rank, powersgd_start_iter=o.powersgd_start_iter)

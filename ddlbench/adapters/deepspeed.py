@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from ddlbench.adapters.base import StepOut, Strategy
 from ddlbench.adapters.common import batch_norms, build_on, param_row, split_micro, unwrap
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, buckets, low, split
+from ddlbench.adapters.parallelize import apply_float8
 from ddlbench.adapters.precision import DTYPES, FrameworkCast
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm
@@ -247,6 +248,7 @@ class DeepSpeedStrategy(Strategy):
         ds_logger.setLevel(logging.WARNING)
         deepspeed.init_distributed(dist_backend=self.ctx.backend)  # reuses the launcher's group
         model = build_on(build_model, self.ctx.device)
+        self.float8 = apply_float8(model) if self.ctx.float8 else None   # before the engine wraps it
         self.params = sum(p.numel() for p in model.parameters())
         self.config = self.ds_config(build_optimizer.optim_cfg, batch_norm=bool(batch_norms(model)))
         optimizer = None if self._offload else build_optimizer(model.parameters())
@@ -304,6 +306,6 @@ class DeepSpeedStrategy(Strategy):
         native = {"deepspeed_config": self.config, "backend": self.ctx.backend,
                   "optimizer": ("DeepSpeedCPUAdam (config type AdamW)" if self._offload
                                 else f"client {type(self.optimizer.optimizer if hasattr(self.optimizer, 'optimizer') else self.optimizer).__name__}"),
-                  "compile": self.compiled}
+                  "compile": self.compiled, "float8": self.float8}
         return {"version": self.version, "native_config": native,
                 "optimizer_impl": "DeepSpeedCPUAdam" if self._offload else None}

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 from ddlbench.adapters.base import StepOut, Strategy
 from ddlbench.adapters.common import build_on, forward_backward, fsdp2_no_sync
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, split
-from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, apply_fully_shard
+from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, apply_float8, apply_fully_shard
 from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
@@ -139,6 +139,7 @@ class FSDP2Strategy(Strategy):
     def setup(self, build_model, build_optimizer) -> None:
         o = self.options
         model = build_on(build_model, self.ctx.device)
+        self.float8 = apply_float8(model) if self.ctx.float8 else None   # before compile and fully_shard
         self.params = sum(p.numel() for p in model.parameters())
         self.mesh = self._mesh()
         if o.activation_checkpointing:   # before sharding, as torchtitan applies it
@@ -182,7 +183,7 @@ class FSDP2Strategy(Strategy):
             "params_made_contiguous": self.sharded.made_contiguous,
             "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
             "mp_policy": self.sharded.mp_record(),
-            "compile": self.compiled,
+            "compile": self.compiled, "float8": self.float8,
             "offload_policy": ({"class": "CPUOffloadPolicy", "pin_memory": self.ctx.device.type == "cuda"}
                                if o.cpu_offload else None),
             "backend": self.ctx.backend,

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from ddlbench.adapters.base import CountsOwnCollectives, StepOut, Strategy
 from ddlbench.adapters.common import build_on, split_micro
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
-from ddlbench.adapters.parallelize import apply_compile
+from ddlbench.adapters.parallelize import apply_compile, apply_float8
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.device import HARNESS_BACKEND_ENV
 from ddlbench.metrics.comm import AnalyticComm, CommCounter, IssueLog, device_clock
@@ -93,6 +93,7 @@ class HorovodStrategy(CountsOwnCollectives, Strategy):
         hvd.init()
         o = self.options
         model = build_on(build_model, self.ctx.device)
+        self.float8 = apply_float8(model) if self.ctx.float8 else None   # before compile and the optimizer
         self.params = sum(p.numel() for p in model.parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         self.compiled = apply_compile(model) if self.ctx.compile else None   # the optimizer hooks stay outside
@@ -169,7 +170,7 @@ class HorovodStrategy(CountsOwnCollectives, Strategy):
         native = {"optimizer": "hvd.DistributedOptimizer", "op": "Average",
                   "compression": "fp16" if o.fp16_compression else "none",
                   "backward_passes_per_step": self.dims.grad_accum,
-                  "lr_scaled_by_world_size": False, "compile": self.compiled,
+                  "lr_scaled_by_world_size": False, "compile": self.compiled, "float8": self.float8,
                   "fusion_threshold_mb": (DEFAULT_FUSION_THRESHOLD_MB if o.fusion_threshold_mb is None
                                           else o.fusion_threshold_mb),
                   "controller": "gloo" if hvd.gloo_enabled() else "mpi",

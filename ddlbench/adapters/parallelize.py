@@ -31,6 +31,32 @@ def apply_checkpointing(model: nn.Module) -> int:
     return checkpoint_blocks(model)
 
 
+def float8_eligible(fqn: str, in_features: int, out_features: int) -> bool:
+    """torchtitan's float8 filter: a linear layer whose dimensions are multiples of 16 (the
+    float8 matmul's need), the output projection excepted (lm_head: its accuracy matters most and
+    the vocabulary rarely divides)."""
+    return fqn.rsplit(".", 1)[-1] not in ("lm_head", "output") and in_features % 16 == 0 and out_features % 16 == 0
+
+
+def apply_float8(model: nn.Module) -> dict:
+    """run.float8: every eligible nn.Linear becomes torchao's Float8Linear (tensorwise dynamic
+    scaling: the inputs, weights and output gradients cast to float8 per tensor at each matmul,
+    bf16 elsewhere), before tensor parallelism, compile and the framework's wrapper, as
+    torchtitan's float8 converter does. FSDP's float8 all-gather is left off (bf16 all-gather).
+    Returns what was done, for the record."""
+    import torchao
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)}
+    chosen = [fqn for fqn, m in linears.items() if float8_eligible(fqn, m.in_features, m.out_features)]
+    config = Float8LinearConfig()
+    convert_to_float8_training(model, config=config,
+                               module_filter_fn=lambda m, fqn: float8_eligible(fqn, m.in_features, m.out_features))
+    return {"converter": f"torchao {torchao.__version__} convert_to_float8_training", "scaling": "tensorwise dynamic",
+            "converted": len(chosen), "kept": sorted(set(linears) - set(chosen)),
+            "fsdp_float8_all_gather": config.enable_fsdp_float8_all_gather}
+
+
 def apply_compile(model: nn.Module) -> str:
     """torch.compile on every block, in place (Module.compile: names and parameters unchanged), as
     torchtitan compiles each transformer block before FSDP: the repeated structure compiles once

@@ -37,11 +37,50 @@ def load(path: str):
 COMPILES = ("ddp", "fsdp2", "deepspeed", "horovod")   # strategies that apply run.compile (parallelize.apply_compile)
 
 
+def gpu_capability(device_type: str) -> Optional[tuple]:
+    """The smallest visible GPU's compute capability (NVML: no CUDA context), None on CPU or unknown."""
+    if device_type != "cuda":
+        return None
+    try:
+        from ddlbench.gpus import visible_gpus
+        return visible_gpus().min_capability
+    except Exception:     # NVML absent or unreadable: the rank's own check decides
+        return None
+
+
 def compile_reason(variant: "Variant", cfg) -> Optional[str]:
     """run.compile on a strategy that does not wire torch.compile: a result that says so."""
     if getattr(cfg.run, "compile", False) and variant.name not in COMPILES:
         return (f"run.compile: torch.compile is wired for {', '.join(COMPILES)}; the {variant.name} adapter does "
                 "not apply it yet")
+    return None
+
+
+FLOAT8 = COMPILES      # strategies that apply run.float8 (parallelize.apply_float8) before wrapping
+FLOAT8_MIN_CAPABILITY = (8, 9)   # float8 tensor cores: Ada (8.9), Hopper (9.0) and later
+
+
+def float8_reason(variant: "Variant", cfg, device_type: str, capability: Optional[tuple] = None) -> Optional[str]:
+    """Why run.float8 cannot run here, or None: the strategy wires it, bf16 around the float8
+    matmuls (torchtitan's recipe), a Llama-family model (nn.Linear layers: transformers' GPT-2 has
+    Conv1D, vision models convolutions), torchao installed, float8 tensor cores on a GPU
+    (`capability`: the smallest visible GPU's; on CPU torch._scaled_mm runs, for tests, not speed)."""
+    import importlib.util
+    if not getattr(cfg.run, "float8", False):
+        return None
+    if variant.name not in FLOAT8:
+        return f"run.float8: float8 training is wired for {', '.join(FLOAT8)}; the {variant.name} adapter does not apply it"
+    if cfg.run.precision != "bf16":
+        return (f"run.float8 runs bf16 around the float8 matmuls (torchtitan's recipe): run.precision is "
+                f"{cfg.run.precision}; set run.precision=bf16")
+    if getattr(cfg.model, "family", None) != "llama":
+        return (f"run.float8 converts nn.Linear layers: {cfg.model.name} has none to convert (transformers' GPT-2 "
+                "uses Conv1D, vision models convolutions); use a Llama-family model")
+    if importlib.util.find_spec("torchao") is None:
+        return "run.float8 needs torchao (pip install torchao)"
+    if device_type == "cuda" and capability is not None and tuple(capability) < FLOAT8_MIN_CAPABILITY:
+        return (f"run.float8 needs float8 tensor cores (compute capability >= 8.9: Ada, Hopper and later); this GPU "
+                f"is {capability[0]}.{capability[1]}")
     return None
 
 
@@ -79,8 +118,9 @@ class Variant:
         """Raise ConfigError for combinations this framework cannot take."""
 
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
-        """Why this variant cannot run here (missing package, device, precision, run.compile), or None."""
-        return compile_reason(self, cfg)
+        """Why this variant cannot run here (missing package, device, precision, run.compile,
+        run.float8), or None."""
+        return compile_reason(self, cfg) or float8_reason(self, cfg, device_type, gpu_capability(device_type))
 
     def taxonomy(self) -> dict:
         """Labels from the survey's taxonomy, shown in the report: parallelism (data, pipeline,

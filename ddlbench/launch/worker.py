@@ -72,7 +72,8 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     try:
         ctx = RankContext(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
                           world_size=dist.get_world_size(), device=device, backend=backend,
-                          precision=plan.cfg.run.precision, hosts=tuple(hosts), compile=plan.cfg.run.compile)
+                          precision=plan.cfg.run.precision, hosts=tuple(hosts), compile=plan.cfg.run.compile,
+                          float8=plan.cfg.run.float8)
         runner.run(plan, ctx, run_dir_p, baseline_rss, threads)
     finally:
         dist.destroy_process_group()

@@ -11,7 +11,6 @@ from torch import nn
 
 from ddlbench.models.spec import ModelSpec
 
-
 IGNORE = -100   # torch's default ignore_index
 
 

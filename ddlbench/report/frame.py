@@ -119,7 +119,8 @@ def recipe_text(recipe: dict | None) -> str | None:
         return None
     return (f"params {recipe.get('params')}, compute {recipe.get('compute')}"
             + (f", master {recipe['master_weights']}" if recipe.get("master_weights") else "")
-            + (f", {recipe['loss_scaling']}" if recipe.get("loss_scaling") else ""))
+            + (f", {recipe['loss_scaling']}" if recipe.get("loss_scaling") else "")
+            + (", float8 matmuls" if recipe.get("matmuls") else ""))
 
 
 def summary_row(record: dict, path: str = "") -> dict:
@@ -159,6 +160,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         # how the precision is applied (autocast, FSDP2's MixedPrecisionPolicy, DeepSpeed's engine)
         "precision_recipe": recipe_text((record.get("framework") or {}).get("precision_recipe")),
         "compile": bool(run.get("compile", False)),
+        "float8": bool(run.get("float8", False)),
         "optimizer_impl": (record.get("framework") or {}).get("optimizer_impl"),
         "attention": ((record.get("model") or {}).get("native_config") or {}).get("attn_implementation"),
         "seed": record.get("seed"),

@@ -74,6 +74,8 @@ PARITY_NOTES = {
                          "gathered), DeepSpeed its engine (low-precision parameters and gradients, fp32 master "
                          "weights): the same run.precision, different numerics and memory."),
     "compile": "Compiled and eager runs are compared: set run.compile the same for every run.",
+    "float8": ("Runs with float8 matmuls (run.float8) are compared with bf16 ones: a different numeric recipe; "
+               "set run.float8 the same for every run."),
     "optimizer_impl": ("The optimizer's implementation differs (fused, foreach, for-loop, or the framework's own): "
                        "the same update, different speed; set optim.impl the same for every run."),
     "attention": ("The attention kernel differs (model.native_config.attn_implementation): set model.attention "
