@@ -11,7 +11,8 @@ Steps, in the order to run them (the step a session cannot reach waits for the n
   A  the harness: the bf16 matmul peak (CUDA events, three shapes); the reference loop against the
      runner on gpt2_small at micro-batch 32, eager and compiled; the fast-path cells
   B  the frameworks: every framework that runs on one GPU, on llama_1b at bf16 with
-     run.micro_batch=auto, DDP twice (its repeat says how far one run is from the next)
+     run.micro_batch=auto, DDP twice (its repeat says how far one run is from the next), and FSDP2
+     compiled with float8 matmuls (torchtitan's fastest published recipe)
   C  memory-bound: llama_3b under run.device_memory_gb=40 (FSDP2 without offload ends OOM with its
      reason, the offload variants run; llama_8b's offloaded state, ~128 GB, would fill the machine's
      128 GiB of host memory) and ResNet-50 at batch 128 with each batch-norm recipe
@@ -55,7 +56,8 @@ STEPS = {
         "ddp gpt2_small bf16"), deadline_s=60,
         overhead=("gpt2_small bf16 32 repeats=2", "gpt2_small bf16 32 compile repeats=2")),
     "B": Step("every framework that runs on one GPU, llama_1b bf16, micro_batch=auto", (
-        f"ddp {LLAMA}", f"fsdp_full {LLAMA}", f"deepspeed_zero3 {LLAMA}", f"fsdp_grad_op {LLAMA}",
+        f"ddp {LLAMA}", f"fsdp_full {LLAMA}", f"fsdp_full {LLAMA} run.compile=true run.float8=true",
+        f"deepspeed_zero3 {LLAMA}", f"fsdp_grad_op {LLAMA}",
         f"deepspeed_zero2 {LLAMA}", f"ddp {LLAMA} run.repeat=1", f"deepspeed_zero1 {LLAMA}",
         f"fsdp_hybrid {LLAMA}", f"deepspeed_zero0 {LLAMA}", f"ddp_bf16_hook {LLAMA}", f"fsdp_offload {LLAMA}",
         f"deepspeed_zero3_offload {LLAMA}"), deadline_s=350),

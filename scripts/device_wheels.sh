@@ -17,12 +17,13 @@ cd "$(dirname "$0")/.."
 out=.whl
 mkdir -p "$out"
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
-      --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+      --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
       --platform manylinux1_x86_64 --platform any)
 py() { python3 -m pip download -q --no-deps "${plat[@]}" -d "$out" "$@" 2>&1 | grep -v "is ignored" || true; }
 py hydra-core==1.3.8 omegaconf==2.3.1 \
    annotated-types typing-inspection orjson==3.13.0 hjson==3.1.0 hydra-submitit-launcher submitit \
-   cffi pycparser 'setuptools<81'     # Horovod's build needs (scripts/build_horovod.sh)
+   cffi pycparser 'setuptools<81' \
+   torchao==0.18.0                    # Horovod's build needs (scripts/build_horovod.sh); run.float8
 # pydantic and pydantic-core as a pair, the versions in this project's venv: pydantic pins its core
 # exactly, and a pair that differs stops every import (seen on the H200, 2026-11-26)
 py $(.venv/bin/python -c 'import pydantic, pydantic_core; print(f"pydantic=={pydantic.VERSION} pydantic-core=={pydantic_core.__version__}")')
