@@ -6,7 +6,7 @@ import importlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from pydantic import ValidationError
 
@@ -122,8 +122,10 @@ def load_variant_class(path: str) -> type:
     return cls
 
 
-def validate(raw: dict[str, Any]) -> Plan:
-    """`raw` stays what was asked (run.precision may be auto); `cfg` holds what will run."""
+def validate(raw: dict[str, Any], chosen: Optional[dict] = None) -> Plan:
+    """`raw` stays what was asked (run.precision may be auto); `cfg` holds what will run.
+    `chosen`: the launcher's run.micro_batch=auto choice (choices.json), which a rank re-validating
+    config.json takes instead of profiling the model again (seconds per rank for a 1B model)."""
     try:
         cfg = BenchCfg.model_validate(_concrete(raw))
     except ValidationError as exc:
@@ -137,7 +139,7 @@ def validate(raw: dict[str, Any]) -> Plan:
         raise ConfigError(f"launcher.nodes {cfg.launcher.nodes}: the local launcher runs on one node "
                           "(use launcher=slurm across nodes)")
     if cfg.run.micro_batch == "auto":
-        return _auto_micro_batch(raw, cfg, variant)
+        return _auto_micro_batch(raw, cfg, variant, chosen)
     dims = resolve_dims(cfg.launcher.nproc, cfg.run.global_batch, cfg.run.micro_batch,
                         nodes=cfg.launcher.nodes, **variant.parallel_shape(cfg))
     variant.check_config(cfg, dims)  # raises ConfigError for cross-key problems
@@ -145,7 +147,7 @@ def validate(raw: dict[str, Any]) -> Plan:
     return Plan(cfg=cfg, raw=raw, dims=dims, variant=variant)
 
 
-def _auto_micro_batch(raw: dict[str, Any], cfg: BenchCfg, variant) -> Plan:
+def _auto_micro_batch(raw: dict[str, Any], cfg: BenchCfg, variant, chosen: Optional[dict] = None) -> Plan:
     """run.micro_batch=auto: the plan at the micro-batch ddlbench/microbatch.py chooses; `raw`
     keeps 'auto' (what was asked), the plan's cfg the number, `choices` why."""
     from ddlbench.device import planned_device
@@ -158,7 +160,10 @@ def _auto_micro_batch(raw: dict[str, Any], cfg: BenchCfg, variant) -> Plan:
         variant.check_config(at, dims)
         return Plan(cfg=at, raw=raw, dims=dims, variant=variant)
 
-    mb, why = choose(plan_for, cfg, planned_device(cfg.run.device))
+    if chosen:
+        mb, why = int(chosen["chosen"]), chosen
+    else:
+        mb, why = choose(plan_for, cfg, planned_device(cfg.run.device))
     plan = plan_for(mb)
     check_data(plan.cfg)
     return Plan(cfg=plan.cfg, raw=raw, dims=plan.dims, variant=variant, choices={"micro_batch_auto": why})

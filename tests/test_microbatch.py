@@ -90,3 +90,17 @@ def test_autocast_frameworks_take_the_fp32_activation_figures_by_hand():
     assert activation_bytes(lay, prof, mixed) == 2 * 1800 and activation_bytes(lay, prof, cast) == 2 * 1000
     ck = Layout(framework="ddp", dp=1, micro_batch=2, checkpointing=True)
     assert activation_bytes(ck, prof, mixed) == 2 * (150 + 1800 / 4)
+
+
+def test_a_rank_takes_the_launchers_choice_instead_of_profiling_again(monkeypatch):
+    """run.micro_batch=auto is decided once, at validation in the launcher (choices.json); a rank
+    re-validating config.json takes it (the profile of a 1B model costs seconds per rank)."""
+    import ddlbench.microbatch
+    from ddlbench.config import compose_raw, validate
+    raw = compose_raw(["framework=ddp", "model=gpt2_tiny", "launcher.nproc=2", "run.global_batch=16",
+                       "run.micro_batch=auto", "run.device_memory_gb=0.025"])
+    launcher = validate(raw)
+    monkeypatch.setattr(ddlbench.microbatch, "choose", lambda *a, **k: (_ for _ in ()).throw(AssertionError("profiled")))
+    rank = validate(raw, launcher.choices["micro_batch_auto"])
+    assert rank.dims == launcher.dims and rank.choices == launcher.choices
+    assert rank.raw["run"]["micro_batch"] == "auto"      # the record still says what was asked

@@ -11,12 +11,16 @@ from ddlbench.launch.stop import partial_timing
 from ddlbench.results import atomic_write_json, empty_record, error_info, write_result
 from ddlbench.rundir import RunDir
 
+CHOICES = "choices.json"
+
 
 def save_config(plan: Plan, run_dir: Path) -> None:
     from omegaconf import OmegaConf
     rd = RunDir(run_dir)
     atomic_write_json(rd.config_json, plan.raw)
     rd.config_yaml.write_text(OmegaConf.to_yaml(OmegaConf.create(plan.raw)))
+    if plan.choices:    # what validation decided (run.micro_batch=auto): ranks take it, not decide again
+        atomic_write_json(rd.path / CHOICES, plan.choices)
 
 
 def stopped_result(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> dict:

@@ -15,6 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddlbench.faults import before_process_group
 from ddlbench.launch import events
+from ddlbench.launch.records import CHOICES
 from ddlbench.rundir import RunDir
 
 
@@ -45,7 +46,9 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     run_dir_p = Path(run_dir)
     events.mark(run_dir_p, "rank_start", int(os.environ.get("RANK", 0)))
     if plan is None:
-        plan = validate(json.loads(RunDir(run_dir_p).config_json.read_text()))
+        choices = run_dir_p / CHOICES
+        chosen = json.loads(choices.read_text()).get("micro_batch_auto") if choices.exists() else None
+        plan = validate(json.loads(RunDir(run_dir_p).config_json.read_text()), chosen)
     torch.set_num_threads(threads)
     device, backend = pick_device(plan.cfg.run.device)
     if device.type == "cuda":
