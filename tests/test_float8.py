@@ -64,3 +64,10 @@ def test_float8_on_a_model_it_cannot_convert_is_an_unsupported_result(tmp_path):
     proc, rec = run_record(tmp_path / "r", "framework=ddp", "model=gpt2_tiny", "run.precision=bf16", "run.float8=true")
     assert proc.returncode == 1 and rec["status"] == "unsupported"
     assert "Conv1D" in rec["error"]["message"] and rec["error"]["type"] == "unsupported"
+
+
+def test_precision_fp8_means_bf16_with_float8_matmuls():
+    from ddlbench.config import plan_from_overrides
+    plan = plan_from_overrides(["model=llama_tiny", "run.precision=fp8"])
+    assert plan.cfg.run.precision == "bf16" and plan.cfg.run.float8 is True
+    assert plan.raw["run"]["precision"] == "fp8"          # the record's config says what was asked
