@@ -9,7 +9,8 @@ and reference-loop runs; on the lent machine (no network, the wheels carried):
 
 Steps, in the order to run them (the step a session cannot reach waits for the next GPU session):
   A  the harness: the bf16 matmul peak (CUDA events, three shapes); the reference loop against the
-     runner on gpt2_small at micro-batch 32, eager and compiled; the fast-path cells
+     runner on gpt2_small at micro-batch 32, eager and compiled; the fast-path cells, one of them
+     with a profiled step (run.trace: a Chrome trace per rank)
   B  the frameworks: every framework that runs on one GPU, on llama_1b at bf16 with
      run.micro_batch=auto, DDP twice (its repeat says how far one run is from the next), and FSDP2
      compiled with float8 matmuls (torchtitan's fastest published recipe)
@@ -53,7 +54,7 @@ class Step:
 STEPS = {
     "A": Step("the harness against a reference loop; the fast path against the old one", (
         "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach",
-        "ddp gpt2_small bf16"), deadline_s=60,
+        "ddp gpt2_small bf16 run.trace=true"), deadline_s=60,
         overhead=("gpt2_small bf16 32 repeats=2", "gpt2_small bf16 32 compile repeats=2")),
     "B": Step("every framework that runs on one GPU, llama_1b bf16, micro_batch=auto", (
         f"ddp {LLAMA}", f"fsdp_full {LLAMA}", f"fsdp_full {LLAMA} run.compile=true run.float8=true",

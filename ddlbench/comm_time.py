@@ -127,3 +127,28 @@ def profile_comm(adapter, batches, device, steps: int) -> dict | None:
             k[key] /= steps
     out["steps"] = steps
     return out
+
+
+TRACE_ROWS = 30
+
+
+def trace_step(strategy, batches, device, run_dir, rank: int) -> dict:
+    """run.trace: one more training step under torch.profiler, after the window (never timed): a
+    Chrome trace per rank (trace-rank{r}.json: chrome://tracing or ui.perfetto.dev) and its ops by
+    self time (trace-rank{r}.txt), to see where a step goes and whether the device waits on the
+    host (gaps between kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with quiet_kineto():
+        with profile(activities=activities) as prof:
+            strategy.train_step(next(batches))
+            if cuda:
+                torch.cuda.synchronize(device)
+    trace, table = run_dir / f"trace-rank{rank}.json", run_dir / f"trace-rank{rank}.txt"
+    prof.export_chrome_trace(str(trace))
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    table.write_text(prof.key_averages().table(sort_by=sort, row_limit=TRACE_ROWS) + "\n")
+    return {"trace": trace.name, "ops": table.name, "sorted_by": sort}

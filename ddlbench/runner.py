@@ -171,7 +171,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         warmup = len(window.step_s) - 1
     if window.step_s:
         events.mark(run_dir, "first_step", ctx.rank, t=window.first_step_end)
-    local, probes = after_window(plan, ctx, setup, window, warmup, tracking, warnings)
+    local, probes = after_window(plan, ctx, setup, window, warmup, tracking, warnings, run_dir)
     local["baseline_rss_bytes"] = baseline_rss
     gathered: list = [None] * ctx.world_size
     dist.all_gather_object(gathered, local)
@@ -262,10 +262,10 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
 
 
 def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: int, tracking,
-                 warnings: list[str]) -> tuple[dict, dict]:
+                 warnings: list[str], run_dir: Path) -> tuple[dict, dict]:
     """Untimed, after the window: the loop's memory peaks, then the probes (final objective, the
     collectives of one more step, their time, the parameters' fingerprint, model-parallel busy
-    time). Returns (this rank's series and facts to gather, rank-local results rank 0 records)."""
+    time, run.trace's profiled step). Returns (this rank's series and facts to gather, rank-local results rank 0 records)."""
     cfg, strategy = plan.cfg, setup.strategy
     memory = loop_peaks(ctx.device, setup.peaks)  # peaks of the training loop, before the probe step
     if cfg.run.memory_tracker:
@@ -283,6 +283,10 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
     busy = _busy_probe(strategy, ctx.device)
     if busy is not None:
         adapter_stats["busy_s_per_step"] = busy
+    traced = None
+    if cfg.run.trace:     # last: one more step, so nothing above sees its update
+        from ddlbench.comm_time import trace_step
+        traced = trace_step(strategy, setup.batches, ctx.device, run_dir, ctx.rank)
     unix_offset = time.time() - time.perf_counter()
     local = {
         "rank": ctx.rank,
@@ -299,6 +303,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "gpu": w.gpu,
         "hostname": platform.node(),
         "comm_threads": w.comm_threads if w.step_s else commthreads.apply(p2p=plan.dims.pp > 1),
+        "trace": traced,
     }
     return local, {"objective": objective, "fingerprint": fingerprint, "comm_steps": comm["steps"],
                    "comm_profiled": "time" in comm}
@@ -333,5 +338,9 @@ def write_record(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, w: W
             "note": "[sum, sum of squares, sum of |x|, sum of x_i (i+1)/n over the row-major elements "
                     "(order-sensitive)] per parameter after the training loop, the comm-probe steps and the "
                     "comm-profile steps"}
+    if any(g.get("trace") for g in gathered):
+        record["trace"] = {"per_rank": [g.get("trace") for g in gathered],
+                           "note": "one training step after the window and every probe, under torch.profiler "
+                                   "(run.trace): not timed, not in any figure above"}
     write_metrics_jsonl(run_dir, record, gathered)
     write_result(run_dir, record)

@@ -14,9 +14,16 @@ FAST = ("run.warmup_steps=1", "run.measure_steps=3")
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_ddp_writes_a_valid_result(run_dir, nproc):
-    proc, rec = run_record(run_dir, "framework=ddp", "model=gpt2_tiny", f"launcher.nproc={nproc}", *FAST)
+    trace = ("run.trace=true",) if nproc == 2 else ()   # one more step under torch.profiler, after everything
+    proc, rec = run_record(run_dir, "framework=ddp", "model=gpt2_tiny", f"launcher.nproc={nproc}", *FAST, *trace)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert check_record(rec) == []
+    if trace:
+        assert [t["trace"] for t in rec["trace"]["per_rank"]] == ["trace-rank0.json", "trace-rank1.json"]
+        assert all(json.loads((run_dir / f"trace-rank{r}.json").read_text())["traceEvents"] for r in (0, 1))
+        assert "aten::mm" in (run_dir / "trace-rank0.txt").read_text()
+    # the issue time (train_step called -> returned) beside the step time; on CPU nothing is asynchronous
+    assert rec["timing"]["launch_bound"]["value"] is None and rec["timing"]["issue_time_s_median"] > 0
     assert rec["status"] == "ok" and rec["parallel"]["world_size"] == nproc
     assert rec["parallel"]["micro_batch"] == 8 // nproc
     t = rec["timing"]
