@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from ddlbench import envinfo
+from ddlbench.adapters.variant import model_state_theory
 from ddlbench.hardware import cuda_tf32_enabled, peak_dtype, peak_flops
 from ddlbench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, latest_issue, per_step, rank_wire_bytes
 from ddlbench.metrics.convergence import eval_times, first_reached
@@ -181,8 +182,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     record["memory"] = {
         "per_rank": [{"rank": g["rank"], **g["memory"], "baseline_rss_bytes": g["baseline_rss_bytes"]}
                      for g in gathered],
-        "model_state_bytes_per_rank_theory": strategy.model_state_bytes_theory(
-            params or 0, optim.name, optim.momentum) if params else None,
+        "model_state_bytes_per_rank_theory": model_state_theory(
+            plan.variant, dims, ctx.precision, params, optim.name, optim.momentum) if params else None,
         "note": "baseline_rss_bytes = peak RSS after imports, before the model is built",
     }
     analytic = plan.variant.analytic_comm(dims, ctx.precision, params or 0, strategy.per_node)

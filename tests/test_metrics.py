@@ -212,16 +212,22 @@ def test_comm_by_group_size():
     assert group_wire_bytes({"all_reduce": {"4@2": 1000, "2@1": 200, "1@1": 999}}) == 1700.0
 
 
-def test_ddp_memory_theory_counts_the_bucket_copy_without_bucket_view():
-    from types import SimpleNamespace
+def test_model_state_theory_comes_from_the_cost_model_by_hand():
+    """model_state_bytes_per_rank_theory is the variant's cost model's parameters + gradients +
+    optimizer state (stated once, as advise's estimate reads it): DDP fp32 AdamW 4 + 4 + 8 per
+    parameter; without the bucket view the reducer's copy of the gradients is a buffer of the step,
+    not model state; ZeRO-3 at 2 ranks halves all three."""
+    from ddlbench.adapters.variant import model_state_theory
+    from ddlbench.config import plan_from_overrides
 
-    from ddlbench.adapters.ddp import DDPOptions, DDPStrategy
-    ddp = object.__new__(DDPStrategy)
-    ddp.ctx = SimpleNamespace(world_size=2)
-    ddp.options = DDPOptions()
-    assert ddp.model_state_bytes_theory(1000, "adamw") == 16_000          # 4 + 4 + 8 per parameter
-    ddp.options = DDPOptions(gradient_as_bucket_view=False)
-    assert ddp.model_state_bytes_theory(1000, "adamw") == 20_000          # + 4: buckets copy the grads
+    def theory(*overrides, precision="fp32"):
+        plan = plan_from_overrides(["launcher.nproc=2", *overrides])
+        return model_state_theory(plan.variant, plan.dims, precision, 1000, "adamw")
+    assert theory("framework=ddp") == 16_000
+    assert theory("framework=ddp", "framework.options.gradient_as_bucket_view=false") == 16_000
+    assert theory("framework=deepspeed_zero3") == 16_000 // 2
+    # DeepSpeed's bf16 engine: 2-byte parameters and gradients, fp32 master + Adam (12), all halved
+    assert theory("framework=deepspeed_zero3", precision="bf16") == (2 + 2 + 12) * 1000 // 2
 
 
 def test_commbench_at_more_ranks_than_the_network_has_devices_keeps_its_fits(tmp_path, capsys):

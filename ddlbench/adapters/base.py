@@ -87,10 +87,6 @@ class Strategy:
         finally:
             self.model.train()
 
-    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> Optional[int]:
-        """Theoretical params+grads+optimizer-state bytes per rank for this strategy."""
-        return None
-
     def param_stats(self) -> list[tuple[int, list[float]]]:
         """(ndim, param_row) of every full parameter (tied weights once), in the model's order:
         equal across equivalent strategies. Sharded strategies gather (collective: all ranks call it)."""

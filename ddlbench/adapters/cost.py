@@ -151,6 +151,17 @@ class CostModel:
                                      # sends overlap the next micro-batch's compute (advise.predict)
     traffic: tuple = ()              # Traffic, per optimizer step
 
+    def state_bytes(self, optimizer: str, momentum: float = 0.0) -> dict[str, float]:
+        """Parameters, gradients and optimizer state on the busiest rank, wherever they live (the
+        ZeRO paper's model states, section 3): its piece at the bytes the framework keeps, each part
+        divided by the ranks that shard it."""
+        from ddlbench.metrics.memory import optimizer_state_bytes_per_param
+        n = max(self.shard_ranks, 1)
+        k = optimizer_state_bytes_per_param(optimizer, momentum, fp32_master_copy=self.fp32_master_copy)
+        return {"params": self.param_bytes * self.piece / (n if self.shard_params else 1),
+                "grads": self.grad_bytes * self.piece / (n if self.shard_grads else 1),
+                "optimizer": k * self.piece / (n if self.shard_optimizer else 1)}
+
     @property
     def autocast(self) -> bool:
         """torch.autocast runs the model at 2 bytes over fp32 parameters (its weight copies are

@@ -39,7 +39,6 @@ from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, MiB, autocast_copies,
 from ddlbench.adapters.precision import DTYPES
 from ddlbench.adapters.variant import Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
-from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from ddlbench.topology import cross_groups, hosts_of, node_groups, node_of
 
 
@@ -271,10 +270,6 @@ class DASOStrategy(Periodic, Strategy):
         self.window = 10**12                       # and the skips stay as the run left them
         self.options = self.options.model_copy(update={"warmup_steps": 0})
         return self.global_skip
-
-    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
-        return model_state_bytes_per_rank(params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
-                                          optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum))
 
     def describe(self) -> dict:
         o = self.options

@@ -20,7 +20,6 @@ from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, ap
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import AnalyticComm
-from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 
 class DDPOptions(BaseModel):
@@ -175,12 +174,6 @@ class DDPStrategy(Periodic, Strategy):
 
     def comm_probe_steps(self) -> int:
         return self.options.local_sgd_period if self.options.comm_hook == "post_local_sgd" else 1
-
-    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
-        # gradient_as_bucket_view=False: the reducer's buckets are a second fp32 copy of the grads
-        return model_state_bytes_per_rank(
-            params, self.ctx.world_size, param_bytes=4, grad_bytes=4 if self.options.gradient_as_bucket_view else 8,
-            optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum))
 
     def describe(self) -> dict:
         o = self.options

@@ -22,7 +22,6 @@ from ddlbench.adapters.parallelize import apply_float8
 from ddlbench.adapters.precision import DTYPES, FrameworkCast
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm
-from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from ddlbench.optim import param_groups
 
 
@@ -293,14 +292,6 @@ class DeepSpeedStrategy(Strategy):
         params = list(unwrap(self.model).parameters())
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             return [(p.ndim, param_row(p)) for p in params]
-
-    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
-        s = self.options.stage
-        low = self.ctx.precision in ("bf16", "fp16")
-        return model_state_bytes_per_rank(
-            params, self.ctx.world_size, param_bytes=2 if low else 4, grad_bytes=2 if low else 4,
-            optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum, fp32_master_copy=low),
-            shard_optim=s >= 1, shard_grads=s >= 2, shard_params=s >= 3)
 
     def describe(self) -> dict:
         native = {"deepspeed_config": self.config, "backend": self.ctx.backend,

@@ -18,7 +18,6 @@ from ddlbench.adapters.common import build_on, forward_backward
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm
-from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from ddlbench.optim import param_groups
 
 
@@ -137,13 +136,6 @@ class FairScaleStrategy(Strategy):
         self.optimizer.step()
         self.model.zero_grad(set_to_none=False)  # in place: see the module docstring
         return StepOut(loss=loss)
-
-    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
-        return model_state_bytes_per_rank(
-            params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
-            optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
-            shard_optim=True, shard_grads=self.options.mode in ("oss_sdp", "fsdp"),
-            shard_params=self.options.mode == "fsdp")
 
     def describe(self) -> dict:
         o = self.options

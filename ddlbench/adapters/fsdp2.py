@@ -20,7 +20,6 @@ from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import AnalyticComm
-from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 from ddlbench.topology import hosts_of, node_groups
 
 
@@ -161,14 +160,6 @@ class FSDP2Strategy(Strategy):
         loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self._no_sync)
         self.precision.step(self.optimizer)
         return StepOut(loss=loss)
-
-    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
-        # At rest FSDP2 keeps fp32 sharded parameters, gradients and optimizer states (bf16
-        # copies exist only transiently for unsharded units).
-        return model_state_bytes_per_rank(
-            params, self.per_node or self.ctx.world_size, param_bytes=4, grad_bytes=4,
-            optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum),
-            shard_optim=True, shard_grads=True, shard_params=True)
 
     def describe(self) -> dict:
         o = self.options

@@ -20,7 +20,6 @@ from ddlbench.adapters.parallelize import apply_compile, apply_float8
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.device import HARNESS_BACKEND_ENV
 from ddlbench.metrics.comm import AnalyticComm, CommCounter, IssueLog, device_clock
-from ddlbench.metrics.memory import model_state_bytes_per_rank, optimizer_state_bytes_per_param
 
 # Horovod 0.28.1's fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 MiB
 # (horovod/common/operations.cc: SetTensorFusionThresholdBytes(128 * 1024 * 1024); horovodrun's
@@ -159,10 +158,6 @@ class HorovodStrategy(CountsOwnCollectives, Strategy):
             if kind in counts:
                 counts[kind]["issued"] = profile
         return counts
-
-    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
-        return model_state_bytes_per_rank(params, self.ctx.world_size, param_bytes=4, grad_bytes=4,
-                                          optim_bytes=optimizer_state_bytes_per_param(optimizer, momentum))
 
     def describe(self) -> dict:
         import horovod.torch as hvd

@@ -369,10 +369,6 @@ class PipelineStrategy(ModelParallel, Strategy):
         merged = dict(item for rank_items in gathered for item in rank_items)
         return [merged[i] for i in sorted(merged)]
 
-    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
-        """Rank 0's stages (the per-rank values are in model_parallel.per_rank)."""
-        return self.local_param_count * (4 + 4 + optimizer_state_bytes_per_param(optimizer, momentum))
-
     def describe(self) -> dict:
         o, dims = self.options, self.dims
         native = {

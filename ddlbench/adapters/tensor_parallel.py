@@ -23,7 +23,6 @@ from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.variant import Variant, taxonomy_labels
 from ddlbench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from ddlbench.errors import ConfigError
-from ddlbench.metrics.memory import optimizer_state_bytes_per_param
 
 
 class TPOptions(BaseModel):
@@ -124,12 +123,6 @@ class TensorParallelStrategy(Strategy):
         """Every tp rank computes the same sums; only tp rank 0 contributes to the evaluator's sum."""
         sums = super().eval_step(batch)
         return sums if self.tp_rank == 0 else torch.zeros_like(sums)
-
-    def model_state_bytes_theory(self, params: int, optimizer: str, momentum: float = 0.0) -> int:
-        """This rank's parameter shards (TP and FSDP together) x (param + grad + optimizer) bytes."""
-        from torch.distributed.tensor import DTensor
-        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.model.parameters())
-        return local * (4 + 4 + optimizer_state_bytes_per_param(optimizer, momentum))
 
     def describe(self) -> dict:
         from ddlbench.models.tensor_parallel import PLAN_DESCRIPTION

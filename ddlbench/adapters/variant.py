@@ -170,8 +170,22 @@ def payload_psi(variant: Variant, dims: "ParallelDims", precision: str, params: 
                 per_node: Optional[int] = None) -> Optional[dict]:
     """A run's data-parallel payload per step, {kind: units of Psi}, from the variant's cost model
     (the one source for advise's prices and the record's analytic volume); None without one."""
-    from ddlbench.adapters.cost import ModelProfile
-    prof = ModelProfile(params=params or 0, largest_block_params=0, blocks=1, activation_bytes_per_sample=0,
-                        checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0)
-    cost = variant.cost_model(dims, prof, precision, per_node)
+    cost = variant.cost_model(dims, params_only(params), precision, per_node)
     return None if cost is None else cost.payload_psi()
+
+
+def params_only(params: int):
+    """A ModelProfile that knows the parameter count only: enough for what a cost model says about
+    communication and model state (not activations)."""
+    from ddlbench.adapters.cost import ModelProfile
+    return ModelProfile(params=params or 0, largest_block_params=0, blocks=1, activation_bytes_per_sample=0,
+                        checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0)
+
+
+def model_state_theory(variant: Variant, dims: "ParallelDims", precision: str, params: int, optimizer: str,
+                       momentum: float = 0.0) -> Optional[int]:
+    """model_state_bytes_per_rank_theory: parameters + gradients + optimizer state on the busiest
+    rank, from the variant's cost model (the one statement of what the framework keeps, which advise's
+    memory estimate uses too); None without one."""
+    cost = variant.cost_model(dims, params_only(params), precision, None)
+    return None if cost is None else int(round(sum(cost.state_bytes(optimizer, momentum).values())))

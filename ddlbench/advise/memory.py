@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddlbench.adapters.cost import CostModel, ModelProfile
-from ddlbench.metrics.memory import optimizer_state_bytes_per_param
 
 __all__ = ["Layout", "ModelProfile", "estimate"]
 
@@ -94,13 +93,7 @@ def estimate(layout: Layout, model: ModelProfile, cost: CostModel, optimizer: st
     """{'params', 'grads', 'optimizer', 'activations', 'temporaries', 'buffers', 'total', 'host'} bytes on the
     busiest rank ('total' is the device's; 'host': what the framework offloads), training on
     `device` ('cpu' or a GPU: the optimizer's temporaries differ)."""
-    p, n = cost.piece, max(cost.shard_ranks, 1)
-
-    def part(nbytes: float, sharded: bool) -> float:
-        return nbytes * p / (n if sharded else 1)
-    k = optimizer_state_bytes_per_param(optimizer, momentum, fp32_master_copy=cost.fp32_master_copy)
-    out = {"params": part(cost.param_bytes, cost.shard_params), "grads": part(cost.grad_bytes, cost.shard_grads),
-           "optimizer": part(k, cost.shard_optimizer)}
+    out = cost.state_bytes(optimizer, momentum)
     host = 0.0
     offloaded = (["optimizer"] if cost.offload_optimizer else []) + (["params", "grads"] if cost.offload_params else [])
     for key in offloaded:
