@@ -109,19 +109,12 @@ def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.
 
 
 def matmul_peak_events(n: int, reps: int = 50) -> float:
-    """bf16 n x n x n products timed with CUDA events (kernel time, no host timing), after warm-up."""
+    """bf16 n x n x n products timed with CUDA events: the probe runs record beside MFU
+    (ddlbench.hardware.probe_gpu_matmul), one shape at a time."""
     import torch
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(5):
-        a @ b
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        a @ b
-    end.record()
-    end.synchronize()
-    return 2 * n ** 3 * reps / (start.elapsed_time(end) / 1e3)
+
+    from ddlbench.hardware import probe_gpu_matmul
+    return probe_gpu_matmul(torch.device("cuda"), torch.bfloat16, shapes=(n,), reps=reps)
 
 
 def sweep_ok(check: dict) -> bool:
