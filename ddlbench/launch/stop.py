@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -28,10 +29,24 @@ def expose(step_s: list, losses: list, warmup: int) -> None:
     _live.update(step_s=step_s, losses=losses, warmup=warmup)
 
 
+def block_stop_signal() -> None:
+    """First thing in a rank, before anything starts a thread: SIGUSR1 blocked in this thread and
+    so in every thread made after it (threads inherit the mask), for install_rank_handler's."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+
 def install_rank_handler(run_dir: str, rank: int, on_stop=None) -> None:
     """`on_stop()` runs after this rank saved its series (launcher=slurm: rank 0 writes the
-    result there, as no launcher process sits above the ranks)."""
-    def handler(signum, _frame):
+    result there, as no launcher process sits above the ranks). The signal is taken by a thread of
+    its own (sigwait; block_stop_signal blocked it everywhere else): a Python signal handler runs
+    only in the main thread between bytecodes, never while that thread waits inside a collective
+    (gloo's C++), where a stopped rank's peers usually are; a SIGUSR1 that came before this call
+    stays pending and is taken here."""
+    once = threading.Lock()
+
+    def stop(signum: int) -> None:
+        if not once.acquire(blocking=False):    # the other path got there first: it exits
+            return
         step_s = list(_live.get("step_s", []))
         losses = [None if l is None else float(l) for l in _live.get("losses", [])][: len(step_s)]
         atomic_write_json(RunDir(run_dir).rank_partial(rank),
@@ -40,8 +55,15 @@ def install_rank_handler(run_dir: str, rank: int, on_stop=None) -> None:
         if on_stop is not None:
             on_stop()
         os._exit(128 + signum)
+
+    def watch() -> None:
+        stop(signal.sigwait({signal.SIGUSR1}))
     RunDir(run_dir).partial.mkdir(exist_ok=True)
-    signal.signal(signal.SIGUSR1, handler)
+    # a thread made before the mask (a caller that did not block first) may still get the signal:
+    # the handler then runs in the main thread, as before
+    signal.signal(signal.SIGUSR1, lambda signum, _frame: stop(signum))
+    block_stop_signal()
+    threading.Thread(target=watch, name="sigusr1-stop", daemon=True).start()
 
 
 def wait_until(done, bound_s: float) -> bool:

@@ -41,6 +41,8 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     from ddlbench.config import validate
 
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)   # the agent ignores it; a rank must not
+    from ddlbench.launch.stop import block_stop_signal
+    block_stop_signal()      # before any thread exists: only install_rank_handler's thread takes it
     # a run past run.timeout_s: the launcher asks every rank for its Python stacks
     faulthandler.register(signal.SIGUSR2, file=_stack_file(run_dir), all_threads=True)
     run_dir_p = Path(run_dir)
