@@ -170,12 +170,8 @@ def _auto_micro_batch(raw: dict[str, Any], cfg: BenchCfg, variant, chosen: Optio
 
 
 def _concrete(raw: dict[str, Any]) -> dict[str, Any]:
-    """run.precision=auto replaced by the precision it means on this machine (ddlbench.device);
-    run.precision=fp8 by what it means: bf16 with float8 matmuls (run.float8, torchtitan's
-    recipe: float8 training keeps bf16 around the float8 linear layers)."""
+    """run.precision=auto replaced by the precision it means on this machine (ddlbench.device)."""
     run = raw.get("run")
-    if isinstance(run, dict) and run.get("precision") == "fp8":
-        return {**raw, "run": {**run, "precision": "bf16", "float8": True}}
     if not isinstance(run, dict) or run.get("precision", "auto") != "auto":
         return raw
     from ddlbench.device import planned_precision

@@ -226,7 +226,8 @@ class RunCfg(Strict):
     micro_batch: Optional[Union[PositiveInt, Literal["auto"]]] = None
     device_memory_gb: Optional[Annotated[float, Field(gt=0)]] = None   # emulate a smaller device (auto sizes to it)
     seed: NonNegativeInt = 0
-    precision: Literal[("auto",) + PRECISIONS] = "auto"  # type: ignore[valid-type]  # auto: ddlbench.device.auto_precision
+    # auto: ddlbench.device.auto_precision; fp8: bf16 with float8 matmuls (run.float8), below
+    precision: Literal[("auto",) + PRECISIONS + ("fp8",)] = "auto"  # type: ignore[valid-type]
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: Annotated[float, Field(gt=0)] = 900
     pg_timeout_s: Annotated[float, Field(gt=0)] = 300
@@ -251,6 +252,14 @@ class RunCfg(Strict):
     float8: bool = False              # float8 matmuls in the model's linear layers (torchao Float8Linear, tensorwise
                                       # dynamic scaling, as torchtitan's float8 converter), bf16 around them
     dir: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fp8_is_bf16_with_float8_matmuls(cls, data):
+        """run.precision=fp8 is torchtitan's float8 recipe: bf16 around float8 linear layers."""
+        if isinstance(data, dict) and data.get("precision") == "fp8":
+            return {**data, "precision": "bf16", "float8": True}
+        return data
 
     @model_validator(mode="after")
     def _compile_in_warm_up(self):

@@ -124,6 +124,19 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> ModelProfile:
+    """The profile (_profile) for a run on `device_type`. For CUDA it is measured in a spawned
+    process of its own: building a transformers model imports torchao where it is installed, and
+    torchao's import asks triton about the GPU (torch.cuda.current_device: CUDA initialised), which
+    would leave this process (the sweep, advise, the launcher: they fork) unable to give CUDA to
+    its children (caught by tests/test_gpu_fork.py's stand-in GPU)."""
+    if device_type != "cuda":
+        return _profile(model_cfg, precision, device_type)
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_profile, (model_cfg, precision, device_type))
+
+
+def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> ModelProfile:
     """At bf16/fp16 the activations are counted with the model in that dtype: what DeepSpeed's
     2-byte engine saves; autocast keeps a few in fp32 (norms, softmax, the loss), so for autocast
     frameworks this is a lower bound. `device_type`: the model as built for that device."""

@@ -59,7 +59,8 @@ def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> 
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
-HELPER_THREADS = {"_accept_forever"}     # ddlbench's own background threads (launch/liveness.py)
+HELPER_THREADS = {"_accept_forever", "watch"}   # ddlbench's own background threads (launch/liveness.py,
+                                                # launch/stop.py's SIGUSR1 thread)
 
 
 def _in_package(path: str) -> str | None:

@@ -74,7 +74,10 @@ def install(log: str) -> None:
         _touch("set_device")
         raise RuntimeError(STOP_MESSAGE)
 
-    cuda.is_available = touching("is_available", True)              # cudaGetDeviceCount: the driver
+    touch_available = touching("is_available", True)                # cudaGetDeviceCount: the driver
+    # with PYTORCH_NVML_BASED_CUDA_CHECK=1 torch answers from NVML's device count: no initialisation
+    cuda.is_available = lambda: (True if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"
+                                 else touch_available())
     cuda._lazy_init = touching("_lazy_init", None)
     cuda.init = touching("init", None)
     cuda.is_bf16_supported = touching("is_bf16_supported", True)
