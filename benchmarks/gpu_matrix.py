@@ -34,6 +34,8 @@ from pathlib import Path
 
 from runs import StaleResult
 
+from ddlbench.collect import rebase_mfu
+
 REPO = Path(__file__).resolve().parents[1]
 
 MODELS = ("gpt2_small", "resnet50")
@@ -78,11 +80,8 @@ def expand_plan(argv: list[str]) -> list[str]:
     return [*argv[:i], *STEPS[argv[i + 1]].matrix_args(), *argv[i + 2:]]
 
 
-def mfu_on_measured_peak(mfu: float | None, table_peak: float | None, measured_peak: float | None) -> float | None:
-    """A run's MFU re-based from the table's peak to the peak measured on this device."""
-    if mfu is None or not table_peak or not measured_peak:
-        return None
-    return mfu * table_peak / measured_peak
+# a run's MFU re-based from the table's peak to the one measured here: the records' own rule
+mfu_on_measured_peak = rebase_mfu
 
 
 def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.0) -> float:

@@ -55,8 +55,8 @@ class IssueLog:
     ahead of the kernels and its clock would time the issuing of backward, not backward. Stamps are
     read in take(), after the window: reading an event waits for it."""
 
-    def __init__(self, marker=time.perf_counter, elapsed=lambda a, b: b - a) -> None:
-        self._marker, self._elapsed = marker, elapsed
+    def __init__(self, marker=time.perf_counter, elapsed=None) -> None:
+        self._marker, self._elapsed = marker, elapsed or host_elapsed
         self._pending: list[tuple[str, object, int]] = []
         self._closed: list[tuple[str, object, object, int]] = []   # (kind, issued, compute end or None, bytes)
         self._last: list[tuple[str, object, object, int]] = []
@@ -87,11 +87,15 @@ class IssueLog:
         return out
 
 
+def host_elapsed(a: float, b: float) -> float:
+    return b - a
+
+
 def device_clock(device) -> tuple:
     """(marker, elapsed) for IssueLog: CUDA events on the current stream on a GPU, the host clock
     elsewhere."""
     if getattr(device, "type", device) != "cuda":
-        return time.perf_counter, lambda a, b: b - a
+        return time.perf_counter, host_elapsed
     import torch
 
     def marker():
