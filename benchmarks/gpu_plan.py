@@ -9,14 +9,17 @@ and reference-loop runs; on the lent machine (no network, the wheels carried):
 
 Steps, in the order to run them (the step a session cannot reach waits for the next GPU session):
   A  the harness: the bf16 matmul peak (CUDA events, three shapes); the reference loop against the
-     runner on gpt2_small at micro-batch 32, eager and compiled; the fast-path cells, one of them
-     with a profiled step (run.trace: a Chrome trace per rank)
+     runner on gpt2_small at micro-batch 32, eager and compiled, and on llama_1b at 8; the fast-path
+     cells, one of them with a profiled step (run.trace: a Chrome trace per rank); forward /
+     backward / optimizer by CUDA events (run.step_split) on gpt2_small and llama_1b
   B  the frameworks: every framework that runs on one GPU, on llama_1b at bf16 with
      run.micro_batch=auto, DDP twice (its repeat says how far one run is from the next), and FSDP2
      compiled with float8 matmuls (torchtitan's fastest published recipe)
   C  memory-bound: llama_3b under run.device_memory_gb=40 (FSDP2 without offload ends OOM with its
      reason, the offload variants run; llama_8b's offloaded state, ~128 GB, would fill the machine's
      128 GiB of host memory) and ResNet-50 at batch 128 with each batch-norm recipe
+Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
+(reports/gpu-h200/2026-11-26/); C never: the next session starts with C, then A.
 Run here, it validates each cell's configuration (`bench run ... run.dry_run=true run.device=cpu`,
 in-process) and prints the device commands; the suite runs it (tests/test_gpu_plan.py).
 """
@@ -52,10 +55,11 @@ class Step:
 
 
 STEPS = {
-    "A": Step("the harness against a reference loop; the fast path against the old one", (
+    "A": Step("the harness against a reference loop; the fast path against the old one; where a step's time goes", (
         "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach",
-        "ddp gpt2_small bf16 run.trace=true"), deadline_s=60,
-        overhead=("gpt2_small bf16 32 repeats=2", "gpt2_small bf16 32 compile repeats=2")),
+        "ddp gpt2_small bf16 run.trace=true",
+        f"ddp {GPT2} run.step_split=true", f"fsdp_full {LLAMA} run.step_split=true"), deadline_s=80,
+        overhead=("gpt2_small bf16 32 repeats=2", "gpt2_small bf16 32 compile repeats=2", "llama_1b bf16 8 repeats=1")),
     "B": Step("every framework that runs on one GPU, llama_1b bf16, micro_batch=auto", (
         f"ddp {LLAMA}", f"fsdp_full {LLAMA}", f"fsdp_full {LLAMA} run.compile=true run.float8=true",
         f"deepspeed_zero3 {LLAMA}", f"fsdp_grad_op {LLAMA}",

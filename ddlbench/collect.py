@@ -13,6 +13,7 @@ from ddlbench.metrics.mfu import MfuError, mfu
 from ddlbench.metrics.stragglers import describe as describe_stragglers
 from ddlbench.metrics.stragglers import find_stragglers
 from ddlbench.metrics.throughput import throughput
+from ddlbench.metrics.step_split import gather_split
 from ddlbench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
 from ddlbench.results import empty_record
 from ddlbench.rundir import RunDir
@@ -173,6 +174,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
         issue = max(summarize(g["issue_time_s"])["median"] for g in gathered)
         record["timing"]["issue_time_s_median"] = issue
         record["timing"]["launch_bound"] = launch_bound(issue, stats["median"], ctx.device.type)
+    if cfg.run.step_split:
+        record["timing"]["step_split"] = gather_split([g.get("step_split") for g in gathered])
     if all("host_time_s" in g for g in gathered):
         record["timing"]["per_rank_host_median_s"] = [summarize(g["host_time_s"])["median"] for g in gathered]
         record["stragglers"] = find_stragglers([g["host_time_s"] for g in gathered], stats["median"])

@@ -26,6 +26,7 @@ from ddlbench.faults import FaultInjector
 from ddlbench.launch import events, stop
 from ddlbench.memtrack import RunTracker
 from ddlbench.metrics.convergence import reached, resolve_target
+from ddlbench.metrics.step_split import StepSplit
 from ddlbench.models.datasets import build_dataset
 from ddlbench.optim import build_optimizer_factory
 from ddlbench.quality import Evaluator, batch_source, final_objective
@@ -151,6 +152,7 @@ class Window:
     first_step_end: float | None = None   # time.time() at the end of step 0 (the start-up timeline)
     comm_threads: dict | None = None      # what commthreads.apply did after step 0
     gpu: dict = field(default_factory=dict)   # NVML's telemetry over the loop
+    step_split: dict | None = None        # run.step_split: forward / backward / optimizer (metrics/step_split.py)
 
 
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
@@ -217,6 +219,7 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     stop.expose(w.step_s, w.losses, warmup)   # what a SIGUSR1 stop saves (ddlbench/launch/stop.py)
     from ddlbench.nvml import for_device
     gpu = for_device(ctx.device)       # NVML sampler thread (CUDA only): outside every step
+    split = StepSplit(strategy.model, ctx.device) if cfg.run.step_split else None
     _sync(ctx.device)
     wall0 = time.perf_counter()
     if evaluate:
@@ -230,7 +233,11 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
             tracking.reset_peak()          # the steady state: the optimizer's state exists
         t_issue = time.perf_counter()
         w.host_s.append(t_issue - t_prev)
+        if split and step >= warmup:
+            split.begin()
         out = strategy.train_step(batch)
+        if split and step >= warmup:
+            split.end()
         w.issue_s.append(time.perf_counter() - t_issue)
         if fault.active:
             fault.after_step(step)
@@ -258,6 +265,7 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     progress.close()
     w.gpu = gpu.stop() if gpu is not None else {"available": False, "reason": f"{ctx.device.type} run"}
     w.gpu["steps"] = len(w.losses)
+    w.step_split = split.result() if split else None   # after the last step's sync: the events are done
     return w
 
 
@@ -294,6 +302,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "all_step_time_s": w.step_s,
         "host_time_s": w.host_s[warmup:],
         "issue_time_s": w.issue_s[warmup:],
+        "step_split": w.step_split,
         "window_unix_s": ([unix_offset + w.start, unix_offset + w.end]
                           if len(w.step_s) > warmup and not cfg.run.epochs else None),
         "loss": [float("nan") if loss is None else float(loss) for loss in w.losses],

@@ -23,6 +23,9 @@ from convex_optimum import LAMBDA, TRAIN
 # was 1e-4.
 TOL = 1e-6
 CASES = [("ddp", 1), ("ddp", 2), ("ddp", 4), ("fsdp_full", 2), ("deepspeed_zero2", 2)]
+# the DeepSpeed run also splits its steps (run.step_split: hooks only, the losses unchanged), so
+# that test_step_split need not start DeepSpeed a second time
+EXTRA = {("deepspeed_zero2", 2): ("run.step_split=true",)}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,7 @@ def runs(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("framework,nproc", CASES, ids=[f"{f}-n{n}" for f, n in CASES])
 def test_strategy_reaches_the_convex_optimum(runs, optimum, framework, nproc):
-    rec = runs(framework, nproc)
+    rec = runs(framework, nproc, *EXTRA.get((framework, nproc), ()))
     assert rec["status"] == "ok", rec.get("error")
     obj = rec["convergence"]["final_objective"]
     assert obj["after_steps"] == 400 and obj["samples"] == TRAIN
@@ -74,3 +77,16 @@ def test_decaying_the_bias_is_visible_at_this_tolerance(runs, optimum):
     obj = rec["convergence"]["final_objective"]
     assert obj["exclude_from_decay"] == "none"
     assert abs(obj["value"] - optimum) > 100 * TOL, (obj["value"], optimum)
+
+
+@pytest.mark.slow
+def test_deepspeed_steps_are_split_through_its_engine(runs):
+    """run.step_split on the DeepSpeed run above: the hooks see the engine's forward and its
+    inner optimizer's step (tests/test_step_split.py has the rest)."""
+    rec = runs("deepspeed_zero2", 2, *EXTRA[("deepspeed_zero2", 2)])
+    split = rec["timing"]["step_split"]
+    assert split["available"] and split["forward_calls"] == 1, split
+    assert split["steps"] == rec["timing"]["measured_steps"]
+    assert len(split["per_rank_median_s"]) == 2
+    for phase in ("forward", "backward", "optimizer"):
+        assert all(r[phase] > 0 for r in split["per_rank_median_s"]), phase

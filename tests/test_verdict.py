@@ -45,3 +45,15 @@ def test_an_unclear_lead_and_single_runs_say_so_and_cpu_runs_carry_a_caveat():
     assert "1.05x horovod" in verdict(twice, 0, ["cuda:0"])[0][1][0]
     assert verdict_markdown([]) == ["No configuration ran ok: see Failures."]
     assert verdict_markdown([("m, 2 ranks", ["a", "b"])]) == ["- **m, 2 ranks**: a; b"]
+
+
+def test_compiled_and_float8_runs_are_set_beside_the_eager_ones_not_ranked_among_them():
+    rows = [cell("ddp", 23.4, 76.0), cell("fsdp2:full_shard", 24.1, 64.0),
+            {**cell("fsdp2:full_shard", 34.6, 50.0), "recipe": "run.compile=true run.float8=true"}]
+    for r in rows[:2]:
+        r["recipe"] = ""
+    got = dict(verdict(pd.DataFrame(rows), parity_flags=0, devices=["cuda:0"]))
+    assert got["gpt2_tiny, 2 ranks, fp32"][0].startswith("fastest: fsdp2:full_shard 24.1 samples/s, 1.03x ddp")
+    assert got["gpt2_tiny, 2 ranks, fp32, run.compile=true run.float8=true"] == [
+        "fsdp2:full_shard 34.6 samples/s, 1.44x the fastest run without run.compile=true run.float8=true "
+        "(fsdp2:full_shard 24.1 samples/s)"]

@@ -32,6 +32,7 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
             "settings": first["settings"] if "settings" in g else "",
             "world_size": first["world_size"], "global_batch": first["global_batch"],
             "precision": first["precision"] if "precision" in g else None,
+            "recipe": recipe_of(first),
             "runs": len(g), "ok": len(ok),
             "samples_per_s": sps[0], "samples_per_s_ci_low": sps[1], "samples_per_s_ci_high": sps[2],
             "time_to_target_s": ttt[0], "time_to_target_ci_low": ttt[1], "time_to_target_ci_high": ttt[2],
@@ -48,6 +49,15 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
             "final_val_accuracy": _median(ok["final_val_accuracy"]),
         })
     return pd.DataFrame(out)
+
+
+RECIPE_SETTINGS = ("compile", "float8")   # settings every framework takes alike and a verdict must not mix
+
+
+def recipe_of(row) -> str:
+    """The run-wide settings that change every framework's speed alike (run.compile, run.float8),
+    as overrides; '' for the default (eager, bf16/fp32 matmuls)."""
+    return " ".join(f"run.{k}=true" for k in RECIPE_SETTINGS if k in row and row[k] is True)
 
 
 TAXONOMY_COLUMNS = ["tax_parallelism", "tax_synchronisation", "tax_communication", "tax_sharding", "tax_compression"]

@@ -59,17 +59,40 @@ def group_lines(g: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _against_default(g: pd.DataFrame, cells: pd.DataFrame, key: tuple) -> list[str]:
+    """For a group run with a recipe setting (compiled, float8): its fastest against the fastest of
+    the same model, ranks and precision without it."""
+    same = (cells["model"] == key[0]) & (cells["world_size"] == key[1]) & (cells["recipe"] == "")
+    if len(key) > 3:
+        same &= cells["precision"] == key[2]
+    base = cells[same & (cells["ok"] > 0)].dropna(subset=["samples_per_s"])
+    mine = g[g["ok"] > 0].dropna(subset=["samples_per_s"])
+    if base.empty or mine.empty:
+        return []
+    a, b = mine.loc[mine["samples_per_s"].idxmax()], base.loc[base["samples_per_s"].idxmax()]
+    return [f"{a['label']} {a['samples_per_s']:.1f} samples/s, {a['samples_per_s'] / b['samples_per_s']:.2f}x "
+            f"the fastest run without "
+            f"{a['recipe']} ({b['label']} {b['samples_per_s']:.1f} samples/s)"]
+
+
 def verdict(cells: pd.DataFrame, parity_flags: int, devices: list[str]) -> list[tuple[str, list[str]]]:
-    """[(heading, sentences)] per group, then caveats that apply to the whole report."""
+    """[(heading, sentences)] per group, then caveats that apply to the whole report. Groups: model,
+    world size, precision and recipe (run.compile / run.float8: a compiled run is not ranked
+    against eager ones, it is set beside the fastest of them)."""
     out = []
     if len(cells):
-        keys = ["model", "world_size"] + (["precision"] if "precision" in cells else [])
+        if "recipe" not in cells:
+            cells = cells.assign(recipe="")
+        keys = ["model", "world_size"] + (["precision"] if "precision" in cells else []) + ["recipe"]
         for key, g in cells.groupby(keys, sort=True, dropna=False):
-            model, world = key[0], key[1]
-            prec = key[2] if len(key) > 2 and isinstance(key[2], str) else None
+            model, world, recipe = key[0], key[1], key[-1]
+            prec = key[2] if len(key) > 3 and isinstance(key[2], str) else None
             ranks = "? ranks" if missing(world) else f"{world:.0f} rank{'s' if world != 1 else ''}"
-            heading = f"{model}, {ranks}" + (f", {prec}" if prec else "")
+            heading = f"{model}, {ranks}" + (f", {prec}" if prec else "") + (f", {recipe}" if recipe else "")
             lines = group_lines(g)
+            beside = _against_default(g, cells, key) if recipe else []
+            if beside:   # set beside the eager runs: one such run has something to be compared with
+                lines = [ln for ln in lines if not ln.startswith("only ")] + beside
             if lines:
                 out.append((heading, lines))
     caveats = []
