@@ -10,10 +10,10 @@ from ddlbench.hardware import cuda_tf32_enabled, peak_dtype, peak_flops
 from ddlbench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, latest_issue, per_step, rank_wire_bytes
 from ddlbench.metrics.convergence import eval_times, first_reached
 from ddlbench.metrics.mfu import MfuError, mfu
+from ddlbench.metrics.step_split import gather_split
 from ddlbench.metrics.stragglers import describe as describe_stragglers
 from ddlbench.metrics.stragglers import find_stragglers
 from ddlbench.metrics.throughput import throughput
-from ddlbench.metrics.step_split import gather_split
 from ddlbench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
 from ddlbench.results import empty_record
 from ddlbench.rundir import RunDir
