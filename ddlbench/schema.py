@@ -40,8 +40,9 @@ class LanguageModelCfg(Strict):
     seq_len: PositiveInt
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     # auto: eager on CPU (deterministic, identical across frameworks: the equivalence gate),
-    # sdpa on CUDA (fused/flash kernels, no T x T matrix in memory); recorded in the result
-    attention: Literal["auto", "eager", "sdpa"] = "auto"
+    # sdpa_causal on CUDA (SDPA's fused/flash kernels with is_causal, no mask built, so no forward reads
+    # a tensor on the host; `sdpa` keeps transformers' mask logic); recorded in the result
+    attention: Literal["auto", "eager", "sdpa", "sdpa_causal"] = "auto"
     # GPT-2's activation: auto = gelu_pytorch_tanh on CUDA (the same function in one kernel), gelu_new
     # (GPT-2's own, a chain of elementwise ops) on CPU; Llama's is SiLU (SwiGLU)
     activation: Literal["auto", "gelu_new", "gelu_pytorch_tanh"] = "auto"

@@ -96,14 +96,14 @@ def test_step_boundaries_wait_for_the_compute_stream_only():
     assert cfg["timers"] == {"throughput": {"enabled": True, "synchronized": False}}
 
 
-def test_attention_defaults_to_sdpa_on_cuda_and_is_recorded():
+def test_attention_defaults_to_sdpa_causal_on_cuda_and_is_recorded():
     from ddlbench.config import plan_from_overrides
     from ddlbench.models import build
     from ddlbench.models.language import attention_impl
-    assert attention_impl("auto", "cuda") == "sdpa" and attention_impl("auto", "cpu") == "eager"
+    assert attention_impl("auto", "cuda") == "sdpa_causal" and attention_impl("auto", "cpu") == "eager"
     assert attention_impl("eager", "cuda") == "eager" and attention_impl("sdpa", "cpu") == "sdpa"
     mc = plan_from_overrides(["model=gpt2_tiny"]).cfg.model
-    assert build(mc, "cuda").config["attn_implementation"] == "sdpa"
+    assert build(mc, "cuda").config["attn_implementation"] == "sdpa_causal"
     assert build(mc, "cpu").config["attn_implementation"] == "eager"
 
 

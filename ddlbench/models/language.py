@@ -47,6 +47,8 @@ class CausalLM(nn.Module):
         [loss, correct predictions, predictions] instead (evaluation, through any wrapper)."""
         # The same loss as HF's ForCausalLM (mean over all shifted tokens), computed here so it
         # also runs on the meta device (HF's loss calls .item()) and under any wrapper.
+        if attention_mask is not None and self.net.config._attn_implementation == SDPA_CAUSAL:
+            raise ValueError("attention sdpa_causal builds no mask: batches with padding need model.attention=sdpa")
         logits = self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         return lm_loss(logits, labels, eval_weight)
 
@@ -56,11 +58,50 @@ class CausalLM(nn.Module):
         return list(self.net.model.layers)       # Llama
 
 
+SDPA_CAUSAL = "sdpa_causal"
+
+
 def attention_impl(requested: str, device_type: str) -> str:
-    """transformers' attn_implementation: eager on CPU, sdpa on CUDA, unless set."""
+    """transformers' attn_implementation: eager on CPU, sdpa_causal on CUDA, unless set."""
     if requested != "auto":
         return requested
-    return "sdpa" if device_type == "cuda" else "eager"
+    return SDPA_CAUSAL if device_type == "cuda" else "eager"
+
+
+def register_sdpa_causal() -> None:
+    """transformers' own SDPA attention function under a name its masks module has no mask function
+    for: create_causal_mask then returns no mask without reading a tensor, and SDPA runs with
+    is_causal=True (the flash/cuDNN kernels, as with `sdpa` on full-length batches). With `sdpa`
+    every forward reads a tensor's value on the host to decide the mask (the position ids checked
+    for packed sequences, or an all-ones mask checked for padding): a device sync per forward,
+    which with gradient accumulation drains the GPU's queue before each micro-batch. Only for
+    batches without padding or packing, as every ddlbench dataset is (CausalLM refuses a mask)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    AttentionInterface.register(SDPA_CAUSAL, sdpa_attention_forward)
+
+
+def mask_skipped(config) -> bool:
+    """Whether this transformers builds no causal mask for `config` (and reads no tensor to decide):
+    asked on meta with position ids, where a data-dependent check cannot run."""
+    from ddlbench.models.pipeline import causal_mask
+    hidden = torch.empty(1, 4, 8, device="meta")
+    try:
+        return causal_mask(config, hidden, position_ids=torch.arange(4, device="meta").unsqueeze(0)) is None
+    except Exception:   # noqa: BLE001 - a check that needs the values fails on meta: the mask is built
+        return False
+
+
+def _attention(config, mc, device_type: str):
+    """Set the config's attention; sdpa_causal falls back to sdpa (recorded) on a transformers
+    whose create_causal_mask still reads the inputs for it."""
+    impl = attention_impl(getattr(mc, "attention", "auto"), device_type)
+    if impl == SDPA_CAUSAL:
+        register_sdpa_causal()
+    config._attn_implementation = impl
+    if impl == SDPA_CAUSAL and not mask_skipped(config):
+        config._attn_implementation = "sdpa"
+    return config
 
 
 def gpt2_activation(requested: str, device_type: str) -> str:
@@ -85,7 +126,7 @@ def gpt2_config(mc, device_type: str = "cpu"):
         activation_function=gpt2_activation(getattr(mc, "activation", "auto"), device_type),
         n_positions=mc.seq_len, resid_pdrop=mc.dropout, embd_pdrop=mc.dropout,
         attn_pdrop=mc.dropout, bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,
-        loss_type="ForCausalLM", attn_implementation=attention_impl(getattr(mc, "attention", "auto"), device_type),
+        loss_type="ForCausalLM",
     )
 
 
@@ -100,7 +141,6 @@ def llama_config(mc, device_type: str = "cpu"):
         max_position_embeddings=mc.seq_len, rope_theta=mc.rope_theta, rms_norm_eps=mc.rms_norm_eps or 1e-5,
         attention_dropout=mc.dropout, tie_word_embeddings=bool(mc.tie_embeddings), hidden_act="silu",
         bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,
-        attn_implementation=attention_impl(getattr(mc, "attention", "auto"), device_type),
     )
 
 
@@ -111,6 +151,7 @@ def language_spec(mc, device_type: str = "cpu") -> ModelSpec:
         config, class_name = llama_config(mc, device_type), "LlamaForCausalLM"
     else:
         config, class_name = gpt2_config(mc, device_type), "GPT2LMHeadModel"
+    config = _attention(config, mc, device_type)
 
     def factory(cfg=config) -> nn.Module:
         import transformers
