@@ -17,7 +17,9 @@ Steps, in the order to run them (the step a session cannot reach waits for the n
      compiled with float8 matmuls (torchtitan's fastest published recipe)
   C  memory-bound: llama_3b under run.device_memory_gb=40 (FSDP2 without offload ends OOM with its
      reason, the offload variants run; llama_8b's offloaded state, ~128 GB, would fill the machine's
-     128 GiB of host memory) and ResNet-50 at batch 128 with each batch-norm recipe
+     128 GiB of host memory) and ResNet-50 at batch 128 with each batch-norm recipe; first,
+     llama_1b at micro-batch 2 (4 accumulated) with `sdpa` (a host sync per forward) and
+     `sdpa_causal` (none)
 Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
 (reports/gpu-h200/2026-11-26/); C never: the next session starts with C, then A.
 Run here, it validates each cell's configuration (`bench run ... run.dry_run=true run.device=cpu`,
@@ -66,7 +68,10 @@ STEPS = {
         f"deepspeed_zero2 {LLAMA}", f"ddp {LLAMA} run.repeat=1", f"deepspeed_zero1 {LLAMA}",
         f"fsdp_hybrid {LLAMA}", f"deepspeed_zero0 {LLAMA}", f"ddp_bf16_hook {LLAMA}", f"fsdp_offload {LLAMA}",
         f"deepspeed_zero3_offload {LLAMA}"), deadline_s=350),
-    "C": Step("memory-bound: llama_3b in 40 GB; ResNet-50 batch 128 with each batch-norm recipe", (
+    "C": Step("memory-bound: llama_3b in 40 GB; ResNet-50 batch 128 with each batch-norm recipe; "
+              "what transformers' host sync per forward costs under gradient accumulation", (
+        "fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa",
+        "fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa_causal",
         "fsdp_full llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_batch=1",
         "fsdp_offload llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_batch=1",
         "deepspeed_zero3_offload llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_batch=1",
