@@ -126,8 +126,10 @@ def validate(raw: dict[str, Any], chosen: Optional[dict] = None) -> Plan:
     """`raw` stays what was asked (run.precision may be auto); `cfg` holds what will run.
     `chosen`: the launcher's run.micro_batch=auto choice (choices.json), which a rank re-validating
     config.json takes instead of profiling the model again (seconds per rank for a 1B model)."""
+    concrete, batch_choice = _concrete(raw)
+    choices = {"global_batch_auto": batch_choice} if batch_choice else {}
     try:
-        cfg = BenchCfg.model_validate(_concrete(raw))
+        cfg = BenchCfg.model_validate(concrete)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
     variant_cls = load_variant_class(cfg.framework.adapter)
@@ -139,12 +141,13 @@ def validate(raw: dict[str, Any], chosen: Optional[dict] = None) -> Plan:
         raise ConfigError(f"launcher.nodes {cfg.launcher.nodes}: the local launcher runs on one node "
                           "(use launcher=slurm across nodes)")
     if cfg.run.micro_batch == "auto":
-        return _auto_micro_batch(raw, cfg, variant, chosen)
+        plan = _auto_micro_batch(raw, cfg, variant, chosen)
+        return Plan(cfg=plan.cfg, raw=raw, dims=plan.dims, variant=variant, choices={**choices, **plan.choices})
     dims = resolve_dims(cfg.launcher.nproc, cfg.run.global_batch, cfg.run.micro_batch,
                         nodes=cfg.launcher.nodes, **variant.parallel_shape(cfg))
     variant.check_config(cfg, dims)  # raises ConfigError for cross-key problems
     check_data(cfg)
-    return Plan(cfg=cfg, raw=raw, dims=dims, variant=variant)
+    return Plan(cfg=cfg, raw=raw, dims=dims, variant=variant, choices=choices)
 
 
 def _auto_micro_batch(raw: dict[str, Any], cfg: BenchCfg, variant, chosen: Optional[dict] = None) -> Plan:
@@ -169,13 +172,17 @@ def _auto_micro_batch(raw: dict[str, Any], cfg: BenchCfg, variant, chosen: Optio
     return Plan(cfg=plan.cfg, raw=raw, dims=plan.dims, variant=variant, choices={"micro_batch_auto": why})
 
 
-def _concrete(raw: dict[str, Any]) -> dict[str, Any]:
-    """run.precision=auto replaced by the precision it means on this machine (ddlbench.device)."""
+def _concrete(raw: dict[str, Any]) -> tuple[dict[str, Any], Optional[dict]]:
+    """run.precision=auto and run.global_batch=auto replaced by what they mean on this machine
+    (ddlbench.device); the global batch's choice, for the record (None when it was given)."""
     run = raw.get("run")
-    if not isinstance(run, dict) or run.get("precision", "auto") != "auto":
-        return raw
-    from ddlbench.device import planned_precision
-    return {**raw, "run": {**run, "precision": planned_precision(run)}}
+    if not isinstance(run, dict):
+        return raw, None
+    from ddlbench.device import planned_global_batch, planned_precision
+    run, batch_choice = planned_global_batch(raw)
+    if run.get("precision", "auto") == "auto":
+        run = {**run, "precision": planned_precision(run)}
+    return {**raw, "run": run}, batch_choice
 
 
 def plan_from_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> Plan:

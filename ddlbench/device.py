@@ -119,6 +119,43 @@ def planned_precision(run_cfg: dict) -> str:
     return auto_precision("cuda", bf16_native([g.capability for g in info.gpus], info.hip))
 
 
+CPU_GLOBAL_BATCH = 8
+
+
+def auto_global_batch(device_type: str, gpu_batch_per_device, devices: int) -> tuple[int, str]:
+    """run.global_batch=auto (the default): (the global batch, why). On CPU 8, the size the suite and
+    the CPU reports use; on GPUs the model preset's gpu_batch_per_device x the devices, the batch at
+    which a GPU is kept busy (one H200: gpt2_small 32 x 1024 tokens, llama_1b 8 x 2048, resnet50 128;
+    reports/gpu-h200/2026-11-26), with run.micro_batch=auto unless set, so that a smaller device
+    accumulates instead of running out of memory. A preset without one: 8, as on CPU."""
+    if device_type != "cuda":
+        return CPU_GLOBAL_BATCH, f"run.global_batch=auto on {device_type}: {CPU_GLOBAL_BATCH}"
+    if not gpu_batch_per_device:
+        return CPU_GLOBAL_BATCH, (f"run.global_batch=auto: the model preset states no gpu_batch_per_device: "
+                                  f"{CPU_GLOBAL_BATCH}")
+    return gpu_batch_per_device * devices, (f"run.global_batch=auto on GPUs: the model preset's "
+                                            f"gpu_batch_per_device {gpu_batch_per_device} x {devices} devices")
+
+
+def planned_global_batch(raw: dict) -> tuple[dict, Optional[dict]]:
+    """`raw`'s run section with run.global_batch=auto resolved for this machine's device (and
+    run.micro_batch=auto on GPUs where it was not set), and the choice for the record (None when
+    the global batch was given)."""
+    run = raw.get("run") or {}
+    if run.get("global_batch", "auto") != "auto":
+        return run, None
+    launcher, model = raw.get("launcher") or {}, raw.get("model") or {}
+    device = planned_device(run.get("device", "auto"))
+    devices = int(launcher.get("nproc", 1)) * int(launcher.get("nodes", 1))
+    gb, why = auto_global_batch(device, model.get("gpu_batch_per_device"), devices)
+    out = {**run, "global_batch": gb}
+    sized = device == "cuda" and run.get("micro_batch") is None and gb != CPU_GLOBAL_BATCH
+    if sized:
+        out["micro_batch"] = "auto"
+        why += "; run.micro_batch=auto (not set)"
+    return out, {"chosen": gb, "why": why, "device": device, "devices": devices}
+
+
 def cuda_index(local_rank: int, visible: int) -> int:
     """The CUDA device of a rank. Each task sees exactly one GPU under Slurm's per-task binding
     (--gpus-per-task=1, or a per-task CUDA_VISIBLE_DEVICES): device 0. Otherwise its local rank,

@@ -55,6 +55,9 @@ class LanguageModelCfg(Strict):
     rope_theta: Optional[float] = None               # rotary base
     rms_norm_eps: Optional[float] = None
     tie_embeddings: Optional[bool] = None            # LM head shares the embedding (Llama 3.2 1B/3B)
+    # run.global_batch=auto on GPUs: this many samples per device (the batch that keeps one GPU busy;
+    # null: 8 in all, as on CPU). ddlbench/device.py::auto_global_batch
+    gpu_batch_per_device: Optional[PositiveInt] = None
 
     @model_validator(mode="after")
     def _shapes_fit(self):
@@ -96,6 +99,9 @@ class VisionModelCfg(Strict):
     vit: Optional[VitCfg] = None
     # convolutions in NHWC (tensor cores' layout); auto = on CUDA for convolutional nets
     channels_last: Union[Literal["auto"], bool] = "auto"
+    # run.global_batch=auto on GPUs: this many samples per device (the batch that keeps one GPU busy;
+    # null: 8 in all, as on CPU). ddlbench/device.py::auto_global_batch
+    gpu_batch_per_device: Optional[PositiveInt] = None
 
     @model_validator(mode="after")
     def _vit_needs_shape(self):

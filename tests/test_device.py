@@ -181,3 +181,33 @@ def test_deepspeed_casts_buffers_only_for_batch_norm_at_low_precision():
                           precision=precision)
         cfg = plan.variant.strategy_class()(plan.variant, ctx, plan.dims).ds_config(plan.cfg.optim, batch_norm=batch_norm)
         assert cfg.get("data_types") == want, (precision, batch_norm)
+
+
+def test_global_batch_auto_by_hand():
+    from ddlbench.device import auto_global_batch
+    assert auto_global_batch("cpu", 32, 4)[0] == 8
+    assert auto_global_batch("cuda", 32, 2) == (64, "run.global_batch=auto on GPUs: the model preset's "
+                                                    "gpu_batch_per_device 32 x 2 devices")
+    assert auto_global_batch("cuda", None, 2)[0] == 8
+
+
+def test_global_batch_auto_sizes_a_gpu_run_and_leaves_a_given_batch_alone(monkeypatch):
+    """run.global_batch=auto, the default: on CPU 8 (recorded as chosen); on GPUs the preset's batch
+    per device x devices with run.micro_batch=auto unless set; a given batch is not touched."""
+    import ddlbench.device
+    from ddlbench.config import compose_raw, plan_from_overrides
+    from ddlbench.device import planned_global_batch
+    plan = plan_from_overrides(["model=gpt2_tiny"])
+    assert plan.dims.global_batch == 8 and plan.raw["run"]["global_batch"] == "auto"
+    assert plan.choices["global_batch_auto"]["chosen"] == 8
+    assert "global_batch_auto" not in plan_from_overrides(["model=gpt2_tiny", "run.global_batch=16"]).choices
+    monkeypatch.setattr(ddlbench.device, "planned_device", lambda requested: "cuda")
+    run, why = planned_global_batch(compose_raw(["model=gpt2_small", "launcher.nproc=2"]))
+    assert run["global_batch"] == 64 and run["micro_batch"] == "auto" and why["devices"] == 2
+    assert "gpu_batch_per_device 32 x 2 devices" in why["why"] and "micro_batch=auto" in why["why"]
+    run, _ = planned_global_batch(compose_raw(["model=gpt2_small", "run.micro_batch=4"]))
+    assert run["global_batch"] == 32 and run["micro_batch"] == 4
+    run, why = planned_global_batch(compose_raw(["model=llama_1b", "run.global_batch=16"]))
+    assert run["global_batch"] == 16 and why is None
+    run, why = planned_global_batch(compose_raw(["model=gpt2_tiny"]))   # no GPU batch stated: 8, as on CPU
+    assert run["global_batch"] == 8 and run["micro_batch"] is None and "no gpu_batch_per_device" in why["why"]

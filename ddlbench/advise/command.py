@@ -31,12 +31,13 @@ from ddlbench.results import atomic_write_json
 def start(args: list[str]) -> int:
     from ddlbench.advise.profile import profile
     from ddlbench.config import compose_raw
-    from ddlbench.device import launcher_device
+    from ddlbench.device import auto_global_batch, launcher_device
     from ddlbench.gpus import visible_gpus
     from ddlbench.network.model import load
 
     opts, extra = parse(args)
-    run_cfg = compose_raw([f"model={opts['model']}", *extra])["run"]
+    raw = compose_raw([f"model={opts['model']}", *extra])
+    run_cfg = raw["run"]
     device = launcher_device(run_cfg.get("device", "auto"))
     if opts["network"] == "auto":
         opts["network"] = default_network(device)
@@ -48,7 +49,9 @@ def start(args: list[str]) -> int:
     out = Path(opts["dir"] or rundir.advise_root(opts["model"], opts["devices"]))
     if (out / ADVICE).exists():
         raise ConfigError(f"{out} already holds an {ADVICE}; continue it with `bench advise resume {out}`")
-    if opts["global_batch"] is None:
+    if opts["global_batch"] is None and run_cfg["global_batch"] == "auto":
+        opts["global_batch"] = auto_global_batch(device, raw["model"].get("gpu_batch_per_device"), opts["devices"])[0]
+    elif opts["global_batch"] is None:
         opts["global_batch"] = run_cfg["global_batch"]
     print(f"advise: {opts['model']} on {opts['devices']} {device} devices, global batch {opts['global_batch']} "
           f"(every candidate), network {network.name} ({network.description}), {per_node} devices per node "
