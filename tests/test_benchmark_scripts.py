@@ -75,3 +75,9 @@ def test_gpu_matrix_refuses_old_results_and_rebases_mfu(tmp_path):
                            "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 1 and "already holds a result.json" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_compile_pairs_loss_difference_by_hand():
+    from compile_pairs import max_rel_diff
+    assert max_rel_diff([2.0, 4.0], [2.0, 4.2]) == pytest.approx(0.05)
+    assert max_rel_diff([1.0], [1.0, 1.0]) == float("inf") and max_rel_diff([], []) == float("inf")

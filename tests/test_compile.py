@@ -1,7 +1,7 @@
 """run.compile: torch.compile as each framework recommends (per block before the wrapper, as
 torchtitan does; DeepSpeed's engine.compile()), compiled in warm-up, its time in startup_s, and the
 losses those of the eager run. Compiling on CPU is slow: one run per framework, the models
-alternating (benchmarks/ has the rest)."""
+alternating; benchmarks/compile_pairs.py runs all 8 pairs."""
 from __future__ import annotations
 
 import pytest
