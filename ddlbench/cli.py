@@ -15,9 +15,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
+from ddlbench.cluster import device_task
 from ddlbench.errors import ConfigError
 from ddlbench.run_entry import EXIT_BAD_INPUT, EXIT_RUN_NOT_OK
 from ddlbench.run_entry import run as cmd_run  # `bench run`; sweep cells call ddlbench.run_entry directly
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_BAD_INPUT
     args = parser.parse_args(argv)
     try:
+        if os.environ.get(device_task.ENV):   # a task srun started in a cluster with device namespaces
+            device_task.enter()
         if args.command == "sweep":
             from ddlbench.sweep import commands
             if args.overrides[:1] in (["status"], ["resume"]):

@@ -150,6 +150,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     record["env"] = envinfo.capture(ctx.device, ctx.backend, threads)
     record["env"]["hostnames"] = sorted({g["hostname"] for g in gathered})
     record["env"]["rank_hosts"] = [g["hostname"] for g in gathered]     # rank r ran on rank_hosts[r]
+    if any(g.get("device_netns") for g in gathered):     # bench cluster with device namespaces
+        record["env"]["rank_devices"] = [g.get("device_netns") for g in gathered]
     record["env"]["network"] = envinfo.network_ran_on()
     record["env"]["comm_threads"] = {"policy": gathered[0]["comm_threads"]["policy"],
                                      "per_rank": [g["comm_threads"]["threads"] for g in gathered]}

@@ -15,6 +15,10 @@ factors of ddlbench/metrics/comm.py predict: the check that the run records' wir
 Ranks are local processes (fork on CPU, spawn on CUDA), or, with `launcher=slurm`, the tasks of an
 srun step (one process per task; across nodes: `srun -N2 bench commbench launcher=slurm`).
 
+Across a cluster's two dimensions (`kinds=[all_reduce,all_reduce_node,all_reduce_cross,all_reduce_hier]`,
+ranks grouped by host): the node's all-reduce, the cross-node one, and the hierarchical all-reduce
+beside the flat ring, with an α-β fit per dimension (ddlbench/commbench_dims.py).
+
 Per kind measured at two or more sizes, α and β are fitted in the network model's terms
 (ddlbench.network.fit) and written with the record; `network=BASE` (a conf/network name or a path;
 default: $DDLBENCH_NETWORK, set inside `bench cluster`) also writes <out>/network.yaml: BASE with
@@ -30,6 +34,7 @@ import time
 from pathlib import Path
 
 from ddlbench import commthreads
+from ddlbench.commbench_dims import DIM_KINDS, dimension_fits, group_op, group_size, make_groups
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import bus_bandwidth, gloo_reduce_sent, wire_factor
 
@@ -79,9 +84,9 @@ def parse_args(args: list[str]) -> dict:
             **{k: kv.text(k, d[k]) for k in ("out", "device", "launcher", "network")}}
     if opts["launcher"] not in ("local", "slurm"):
         raise ConfigError(f"commbench: launcher must be local or slurm, got {opts['launcher']!r}")
-    bad = [k for k in opts["kinds"] if k not in KINDS]
+    bad = [k for k in opts["kinds"] if k not in KINDS + DIM_KINDS]
     if bad:
-        raise ConfigError(f"commbench: unknown kinds {bad} (known: {', '.join(KINDS)})")
+        raise ConfigError(f"commbench: unknown kinds {bad} (known: {', '.join(KINDS + DIM_KINDS)})")
     if (opts["nproc"] < 2 and opts["launcher"] == "local") or opts["iters"] < 1 or any(s < 4 for s in opts["sizes"] or []):
         raise ConfigError("commbench: needs launcher.nproc >= 2, iters >= 1 and sizes >= 4 bytes")
     if not 0 <= opts["gap_ms"] <= 10_000:
@@ -134,6 +139,11 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
     dist.init_process_group(backend)
     dist.barrier()                         # gloo's threads exist (and have their names)
     comm_threads = {"policy": commthreads.policy(), "threads": []}
+    groups = None
+    if any(k in DIM_KINDS for k in opts["kinds"]):    # ranks grouped by host
+        names = [None] * world
+        dist.all_gather_object(names, os.uname().nodename)
+        groups = make_groups(names)
 
     def sync():
         if device.type == "cuda":
@@ -146,7 +156,8 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
         else:                              # as the runner does ($DDLBENCH_COMM_THREADS, inside `bench cluster`)
             comm_threads = commthreads.apply()
         for size in opts["sizes"]:
-            op = _op(kind, size, world, rank, device)
+            op = (group_op(kind, _elements(size, world), groups, device) if kind in DIM_KINDS
+                  else _op(kind, size, world, rank, device))
             nbytes = _elements(size, world) * 4
             for _ in range(opts["warmup"]):
                 op()
@@ -166,7 +177,9 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
                 sync()
                 times.append(time.perf_counter() - t0)
             rows.append({"kind": kind, "bytes": nbytes, "median_s": statistics.median(times),
-                         "mean_s": statistics.fmean(times), "written": written})
+                         "mean_s": statistics.fmean(times), "written": written,
+                         **({"group": group_size(kind, groups["per_node"], groups["nodes"])} if kind in DIM_KINDS
+                            else {})})
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     hosts = [None] * world
@@ -192,13 +205,16 @@ def summarize(ranks: list[list[dict]], world: int, backend: str) -> list[dict]:
     for i, row in enumerate(ranks[0]):
         per = [r[i] for r in ranks]
         t = max(p["median_s"] for p in per)
-        alg, bus = bus_bandwidth(row["kind"], row["bytes"], t, world)
-        entry = {"kind": row["kind"], "bytes": row["bytes"], "time_s": t, "algbw_Bps": alg, "busbw_Bps": bus}
+        p_ranks = row.get("group", world)               # a node's or a cross group's ranks
+        base = "all_reduce" if row["kind"] in DIM_KINDS else row["kind"]
+        alg, bus = bus_bandwidth(base, row["bytes"], t, p_ranks)
+        entry = {"kind": row["kind"], "bytes": row["bytes"], "time_s": t, "algbw_Bps": alg, "busbw_Bps": bus,
+                 **({"group_size": p_ranks} if "group" in row else {})}
         if all("mean_s" in p for p in per):     # what many ops cost on average, stalls included
             entry["mean_time_s"] = max(p["mean_s"] for p in per)
-        if all(p["written"] is not None for p in per):
+        if all(p["written"] is not None for p in per) and row["kind"] != "all_reduce_hier":
             entry["written_bytes_mean"] = sum(p["written"] for p in per) / world
-            entry["wire_bytes_expected"] = expected_written(row["kind"], row["bytes"], world, backend)
+            entry["wire_bytes_expected"] = expected_written(base, row["bytes"], p_ranks, backend)
         out.append(entry)
     return out
 
@@ -259,17 +275,32 @@ def _write(raw: dict, opts: dict, out: Path, world: int) -> int:
     from ddlbench.results import atomic_write_json
     rows = summarize(raw["ranks"], world, raw["backend"])
     hosts = raw.get("hosts") or [os.uname().nodename]
+    flat_rows = [r for r in rows if r["kind"] not in DIM_KINDS]
     record = {"schema": "ddlbench.commbench/1", "backend": raw["backend"], "device": raw["device"],
               "world_size": world, "iters": opts["iters"], "gap_ms": opts["gap_ms"], "hostname": os.uname().nodename,
-              "hosts": hosts, "comm_threads": raw.get("comm_threads"), "launcher": opts["launcher"], "rows": rows, "fits": fits(rows, world, raw["backend"]),
+              "hosts": hosts, "comm_threads": raw.get("comm_threads"), "launcher": opts["launcher"], "rows": rows, "fits": fits(flat_rows, world, raw["backend"]),
               "note": "time = max over ranks of each rank's median (mean_time_s: of each rank's mean); busbw = algbw x nccl-tests factor; "
                       "bytes = full buffer (all-gather output, reduce-scatter input); fits: alpha and "
                       "bandwidth of the network model's cost (ddlbench.network.fit)"}
+    if len(flat_rows) < len(rows):      # ranks grouped by host (equal counts: commbench_dims.host_groups)
+        nodes = len(set(hosts))
+        record["dimension_fits"] = dimension_fits(rows, world // nodes, nodes, raw["backend"],
+                                                  _described_dimensions(opts))
     atomic_write_json(out / "commbench.json", record)
     print(render(record))
     network = _fitted_network_file(record, opts, out)
     print(f"commbench: {out / 'commbench.json'}" + (f"; fitted network: {network}" if network else ""))
     return 0
+
+
+def _described_dimensions(opts: dict) -> list[dict] | None:
+    """The dimensions of the network the ranks ran on, as described ($DDLBENCH_NETWORK inside
+    `bench cluster`, or network=)."""
+    name = opts["network"] or os.environ.get("DDLBENCH_NETWORK")
+    if not name:
+        return None
+    from ddlbench.network.model import load
+    return [{"name": d.name, "bandwidth_GBps": d.bandwidth / 1e9} for d in load(name).dims]
 
 
 def _fitted_network_file(record: dict, opts: dict, out: Path) -> Path | None:
@@ -310,6 +341,14 @@ def render(record: dict) -> str:
             continue
         lines.append(f"fit {f['kind']:<15} alpha {f['alpha_s'] * 1e6:9.1f} us   bandwidth {f['bandwidth_Bps'] / 1e9:8.4f} GB/s"
                      f"   worst residual {f['max_rel_residual']:.1%}")
+    for dim, f in (record.get("dimension_fits") or {}).items():
+        if "error" in f:
+            lines.append(f"dimension {dim:<9} none: {f['error']}")
+            continue
+        vs = (f"   {f['fit_over_described']:.3f}x the described {f['described_bandwidth_Bps'] / 1e9:.4f} GB/s"
+              if "fit_over_described" in f else "")
+        lines.append(f"dimension {dim:<9} alpha {f['alpha_s'] * 1e6:9.1f} us   bandwidth {f['bandwidth_Bps'] / 1e9:8.4f} "
+                     f"GB/s per device{vs}")
     return "\n".join(lines)
 
 

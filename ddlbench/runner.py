@@ -9,6 +9,7 @@ and rank 0 writes the result (ddlbench/collect.py).
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from ddlbench import commthreads, models
 from ddlbench.adapters.base import CountsOwnCollectives, ModelParallel, Periodic, RankContext, param_fingerprint
 from ddlbench.adapters.common import loop_peaks, setup_peaks
+from ddlbench.cluster import device_task
 from ddlbench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from ddlbench.config import Plan
 from ddlbench.faults import FaultInjector
@@ -311,6 +313,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "adapter_stats": adapter_stats,
         "gpu": w.gpu,
         "hostname": platform.node(),
+        "device_netns": os.environ.get(device_task.INSIDE),   # bench cluster's device namespace, where it has them
         "comm_threads": w.comm_threads if w.step_s else commthreads.apply(p2p=plan.dims.pp > 1),
         "trace": traced,
     }

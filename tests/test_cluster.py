@@ -342,3 +342,46 @@ def test_the_build_script_shapes_both_directions_of_every_link():
         assert f"ip netns exec {node} sh -c '[ ! -e /sys/class/net/eth0/queues/rx-0/rps_cpus ] || echo {mask}" in script
         assert f"ip netns exec head sh -c '[ ! -e /sys/class/net/v{node}/queues/rx-0/rps_cpus ] || echo {mask}" in script
     assert script.index("mount -t tmpfs") < script.index("ip netns add head")   # the world's own /run first
+
+
+def test_a_plan_with_devices_has_two_shaped_dimensions():
+    """devices_per_node=2 dev_link=R: a namespace per device at 10.88.i.(d+1), its link into the
+    node's switch shaped at R both ways, the node's uplink at link=; the network description
+    carries both dimensions; device cores are shares of the node's, or the node's when too few."""
+    from ddlbench.cluster.world import build_script
+    p = make_plan(2, "100mbit", [0, 1, 2, 3], "/st", devices_per_node=2, dev_link="400mbit")
+    assert [[(d.name, d.addr, d.cores) for d in n.devices] for n in p.nodes] == [
+        [("n1d0", "10.88.1.1", (0,)), ("n1d1", "10.88.1.2", (1,))],
+        [("n2d0", "10.88.2.1", (2,)), ("n2d1", "10.88.2.2", (3,))]]
+    assert p.devices_per_node == 2
+    assert "10.88.1.2 n1d1\n" in hosts_file(p) and "10.88.0.2 n2\n" in hosts_file(p)
+    dims = network_description(p)["dimensions"]
+    # per device, as the network model counts: the node's uplink shared by its two devices
+    assert [(d["name"], d["size"], d["bandwidth_GBps"]) for d in dims] == [("node", 2, 0.05), ("link", 2, 0.00625)]
+    shared = make_plan(2, "100mbit", [0, 1], "/st", devices_per_node=2, dev_link="400mbit")
+    assert [d.cores for d in shared.nodes[1].devices] == [(1,), (1,)]
+    script = build_script(p)
+    for node in ("n1", "n2"):
+        assert f"tc -n {node} qdisc replace dev up0 root tbf rate 100000000bit" in script   # node -> head switch
+        assert f"tc -n head qdisc replace dev v{node} root tbf rate 100000000bit" in script
+        assert f"ip -n {node} addr add 10.88.0.{node[1]}/16 dev brn" in script           # slurmd's address
+        for d in (0, 1):
+            assert f"tc -n {node}d{d} qdisc replace dev eth0 root tbf rate 400000000bit" in script
+            assert f"tc -n {node} qdisc replace dev d{d} root tbf rate 400000000bit" in script
+            assert f"ip -n {node} link set d{d} master brn up" in script
+    with pytest.raises(ConfigError, match="needs dev_link=RATE"):
+        make_plan(2, "1gbit", [0, 1], "/st", devices_per_node=2)
+    with pytest.raises(ConfigError, match="give devices_per_node >= 2"):
+        make_plan(2, "1gbit", [0, 1], "/st", dev_link="1gbit")
+
+
+def test_a_task_finds_its_device_and_the_rendezvous_its_device_zero():
+    from ddlbench.cluster.device_task import INSIDE, device_of, master_host, nsenter_argv
+    plan = make_plan(2, "100mbit", [0, 1], "/st", devices_per_node=2, dev_link="400mbit").to_dict()
+    dev = device_of(plan, "n2", 1)
+    assert dev["name"] == "n2d1" and dev["addr"] == "10.88.2.2"
+    assert nsenter_argv(dev, ["python", "bench", "run"]) == ["nsenter", "--net=/run/netns/n2d1", "--", "python",
+                                                              "bench", "run"]
+    with pytest.raises(ConfigError, match="srun --ntasks-per-node <= 2"):
+        device_of(plan, "n1", 2)
+    assert master_host("n1", {INSIDE: "n1d0"}) == "n1d0" and master_host("n1", {}) == "n1"

@@ -19,11 +19,12 @@ from pathlib import Path
 import yaml
 
 from ddlbench import commthreads
+from ddlbench.cluster import device_task, world
 from ddlbench.cluster import plan as planning
-from ddlbench.cluster import world
 from ddlbench.errors import ConfigError
 
-USAGE = ("usage: bench cluster up [nodes=N] [link=RATE] [name=NAME] [comm_threads=fifo|fair]   |   bench cluster status [name=NAME]   |   "
+USAGE = ("usage: bench cluster up [nodes=N] [link=RATE] [devices_per_node=D dev_link=RATE] [name=NAME] "
+         "[comm_threads=fifo|fair]   |   bench cluster status [name=NAME]   |   "
          "bench cluster exec [name=NAME] -- CMD ...   |   bench cluster down [name=NAME]")
 STATE_FILE = "cluster.json"
 
@@ -50,6 +51,8 @@ def enter(state: dict, cmd: list[str], **kw) -> subprocess.CompletedProcess:
     env = ["env", f"SLURM_CONF={state['plan']['state']}/slurm.conf",     # srun/sbatch pass these on
            f"DDLBENCH_NETWORK={state['plan']['state']}/network.yaml",
            f"{commthreads.ENV}={state['plan'].get('comm_threads', 'fair')}"]
+    if state["plan"].get("dev_link"):      # tasks move into their device's namespace (cluster/device_task.py)
+        env.append(f"{device_task.ENV}={state['plan']['state']}/{STATE_FILE}")
     return subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", "-u", "--", *env, *cmd], **kw)
 
 
@@ -74,7 +77,7 @@ def _write_files(p: planning.Plan) -> None:
 
 
 def up(args: list[str]) -> int:
-    opts = parse(args, {"nodes", "link", "name", "comm_threads"})
+    opts = parse(args, {"nodes", "link", "name", "comm_threads", "devices_per_node", "dev_link"})
     name = opts.get("name", "box")
     if not name.isidentifier():
         raise ConfigError(f"name={name!r}: letters, digits and '_' only")
@@ -85,19 +88,21 @@ def up(args: list[str]) -> int:
     if old and login_pid(old):
         raise ConfigError(f"cluster {name} is already up ({old['plan']['state']}); `bench cluster down name={name}` first")
     try:
-        nodes = int(opts.get("nodes", 2))
+        nodes, devices = int(opts.get("nodes", 2)), int(opts.get("devices_per_node", 1))
     except ValueError:
-        raise ConfigError(f"nodes must be an integer, got {opts['nodes']!r}") from None
+        raise ConfigError(f"nodes and devices_per_node are integers, got {opts.get('nodes')!r}, "
+                          f"{opts.get('devices_per_node')!r}") from None
     state_path = planning.state_dir(name)
     if old and old.get("world"):
         world.end_world(old["world"])  # what is left of a previous cluster whose controller died
     if state_path.exists():
         shutil.rmtree(state_path)      # a previous cluster's files: logs, database, spool
     p = planning.make_plan(nodes, opts.get("link", "1gbit"), sorted(os.sched_getaffinity(0)), str(state_path), name,
-                           opts.get("comm_threads", "fifo"))
+                           opts.get("comm_threads", "fifo"), devices, opts.get("dev_link"))
     _write_files(p)
+    dims = f", {devices} devices a node on links of {p.dev_link} into its switch" if p.dev_link else ""
     print(f"cluster {name}: {nodes} nodes ({', '.join(f'{n.name} {n.addr} cores {list(n.cores)}' for n in p.nodes)}), "
-          f"links {p.link} (tbf, both directions), communication threads {p.comm_threads}; state in {p.state}",
+          f"links {p.link} (tbf, both directions){dims}, communication threads {p.comm_threads}; state in {p.state}",
           flush=True)
     try:
         proc = subprocess.run(["unshare", "-m", "-n", "--propagation", "private", "bash", f"{p.state}/build.sh"],
@@ -150,7 +155,8 @@ def status(args: list[str]) -> int:
         print(f"cluster {name}: down")
         return 1
     p = state["plan"]
-    print(f"cluster {name}: up; {len(p['nodes'])} nodes, links {p['link']}, communication threads "
+    dims = f", {len(p['nodes'][0]['devices'])} devices a node, device links {p['dev_link']}" if p.get("dev_link") else ""
+    print(f"cluster {name}: up; {len(p['nodes'])} nodes, links {p['link']}{dims}, communication threads "
           f"{p.get('comm_threads', 'fair')}; {len(world.processes_in(state['world']))} "
           f"processes in its world; network description {state['network']}")
     enter(state, ["sinfo", "-N", "-o", "%N %T %c %C"], timeout=15)

@@ -1,21 +1,31 @@
 """The emulated cluster's plan, as pure functions: addresses, cores, link rates, and the files
 its daemons read (slurm.conf, slurmdbd.conf, hosts, the conf/network description).
 
-One subnet on a bridge in the head node's network namespace; node i (n1, n2, ...) at
-10.88.0.i, the head (slurmctld, slurmdbd, the login node) at .254. Every link is a veth pair
+One subnet (10.88.0.0/16) on a bridge in the head node's network namespace; node i (n1, n2, ...)
+at 10.88.0.i, the head (slurmctld, slurmdbd, the login node) at .254. Every link is a veth pair
 node <-> bridge, shaped in both directions with tbf at the inter-node rate: traffic between two
 nodes crosses two shaped links, each at the rate, so the path's bandwidth is the rate.
+
+With devices_per_node >= 2 (and dev_link=), a second dimension: each device is a namespace of
+its own (n1d0, n1d1, ... at 10.88.i.(d+1)) whose link into its node's switch (a bridge in the
+node's namespace, where slurmd lives) is shaped at dev_link; the node's uplink to the head's
+switch at link. Two devices of a node talk over two device links; devices of two nodes over their
+device links and both uplinks. Ranks started by srun move into their device's namespace
+(ddlbench/cluster/device_task.py).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from ddlbench.commthreads import POLICIES
 from ddlbench.errors import ConfigError
 
-SUBNET = "10.88.0"
+NET = "10.88"
+PREFIX = 16
+SUBNET = f"{NET}.0"
 HEAD_ADDR = f"{SUBNET}.254"
 PORTS = {"slurmctld": 7817, "slurmd": 7818, "slurmdbd": 7819}
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bit": 1.0}
@@ -42,10 +52,18 @@ def tbf_burst_bytes(bits_per_s: float) -> int:
 
 
 @dataclass(frozen=True)
+class Device:
+    name: str                       # its network namespace: n1d0
+    addr: str
+    cores: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Node:
     name: str
     addr: str
     cores: tuple[int, ...]
+    devices: tuple[Device, ...] = ()   # empty: the node's ranks share its namespace (one dimension)
 
 
 @dataclass(frozen=True)
@@ -55,12 +73,17 @@ class Plan:
     link: str                       # inter-node rate, tc spelling
     nodes: tuple[Node, ...]
     comm_threads: str = "fifo"      # $DDLBENCH_COMM_THREADS inside the cluster (ddlbench/commthreads.py)
+    dev_link: Optional[str] = None  # device <-> node switch rate (devices_per_node >= 2)
     head: str = "head"
     head_addr: str = HEAD_ADDR
     ports: dict = field(default_factory=lambda: dict(PORTS))
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def devices_per_node(self) -> int:
+        return len(self.nodes[0].devices) or 1
 
 
 def split_cores(cores: list[int], nodes: int) -> list[tuple[int, ...]]:
@@ -75,22 +98,46 @@ def split_cores(cores: list[int], nodes: int) -> list[tuple[int, ...]]:
     return [tuple(cores[i * per:(i + 1) * per]) for i in range(nodes)]
 
 
+def device_cores(node_cores: tuple[int, ...], devices: int) -> list[tuple[int, ...]]:
+    """Each device's cores: equal disjoint shares of its node's where there are enough, else every
+    device on all of the node's cores (they share them: choose rates where the links, not the
+    cores, set the pace)."""
+    if len(node_cores) >= devices:
+        return split_cores(list(node_cores), devices)
+    return [tuple(node_cores)] * devices
+
+
 def make_plan(nodes: int, link: str, cores: list[int], state: str, name: str = "box",
-              comm_threads: str = "fifo") -> Plan:
+              comm_threads: str = "fifo", devices_per_node: int = 1, dev_link: Optional[str] = None) -> Plan:
     rate_bits(link)
     if comm_threads not in POLICIES:
         raise ConfigError(f"comm_threads={comm_threads!r}: one of {', '.join(POLICIES)}")
     if nodes > 200:
-        raise ConfigError("nodes must be <= 200 (one /24 subnet)")
+        raise ConfigError("nodes must be <= 200 (addresses 10.88.0.1-200)")
+    if not 1 <= devices_per_node <= 200:
+        raise ConfigError(f"devices_per_node={devices_per_node}: between 1 and 200")
+    if devices_per_node > 1 and dev_link is None:
+        raise ConfigError(f"devices_per_node={devices_per_node} needs dev_link=RATE: the rate of each device's link "
+                          "into its node's switch (e.g. dev_link=400mbit)")
+    if dev_link is not None:
+        if devices_per_node == 1:
+            raise ConfigError("dev_link= shapes the links of a node's devices: give devices_per_node >= 2 with it")
+        rate_bits(dev_link)
     shares = split_cores(sorted(cores), nodes)
-    return Plan(name=name, state=state, link=link, comm_threads=comm_threads,
-                nodes=tuple(Node(f"n{i}", f"{SUBNET}.{i}", shares[i - 1]) for i in range(1, nodes + 1)))
+
+    def node(i: int) -> Node:
+        devices = () if devices_per_node == 1 else tuple(
+            Device(f"n{i}d{d}", f"{NET}.{i}.{d + 1}", c) for d, c in enumerate(device_cores(shares[i - 1], devices_per_node)))
+        return Node(f"n{i}", f"{SUBNET}.{i}", shares[i - 1], devices)
+    return Plan(name=name, state=state, link=link, comm_threads=comm_threads, dev_link=dev_link,
+                nodes=tuple(node(i) for i in range(1, nodes + 1)))
 
 
 def hosts_file(plan: Plan) -> str:
     """The cluster's /etc/hosts (bind-mounted in its private mount namespace only)."""
     lines = ["127.0.0.1 localhost", f"{plan.head_addr} {plan.head}"]
     lines += [f"{n.addr} {n.name}" for n in plan.nodes]
+    lines += [f"{d.addr} {d.name}" for n in plan.nodes for d in n.devices]
     return "\n".join(lines) + "\n"
 
 
@@ -119,8 +166,9 @@ def slurm_conf(plan: Plan, mem_mb: int) -> str:
         # a real cluster (default 300 s); a node lost mid-run then leaves nothing waiting on it
         "SlurmdTimeout=30",
     ]
-    out += [f"NodeName={n.name} NodeAddr={n.addr} CPUs={len(n.cores)} RealMemory={mem_mb} State=UNKNOWN"
-            for n in plan.nodes]
+    # a node offers a task slot per core, and at least one per device (devices sharing a core)
+    out += [f"NodeName={n.name} NodeAddr={n.addr} CPUs={max(len(n.cores), len(n.devices))} RealMemory={mem_mb} "
+            "State=UNKNOWN" for n in plan.nodes]
     out.append(f"PartitionName={plan.name} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO")
     return "\n".join(out) + "\n"
 
@@ -139,16 +187,29 @@ def slurmdbd_conf(plan: Plan) -> str:
 
 
 def network_description(plan: Plan) -> dict:
-    """conf/network/ form of the cluster (bench project / advise read it): one rank's link into
-    the switch at the shaped rate. The latency is nominal until `bench commbench` fits it."""
+    """conf/network/ form of the cluster (bench project / advise read it): within a node, each
+    device's link into the node's switch (shaped at dev_link where the cluster has device
+    namespaces; else the ranks share a namespace over an unshaped loopback, 1 GB/s nominal and free),
+    across nodes each node's link into the head's switch at the shaped rate: per device, as the
+    network model counts bandwidth, the node's D devices share it (rate / D). Latencies are nominal
+    until `bench commbench` fits them."""
     per_node = len(plan.nodes[0].cores)
+    if plan.dev_link:
+        what = (f"{plan.devices_per_node} devices each, device links {plan.dev_link} into the node's switch, "
+                f"node links {plan.link}")
+        inner = {"name": "node", "size": plan.devices_per_node, "bandwidth_GBps": rate_bits(plan.dev_link) / 8 / 1e9,
+                 "latency_us": 100.0, "cost_per_GBps": 1.0}
+    else:
+        what = f"{per_node} core(s) each, veth + bridge at {plan.link}"
+        inner = {"name": "node", "size": per_node, "bandwidth_GBps": 1.0, "latency_us": 100.0, "cost_per_GBps": 0.0}
     return {
         "name": f"cluster_{plan.name}",
-        "description": (f"bench cluster {plan.name}: {len(plan.nodes)} emulated nodes x {per_node} core(s), "
-                        f"veth + bridge shaped with tbf at {plan.link}; latency nominal (not fitted)"),
+        "description": (f"bench cluster {plan.name}: {len(plan.nodes)} emulated nodes, {what} (tbf, both "
+                        "directions); latency nominal (not fitted)"),
         "dimensions": [
-            {"name": "node", "size": per_node, "bandwidth_GBps": 1.0, "latency_us": 100.0, "cost_per_GBps": 0.0},
-            {"name": "link", "size": len(plan.nodes), "bandwidth_GBps": rate_bits(plan.link) / 8 / 1e9,
+            inner,
+            {"name": "link", "size": len(plan.nodes),
+             "bandwidth_GBps": rate_bits(plan.link) / 8 / 1e9 / (plan.devices_per_node if plan.dev_link else 1),
              "latency_us": 100.0, "cost_per_GBps": 1.0},
         ],
         "source": "bench cluster up (configured rates)",

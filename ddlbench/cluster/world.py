@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ddlbench.cluster.plan import Plan, rate_bits, tbf_burst_bytes
+from ddlbench.cluster.plan import PREFIX, Node, Plan, rate_bits, tbf_burst_bytes
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "mariadb-install-db", "srun", "sacct")
 TOOLS = ("unshare", "nsenter", "ip", "tc", "taskset")
@@ -67,23 +67,11 @@ def build_script(plan: Plan) -> str:
         f"ip netns add {plan.head}",
         f"ip -n {plan.head} link set lo up",
         f"ip -n {plan.head} link add br0 type bridge",
-        f"ip -n {plan.head} addr add {plan.head_addr}/24 dev br0",
+        f"ip -n {plan.head} addr add {plan.head_addr}/{PREFIX} dev br0",
         f"ip -n {plan.head} link set br0 up",
     ]
     for n in plan.nodes:
-        v = f"v{n.name}"
-        lines += [
-            f"ip netns add {n.name}",
-            f"ip -n {n.name} link set lo up",
-            f"ip -n {plan.head} link add {v} type veth peer name eth0 netns {n.name}",
-            f"ip -n {plan.head} link set {v} master br0 up",
-            f"ip -n {n.name} addr add {n.addr}/24 dev eth0",
-            f"ip -n {n.name} link set eth0 up",
-            tbf(n.name, "eth0", plan.link),              # node -> switch
-            tbf(plan.head, v, plan.link),                # switch -> node
-            steer(n.name, "eth0", n.cores),              # what the node receives: on its own cores
-            steer(plan.head, v, n.cores),                # what it sends, through the switch: on its cores
-        ]
+        lines += node_network(plan, n)
     head = f"nsenter --net=/run/netns/{plan.head}"
     lines += [
         # munge with the cluster's own key and socket
@@ -108,6 +96,46 @@ def build_script(plan: Plan) -> str:
         lines.append(f"nsenter --net=/run/netns/{n.name} unshare -u sh -c "
                      f"'hostname {n.name}; exec env {conf} taskset -c {cores} slurmd -N {n.name}'")
     return "\n".join(lines) + "\n"
+
+
+def node_network(plan: Plan, n: Node) -> list[str]:
+    """A node's namespace and its link into the head's switch, shaped at the inter-node rate both
+    ways; with devices, the node's own switch (a bridge holding the node's address, where slurmd
+    listens), the uplink a port of it, and one namespace per device linked to it at dev_link."""
+    v = f"v{n.name}"
+    up = "up0" if n.devices else "eth0"        # the node's end of its uplink
+    lines = [
+        f"ip netns add {n.name}",
+        f"ip -n {n.name} link set lo up",
+        f"ip -n {plan.head} link add {v} type veth peer name {up} netns {n.name}",
+        f"ip -n {plan.head} link set {v} master br0 up",
+    ]
+    if n.devices:
+        lines += [f"ip -n {n.name} link add brn type bridge", f"ip -n {n.name} addr add {n.addr}/{PREFIX} dev brn",
+                  f"ip -n {n.name} link set brn up", f"ip -n {n.name} link set {up} master brn up"]
+    else:
+        lines += [f"ip -n {n.name} addr add {n.addr}/{PREFIX} dev {up}", f"ip -n {n.name} link set {up} up"]
+    lines += [
+        tbf(n.name, up, plan.link),                  # node -> switch
+        tbf(plan.head, v, plan.link),                # switch -> node
+        steer(n.name, up, n.cores),                  # what the node receives: on its own cores
+        steer(plan.head, v, n.cores),                # what it sends, through the switch: on its cores
+    ]
+    for i, d in enumerate(n.devices):
+        port = f"d{i}"                               # the node switch's end of the device's link
+        lines += [
+            f"ip netns add {d.name}",
+            f"ip -n {d.name} link set lo up",
+            f"ip -n {n.name} link add {port} type veth peer name eth0 netns {d.name}",
+            f"ip -n {n.name} link set {port} master brn up",
+            f"ip -n {d.name} addr add {d.addr}/{PREFIX} dev eth0",
+            f"ip -n {d.name} link set eth0 up",
+            tbf(d.name, "eth0", plan.dev_link),      # device -> node switch
+            tbf(n.name, port, plan.dev_link),        # node switch -> device
+            steer(d.name, "eth0", d.cores),
+            steer(n.name, port, d.cores),
+        ]
+    return lines
 
 
 def preflight() -> str | None:
@@ -148,11 +176,15 @@ def processes_in(mnt: str) -> list[int]:
     return out
 
 
-def end_world(mnt: str, grace_s: float = 10.0) -> list[int]:
-    """SIGTERM every process of the world, then SIGKILL what is left; the pids still alive after
-    that (none, or something unkillable)."""
+def end_world(mnt: str, grace_s: float = 10.0, reap_s: float = 30.0) -> list[int]:
+    """SIGTERM every process of the world, then SIGKILL what is left, then wait until each of them
+    is gone from /proc: an ended daemon stays a zombie (still listed by `pgrep`) until its parent,
+    the machine's init once it has daemonised, reaps it. Returns the pids still there after that
+    (none, or something unkillable or not reaped within reap_s)."""
+    seen: dict[int, str | None] = {}    # pid -> its start time: a pid reused meanwhile is not waited for
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         pids = processes_in(mnt)
+        seen.update({p: started(p) for p in pids if p not in seen})
         for pid in pids:
             try:
                 os.kill(pid, sig)
@@ -162,8 +194,24 @@ def end_world(mnt: str, grace_s: float = 10.0) -> list[int]:
         while processes_in(mnt) and time.monotonic() < deadline:
             time.sleep(0.1)
         if not processes_in(mnt):
-            return []
-    return processes_in(mnt)
+            break
+    left = processes_in(mnt)
+    if left:
+        return left
+    deadline = time.monotonic() + reap_s
+    while (present := [p for p, t in seen.items() if t is not None and started(p) == t]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return present
+
+
+def started(pid: int) -> str | None:
+    """A process's start time (/proc/PID/stat field 22, clock ticks since boot), zombies included;
+    None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def read_pid(path: Path) -> int | None:

@@ -16,6 +16,7 @@ import subprocess
 import traceback
 from pathlib import Path
 
+from ddlbench.cluster.device_task import master_host
 from ddlbench.config import Plan
 from ddlbench.errors import ConfigError
 from ddlbench.results import empty_record, error_info, load_result, write_result
@@ -62,7 +63,7 @@ def rank_env(environ=os.environ) -> dict:
              if environ.get("SLURM_TASKS_PER_NODE") else int(environ["SLURM_NTASKS"]))
     return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_NTASKS"],
             "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"), "LOCAL_WORLD_SIZE": str(local),
-            "MASTER_ADDR": first_host(environ["SLURM_JOB_NODELIST"]),
+            "MASTER_ADDR": master_host(first_host(environ["SLURM_JOB_NODELIST"]), environ),
             "MASTER_PORT": str(master_port(int(environ["SLURM_JOB_ID"]), int(step) if step.isdigit() else 0))}
 
 
