@@ -408,3 +408,38 @@ def test_fits_measured_at_another_world_size_price_collectives_of_that_size():
     assert kind_spans(net, "all_gather", four, 6e6) == four          # no fit of its own: as described
     with pytest.raises(ValueError):
         add_world_fits(doc, [ar4], 4, dimension="rack")
+
+
+def test_a_flat_ring_gets_a_shared_links_whole_rate():
+    """bench cluster's node uplink is one link shared by the node's devices (`shared`, bandwidth
+    stated per device): a flat ring in block order sends one flow through it, at the whole link;
+    the hierarchical algorithm loads it from every device at once, at the share."""
+    node = m.Dimension("node", 2, 50e6, 0.0)
+    shared = m.Dimension("link", 2, 6.25e6, 0.0, 1.0, shared=True)
+    b = 4 << 20
+    # ring over 4: 2 x 3/4 x b at min(50 MB/s, 2 x 6.25 MB/s) = 12.5 MB/s
+    assert m.flat("all_reduce", "ring", b, [(2, node), (2, shared)]) == pytest.approx(1.5 * b / 12.5e6)
+    unshared = m.Dimension("link", 2, 6.25e6, 0.0, 1.0)
+    assert m.flat("all_reduce", "ring", b, [(2, node), (2, unshared)]) == pytest.approx(1.5 * b / 6.25e6)
+    # hierarchical: 2 x 1/2 x b at 50 MB/s, then 2 x 1/2 x b/2 at the 6.25 MB/s share
+    assert m.hierarchical("all_reduce", b, [(2, node), (2, shared)]) == pytest.approx(b / 50e6 + b / 2 / 6.25e6)
+    assert m.from_dict({"dimensions": [{"name": "link", "size": 2, "bandwidth_GBps": 1, "latency_us": 0,
+                                        "shared": True}]}).dims[0].shared
+
+
+def test_a_hierarchy_made_of_gloos_collectives_pays_its_reduce_scatter_as_an_all_reduce():
+    node, link = m.Dimension("node", 2, 50e6, 0.0), m.Dimension("link", 2, 10e6, 0.0)
+    b = 1e6
+    # node: all-reduce of b (2 x 1/2 x b) + all-gather (1/2 x b) at 50 MB/s; across: an all-reduce of b/2 at 10 MB/s
+    assert m.hierarchical("all_reduce", b, [(2, node), (2, link)], gloo=True) == pytest.approx(
+        1.5 * b / 50e6 + (b / 2) / 10e6)
+
+
+def test_bandwidth_split_rates_by_hand():
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bandwidth_split import split_rates
+    assert split_rates(300, 0.5) == (150, 300)      # the uplink carries both devices' 150 Mbit/s shares
+    assert split_rates(300, 2 / 3) == pytest.approx((200, 200))
+    with pytest.raises(ValueError):
+        split_rates(300, 1.0)

@@ -210,7 +210,7 @@ def network_description(plan: Plan) -> dict:
             inner,
             {"name": "link", "size": len(plan.nodes),
              "bandwidth_GBps": rate_bits(plan.link) / 8 / 1e9 / (plan.devices_per_node if plan.dev_link else 1),
-             "latency_us": 100.0, "cost_per_GBps": 1.0},
+             "latency_us": 100.0, "cost_per_GBps": 1.0, **({"shared": True} if plan.dev_link else {})},
         ],
         "source": "bench cluster up (configured rates)",
     }

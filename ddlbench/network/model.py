@@ -16,7 +16,8 @@ Patarasuk & Yuan 2009):
     point-to-point            alpha + B beta
 Across several dimensions:
     flat (ring or tree): the algorithm over all p = prod n_i ranks, at the slowest spanned
-        dimension's bandwidth and highest latency;
+        dimension's bandwidth and highest latency (a `shared` dimension, one link per unit below
+        shared by its devices, carries one ring flow per link: the whole link, not a share);
     hierarchical (multi-dimensional; 2D-torus / Themis / LIBRA style): reduce-scatter along
         dimension 1 on B, along dimension 2 on B / n_1, ..., then all-gather back, so dimension i
         carries 2 (n_i - 1)/n_i * B / (n_1 ... n_{i-1}) per device.
@@ -39,6 +40,9 @@ class Dimension:
     bandwidth: float            # bytes/s per device into this dimension
     latency: float              # seconds per message step
     cost_per_GBps: float = 0.0  # cost units per GB/s of per-device bandwidth (allocation)
+    # one link per unit of the dimension below, shared by the devices beneath it (`bench cluster`'s
+    # node uplink): `bandwidth` is each device's share; one flow alone gets the whole link
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class Network:
         return math.prod(d.size for d in self.dims)
 
     def with_bandwidths(self, bandwidths: list[float]) -> "Network":
-        return Network(self.name, tuple(Dimension(d.name, d.size, b, d.latency, d.cost_per_GBps)
+        return Network(self.name, tuple(Dimension(d.name, d.size, b, d.latency, d.cost_per_GBps, d.shared)
                                         for d, b in zip(self.dims, bandwidths)), self.description, self.source, self.meta)
 
 
@@ -87,7 +91,8 @@ def from_dict(raw: dict, path: Path | str = "<inline>") -> Network:
     path = Path(path)
     try:
         dims = tuple(Dimension(str(d["name"]), int(d["size"]), float(d["bandwidth_GBps"]) * GB,
-                               float(d["latency_us"]) * 1e-6, float(d.get("cost_per_GBps", 0.0)))
+                               float(d["latency_us"]) * 1e-6, float(d.get("cost_per_GBps", 0.0)),
+                               bool(d.get("shared", False)))
                      for d in raw["dimensions"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"network {path}: every dimension needs name, size, bandwidth_GBps, latency_us ({exc})") from None
@@ -137,12 +142,18 @@ def p2p(b: float, alpha: float, bw: float) -> float:
     return alpha + b / bw
 
 
-def hierarchical(kind: str, b: float, spans: list[tuple[int, Dimension]]) -> float:
+def hierarchical(kind: str, b: float, spans: list[tuple[int, Dimension]], gloo: bool = False) -> float:
     """Multi-dimensional algorithm: dimension by dimension, the payload shrinking by each
-    dimension's size on the way (all-reduce = reduce-scatter down + all-gather up)."""
+    dimension's size on the way (all-reduce = reduce-scatter down + all-gather up). gloo: built
+    from gloo's collectives (commbench's all_reduce_hier): a reduce-scatter that is an all-reduce
+    of the whole input and an all-gather on each dimension but the outermost, which all-reduces
+    what is left."""
     t, size = 0.0, float(b)
-    for n, d in spans:
-        if kind == "all_reduce":
+    for i, (n, d) in enumerate(spans):
+        if kind == "all_reduce" and gloo:
+            t += ring_allreduce(size, n, d.latency, d.bandwidth) + (
+                ring_gather(size, n, d.latency, d.bandwidth) if i < len(spans) - 1 else 0.0)
+        elif kind == "all_reduce":
             t += 2 * ring_gather(size, n, d.latency, d.bandwidth)
         elif kind in ("all_gather", "reduce_scatter", "reduce"):
             t += ring_gather(size, n, d.latency, d.bandwidth)
@@ -152,12 +163,24 @@ def hierarchical(kind: str, b: float, spans: list[tuple[int, Dimension]]) -> flo
     return t
 
 
+def ring_bandwidth(spans: list[tuple[int, Dimension]]) -> float:
+    """The bandwidth a flat ring (ranks in block order) runs at: the slowest spanned dimension's,
+    where a shared dimension's link carries one flow of the ring per unit below it, so that flow
+    has the whole link: its per-device share x the devices beneath."""
+    inner, bws = 1, []
+    for n, d in spans:
+        if n > 1:
+            bws.append(d.bandwidth * (inner if d.shared else 1))
+        inner *= n
+    return min(bws)
+
+
 def flat(kind: str, algorithm: str, b: float, spans: list[tuple[int, Dimension]]) -> float:
     p = math.prod(n for n, _ in spans)
     active = [d for n, d in spans if n > 1]
     if p <= 1 or not active:
         return 0.0
-    alpha, bw = max(d.latency for d in active), min(d.bandwidth for d in active)
+    alpha, bw = max(d.latency for d in active), ring_bandwidth(spans)
     if algorithm == GLOO and kind == "reduce_scatter":
         return ring_allreduce(b, p, alpha, bw)
     if kind == "all_reduce":
@@ -205,7 +228,7 @@ def kind_spans(network: Network, kind: str, spans: list[tuple[int, Dimension]],
             at_world = fitted[d.name].get("by_world") or {}     # a fit measured at this many ranks
             f = _segment(at_world.get(ranks) or at_world.get(str(ranks)) or fitted[d.name], message_bytes, ranks)
             d = Dimension(d.name, d.size, float(f["bandwidth_GBps"]) * GB, float(f["latency_us"]) * 1e-6,
-                          d.cost_per_GBps)
+                          d.cost_per_GBps, d.shared)
         out.append((n, d))
     return out
 
