@@ -106,10 +106,11 @@ def main() -> int:
     for f in fractions:
         dev, link = split_rates(a.total_mbit, f)
         if size is None:       # the DDP step's gradient all-reduce: the parameters in fp32
+            import torch
+
             from ddlbench.config import plan_from_overrides
             from ddlbench.models.registry import build
             from ddlbench.models.spec import count_params
-            import torch
             with torch.device("meta"):
                 size = 4 * count_params(build(plan_from_overrides(["model=gpt2_tiny"]).cfg.model, "cpu").factory())
         got = measure(a.out / f"split-{f:.3f}", dev, link, size)
