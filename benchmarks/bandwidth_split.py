@@ -15,7 +15,14 @@ per device: dev_link + the device's share of its node's uplink (link / devices p
 network model's terms. Root and Slurm as `bench cluster` needs; on a 2-core machine the four
 devices share the cores: keep the rates low enough that the links set the pace (the defaults).
 
+With `--objective perf_per_cost --costs 1,2 --device-cost X` it holds `allocate=perf_per_cost`
+(throughput per cost, cost = X + sum of cost_i x bandwidth_i per device) against measurement
+instead: a calibration run at the time-optimal split, the model's choice, then the choice scaled by
+--scales on both dimensions, each point's measured samples/s per device per cost beside the
+model's.
+
     .venv/bin/python benchmarks/bandwidth_split.py OUT_DIR [--total-mbit 300] [--fractions 0.2,0.4,...]
+    .venv/bin/python benchmarks/bandwidth_split.py OUT_DIR --objective perf_per_cost --costs 1,2 --device-cost 0.015
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ BENCH = str(REPO / ".venv" / "bin" / "bench")
 NAME = "ddlbsplit"
 NODES, DEVICES = 2, 2
 FRACTIONS = (0.2, 0.4, 0.5, 0.6, 2 / 3, 0.8, 0.9)
+SCALES = (0.5, 0.7, 1.0, 1.4, 2.0)
 
 
 def split_rates(total_mbit: float, fraction: float, devices: int = DEVICES) -> tuple[float, float]:
@@ -88,61 +96,120 @@ def predict(network, work, compute_s: float, dev_mbit: float, share_mbit: float,
             "step_s": compute_s + exposed_time(work, net, NODES * DEVICES, GLOO, measured_groups=True)}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--total-mbit", type=float, default=300.0, help="per-device budget: dev_link + uplink share")
-    ap.add_argument("--fractions", default=",".join(f"{f:.4f}" for f in FRACTIONS),
-                    help="the budget's fraction on the device link, one split each")
-    a = ap.parse_args()
-    from ddlbench.network.allocate import allocate
+def gradient_bytes() -> int:
+    """The DDP step's gradient all-reduce: gpt2_tiny's parameters in fp32."""
+    import torch
+
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.models.registry import build
+    from ddlbench.models.spec import count_params
+    with torch.device("meta"):
+        return 4 * count_params(build(plan_from_overrides(["model=gpt2_tiny"]).cfg.model, "cpu").factory())
+
+
+def calibrate(record_path: str):
+    """(network as the cluster described it, the run's workload, its compute seconds: the step
+    less the modelled exposed communication)."""
     from ddlbench.network.model import GLOO, from_dict
     from ddlbench.network.project import compute_seconds
     from ddlbench.network.workload import from_record
+    rec = json.loads(Path(record_path).read_text())
+    network, work = from_dict(rec["env"]["network"]["description"]), from_record(rec)
+    return network, work, compute_seconds(work, measured_on=network, algorithm=GLOO)[0]
 
-    fractions = [float(f) for f in a.fractions.split(",")]
-    a.out.mkdir(parents=True, exist_ok=True)
-    rows, work, network, compute_s, size = [], None, None, None, None
-    for f in fractions:
-        dev, link = split_rates(a.total_mbit, f)
-        if size is None:       # the DDP step's gradient all-reduce: the parameters in fp32
-            import torch
 
-            from ddlbench.config import plan_from_overrides
-            from ddlbench.models.registry import build
-            from ddlbench.models.spec import count_params
-            with torch.device("meta"):
-                size = 4 * count_params(build(plan_from_overrides(["model=gpt2_tiny"]).cfg.model, "cpu").factory())
-        got = measure(a.out / f"split-{f:.3f}", dev, link, size)
-        rec = json.loads(Path(got["record"]).read_text())
-        if work is None:       # compute from the first split's run: its step less the modelled exposed comm
-            network = from_dict(rec["env"]["network"]["description"])
-            work = from_record(rec)
-            compute_s = compute_seconds(work, measured_on=network, algorithm=GLOO)[0]
-        pred = predict(network, work, compute_s, dev, link / DEVICES, size)
-        row = {"fraction": f, "dev_link_mbit": dev, "link_mbit": link, "measured": got, "predicted": pred}
-        rows.append(row)
-        print(f"dev {dev:7.1f} link {link:7.1f} Mbit/s | flat {got['flat_s'] * 1e3:7.1f} ms (model "
-              f"{pred['flat_s'] / got['flat_s']:.2f}x) | hier {got['hier_s'] * 1e3:7.1f} ms (model "
-              f"{pred['hier_s'] / got['hier_s']:.2f}x) | step {got['step_s'] * 1e3:7.1f} ms (model "
-              f"{pred['step_s'] / got['step_s']:.2f}x)", flush=True)
+def point(out: Path, dev: float, link: float, size: int, calib) -> dict:
+    got = measure(out, dev, link, size)
+    if calib is None:
+        calib = calibrate(got["record"])
+    pred = predict(*calib, dev, link / DEVICES, size)
+    print(f"dev {dev:7.1f} link {link:7.1f} Mbit/s | flat {got['flat_s'] * 1e3:7.1f} ms (model "
+          f"{pred['flat_s'] / got['flat_s']:.2f}x) | hier {got['hier_s'] * 1e3:7.1f} ms (model "
+          f"{pred['hier_s'] / got['hier_s']:.2f}x) | step {got['step_s'] * 1e3:7.1f} ms (model "
+          f"{pred['step_s'] / got['step_s']:.2f}x)", flush=True)
+    return {"dev_link_mbit": dev, "link_mbit": link, "measured": got, "predicted": pred}, calib
+
+
+def time_budget(a, size: int) -> dict:
+    from ddlbench.network.allocate import allocate
+    from ddlbench.network.model import GLOO
+    rows, calib = [], None
+    for f in [float(x) for x in a.fractions.split(",")]:
+        row, calib = point(a.out / f"split-{f:.3f}", *split_rates(a.total_mbit, f), size, calib)
+        rows.append({"fraction": f, **row})
+    network, work, compute_s = calib
     best = min(rows, key=lambda r: r["measured"]["step_s"])
     chosen = allocate(work, network, NODES * DEVICES, compute_s, objective="time",
                       budget_GBps=a.total_mbit * 1e6 / 8 / 1e9, min_GBps=1e-4, algorithm=GLOO)
     chosen_dev_mbit = chosen["bandwidth_GBps"][0] * 8e3
     nearest = min(rows, key=lambda r: abs(r["dev_link_mbit"] - chosen_dev_mbit))
     within = nearest["measured"]["step_s"] <= best["measured"]["step_p90_s"]
-    summary = {"total_mbit": a.total_mbit, "size_bytes": size, "compute_s": compute_s, "rows": rows,
-               "measured_best": {"dev_link_mbit": best["dev_link_mbit"], "step_s": best["measured"]["step_s"]},
-               "model_choice": {"dev_link_mbit": chosen_dev_mbit, "step_s": chosen["step_s"],
-                                "nearest_measured_split": nearest["dev_link_mbit"],
-                                "its_measured_step_s": nearest["measured"]["step_s"],
-                                "within_the_best_splits_p90": within}}
-    (a.out / "bandwidth_split.json").write_text(json.dumps(summary, indent=1))
     print(f"measured fastest step: dev_link {best['dev_link_mbit']:.1f} Mbit/s ({best['measured']['step_s'] * 1e3:.1f} ms); "
           f"the model's choice: dev_link {chosen_dev_mbit:.1f} Mbit/s, measured at the nearest split "
           f"{nearest['measured']['step_s'] * 1e3:.1f} ms: {'within' if within else 'outside'} the fastest split's "
           f"p90 step ({best['measured']['step_p90_s'] * 1e3:.1f} ms)")
+    return {"objective": "time", "total_mbit": a.total_mbit, "size_bytes": size, "compute_s": compute_s, "rows": rows,
+            "measured_best": {"dev_link_mbit": best["dev_link_mbit"], "step_s": best["measured"]["step_s"]},
+            "model_choice": {"dev_link_mbit": chosen_dev_mbit, "step_s": chosen["step_s"],
+                             "nearest_measured_split": nearest["dev_link_mbit"],
+                             "its_measured_step_s": nearest["measured"]["step_s"],
+                             "within_the_best_splits_p90": within}}
+
+
+def per_cost(samples_per_s: float, dev_mbit: float, share_mbit: float, costs: list[float], device_cost: float) -> float:
+    """Samples/s per device per cost unit: cost = device_cost + cost_node x dev + cost_link x share
+    (GB/s per device)."""
+    return samples_per_s / (NODES * DEVICES) / (device_cost + costs[0] * dev_mbit / 8e3 + costs[1] * share_mbit / 8e3)
+
+
+def perf_per_cost(a, size: int) -> dict:
+    from ddlbench.network.allocate import allocate
+    from ddlbench.network.model import GLOO, Network
+    costs = [float(c) for c in a.costs.split(",")]
+    calib_row, calib = point(a.out / "calibration", *split_rates(a.total_mbit, 2 / 3), size, None)
+    network, work, compute_s = calib
+    priced = Network(network.name, tuple(type(d)(d.name, d.size, d.bandwidth, d.latency, c, d.shared)
+                                         for d, c in zip(network.dims, costs)), network.description)
+    chosen = allocate(work, priced, NODES * DEVICES, compute_s, objective="perf_per_cost", min_GBps=1e-3,
+                      max_GBps=0.2, algorithm=GLOO, device_cost=a.device_cost)
+    dev0, share0 = (b * 8e3 for b in chosen["bandwidth_GBps"])
+    print(f"the model's choice at costs {costs} per GB/s, a device {a.device_cost}: dev_link {dev0:.1f}, "
+          f"uplink share {share0:.1f} Mbit/s per device ({'converged' if chosen['converged'] else chosen['message']})")
+    rows = []
+    for k in [float(x) for x in a.scales.split(",")]:
+        row, _ = point(a.out / f"scale-{k:.2f}", dev0 * k, share0 * k * DEVICES, size, calib)
+        m, p = row["measured"], row["predicted"]
+        sps = (NODES * DEVICES * work.per_device_batch)
+        row.update(scale=k, measured_per_cost=per_cost(sps / m["step_s"], dev0 * k, share0 * k, costs, a.device_cost),
+                   measured_per_cost_at_p90=per_cost(sps / m["step_p90_s"], dev0 * k, share0 * k, costs, a.device_cost),
+                   predicted_per_cost=per_cost(sps / p["step_s"], dev0 * k, share0 * k, costs, a.device_cost))
+        rows.append(row)
+    best = max(rows, key=lambda r: r["measured_per_cost"])
+    mine = next(r for r in rows if r["scale"] == 1.0)
+    within = mine["measured_per_cost"] >= best["measured_per_cost_at_p90"]
+    print(f"measured best per cost: scale {best['scale']} ({best['measured_per_cost']:.1f}); the model's choice "
+          f"(scale 1): {mine['measured_per_cost']:.1f}: {'within' if within else 'outside'} the best point's "
+          f"p90-step value ({best['measured_per_cost_at_p90']:.1f})")
+    return {"objective": "perf_per_cost", "costs_per_GBps": costs, "device_cost": a.device_cost, "size_bytes": size,
+            "compute_s": compute_s, "calibration": calib_row, "model_choice": chosen, "rows": rows,
+            "measured_best_scale": best["scale"], "choice_within_the_best_points_p90": within}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--objective", choices=("time", "perf_per_cost"), default="time")
+    ap.add_argument("--total-mbit", type=float, default=300.0, help="per-device budget: dev_link + uplink share")
+    ap.add_argument("--fractions", default=",".join(f"{f:.4f}" for f in FRACTIONS),
+                    help="time: the budget's fraction on the device link, one split each")
+    ap.add_argument("--costs", default="1,2", help="perf_per_cost: cost per GB/s per device, node,link")
+    ap.add_argument("--device-cost", type=float, default=0.015, help="perf_per_cost: a device's own cost")
+    ap.add_argument("--scales", default=",".join(map(str, SCALES)), help="perf_per_cost: the choice scaled by")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    size = gradient_bytes()
+    summary = time_budget(a, size) if a.objective == "time" else perf_per_cost(a, size)
+    (a.out / f"bandwidth_split_{a.objective}.json").write_text(json.dumps(summary, indent=1))
     return 0
 
 

@@ -443,3 +443,19 @@ def test_bandwidth_split_rates_by_hand():
     assert split_rates(300, 2 / 3) == pytest.approx((200, 200))
     with pytest.raises(ValueError):
         split_rates(300, 1.0)
+
+
+def test_perf_per_cost_with_a_device_price_has_the_closed_form_optimum():
+    """One dimension, a ring all-reduce of B over 4 devices, no latency: step = c + k / bw with
+    k = 2 x 3/4 x B; minimising step x (D + a bw) gives bw = sqrt(k D / (c a)). Without a device
+    price the optimum is the lower bound (the product only falls with the bandwidth)."""
+    import math
+    net = m.Network("one", (m.Dimension("host", 4, 1e9, 0.0, 2.0),))
+    b, c, a, dev = 8e6, 0.01, 2.0, 3.0
+    work = Workload("ddp", 4, 1, 1.0, (Collective("all_reduce", b, "world", 4),))
+    got = allocate(work, net, 4, compute_s=c, objective="perf_per_cost", min_GBps=0.01, max_GBps=100,
+                   algorithm="ring", device_cost=dev)
+    k = 2 * 3 / 4 * b / 1e9          # seconds x GB/s
+    assert got["converged"] and got["bandwidth_GBps"][0] == pytest.approx(math.sqrt(k * dev / (c * a)), rel=0.01)
+    free = allocate(work, net, 4, compute_s=c, objective="perf_per_cost", min_GBps=0.01, max_GBps=100, algorithm="ring")
+    assert free["bandwidth_GBps"][0] == pytest.approx(0.01, rel=0.01)

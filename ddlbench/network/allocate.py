@@ -3,8 +3,14 @@ workload on N devices, the per-device bandwidth of each dimension that
 
   objective=time           minimises the step time subject to a budget:
                            sum_i bw_i <= budget_GBps (bandwidth) or sum_i cost_i bw_i <= budget_cost;
-  objective=perf_per_cost  maximises throughput per network cost (minimises step time x
-                           sum_i cost_i bw_i), each bw_i within [min_GBps, max_GBps].
+  objective=perf_per_cost  maximises throughput per cost (minimises step time x (device_cost +
+                           sum_i cost_i bw_i)), each bw_i within [min_GBps, max_GBps]. device_cost:
+                           what a device costs besides its network, in the same units. Without
+                           it (0) the product only falls as the bandwidths fall (step x cost
+                           tends to the communication's bytes x cost), so the optimum is
+                           min_GBps whenever compute is not free: a cluster is bought for its
+                           devices, and the network's share of the price is what makes a
+                           faster one worth it.
 
 Solved with scipy's SLSQP from the equal split; collectives priced with one algorithm
 (default hierarchical: smooth in the bandwidths). For the hierarchical all-reduce alone the
@@ -27,7 +33,8 @@ def _step(work: Workload, network: Network, devices: int, compute_s: float, bws_
 
 def allocate(work: Workload, network: Network, devices: int, compute_s: float, objective: str = "time",
              budget_GBps: float | None = None, budget_cost: float | None = None,
-             min_GBps: float = 0.1, max_GBps: float | None = None, algorithm: str = "hierarchical") -> dict:
+             min_GBps: float = 0.1, max_GBps: float | None = None, algorithm: str = "hierarchical",
+             device_cost: float = 0.0) -> dict:
     from scipy.optimize import minimize
 
     k = len(network.dims)
@@ -51,7 +58,7 @@ def allocate(work: Workload, network: Network, devices: int, compute_s: float, o
         hi = max_GBps or float(current.max() * 4)
         x0, cons, bounds = np.clip(current, min_GBps, hi), [], [(min_GBps, hi)] * k
         def fun(x):
-            return _step(work, network, devices, compute_s, x, algorithm) * float(costs @ x)
+            return _step(work, network, devices, compute_s, x, algorithm) * (device_cost + float(costs @ x))
     else:
         raise ValueError("objective must be time or perf_per_cost")
     scale = fun(x0) or 1.0
@@ -66,7 +73,7 @@ def allocate(work: Workload, network: Network, devices: int, compute_s: float, o
             "bandwidth_GBps": [float(b) for b in best], "current_GBps": [float(b) for b in current],
             "step_s": step_best, "step_s_current": step_now,
             "cost": float(costs @ best), "cost_current": float(costs @ current),
-            "budget_GBps": budget_GBps, "budget_cost": budget_cost}
+            "budget_GBps": budget_GBps, "budget_cost": budget_cost, "device_cost": device_cost}
 
 
 def closed_form_split(carried_bytes: list[float], costs: list[float], budget: float) -> list[float]:

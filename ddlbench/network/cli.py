@@ -10,12 +10,12 @@ from ddlbench.errors import ConfigError
 
 DEFAULT_WORLD_SIZES = [8, 64, 512, 4096, 32768, 100000]
 KEYS = {"network", "world_sizes", "scaling", "overlap", "algorithm", "measured_on", "compute_from", "out",
-        "allocate", "budget_GBps", "budget_cost", "devices", "min_GBps", "max_GBps"}
+        "allocate", "budget_GBps", "budget_cost", "devices", "min_GBps", "max_GBps", "device_cost"}
 
 
 USAGE = ("usage: bench project RESULT network=NAME [world_sizes=[8,64,...]] [scaling=weak|strong] "
          "[overlap=0..1] [algorithm=auto|best|ring|tree|hierarchical|gloo] [measured_on=NETWORK] "
-         "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [out=DIR]")
+         "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [device_cost=Z] [out=DIR]")
 
 
 def parse(args: list[str]):
@@ -83,7 +83,8 @@ def run(args: list[str]) -> int:
         devices = int(o.number("devices", sizes[-1]))
         try:
             doc["allocation"] = allocate(work, net, devices, compute_s, o.text("allocate"), o.number("budget_GBps"),
-                                         o.number("budget_cost"), o.number("min_GBps", 0.1), o.number("max_GBps"))
+                                         o.number("budget_cost"), o.number("min_GBps", 0.1), o.number("max_GBps"),
+                                         device_cost=o.number("device_cost", 0.0))
         except ValueError as exc:
             raise ConfigError(f"allocate: {exc}") from None
     (out / "projection.json").write_text(json.dumps(doc, indent=2))
