@@ -32,6 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runs import reuse
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = str(REPO / ".venv" / "bin" / "bench")
 NAME = "ddlbsplit"
@@ -57,8 +59,20 @@ def login(*cmd: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return cluster("exec", f"name={NAME}", "--", *cmd, timeout=timeout)
 
 
-def measure(out: Path, dev_mbit: float, link_mbit: float, size: int) -> dict:
-    """One split: the cluster up, commbench, a DDP run, the cluster down."""
+def measure(out: Path, dev_mbit: float, link_mbit: float, size: int, resume: bool = False) -> dict:
+    """One split: the cluster up, commbench, a DDP run, the cluster down (--resume: read back a
+    split measured before; its predictions are made again)."""
+    if not reuse(out / "run", resume, resumable=True):
+        _measure(out, dev_mbit, link_mbit, size)
+    rows = json.loads((out / "commbench" / "commbench.json").read_text())["rows"]
+    rec = json.loads((out / "run" / "result.json").read_text())
+    return {"flat_s": next(r["time_s"] for r in rows if r["kind"] == "all_reduce"),
+            "hier_s": next(r["time_s"] for r in rows if r["kind"] == "all_reduce_hier"),
+            "step_s": rec["timing"]["window_step_s"], "step_p10_s": rec["timing"]["step_time_s"]["p10"],
+            "step_p90_s": rec["timing"]["step_time_s"]["p90"], "record": str(out / "run" / "result.json")}
+
+
+def _measure(out: Path, dev_mbit: float, link_mbit: float, size: int) -> None:
     cluster("down", f"name={NAME}")
     up = cluster("up", f"nodes={NODES}", f"devices_per_node={DEVICES}", f"link={link_mbit:.3f}mbit",
                  f"dev_link={dev_mbit:.3f}mbit", f"name={NAME}")
@@ -77,12 +91,6 @@ def measure(out: Path, dev_mbit: float, link_mbit: float, size: int) -> dict:
             raise SystemExit(f"the DDP run failed: {run.stdout[-800:]} {run.stderr[-1500:]}")
     finally:
         cluster("down", f"name={NAME}")
-    rows = json.loads((out / "commbench" / "commbench.json").read_text())["rows"]
-    rec = json.loads((out / "run" / "result.json").read_text())
-    return {"flat_s": next(r["time_s"] for r in rows if r["kind"] == "all_reduce"),
-            "hier_s": next(r["time_s"] for r in rows if r["kind"] == "all_reduce_hier"),
-            "step_s": rec["timing"]["window_step_s"], "step_p10_s": rec["timing"]["step_time_s"]["p10"],
-            "step_p90_s": rec["timing"]["step_time_s"]["p90"], "record": str(out / "run" / "result.json")}
 
 
 def predict(network, work, compute_s: float, dev_mbit: float, share_mbit: float, size: int) -> dict:
@@ -118,8 +126,8 @@ def calibrate(record_path: str):
     return network, work, compute_seconds(work, measured_on=network, algorithm=GLOO)[0]
 
 
-def point(out: Path, dev: float, link: float, size: int, calib) -> dict:
-    got = measure(out, dev, link, size)
+def point(out: Path, dev: float, link: float, size: int, calib, resume: bool = False) -> dict:
+    got = measure(out, dev, link, size, resume)
     if calib is None:
         calib = calibrate(got["record"])
     pred = predict(*calib, dev, link / DEVICES, size)
@@ -135,7 +143,7 @@ def time_budget(a, size: int) -> dict:
     from ddlbench.network.model import GLOO
     rows, calib = [], None
     for f in [float(x) for x in a.fractions.split(",")]:
-        row, calib = point(a.out / f"split-{f:.3f}", *split_rates(a.total_mbit, f), size, calib)
+        row, calib = point(a.out / f"split-{f:.3f}", *split_rates(a.total_mbit, f), size, calib, a.resume)
         rows.append({"fraction": f, **row})
     network, work, compute_s = calib
     best = min(rows, key=lambda r: r["measured"]["step_s"])
@@ -166,7 +174,7 @@ def perf_per_cost(a, size: int) -> dict:
     from ddlbench.network.allocate import allocate
     from ddlbench.network.model import GLOO, Network
     costs = [float(c) for c in a.costs.split(",")]
-    calib_row, calib = point(a.out / "calibration", *split_rates(a.total_mbit, 2 / 3), size, None)
+    calib_row, calib = point(a.out / "calibration", *split_rates(a.total_mbit, 2 / 3), size, None, a.resume)
     network, work, compute_s = calib
     priced = Network(network.name, tuple(type(d)(d.name, d.size, d.bandwidth, d.latency, c, d.shared)
                                          for d, c in zip(network.dims, costs)), network.description)
@@ -177,7 +185,7 @@ def perf_per_cost(a, size: int) -> dict:
           f"uplink share {share0:.1f} Mbit/s per device ({'converged' if chosen['converged'] else chosen['message']})")
     rows = []
     for k in [float(x) for x in a.scales.split(",")]:
-        row, _ = point(a.out / f"scale-{k:.2f}", dev0 * k, share0 * k * DEVICES, size, calib)
+        row, _ = point(a.out / f"scale-{k:.2f}", dev0 * k, share0 * k * DEVICES, size, calib, a.resume)
         m, p = row["measured"], row["predicted"]
         sps = (NODES * DEVICES * work.per_device_batch)
         row.update(scale=k, measured_per_cost=per_cost(sps / m["step_s"], dev0 * k, share0 * k, costs, a.device_cost),
@@ -205,6 +213,7 @@ def main() -> int:
     ap.add_argument("--costs", default="1,2", help="perf_per_cost: cost per GB/s per device, node,link")
     ap.add_argument("--device-cost", type=float, default=0.015, help="perf_per_cost: a device's own cost")
     ap.add_argument("--scales", default=",".join(map(str, SCALES)), help="perf_per_cost: the choice scaled by")
+    ap.add_argument("--resume", action="store_true", help="read back the splits OUT_DIR holds; predict them again")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     size = gradient_bytes()

@@ -423,6 +423,9 @@ def test_a_flat_ring_gets_a_shared_links_whole_rate():
     assert m.flat("all_reduce", "ring", b, [(2, node), (2, unshared)]) == pytest.approx(1.5 * b / 6.25e6)
     # hierarchical: 2 x 1/2 x b at 50 MB/s, then 2 x 1/2 x b/2 at the 6.25 MB/s share
     assert m.hierarchical("all_reduce", b, [(2, node), (2, shared)]) == pytest.approx(b / 50e6 + b / 2 / 6.25e6)
+    # the shared link's traffic also crosses the device's own link: a slow one (5 MB/s) paces it
+    slow = m.Dimension("node", 2, 5e6, 0.0)
+    assert m.hierarchical("all_reduce", b, [(2, slow), (2, shared)]) == pytest.approx(b / 5e6 + b / 2 / 5e6)
     assert m.from_dict({"dimensions": [{"name": "link", "size": 2, "bandwidth_GBps": 1, "latency_us": 0,
                                         "shared": True}]}).dims[0].shared
 

@@ -147,9 +147,13 @@ def hierarchical(kind: str, b: float, spans: list[tuple[int, Dimension]], gloo: 
     dimension's size on the way (all-reduce = reduce-scatter down + all-gather up). gloo: built
     from gloo's collectives (commbench's all_reduce_hier): a reduce-scatter that is an all-reduce
     of the whole input and an all-gather on each dimension but the outermost, which all-reduces
-    what is left."""
-    t, size = 0.0, float(b)
+    what is left. A `shared` dimension is reached through a switch: its traffic also crosses the
+    device's links of the dimensions inside it, at the slowest of them."""
+    t, size, path = 0.0, float(b), []
     for i, (n, d) in enumerate(spans):
+        path.append(d.bandwidth)
+        if d.shared:     # behind a switch: this dimension's traffic also crosses the device's inner links
+            d = Dimension(d.name, d.size, min(path), d.latency, d.cost_per_GBps, d.shared)
         if kind == "all_reduce" and gloo:
             t += ring_allreduce(size, n, d.latency, d.bandwidth) + (
                 ring_gather(size, n, d.latency, d.bandwidth) if i < len(spans) - 1 else 0.0)
