@@ -21,6 +21,10 @@ instead: a calibration run at the time-optimal split, the model's choice, then t
 --scales on both dimensions, each point's measured samples/s per device per cost beside the
 model's.
 
+With `--objective flat` it asks whether the intermediate dimension shortens the step: the same four
+devices on one flat switch (one node, every device link at the whole per-device budget) beside the
+two-level cluster at its best split (run with --objective time first, into the same OUT_DIR).
+
     .venv/bin/python benchmarks/bandwidth_split.py OUT_DIR [--total-mbit 300] [--fractions 0.2,0.4,...]
     .venv/bin/python benchmarks/bandwidth_split.py OUT_DIR --objective perf_per_cost --costs 1,2 --device-cost 0.015
 """
@@ -59,28 +63,31 @@ def login(*cmd: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return cluster("exec", f"name={NAME}", "--", *cmd, timeout=timeout)
 
 
-def measure(out: Path, dev_mbit: float, link_mbit: float, size: int, resume: bool = False) -> dict:
+def measure(out: Path, dev_mbit: float, link_mbit: float, size: int, resume: bool = False,
+            nodes: int = NODES) -> dict:
     """One split: the cluster up, commbench, a DDP run, the cluster down (--resume: read back a
     split measured before; its predictions are made again)."""
     if not reuse(out / "run", resume, resumable=True):
-        _measure(out, dev_mbit, link_mbit, size)
+        _measure(out, dev_mbit, link_mbit, size, nodes)
     rows = json.loads((out / "commbench" / "commbench.json").read_text())["rows"]
     rec = json.loads((out / "run" / "result.json").read_text())
     return {"flat_s": next(r["time_s"] for r in rows if r["kind"] == "all_reduce"),
-            "hier_s": next(r["time_s"] for r in rows if r["kind"] == "all_reduce_hier"),
+            "hier_s": next((r["time_s"] for r in rows if r["kind"] == "all_reduce_hier"), None),
             "step_s": rec["timing"]["window_step_s"], "step_p10_s": rec["timing"]["step_time_s"]["p10"],
             "step_p90_s": rec["timing"]["step_time_s"]["p90"], "record": str(out / "run" / "result.json")}
 
 
-def _measure(out: Path, dev_mbit: float, link_mbit: float, size: int) -> None:
+def _measure(out: Path, dev_mbit: float, link_mbit: float, size: int, nodes: int = NODES) -> None:
+    devices = NODES * DEVICES // nodes
     cluster("down", f"name={NAME}")
-    up = cluster("up", f"nodes={NODES}", f"devices_per_node={DEVICES}", f"link={link_mbit:.3f}mbit",
+    up = cluster("up", f"nodes={nodes}", f"devices_per_node={devices}", f"link={link_mbit:.3f}mbit",
                  f"dev_link={dev_mbit:.3f}mbit", f"name={NAME}")
     if up.returncode:
         raise SystemExit(f"bench cluster up failed: {up.stderr[-1500:]}")
     try:
-        srun = ("srun", f"-N{NODES}", f"--ntasks-per-node={DEVICES}", "--kill-on-bad-exit=1", BENCH)
-        cb = login(*srun, "commbench", "launcher=slurm", "kinds=[all_reduce,all_reduce_hier]", f"sizes=[{size}]",
+        srun = ("srun", f"-N{nodes}", f"--ntasks-per-node={devices}", "--kill-on-bad-exit=1", BENCH)
+        kinds = "all_reduce,all_reduce_hier" if nodes > 1 else "all_reduce"   # one switch: no hierarchy
+        cb = login(*srun, "commbench", "launcher=slurm", f"kinds=[{kinds}]", f"sizes=[{size}]",
                    "iters=5", f"out={out / 'commbench'}")
         if cb.returncode:
             raise SystemExit(f"commbench failed: {cb.stderr[-1500:]}")
@@ -203,22 +210,51 @@ def perf_per_cost(a, size: int) -> dict:
             "measured_best_scale": best["scale"], "choice_within_the_best_points_p90": within}
 
 
+def flat_switch(a, size: int) -> dict:
+    """The four devices on one switch at the whole budget each, beside the two-level cluster's
+    best split (bandwidth_split_time.json in OUT_DIR); both predicted by the model."""
+    from ddlbench.network.model import GLOO, collective_time, from_dict
+    from ddlbench.network.project import exposed_time
+    from ddlbench.network.workload import from_record
+    two = json.loads((a.out / "bandwidth_split_time.json").read_text())
+    best = min(two["rows"], key=lambda r: r["measured"]["step_s"])
+    # one node: its "link" to the head's switch carries nothing; give it the same rate
+    rate = a.flat_mbit or a.total_mbit
+    got = measure(a.out / f"flat-{rate:.0f}", rate, rate, size, a.resume, nodes=1)
+    rec = json.loads(Path(got["record"]).read_text())
+    net, work = from_dict(rec["env"]["network"]["description"]), from_record(rec)
+    spans = [(NODES * DEVICES, net.dims[0])]
+    pred = {"flat_s": collective_time("all_reduce", size, spans, GLOO)[0],
+            "step_s": two["compute_s"] + exposed_time(work, net, NODES * DEVICES, GLOO, measured_groups=True)}
+    print(f"flat switch, {rate:.0f} Mbit/s a device: all-reduce {got['flat_s'] * 1e3:.1f} ms (model "
+          f"{pred['flat_s'] / got['flat_s']:.2f}x), step {got['step_s'] * 1e3:.1f} ms (model "
+          f"{pred['step_s'] / got['step_s']:.2f}x); two levels at their best split (dev_link "
+          f"{best['dev_link_mbit']:.0f}, link {best['link_mbit']:.0f} Mbit/s): step {best['measured']['step_s'] * 1e3:.1f} ms "
+          f"(model {best['predicted']['step_s'] * 1e3:.1f} ms)")
+    return {"objective": "flat", "total_mbit": a.total_mbit, "flat_mbit": rate, "size_bytes": size,
+            "flat_switch": {"measured": got, "predicted": pred},
+            "two_levels_best": {k: best[k] for k in ("dev_link_mbit", "link_mbit", "measured", "predicted")}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--objective", choices=("time", "perf_per_cost"), default="time")
+    ap.add_argument("--objective", choices=("time", "perf_per_cost", "flat"), default="time")
     ap.add_argument("--total-mbit", type=float, default=300.0, help="per-device budget: dev_link + uplink share")
     ap.add_argument("--fractions", default=",".join(f"{f:.4f}" for f in FRACTIONS),
                     help="time: the budget's fraction on the device link, one split each")
     ap.add_argument("--costs", default="1,2", help="perf_per_cost: cost per GB/s per device, node,link")
     ap.add_argument("--device-cost", type=float, default=0.015, help="perf_per_cost: a device's own cost")
     ap.add_argument("--scales", default=",".join(map(str, SCALES)), help="perf_per_cost: the choice scaled by")
+    ap.add_argument("--flat-mbit", type=float, help="flat: each device's link (default: --total-mbit; "
+                    "at equal cost with --costs 1,2 the two-level best split's cost / 2)")
     ap.add_argument("--resume", action="store_true", help="read back the splits OUT_DIR holds; predict them again")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     size = gradient_bytes()
-    summary = time_budget(a, size) if a.objective == "time" else perf_per_cost(a, size)
-    (a.out / f"bandwidth_split_{a.objective}.json").write_text(json.dumps(summary, indent=1))
+    summary = {"time": time_budget, "perf_per_cost": perf_per_cost, "flat": flat_switch}[a.objective](a, size)
+    name = a.objective + (f"_{a.flat_mbit:.0f}" if a.objective == "flat" and a.flat_mbit else "")
+    (a.out / f"bandwidth_split_{name}.json").write_text(json.dumps(summary, indent=1))
     return 0
 
 
