@@ -44,6 +44,7 @@ NAME = "ddlbsplit"
 NODES, DEVICES = 2, 2
 FRACTIONS = (0.2, 0.4, 0.5, 0.6, 2 / 3, 0.8, 0.9)
 SCALES = (0.5, 0.7, 1.0, 1.4, 2.0)
+FRAMEWORK = ["ddp"]     # --framework: the data-parallel strategy each split runs
 
 
 def split_rates(total_mbit: float, fraction: float, devices: int = DEVICES) -> tuple[float, float]:
@@ -91,7 +92,7 @@ def _measure(out: Path, dev_mbit: float, link_mbit: float, size: int, nodes: int
                    "iters=5", f"out={out / 'commbench'}")
         if cb.returncode:
             raise SystemExit(f"commbench failed: {cb.stderr[-1500:]}")
-        run = login(*srun, "run", "launcher=slurm", "framework=ddp", "model=gpt2_tiny", "debug=fast",
+        run = login(*srun, "run", "launcher=slurm", f"framework={FRAMEWORK[0]}", "model=gpt2_tiny", "debug=fast",
                     f"launcher.nproc={NODES * DEVICES}", "run.measure_steps=10", f"run.dir={out / 'run'}",
                     "run.timeout_s=300")
         if run.returncode:
@@ -248,8 +249,11 @@ def main() -> int:
     ap.add_argument("--scales", default=",".join(map(str, SCALES)), help="perf_per_cost: the choice scaled by")
     ap.add_argument("--flat-mbit", type=float, help="flat: each device's link (default: --total-mbit; "
                     "at equal cost with --costs 1,2 the two-level best split's cost / 2)")
+    ap.add_argument("--framework", default="ddp", help="the data-parallel strategy run at each split (fsdp_hybrid: "
+                    "reduce-scatter and all-gather within the node, all-reduce across)")
     ap.add_argument("--resume", action="store_true", help="read back the splits OUT_DIR holds; predict them again")
     a = ap.parse_args()
+    FRAMEWORK[0] = a.framework
     a.out.mkdir(parents=True, exist_ok=True)
     size = gradient_bytes()
     summary = {"time": time_budget, "perf_per_cost": perf_per_cost, "flat": flat_switch}[a.objective](a, size)
