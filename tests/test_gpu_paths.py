@@ -87,7 +87,7 @@ def test_causal_mask_speaks_the_gpu_images_transformers(monkeypatch):
     import torch
     import transformers.masking_utils as mu
 
-    from ddlbench.models.pipeline import causal_mask
+    from ddlbench.models.masks import causal_mask
     seen = {}
 
     def older(config, input_embeds, attention_mask, cache_position, past_key_values, position_ids=None):

@@ -84,7 +84,7 @@ def register_sdpa_causal() -> None:
 def mask_skipped(config) -> bool:
     """Whether this transformers builds no causal mask for `config` (and reads no tensor to decide):
     asked on meta with position ids, where a data-dependent check cannot run."""
-    from ddlbench.models.pipeline import causal_mask
+    from ddlbench.models.masks import causal_mask
     hidden = torch.empty(1, 4, 8, device="meta")
     try:
         return causal_mask(config, hidden, position_ids=torch.arange(4, device="meta").unsqueeze(0)) is None

@@ -16,10 +16,10 @@ tied weight's gradient between the two ranks holding a copy (`tied_parameters`).
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import nn
+
+from ddlbench.models.masks import causal_mask
 
 
 class _Embed(nn.Module):
@@ -30,21 +30,6 @@ class _Embed(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         return self.drop(self.wte(input_ids) + self.wpe(pos))
-
-
-def causal_mask(config, hidden: torch.Tensor, position_ids: torch.Tensor | None = None):
-    """The causal mask the HF model builds for positions 0..T-1 (no padding, no cache). No
-    position_ids: with them HF looks for packed sequences (a data-dependent .item(), impossible on
-    meta). Argument names differ across transformers 5.x (5.17 on the GPU image: past_key_values
-    and cache_position; 5.2x: cache): they are read off the signature."""
-    from transformers.masking_utils import create_causal_mask
-    params = inspect.signature(create_causal_mask).parameters
-    kw = {"config": config, "attention_mask": None, "position_ids": position_ids,
-          ("inputs_embeds" if "inputs_embeds" in params else "input_embeds"): hidden,
-          ("cache" if "cache" in params else "past_key_values"): None}
-    if "cache_position" in params:
-        kw["cache_position"] = torch.arange(hidden.shape[1], device=hidden.device)
-    return create_causal_mask(**kw)
 
 
 class _Block(nn.Module):
