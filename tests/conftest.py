@@ -222,3 +222,18 @@ def wait_until_training(run_dir: Path, ranks: int, timeout_s: float = 120, steps
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+def emulated_cluster(name: str, *up_args: str):
+    """`bench cluster up name=NAME UP_ARGS` for a test module (as root, the single-node Slurm's
+    packages installed first): yields its cluster.json; whatever failed, `down` at the end."""
+    if os.geteuid() != 0:
+        pytest.fail("the cluster tests need root (CI runs as root)")
+    subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "install"], check=True, timeout=280)
+    bench_exe("cluster", "down", f"name={name}")
+    try:
+        proc = bench_exe("cluster", "up", *up_args, f"name={name}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        yield json.loads((Path("/var/tmp/ddlbench-cluster") / name / "cluster.json").read_text())
+    finally:     # nothing of the cluster outlives the module
+        bench_exe("cluster", "down", f"name={name}")

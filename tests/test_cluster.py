@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, wait_for
+from conftest import REPO, emulated_cluster, wait_for
 
 from ddlbench.cluster.plan import (
     hosts_file,
@@ -85,16 +85,7 @@ def test_bad_input_is_refused_before_anything_is_built():
 
 @pytest.fixture(scope="module")
 def box():
-    if os.geteuid() != 0:
-        pytest.fail("the cluster tests need root (CI runs as root)")
-    subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "install"], check=True, timeout=280)
-    cluster("down", f"name={NAME}")
-    try:
-        proc = cluster("up", "nodes=2", f"link={LINK}", f"name={NAME}")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        yield json.loads((Path("/var/tmp/ddlbench-cluster") / NAME / "cluster.json").read_text())
-    finally:     # whatever failed, nothing of the cluster outlives the module
-        cluster("down", f"name={NAME}")
+    yield from emulated_cluster(NAME, "nodes=2", f"link={LINK}")
 
 
 @pytest.mark.slow

@@ -6,12 +6,10 @@ included: `pgrep` lists those). The plan itself is checked by hand in tests/test
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, emulated_cluster
 
 BENCH = str(REPO / ".venv" / "bin" / "bench")
 NAME = "ddlb2d"
@@ -29,16 +27,7 @@ def login(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def box2d():
-    if os.geteuid() != 0:
-        pytest.fail("the cluster tests need root (CI runs as root)")
-    subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "install"], check=True, timeout=280)
-    cluster("down", f"name={NAME}")
-    try:
-        proc = cluster("up", "nodes=2", "devices_per_node=2", f"link={LINK}", f"dev_link={DEV_LINK}", f"name={NAME}")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        yield json.loads((Path("/var/tmp/ddlbench-cluster") / NAME / "cluster.json").read_text())
-    finally:
-        cluster("down", f"name={NAME}")
+    yield from emulated_cluster(NAME, "nodes=2", "devices_per_node=2", f"link={LINK}", f"dev_link={DEV_LINK}")
 
 
 @pytest.mark.slow
