@@ -57,3 +57,11 @@ def test_compiled_and_float8_runs_are_set_beside_the_eager_ones_not_ranked_among
     assert got["gpt2_tiny, 2 ranks, fp32, run.compile=true run.float8=true"] == [
         "fsdp2:full_shard 34.6 samples/s, 1.44x the fastest run without run.compile=true run.float8=true "
         "(fsdp2:full_shard 24.1 samples/s)"]
+
+
+def test_the_recipe_is_read_from_a_frames_row():
+    """A summary frame's cells hold numpy booleans (and NaN where a record had no run section)."""
+    from ddlbench.report.tables import recipe_of
+    frame = pd.DataFrame([{"compile": True, "float8": True}, {"compile": False, "float8": False},
+                          {"compile": True, "float8": NAN}])
+    assert [recipe_of(r) for _, r in frame.iterrows()] == ["run.compile=true run.float8=true", "", "run.compile=true"]

@@ -57,7 +57,12 @@ RECIPE_SETTINGS = ("compile", "float8")   # settings every framework takes alike
 def recipe_of(row) -> str:
     """The run-wide settings that change every framework's speed alike (run.compile, run.float8),
     as overrides; '' for the default (eager, bf16/fp32 matmuls)."""
-    return " ".join(f"run.{k}=true" for k in RECIPE_SETTINGS if k in row and row[k] is True)
+    return " ".join(f"run.{k}=true" for k in RECIPE_SETTINGS if _true(row.get(k)))
+
+
+def _true(value) -> bool:
+    """True for True and numpy's True (a frame's cell); False for False, None and NaN."""
+    return value is not None and value == value and bool(value)
 
 
 TAXONOMY_COLUMNS = ["tax_parallelism", "tax_synchronisation", "tax_communication", "tax_sharding", "tax_compression"]
