@@ -4,7 +4,8 @@ nodes' uplinks (link, across nodes), each on its own `bench cluster` (2 nodes x 
 at each split
 
   measured   the all-reduce of the DDP step's gradient bytes as a flat ring and hierarchically
-             (`bench commbench`), and the step time of a 4-rank DDP run (gpt2_tiny, gloo)
+             (`bench commbench`), and the step time of a 4-rank DDP run (gpt2_tiny, gloo;
+             --framework fsdp_hybrid for hierarchical collectives in the step)
   predicted  the same from the network model (ddlbench/network/model.py) with the split's rates:
              the collectives directly, the step as compute + exposed communication
              (ddlbench/network/project.py), compute taken from the first split's run
@@ -27,6 +28,7 @@ two-level cluster at its best split (run with --objective time first, into the s
 
     .venv/bin/python benchmarks/bandwidth_split.py OUT_DIR [--total-mbit 300] [--fractions 0.2,0.4,...]
     .venv/bin/python benchmarks/bandwidth_split.py OUT_DIR --objective perf_per_cost --costs 1,2 --device-cost 0.015
+    .venv/bin/python benchmarks/bandwidth_split.py OUT_DIR --objective flat [--flat-mbit 200]
 """
 from __future__ import annotations
 
