@@ -36,6 +36,7 @@ import argparse
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from runs import reuse
@@ -186,8 +187,8 @@ def perf_per_cost(a, size: int) -> dict:
     costs = [float(c) for c in a.costs.split(",")]
     calib_row, calib = point(a.out / "calibration", *split_rates(a.total_mbit, 2 / 3), size, None, a.resume)
     network, work, compute_s = calib
-    priced = Network(network.name, tuple(type(d)(d.name, d.size, d.bandwidth, d.latency, c, d.shared)
-                                         for d, c in zip(network.dims, costs)), network.description)
+    priced = Network(network.name, tuple(replace(d, cost_per_GBps=c) for d, c in zip(network.dims, costs)),
+                     network.description)
     chosen = allocate(work, priced, NODES * DEVICES, compute_s, objective="perf_per_cost", min_GBps=1e-3,
                       max_GBps=0.2, algorithm=GLOO, device_cost=a.device_cost)
     dev0, share0 = (b * 8e3 for b in chosen["bandwidth_GBps"])
@@ -197,10 +198,11 @@ def perf_per_cost(a, size: int) -> dict:
     for k in [float(x) for x in a.scales.split(",")]:
         row, _ = point(a.out / f"scale-{k:.2f}", dev0 * k, share0 * k * DEVICES, size, calib, a.resume)
         m, p = row["measured"], row["predicted"]
-        sps = (NODES * DEVICES * work.per_device_batch)
-        row.update(scale=k, measured_per_cost=per_cost(sps / m["step_s"], dev0 * k, share0 * k, costs, a.device_cost),
-                   measured_per_cost_at_p90=per_cost(sps / m["step_p90_s"], dev0 * k, share0 * k, costs, a.device_cost),
-                   predicted_per_cost=per_cost(sps / p["step_s"], dev0 * k, share0 * k, costs, a.device_cost))
+        batch = NODES * DEVICES * work.per_device_batch          # the global batch: samples a step
+        row.update(scale=k, measured_per_cost=per_cost(batch / m["step_s"], dev0 * k, share0 * k, costs, a.device_cost),
+                   measured_per_cost_at_p90=per_cost(batch / m["step_p90_s"], dev0 * k, share0 * k, costs,
+                                                     a.device_cost),
+                   predicted_per_cost=per_cost(batch / p["step_s"], dev0 * k, share0 * k, costs, a.device_cost))
         rows.append(row)
     best = max(rows, key=lambda r: r["measured_per_cost"])
     mine = next(r for r in rows if r["scale"] == 1.0)

@@ -128,6 +128,7 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
 
     from ddlbench.comm_probe import written_bytes
     from ddlbench.launch.worker import pick_device
+    from ddlbench.topology import gather_hosts
 
     if port is not None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -141,9 +142,7 @@ def _rank(rank: int, world: int, opts: dict, port: int | None, results: str) -> 
     comm_threads = {"policy": commthreads.policy(), "threads": []}
     groups = None
     if any(k in DIM_KINDS for k in opts["kinds"]):    # ranks grouped by host
-        names = [None] * world
-        dist.all_gather_object(names, os.uname().nodename)
-        groups = make_groups(names)
+        groups = make_groups(gather_hosts())
 
     def sync():
         if device.type == "cuda":

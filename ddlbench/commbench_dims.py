@@ -16,6 +16,7 @@ the cluster's described rates ($DDLBENCH_NETWORK) dimension by dimension.
 from __future__ import annotations
 
 from ddlbench.errors import ConfigError
+from ddlbench.topology import cross_groups, node_groups
 
 DIM_KINDS = ("all_reduce_node", "all_reduce_cross", "all_reduce_hier")
 DIMENSION_OF = {"all_reduce_node": "node", "all_reduce_cross": "link"}
@@ -23,15 +24,13 @@ DIMENSION_OF = {"all_reduce_node": "node", "all_reduce_cross": "link"}
 
 def host_groups(hosts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
     """(node groups: each host's ranks, hosts in order of first appearance; cross groups: the i-th
-    rank of every host, i = 0, 1, ...)."""
-    order: dict[str, list[int]] = {}
-    for rank, host in enumerate(hosts):
-        order.setdefault(host, []).append(rank)
-    nodes = list(order.values())
-    if len(nodes) < 2 or len({len(g) for g in nodes}) != 1 or len(nodes[0]) < 2:
+    rank of every host, i = 0, 1, ...), as ddlbench.topology groups them for DASO and HSDP."""
+    counts = {h: hosts.count(h) for h in dict.fromkeys(hosts)}
+    if len(counts) < 2 or len(set(counts.values())) != 1 or min(counts.values()) < 2:
         raise ConfigError(f"commbench {', '.join(DIM_KINDS)}: need >= 2 hosts with the same number (>= 2) of ranks "
-                          f"each; got {', '.join(f'{h}: {len(r)}' for h, r in order.items())}")
-    return nodes, [list(g) for g in zip(*nodes)]
+                          f"each; got {', '.join(f'{h}: {n}' for h, n in counts.items())}")
+    nodes = node_groups(hosts)
+    return nodes, cross_groups(nodes)
 
 
 def group_size(kind: str, per_node: int, nodes: int) -> int:
@@ -43,14 +42,14 @@ def make_groups(hosts: list[str]) -> dict:
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    node_groups, cross_groups = host_groups(hosts)
+    nodes, cross = host_groups(hosts)
     mine = {}
-    for name, groups in (("node", node_groups), ("cross", cross_groups)):
+    for name, groups in (("node", nodes), ("cross", cross)):
         for ranks in groups:
             g = dist.new_group(ranks)
             if rank in ranks:
                 mine[name] = g
-    return {**mine, "per_node": len(node_groups[0]), "nodes": len(node_groups)}
+    return {**mine, "per_node": len(nodes[0]), "nodes": len(nodes)}
 
 
 def group_op(kind: str, n: int, groups: dict, device):

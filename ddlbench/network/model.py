@@ -25,7 +25,7 @@ Across several dimensions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 GB = 1e9
@@ -58,8 +58,8 @@ class Network:
         return math.prod(d.size for d in self.dims)
 
     def with_bandwidths(self, bandwidths: list[float]) -> "Network":
-        return Network(self.name, tuple(Dimension(d.name, d.size, b, d.latency, d.cost_per_GBps, d.shared)
-                                        for d, b in zip(self.dims, bandwidths)), self.description, self.source, self.meta)
+        return Network(self.name, tuple(replace(d, bandwidth=b) for d, b in zip(self.dims, bandwidths)),
+                       self.description, self.source, self.meta)
 
 
 def load(name_or_path: str, conf_dir: Path | None = None) -> Network:
@@ -153,7 +153,7 @@ def hierarchical(kind: str, b: float, spans: list[tuple[int, Dimension]], gloo: 
     for i, (n, d) in enumerate(spans):
         path.append(d.bandwidth)
         if d.shared:     # behind a switch: this dimension's traffic also crosses the device's inner links
-            d = Dimension(d.name, d.size, min(path), d.latency, d.cost_per_GBps, d.shared)
+            d = replace(d, bandwidth=min(path))
         if kind == "all_reduce" and gloo:
             t += ring_allreduce(size, n, d.latency, d.bandwidth) + (
                 ring_gather(size, n, d.latency, d.bandwidth) if i < len(spans) - 1 else 0.0)
@@ -231,8 +231,7 @@ def kind_spans(network: Network, kind: str, spans: list[tuple[int, Dimension]],
         if d.name in fitted:
             at_world = fitted[d.name].get("by_world") or {}     # a fit measured at this many ranks
             f = _segment(at_world.get(ranks) or at_world.get(str(ranks)) or fitted[d.name], message_bytes, ranks)
-            d = Dimension(d.name, d.size, float(f["bandwidth_GBps"]) * GB, float(f["latency_us"]) * 1e-6,
-                          d.cost_per_GBps, d.shared)
+            d = replace(d, bandwidth=float(f["bandwidth_GBps"]) * GB, latency=float(f["latency_us"]) * 1e-6)
         out.append((n, d))
     return out
 
