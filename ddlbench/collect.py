@@ -15,7 +15,7 @@ from ddlbench.metrics.stragglers import describe as describe_stragglers
 from ddlbench.metrics.stragglers import find_stragglers
 from ddlbench.metrics.throughput import throughput
 from ddlbench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
-from ddlbench.results import empty_record
+from ddlbench.results import Record
 from ddlbench.rundir import RunDir
 
 
@@ -103,19 +103,19 @@ def gpu_telemetry(per_rank: list, global_batch: int) -> dict:
 
 
 def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, threads: int,
-                    wall_s: float) -> dict:
+                    wall_s: float) -> Record:
     from ddlbench.models.flops import train_flops_per_sample
     from ddlbench.optim import optimizer_impl
 
     cfg, dims = plan.cfg, plan.dims
     measure = len(gathered[0]["step_time_s"])
     warmup = len(gathered[0]["all_step_time_s"]) - measure
-    record = empty_record(Path(run_dir).name, plan.raw, status="ok", precision=plan.cfg.run.precision)
+    record = Record.new(Path(run_dir).name, plan.raw, status="ok", precision=plan.cfg.run.precision)
     desc = strategy.describe()
     native = desc.get("native_config")
     if isinstance(native, dict):
         native["mixed_precision"] = strategy.precision.describe()
-    record["framework"].update(version=desc.get("version"), native_config=native,
+    record.framework.update(version=desc.get("version"), native_config=native,
                                taxonomy=plan.variant.taxonomy(),
                                grad_reduce_dtype=plan.variant.grad_reduce_dtype(ctx.precision),
                                # a framework that steps its own optimizer says so (DeepSpeedCPUAdam)
@@ -140,23 +140,23 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
             mfu_value = mfu(flops["flops"], tp["samples_per_s"], dims.world_size, peak)
             hfu_value = mfu(flops["hardware_flops"], tp["samples_per_s"], dims.world_size, peak)
         except MfuError as exc:
-            record["warnings"].append(str(exc))
+            record.warnings.append(str(exc))
     else:
-        record["warnings"].append(f"mfu unavailable: {peak_source}")
+        record.warnings.append(f"mfu unavailable: {peak_source}")
 
-    record["model"].update(params=params, tokens_per_sample=spec.tokens_per_sample,
+    record.model.update(params=params, tokens_per_sample=spec.tokens_per_sample,
                            native_config=spec.config)
-    record["parallel"] = {**dims.as_dict(), **plan.choices}
-    record["env"] = envinfo.capture(ctx.device, ctx.backend, threads)
-    record["env"]["hostnames"] = sorted({g["hostname"] for g in gathered})
-    record["env"]["rank_hosts"] = [g["hostname"] for g in gathered]     # rank r ran on rank_hosts[r]
+    record.parallel = {**dims.as_dict(), **plan.choices}
+    record.env = envinfo.capture(ctx.device, ctx.backend, threads)
+    record.env["hostnames"] = sorted({g["hostname"] for g in gathered})
+    record.env["rank_hosts"] = [g["hostname"] for g in gathered]     # rank r ran on rank_hosts[r]
     if any(g.get("device_netns") for g in gathered):     # bench cluster with device namespaces
-        record["env"]["rank_devices"] = [g.get("device_netns") for g in gathered]
-    record["env"]["network"] = envinfo.network_ran_on()
-    record["env"]["comm_threads"] = {"policy": gathered[0]["comm_threads"]["policy"],
+        record.env["rank_devices"] = [g.get("device_netns") for g in gathered]
+    record.env["network"] = envinfo.network_ran_on()
+    record.env["comm_threads"] = {"policy": gathered[0]["comm_threads"]["policy"],
                                      "per_rank": [g["comm_threads"]["threads"] for g in gathered]}
-    record["warnings"] += sorted({g["comm_threads"]["note"] for g in gathered if g["comm_threads"].get("note")})
-    record["timing"] = {
+    record.warnings += sorted({g["comm_threads"]["note"] for g in gathered if g["comm_threads"].get("note")})
+    record.timing = {
         "warmup_steps": warmup, "measured_steps": measure,
         "step_time_s": {k: stats[k] for k in ("median", "mean", "p10", "p90", "std", "min", "max")},
         "series_s": step_times,
@@ -174,17 +174,17 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     }
     if all(g.get("issue_time_s") for g in gathered):
         issue = max(summarize(g["issue_time_s"])["median"] for g in gathered)
-        record["timing"]["issue_time_s_median"] = issue
-        record["timing"]["launch_bound"] = launch_bound(issue, stats["median"], ctx.device.type)
+        record.timing["issue_time_s_median"] = issue
+        record.timing["launch_bound"] = launch_bound(issue, stats["median"], ctx.device.type)
     if cfg.run.step_split:
-        record["timing"]["step_split"] = gather_split([g.get("step_split") for g in gathered])
+        record.timing["step_split"] = gather_split([g.get("step_split") for g in gathered])
     if all("host_time_s" in g for g in gathered):
-        record["timing"]["per_rank_host_median_s"] = [summarize(g["host_time_s"])["median"] for g in gathered]
-        record["stragglers"] = find_stragglers([g["host_time_s"] for g in gathered], stats["median"])
-        record["warnings"].extend(describe_stragglers(record["stragglers"]))
-    record["throughput"] = tp
+        record.timing["per_rank_host_median_s"] = [summarize(g["host_time_s"])["median"] for g in gathered]
+        record.sections["stragglers"] = find_stragglers([g["host_time_s"] for g in gathered], stats["median"])
+        record.warnings.extend(describe_stragglers(record.sections["stragglers"]))
+    record.throughput = tp
     optim = cfg.optim
-    record["memory"] = {
+    record.memory = {
         "per_rank": [{"rank": g["rank"], **g["memory"], "baseline_rss_bytes": g["baseline_rss_bytes"]}
                      for g in gathered],
         "model_state_bytes_per_rank_theory": model_state_theory(
@@ -192,15 +192,15 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
         "note": "baseline_rss_bytes = peak RSS after imports, before the model is built",
     }
     analytic = plan.variant.analytic_comm(dims, ctx.precision, params or 0, strategy.per_node)
-    record["comm"] = _comm(gathered, dims.world_size, params, analytic, ctx.backend)
+    record.comm = _comm(gathered, dims.world_size, params, analytic, ctx.backend)
     if any(g.get("adapter_stats") for g in gathered):
-        record["model_parallel"] = strategy.summarize_rank_stats(
-            [g["adapter_stats"] for g in gathered], record["timing"]["per_rank_median_s"])
-    record["mfu"] = mfu_value
-    record["gpu"] = gpu_telemetry([g.get("gpu") for g in gathered], dims.global_batch)
+        record.sections["model_parallel"] = strategy.summarize_rank_stats(
+            [g["adapter_stats"] for g in gathered], record.timing["per_rank_median_s"])
+    record.mfu = mfu_value
+    record.sections["gpu"] = gpu_telemetry([g.get("gpu") for g in gathered], dims.global_batch)
     measured, measured_source = measured_peak(ctx.device, peak_dtype(ctx.device.type, ctx.precision, tf32),
                                               peak, peak_source)
-    record["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
+    record.sections["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
                        "palm_train_per_sample": flops["palm_flops"],
                        "hardware_train_per_sample": flops["hardware_flops"],
                        "recompute": "activation checkpointing per block" if recompute else None,
@@ -211,7 +211,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
                        "note": "mfu = train_per_sample x samples/s / (devices x peak); hfu the same with "
                                "hardware_train_per_sample (recomputed forwards included)"}
     losses = _global_losses(gathered)
-    record["convergence"]["train_loss"] = [[i, l] for i, l in enumerate(losses)]
+    record.convergence["train_loss"] = [[i, l] for i, l in enumerate(losses)]
     return record
 
 
@@ -251,7 +251,7 @@ def rebase_mfu(mfu_value, peak, measured):
     return mfu_value * peak / measured
 
 
-def fill_convergence(record: dict, cfg, dataset, steps_per_epoch: int, evals: list[dict],
+def fill_convergence(record: Record, cfg, dataset, steps_per_epoch: int, evals: list[dict],
                      target, gathered: list) -> None:
     """Evaluations get `time_s`: training time so far (sum of global step times, i.e. max over
     ranks per step, warm-up included, evaluation pauses excluded)."""
@@ -259,7 +259,7 @@ def fill_convergence(record: dict, cfg, dataset, steps_per_epoch: int, evals: li
     for e, t in zip(evals, eval_times(all_steps, [e["step"] for e in evals])):
         e["time_s"] = t
     hit = first_reached(evals, target, cfg.run.target_metric)
-    record["convergence"].update(
+    record.convergence.update(
         eval=evals, target=target, target_metric=cfg.run.target_metric,
         target_rule=("run.target x floor.loss" if cfg.run.target_vs_floor else "run.target"),
         time_to_target_s=hit["time_s"] if hit else None,
@@ -274,17 +274,17 @@ def fill_convergence(record: dict, cfg, dataset, steps_per_epoch: int, evals: li
     )
 
 
-def write_metrics_jsonl(run_dir: Path, record: dict, gathered: list) -> None:
+def write_metrics_jsonl(run_dir: Path, record: Record, gathered: list) -> None:
     """One line per step: global step time (max over ranks), global loss, per-rank times."""
-    warmup = record["timing"]["warmup_steps"]
-    gb = record["parallel"]["global_batch"]
+    warmup = record.timing["warmup_steps"]
+    gb = record.parallel["global_batch"]
     path = RunDir(run_dir).metrics
     with open(path, "w") as f:
-        for step, loss in record["convergence"]["train_loss"]:
+        for step, loss in record.convergence["train_loss"]:
             row = {"step": step, "phase": "warmup" if step < warmup else "measure", "loss": loss}
             if step >= warmup:
                 i = step - warmup
-                t = record["timing"]["series_s"][i]
+                t = record.timing["series_s"][i]
                 row.update(step_time_s=t, samples_per_s=gb / t,
                            per_rank_step_time_s=[g["step_time_s"][i] for g in gathered])
             f.write(json.dumps(row) + "\n")

@@ -30,8 +30,8 @@ def main(cfg: DictConfig) -> str:
     record = launcher_for(plan).launch(plan, run_dir)
     if record is None:       # a Slurm task other than rank 0
         return "ok"
-    print(f"{run_dir}: {record['status']}")
-    return record["status"]
+    print(f"{run_dir}: {record.status}")
+    return record.status
 
 
 if __name__ == "__main__":

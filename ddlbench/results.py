@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,46 +52,72 @@ def _jsonable(o: Any):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def empty_record(run_id: str, config: dict, status: str = "failed", precision: Optional[str] = None) -> dict:
-    """A record with every required field present; measurements null until filled.
-    `precision`: what ran where the config says auto (Plan.cfg.run.precision)."""
-    fw, mc, run = config.get("framework", {}), config.get("model", {}), config.get("run", {})
-    return {
-        "schema": SCHEMA,
-        "run_id": run_id,
-        "status": status,
-        "error": None,
-        "framework": {"name": fw.get("name"), "variant": fw.get("variant"), "version": None,
-                      "native_config": None},
-        "model": {"name": mc.get("name"), "preset": mc.get("name"), "kind": mc.get("kind"),
-                  "params": None},
-        "parallel": None,
-        "precision": precision or run.get("precision"),
-        "seed": run.get("seed"),
-        "env": None,
-        "timing": None,
-        "throughput": None,
-        "memory": None,
-        "comm": None,
-        "mfu": None,
-        "convergence": {"train_loss": [], "eval": [], "target": run.get("target"),
-                        "time_to_target_s": None, "epochs_to_target": None},
-        "config": config,
-        "warnings": [],
-    }
+@dataclass
+class Record:
+    """One run's result.json in memory: the fields every record has (REQUIRED), typed, and the
+    optional sections a run adds (flops, gpu, startup_s, stragglers, model_parallel, trace,
+    final_params, partial, logging, ...) in `sections`. Built once by whoever ends the run (rank 0's
+    collect.py, or the launcher for a run whose ranks wrote nothing), written with `write`, read
+    back with `from_json`; readers of finished runs (report, table, advise) take the JSON dict."""
+    run_id: str
+    status: str
+    config: dict
+    error: Optional[dict] = None
+    framework: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    parallel: Optional[dict] = None
+    precision: Optional[str] = None
+    seed: Optional[int] = None
+    env: Optional[dict] = None
+    timing: Optional[dict] = None
+    throughput: Optional[dict] = None
+    memory: Optional[dict] = None
+    comm: Optional[dict] = None
+    mfu: Optional[float] = None
+    convergence: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+    sections: dict = field(default_factory=dict)
+    schema: str = SCHEMA
+
+    @classmethod
+    def new(cls, run_id: str, config: dict, status: str = "failed", precision: Optional[str] = None,
+            error: Optional[dict] = None) -> "Record":
+        """Every required field present, measurements null until filled. `precision`: what ran
+        where the config says auto (Plan.cfg.run.precision)."""
+        fw, mc, run = config.get("framework", {}), config.get("model", {}), config.get("run", {})
+        return cls(run_id=run_id, status=status, config=config, error=error,
+                   framework={"name": fw.get("name"), "variant": fw.get("variant"), "version": None,
+                              "native_config": None},
+                   model={"name": mc.get("name"), "preset": mc.get("name"), "kind": mc.get("kind"),
+                          "params": None},
+                   precision=precision or run.get("precision"), seed=run.get("seed"),
+                   convergence={"train_loss": [], "eval": [], "target": run.get("target"),
+                                "time_to_target_s": None, "epochs_to_target": None})
+
+    def to_json(self) -> dict:
+        """result.json's object: the required fields in REQUIRED's order, warnings, then the sections."""
+        out = {k: getattr(self, k) for k in REQUIRED}
+        return {**out, "warnings": self.warnings, **self.sections}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Record":
+        names = {f.name for f in fields(cls)} - {"sections"}
+        return cls(**{k: v for k, v in obj.items() if k in names},
+                   sections={k: v for k, v in obj.items() if k not in names})
+
+    def write(self, run_dir: Path) -> Path:
+        """The one writer of result.json: refuses an invalid record, writes atomically."""
+        obj = self.to_json()
+        problems = check_record(obj)
+        if problems:
+            raise ValueError(f"refusing to write an invalid result: {problems}")
+        path = RunDir(run_dir).result
+        atomic_write_json(path, obj)
+        return path
 
 
 def error_info(type_: str, message: str, rank: Optional[int] = None, **extra) -> dict:
     return {"type": type_, "message": message, "rank": rank, **extra}
-
-
-def write_result(run_dir: Path, record: dict) -> Path:
-    problems = check_record(record)
-    if problems:
-        raise ValueError(f"refusing to write an invalid result: {problems}")
-    path = RunDir(run_dir).result
-    atomic_write_json(path, record)
-    return path
 
 
 def load_result(path: Path) -> dict:

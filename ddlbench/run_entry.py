@@ -40,9 +40,9 @@ def run(overrides: list[str]) -> int:
     if record is None:  # a Slurm task other than rank 0: the result is rank 0's to report
         return 0
     log_to_sinks(plan, run_dir, record)
-    print(render(rows([record])))
+    print(render(rows([record.to_json()])))
     print(f"result: {rd.result}")
-    return 0 if record["status"] == "ok" else EXIT_RUN_NOT_OK
+    return 0 if record.status == "ok" else EXIT_RUN_NOT_OK
 
 
 def run_or_exit_code(overrides: list[str]) -> int:

@@ -32,7 +32,6 @@ from ddlbench.metrics.step_split import StepSplit
 from ddlbench.models.datasets import build_dataset
 from ddlbench.optim import build_optimizer_factory
 from ddlbench.quality import Evaluator, batch_source, final_objective
-from ddlbench.results import write_result
 
 STEP_SYNC = {"cuda": "torch.cuda.current_stream().synchronize()", "cpu": None}
 
@@ -334,25 +333,28 @@ def write_record(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, w: W
                  probes: dict, threads: int, warnings: list[str]) -> None:
     """Rank 0: the record from every rank's series (ddlbench/collect.py), metrics.jsonl, result.json."""
     record = build_ok_record(plan, ctx, run_dir, setup.spec, setup.strategy, gathered, threads, w.wall_s)
-    record["warnings"].extend(warnings)
     timeline = events.read(run_dir)
-    record["startup_s"] = events.phases(timeline)
+    # what the launcher noted before this attempt started (ranks that did not form a group, killed)
+    record.warnings[:0] = events.notes(timeline)
+    record.warnings.extend(warnings)
+    more = record.sections
+    more["startup_s"] = events.phases(timeline)
     if plan.cfg.run.compile:   # also where the launch has no start-up timeline (Horovod's starter)
-        record["startup_s"] = {**(record["startup_s"] or {}), **compile_time(gathered)}
-    record["env"]["rank_start_method"] = events.info(timeline, "agent_start", "start_method")
+        more["startup_s"] = {**(more["startup_s"] or {}), **compile_time(gathered)}
+    record.env["rank_start_method"] = events.info(timeline, "agent_start", "start_method")
     if setup.dataset is not None:
         fill_convergence(record, plan.cfg, setup.dataset, setup.steps_per_epoch, w.evals, setup.target, gathered)
-        record["convergence"]["final_objective"] = probes["objective"]
+        record.convergence["final_objective"] = probes["objective"]
     if probes["fingerprint"] is not None:
-        record["final_params"] = {
+        more["final_params"] = {
             "fingerprint": probes["fingerprint"],
             "after_steps": len(w.losses) + probes["comm_steps"] * (2 if probes["comm_profiled"] else 1),
             "note": "[sum, sum of squares, sum of |x|, sum of x_i (i+1)/n over the row-major elements "
                     "(order-sensitive)] per parameter after the training loop, the comm-probe steps and the "
                     "comm-profile steps"}
     if any(g.get("trace") for g in gathered):
-        record["trace"] = {"per_rank": [g.get("trace") for g in gathered],
-                           "note": "one training step after the window and every probe, under torch.profiler "
-                                   "(run.trace): not timed, not in any figure above"}
+        more["trace"] = {"per_rank": [g.get("trace") for g in gathered],
+                         "note": "one training step after the window and every probe, under torch.profiler "
+                                 "(run.trace): not timed, not in any figure above"}
     write_metrics_jsonl(run_dir, record, gathered)
-    write_result(run_dir, record)
+    record.write(run_dir)

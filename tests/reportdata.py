@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 
-from ddlbench.results import empty_record, write_result
+from ddlbench.results import Record
 
 CONFIG = {
     "framework": {"name": "ddp", "variant": "default"},
@@ -23,7 +23,7 @@ def make_record(run_id: str, framework="ddp", variant="default", world=1, global
     cfg["launcher"]["nproc"] = world
     cfg["run"].update(global_batch=global_batch, repeat=repeat, seed=seed, dir=f"/runs/{run_id}")
     cfg["optim"]["lr"] = lr
-    rec = empty_record(run_id, cfg, status=status)
+    rec = Record.new(run_id, cfg, status=status).to_json()
     if status != "ok":
         rec["error"] = {"type": "exception", "message": extra.get("message", "boom"), "rank": 1}
         return rec
@@ -45,4 +45,4 @@ def make_record(run_id: str, framework="ddp", variant="default", world=1, global
 def write(root, rec) -> None:
     d = root / rec["run_id"]
     d.mkdir(parents=True)
-    write_result(d, rec)
+    Record.from_json(rec).write(d)

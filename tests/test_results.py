@@ -6,35 +6,39 @@ import pytest
 
 from ddlbench.results import (
     SCHEMA,
+    Record,
     atomic_write_json,
     check_record,
-    empty_record,
     error_info,
     load_result,
-    write_result,
 )
 
 
 def test_failed_record_is_valid_and_roundtrips(tmp_path):
-    rec = empty_record("r1", {"framework": {"name": "ddp", "variant": "default"},
-                              "model": {"name": "gpt2_tiny"}, "run": {"seed": 1, "precision": "fp32"}})
-    rec["error"] = error_info("boom", "it broke", rank=1)
-    write_result(tmp_path, rec)
+    rec = Record.new("r1", {"framework": {"name": "ddp", "variant": "default"},
+                            "model": {"name": "gpt2_tiny"}, "run": {"seed": 1, "precision": "fp32"}})
+    rec.error = error_info("boom", "it broke", rank=1)
+    rec.sections["partial"] = {"steps_completed": 3}
+    rec.write(tmp_path)
     back = load_result(tmp_path)
     assert back["schema"] == SCHEMA and back["status"] == "failed"
     assert back["error"] == {"type": "boom", "message": "it broke", "rank": 1}
     assert back["seed"] == 1 and back["framework"]["name"] == "ddp"
+    assert back["partial"] == {"steps_completed": 3} and back["warnings"] == []
     assert check_record(back) == []
+    # JSON -> Record -> JSON is the identity: the required fields typed, the rest kept as sections
+    again = Record.from_json(back)
+    assert again.sections == {"partial": {"steps_completed": 3}} and again.to_json() == back
 
 
 def test_invalid_records_are_refused(tmp_path):
-    rec = empty_record("r1", {}, status="ok")
-    problems = check_record(rec)
+    rec = Record.new("r1", {}, status="ok")
+    problems = check_record(rec.to_json())
     assert "ok result without timing" in problems
     with pytest.raises(ValueError, match="invalid result"):
-        write_result(tmp_path, rec)
+        rec.write(tmp_path)
     assert not (tmp_path / "result.json").exists()
-    rec = empty_record("r1", {}, status="failed")
+    rec = Record.new("r1", {}, status="failed").to_json()
     assert "non-ok result without an error" in check_record(rec)
     rec["status"] = "crashed"
     assert any("status must be" in p for p in check_record(rec))

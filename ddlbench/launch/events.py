@@ -58,6 +58,17 @@ def info(evts: list[dict], event: str, key: str):
     return next((e[key] for e in evts if e["event"] == event and key in e), None)
 
 
+def note(run_dir: str | Path, text: str) -> None:
+    """Something the launcher saw that the run's record must say (a launch attempt killed and
+    started again): the ranks' record takes it from the timeline (notes), so no one rewrites
+    result.json after it is written."""
+    mark(run_dir, "note", text=text)
+
+
+def notes(evts: list[dict]) -> list[str]:
+    return [e["text"] for e in evts if e["event"] == "note"]
+
+
 def phases(evts: list[dict]) -> dict[str, float] | None:
     """Seconds per start-up phase, from cli_start to the first step. A phase ends when its event
     has happened on every process that records it (the latest moment: the slowest rank gates

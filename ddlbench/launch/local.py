@@ -24,7 +24,7 @@ from ddlbench.launch.failures import is_lost_peer
 from ddlbench.launch.forked import rank_start_method
 from ddlbench.launch.records import finish, innermost_frames, save_config, stopped_result, where_each_rank_was
 from ddlbench.launch.stop import ForwardUsr1
-from ddlbench.results import error_info, load_result, write_result
+from ddlbench.results import Record, error_info, load_result
 from ddlbench.rundir import RunDir
 
 TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
@@ -137,24 +137,15 @@ class LocalLauncher:
     started: float | None = None
     validated: float | None = None
 
-    def launch(self, plan: Plan, run_dir: Path) -> dict:
+    def launch(self, plan: Plan, run_dir: Path) -> Record:
         return run_local(plan, run_dir, self.started, self.validated)
 
 
-def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated: float | None = None) -> dict:
+def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated: float | None = None) -> Record:
     """`started`/`validated`: when this run's command began and its config was valid (the
     start-up timeline, ddlbench.launch.events). A launch whose ranks do not form their process
     group within run.form_timeout_s is killed and started again (run.form_retries times); the
-    result's warnings say so and where each rank was."""
-    notes: list[str] = []
-    record = _run_local(plan, run_dir, started, validated, notes)
-    if notes:
-        record["warnings"] = [*notes, *(record.get("warnings") or [])]
-        write_result(run_dir, record)
-    return record
-
-
-def _run_local(plan: Plan, run_dir: Path, started: float | None, validated: float | None, notes: list) -> dict:
+    result's warnings say so and where each rank was (events.note: the record takes it when built)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(plan, run_dir)
     events.mark(run_dir, "cli_start", t=started)
@@ -194,10 +185,11 @@ def _run_local(plan: Plan, run_dir: Path, started: float | None, validated: floa
                 break
             stacks = dump_stacks(proc, run_dir, nproc)
             _kill_tree(proc)
-            notes.append(f"launch attempt {attempt}: the ranks did not form their process group within "
-                         f"run.form_timeout_s={cfg.run.form_timeout_s:g} s ({where_each_rank_was(stacks) or 'no rank answered'}); "
-                         f"all ranks were killed and started again; the measurement is from attempt {attempt + 1}")
-            print(f"bench: warning: {notes[-1]}", file=sys.stderr, flush=True)
+            note = (f"launch attempt {attempt}: the ranks did not form their process group within "
+                    f"run.form_timeout_s={cfg.run.form_timeout_s:g} s ({where_each_rank_was(stacks) or 'no rank answered'}); "
+                    f"all ranks were killed and started again; the measurement is from attempt {attempt + 1}")
+            events.note(run_dir, note)
+            print(f"bench: warning: {note}", file=sys.stderr, flush=True)
         usr1 = ForwardUsr1(proc, group=True)   # Slurm's time-limit warning -> every rank
         with usr1:
             code = proc.wait(timeout=max(0.1, cfg.run.timeout_s - (time.monotonic() - start)))
@@ -227,13 +219,14 @@ def _run_local(plan: Plan, run_dir: Path, started: float | None, validated: floa
 
     result_path = RunDir(run_dir).result
     if result_path.exists():
-        record = load_result(result_path)
-        if code != 0 and record["status"] == "ok":
-            # the measurement finished and was written; a rank failed afterwards (teardown)
+        record = Record.from_json(load_result(result_path))
+        if code != 0 and record.status == "ok":
+            # the measurement finished and was written; a rank failed afterwards (teardown): the one
+            # fact that reaches result.json after its writer (with the sinks' `logging`)
             failure = _first_failure(run_dir) or {}
-            record["warnings"].append(f"a rank failed after the result was written: "
-                                      f"{failure.get('message', f'exit code {code}')}")
-            write_result(run_dir, record)
+            record.warnings.append(f"a rank failed after the result was written: "
+                                   f"{failure.get('message', f'exit code {code}')}")
+            record.write(run_dir)
         return record
     if usr1.received:
         return stopped_result(run_dir, run_id, plan, elapsed)

@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 
 from ddlbench.config import Plan
+from ddlbench.launch import events
 from ddlbench.launch.stop import partial_timing
-from ddlbench.results import atomic_write_json, empty_record, error_info, write_result
+from ddlbench.results import Record, atomic_write_json, error_info
 from ddlbench.rundir import RunDir
 
 CHOICES = "choices.json"
@@ -23,36 +24,43 @@ def save_config(plan: Plan, run_dir: Path) -> None:
         atomic_write_json(rd.path / CHOICES, plan.choices)
 
 
-def stopped_result(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> dict:
+def stopped_result(run_dir: Path, run_id: str, plan: Plan, elapsed: float) -> Record:
     """SIGUSR1 (time-limit warning): a `timeout` result with what the ranks measured so far."""
     from ddlbench import models
     spec = models.build(plan.cfg.model)
     part = partial_timing(run_dir, plan.dims.world_size, plan.dims.global_batch, spec.tokens_per_sample)
     done = part["steps_completed"] if part else 0
-    record = finish(run_dir, run_id, plan, "timeout", error_info(
+    record = ended_record(run_dir, run_id, plan, "timeout", error_info(
         "stopped", f"stopped by SIGUSR1 (time-limit warning) after {elapsed:.1f} s and {done} steps; "
                    "partial measurements kept", signal="SIGUSR1"))
     if part:
-        record["partial"] = part
+        record.sections["partial"] = part
         if "throughput" in part:
-            record["throughput"] = part["throughput"]
-            record["timing"] = {"warmup_steps": part["warmup_steps"], "measured_steps": part["measured_steps"],
-                                "step_time_s": part["step_time_s"], "series_s": part["series_s"],
-                                "clock": "time.perf_counter at step boundaries (partial: stopped early)"}
-        record["convergence"]["train_loss"] = part["train_loss"]
-        write_result(run_dir, record)
+            record.throughput = part["throughput"]
+            record.timing = {"warmup_steps": part["warmup_steps"], "measured_steps": part["measured_steps"],
+                             "step_time_s": part["step_time_s"], "series_s": part["series_s"],
+                             "clock": "time.perf_counter at step boundaries (partial: stopped early)"}
+        record.convergence["train_loss"] = part["train_loss"]
+    record.write(run_dir)
     return record
 
 
-def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> dict:
+def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> Record:
+    """The record of a run whose ranks wrote none (refused, failed, timed out), written."""
+    record = ended_record(run_dir, run_id, plan, status, error)
+    record.write(run_dir)
+    return record
+
+
+def ended_record(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> Record:
+    """What the launcher knows of a run without the ranks' record: the plan, the error, the
+    launcher's notes (events.note), the environment variables."""
     from ddlbench.envinfo import env_vars
-    record = empty_record(run_id, plan.raw, status=status, precision=plan.cfg.run.precision)
-    record["error"] = error
-    record["parallel"] = {**plan.dims.as_dict(), **plan.choices}
-    record["framework"]["grad_reduce_dtype"] = plan.variant.grad_reduce_dtype(plan.cfg.run.precision)
-    record.setdefault("env", {})
-    record["env"] = {**(record["env"] or {}), "env_vars": env_vars()}
-    write_result(run_dir, record)
+    record = Record.new(run_id, plan.raw, status=status, precision=plan.cfg.run.precision, error=error)
+    record.parallel = {**plan.dims.as_dict(), **plan.choices}
+    record.framework["grad_reduce_dtype"] = plan.variant.grad_reduce_dtype(plan.cfg.run.precision)
+    record.env = {"env_vars": env_vars()}
+    record.warnings = events.notes(events.read(run_dir))
     return record
 
 

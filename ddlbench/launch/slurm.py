@@ -19,7 +19,7 @@ from pathlib import Path
 from ddlbench.cluster.device_task import master_host
 from ddlbench.config import Plan
 from ddlbench.errors import ConfigError
-from ddlbench.results import empty_record, error_info, load_result, write_result
+from ddlbench.results import Record, error_info, load_result
 from ddlbench.rundir import RunDir
 
 
@@ -79,11 +79,11 @@ def task_threads(environ=os.environ) -> int:
 class SlurmLauncher:
     """ddlbench/launch/base.py's interface where srun started this process as one rank."""
 
-    def launch(self, plan: Plan, run_dir: Path) -> dict | None:
+    def launch(self, plan: Plan, run_dir: Path) -> Record | None:
         return run_slurm(plan, run_dir)
 
 
-def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
+def run_slurm(plan: Plan, run_dir: Path) -> Record | None:
     """Run this task's rank; rank 0 returns the record."""
     from ddlbench.launch.local import device_type
     from ddlbench.launch.records import finish, save_config
@@ -121,7 +121,7 @@ def run_slurm(plan: Plan, run_dir: Path) -> dict | None:
     except BaseException as exc:
         _record_failure(plan, run_dir, rank, exc)
         raise
-    return load_result(RunDir(run_dir).result) if rank == 0 else None
+    return Record.from_json(load_result(RunDir(run_dir).result)) if rank == 0 else None
 
 
 def _record_failure(plan: Plan, run_dir: Path, rank: int, exc: BaseException) -> None:
@@ -136,9 +136,9 @@ def _record_failure(plan: Plan, run_dir: Path, rank: int, exc: BaseException) ->
     message = f"rank {rank} on {host}: {str(exc) or type(exc).__name__}"
     if diagnosis:
         message = f"{liveness.summary(diagnosis)}; {message}"
-    record = empty_record(run_dir.name, plan.raw, status="failed", precision=plan.cfg.run.precision)
-    record["error"] = error_info(type(exc).__name__, message, rank, host=host,
-                                 lost_nodes=diagnosis["lost_nodes"] if diagnosis else None, peers=diagnosis,
-                                 traceback="".join(traceback.format_exception(exc))[-4000:])
-    record["parallel"] = {**plan.dims.as_dict(), **plan.choices}
-    write_result(run_dir, record)
+    record = Record.new(run_dir.name, plan.raw, status="failed", precision=plan.cfg.run.precision,
+                        error=error_info(type(exc).__name__, message, rank, host=host,
+                                         lost_nodes=diagnosis["lost_nodes"] if diagnosis else None, peers=diagnosis,
+                                         traceback="".join(traceback.format_exception(exc))[-4000:]))
+    record.parallel = {**plan.dims.as_dict(), **plan.choices}
+    record.write(run_dir)

@@ -26,11 +26,10 @@ def _wandb(run_dir: Path, mode: str, init_timeout_s: float) -> Optional[str]:
     return None
 
 
-def log_to_sinks(plan, run_dir: Path, record: dict) -> None:
+def log_to_sinks(plan, run_dir: Path, record) -> None:
     """An online run that cannot reach W&B (no network, wrong key) falls back to an offline run
-    directory (`wandb sync` it later); result.json's `logging` says which mode was used and why."""
-    from ddlbench.results import write_result
-
+    directory (`wandb sync` it later); result.json's `logging` says which mode was used and why
+    (`record`: the run's ddlbench.results.Record, written again with it)."""
     lg = plan.cfg.logger
     if lg.name == "none" or lg.mode == "disabled":
         return
@@ -42,5 +41,5 @@ def log_to_sinks(plan, run_dir: Path, record: dict) -> None:
             used = "offline"
             print("bench: W&B fell back to offline; upload later with `wandb sync "
                   f"{RunDir(run_dir).wandb}/offline-run-*`", file=sys.stderr)
-    record["logging"] = {"wandb": {"requested": lg.mode, "used": used, "reason": reason}}
-    write_result(run_dir, record)
+    record.sections["logging"] = {"wandb": {"requested": lg.mode, "used": used, "reason": reason}}
+    record.write(run_dir)
