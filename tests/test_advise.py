@@ -225,23 +225,24 @@ def test_advise_memory_pruning_and_verify(advised):
 
     from ddlbench.advise.command import _results
     from ddlbench.advise.rank import rank_candidates
+    from ddlbench.advise.state import Advice
     out, _, state = advised
-    state = copy.deepcopy(state)
+    state = Advice.from_json(copy.deepcopy(state))
     calib = _results(out / "calibration")
-    for c in state["candidates"]:
+    for c in state.candidates:
         for k in ("rank", "measure", "predicted", "pruned_by_memory", "verify_pruned"):
             c.pop(k, None)
         if (c["pruned"] or "").startswith("memory"):
             c["pruned"] = None
-    totals = sorted(c["memory_estimate"]["with_overhead"] for c in state["candidates"] if c["layout"] and not c["pruned"])
-    state["device_memory_bytes"] = (totals[0] + totals[-1]) // 2
-    state["options"]["verify_pruned"] = 1
+    totals = sorted(c["memory_estimate"]["with_overhead"] for c in state.candidates if c["layout"] and not c["pruned"])
+    state.device_memory_bytes = (totals[0] + totals[-1]) // 2
+    state.options["verify_pruned"] = 1
     rank_candidates(state, calib)
-    over = [c for c in state["candidates"] if c.get("pruned_by_memory")]
-    kept = [c for c in state["candidates"] if c.get("rank")]
+    over = [c for c in state.candidates if c.get("pruned_by_memory")]
+    kept = [c for c in state.candidates if c.get("rank")]
     assert over and kept
-    assert all(c["memory_estimate"]["with_overhead"] > state["device_memory_bytes"] for c in over)
-    assert all(c["memory_estimate"]["with_overhead"] <= state["device_memory_bytes"] for c in kept)
+    assert all(c["memory_estimate"]["with_overhead"] > state.device_memory_bytes for c in over)
+    assert all(c["memory_estimate"]["with_overhead"] <= state.device_memory_bytes for c in kept)
     assert all(c["pruned"].startswith("memory: estimated") for c in over)
     verify = [c for c in over if c.get("verify_pruned")]
     assert len(verify) == 1 and verify[0]["measure"]
@@ -282,6 +283,7 @@ def test_collect_recommends_the_first_to_reach_the_target_when_there_is_one():
     """With a quality target (experiment=), time to target decides, not the step time; without,
     the fastest measured step. Errors and the rank correlation come from the same records."""
     from ddlbench.advise.conclude import collect, fold
+    from ddlbench.advise.state import Advice
 
     def cand(i, pred):
         return {"id": f"c{i}", "label": f"x{i}", "framework": "ddp", "overrides": [f"o{i}"], "measure": True,
@@ -290,17 +292,21 @@ def test_collect_recommends_the_first_to_reach_the_target_when_there_is_one():
     def rec(step, ttt):
         return {"status": "ok", "timing": {"step_time_s": {"median": step}}, "throughput": {"samples_per_s": 8 / step},
                 "memory": {"per_rank": [{"peak_allocated_bytes": 80}]}, "convergence": {"time_to_target_s": ttt}}
-    state = {"candidates": [cand(1, 0.1), cand(2, 0.2), cand(3, 0.3)]}
+    state = Advice(candidates=[cand(1, 0.1), cand(2, 0.2), cand(3, 0.3)])
     fold(state, ["c1", "c2", "c3"], [rec(0.1, 9.0), rec(0.3, 5.0), rec(0.2, 7.0)])
     collect(state)
-    assert state["recommendation"]["id"] == "c2" and state["recommendation"]["by"] == "time_to_target_s"
-    assert state["rank_correlation"] == pytest.approx(0.5)       # predicted 1,2,3 vs measured 1,3,2
-    m = state["candidates"][0]["measured"]
+    assert state.recommendation["id"] == "c2" and state.recommendation["by"] == "time_to_target_s"
+    assert state.rank_correlation == pytest.approx(0.5)       # predicted 1,2,3 vs measured 1,3,2
+    m = state.candidates[0]["measured"]
     assert m["step_error"] == pytest.approx(0.0) and m["memory_error"] == pytest.approx(0.25)   # (100 - 80) / 80
-    state = {"candidates": [cand(1, 0.1), cand(2, 0.2)]}
+    state = Advice(candidates=[cand(1, 0.1), cand(2, 0.2)])
     fold(state, ["c1", "c2"], [rec(0.1, None), rec(0.3, 5.0)])
     collect(state)
-    assert state["recommendation"]["id"] == "c1" and state["recommendation"]["by"] == "step_s"
+    assert state.recommendation["id"] == "c1" and state.recommendation["by"] == "step_s"
+    # advice.json round-trips through the typed state; a field this version does not know is refused
+    assert Advice.from_json(state.to_json()) == state
+    with pytest.raises(ValueError, match="colour"):
+        Advice.from_json({**state.to_json(), "colour": "red"})
 
 
 def test_default_network_and_devices_per_node_follow_the_device():

@@ -64,16 +64,17 @@ def test_resume_measures_the_replacement_then_the_repeats():
     """bench advise's next rounds from its state: c1 ran out of memory, so c3 runs in its place;
     then the two best (c2, c3) run again as run.repeat=1; then the answer."""
     from ddlbench.advise.conclude import collect, fold, next_round
+    from ddlbench.advise.state import Advice
 
     def rec(step):
         if step is None:
             return {"status": "oom", "error": {"message": "out of memory"}}
         return {"status": "ok", "timing": {"step_time_s": {"median": step}}, "throughput": {"samples_per_s": 8 / step},
                 "memory": {"per_rank": [{"peak_allocated_bytes": 80}]}}
-    state = {"options": {"budget_runs": 2, "repeats": 2},
-             "candidates": [{"id": f"c{i}", "label": f"x{i}", "framework": "ddp", "overrides": [f"o{i}"], "rank": i,
-                             "pruned": None, "predicted": {"step_s": 0.1 * i}, "memory_estimate": {"with_overhead": 100}}
-                            for i in (1, 2, 3, 4)]}
+    state = Advice(options={"budget_runs": 2, "repeats": 2},
+                   candidates=[{"id": f"c{i}", "label": f"x{i}", "framework": "ddp", "overrides": [f"o{i}"], "rank": i,
+                                "pruned": None, "predicted": {"step_s": 0.1 * i}, "memory_estimate": {"with_overhead": 100}}
+                               for i in (1, 2, 3, 4)])
     fold(state, ["c1", "c2"], [rec(None), rec(0.30)])
     assert next_round(state) == ([["c3", 0]], "in place of failed candidates")
     fold(state, ["c3"], [rec(0.20)])
@@ -81,8 +82,8 @@ def test_resume_measures_the_replacement_then_the_repeats():
     fold(state, ["c3", "c2"], [rec(0.21), rec(0.31)])
     assert next_round(state) == ([], "")
     collect(state)
-    rec_ = state["recommendation"]
+    rec_ = state.recommendation
     assert (rec_["id"], rec_["runner_up"], rec_["runs"], rec_["settled"]) == ("c3", "x2", 2, True)
     assert rec_["margin"] == pytest.approx(0.305 / 0.205 - 1) and rec_["spread"] == pytest.approx(0.05)
     assert rec_["advice"] == ["x1", "x2", "x3"]
-    assert state["candidates"][0]["measured"]["status"] == "oom" and "measured" not in state["candidates"][3]
+    assert state.candidates[0]["measured"]["status"] == "oom" and "measured" not in state.candidates[3]

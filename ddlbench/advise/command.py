@@ -24,6 +24,7 @@ from ddlbench.advise.grid import enumerate_grid
 from ddlbench.advise.options import ADVICE, default_network, device_memory_bytes, devices_per_node, parse
 from ddlbench.advise.output import print_ranking, print_result
 from ddlbench.advise.rank import attach_cost, candidate_row, rank_candidates
+from ddlbench.advise.state import Advice
 from ddlbench.errors import ConfigError
 from ddlbench.results import atomic_write_json
 
@@ -70,13 +71,11 @@ def start(args: list[str]) -> int:
         c.overrides = [*c.overrides, *across]
     limit, limit_source = device_memory_bytes(opts, device)
     survivors = [c for c in grid if not c.pruned]
-    state = {"phase": "calibrate", "options": opts, "extra_overrides": extra, "network": network.name,
-             "network_source": str(network.source),         # a file given as network= has no conf name
-             "devices_per_node": per_node, "device": device, "precision": cfg.run.precision,
-             "device_memory_bytes": limit, "device_memory_source": limit_source,
-             "optimizer": {"name": cfg.optim.name, "momentum": cfg.optim.momentum},
-             "profile": prof.to_dict(), "calibration": {"cells": [], "skipped": {}},
-             "candidates": [candidate_row(c, prof, cfg, device) for c in grid]}
+    state = Advice(options=opts, extra_overrides=list(extra), network=network.name,
+                   network_source=str(network.source), devices_per_node=per_node, device=device,
+                   precision=cfg.run.precision, device_memory_bytes=limit, device_memory_source=limit_source,
+                   optimizer={"name": cfg.optim.name, "momentum": cfg.optim.momentum}, profile=prof.to_dict(),
+                   candidates=[candidate_row(c, prof, cfg, device) for c in grid])
     threads = None
     if device == "cpu":
         from ddlbench.envinfo import usable_cores
@@ -84,29 +83,29 @@ def start(args: list[str]) -> int:
         threads = threads_per_rank(valid[0].plan)
         # ranks x threads over the cores of a node (a node of `bench cluster` has its own), against the
         # 1-rank calibration's
-        state["oversubscription"] = (max(1.0, min(opts["devices"], per_node) * threads / usable_cores())
-                                     / max(1.0, threads / usable_cores()))
+        state.oversubscription = (max(1.0, min(opts["devices"], per_node) * threads / usable_cores())
+                                  / max(1.0, threads / usable_cores()))
     overrides, raws = [], []
     for cell in calibration_cells(survivors, opts["calibrate"]):
         try:
             over, plan, cost = calibration_plan(cell, opts, extra, threads, prof, per_node, limit, device)
         except ConfigError as exc:     # this framework cannot run on one rank: DDP's compute stands in
-            state["calibration"]["skipped"][cell["framework"]] = str(exc)
+            state.calibration.skipped[cell["framework"]] = str(exc)
             continue
         raws.append(plan.raw)
         cell["cost_model"] = cost.to_dict() if cost is not None else None
-        state["calibration"]["cells"].append(cell)
+        state.calibration.cells.append(cell)
         overrides.append(over)
-    if not state["calibration"]["cells"]:
+    if not state.calibration.cells:
         raise ConfigError("no calibration run can measure one device's compute: "
-                          + "; ".join(f"{k}: {v}" for k, v in state["calibration"]["skipped"].items()))
+                          + "; ".join(f"{k}: {v}" for k, v in state.calibration.skipped.items()))
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / ADVICE, state)
+    _save(out / ADVICE, state)
     pruned = sum(1 for c in grid if c.pruned)
     print(f"grid: {len(grid)} candidates, {pruned} pruned by validation; calibration: "
           + ", ".join(f"{c['framework']} mb{c['micro_batch']}"
                       + (f" over {c['ranks']} ranks (DDP does not fit one device)" if c.get("ranks", 1) > 1 else "")
-                      for c in state["calibration"]["cells"])
+                      for c in state.calibration.cells)
           + " (1 rank unless said)", flush=True)
     _sweep(out / "calibration", overrides, opts["backend"], raws)
     return resume(out)
@@ -133,50 +132,57 @@ def resume(out: Path) -> int:
     path = Path(out) / ADVICE
     if not path.is_file():
         raise ConfigError(f"{out}: not an advise directory (no {ADVICE})")
-    state = json.loads(path.read_text())
-    if state["phase"] == "calibrate":
-        results = _finished(Path(out), "calibration", state["options"]["backend"])
+    try:
+        state = Advice.from_json(json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{path}: not an advice this version can continue ({exc})") from None
+    if state.phase == "calibrate":
+        results = _finished(Path(out), "calibration", state.options["backend"])
         if results is None:
-            return 1 if state["options"]["backend"] == "local" else 0
-        for cell, r in zip(state["calibration"]["cells"], results):
+            return 1 if state.options["backend"] == "local" else 0
+        for cell, r in zip(state.calibration.cells, results):
             if r["status"] != "ok" and cell["framework"] == "ddp":
                 raise ConfigError(f"the DDP calibration run failed ({r['status']}): {r['error']}")
         rank_candidates(state, results)
-        chosen = [c for c in state["candidates"] if c.get("measure")]
-        state["phase"] = "measure" if chosen else "done"
-        state["rounds"] = [_first_round(state)] if chosen else []
-        atomic_write_json(path, state)
+        chosen = [c for c in state.candidates if c.get("measure")]
+        state.phase = "measure" if chosen else "done"
+        state.rounds = [_first_round(state)] if chosen else []
+        _save(path, state)
         print_ranking(state)
         if chosen:
-            _sweep(out / "measure", [c["overrides"] for c in chosen], state["options"]["backend"])
-    while state["phase"] == "measure":
-        rounds = state.setdefault("rounds", [_first_round(state)])      # a state written before rounds
+            _sweep(out / "measure", [c["overrides"] for c in chosen], state.options["backend"])
+    while state.phase == "measure":
+        rounds = state.rounds
         last = rounds[-1]
         if not last.get("folded"):
-            results = _finished(Path(out), last["dir"], state["options"]["backend"])
+            results = _finished(Path(out), last["dir"], state.options["backend"])
             if results is None:
-                return 1 if state["options"]["backend"] == "local" else 0
+                return 1 if state.options["backend"] == "local" else 0
             fold(state, [cid for cid, _ in last["cells"]], results)
             last["folded"] = True
         cells, why = next_round(state)
         if cells:
             rounds.append({"dir": f"measure-{len(rounds) + 1}", "cells": cells, "why": why})
-            atomic_write_json(path, state)
-            by_id = {c["id"]: c for c in state["candidates"]}
+            _save(path, state)
+            by_id = {c["id"]: c for c in state.candidates}
             print(f"advise: measuring ({why}): " + ", ".join(f"{by_id[i]['label']} (run {n + 1})" for i, n in cells),
                   flush=True)
             _sweep(out / rounds[-1]["dir"], [by_id[i]["overrides"] + ([f"run.repeat={n}"] if n else []) for i, n in cells],
-                   state["options"]["backend"])
+                   state.options["backend"])
             continue
         collect(state)
-        state["phase"] = "done"
-        atomic_write_json(path, state)
+        state.phase = "done"
+        _save(path, state)
     print_result(state, out)
     return 0
 
 
-def _first_round(state: dict) -> dict:
-    return {"dir": "measure", "cells": [[c["id"], 0] for c in state["candidates"] if c.get("measure")], "why": "first"}
+def _save(path: Path, state: Advice) -> None:
+    atomic_write_json(path, state.to_json())
+
+
+def _first_round(state: Advice) -> dict:
+    return {"dir": "measure", "cells": [[c["id"], 0] for c in state.candidates if c.get("measure")], "why": "first"}
 
 
 def _finished(out: Path, phase: str, backend: str) -> list[dict] | None:

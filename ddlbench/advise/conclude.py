@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ddlbench.advise.state import Advice
+
 
 def device_seconds(r: dict) -> float:
     """What a run cost: its ranks x (start-up to the first step + the timed window's wall time);
@@ -26,31 +28,31 @@ def _run_row(r: dict) -> dict:
     return row
 
 
-def fold(state: dict, ids: list[str], results: list[dict]) -> None:
+def fold(state: Advice, ids: list[str], results: list[dict]) -> None:
     """One round's results, in the order of its cells, as runs of their candidates."""
-    by_id = {c["id"]: c for c in state["candidates"]}
+    by_id = {c["id"]: c for c in state.candidates}
     for cid, r in zip(ids, results):
         by_id[cid].setdefault("runs", []).append(_run_row(r))
 
 
-def _ranked(state: dict) -> list[dict]:
-    return sorted((c for c in state["candidates"] if c.get("rank") and not c.get("pruned")), key=lambda c: c["rank"])
+def _ranked(state: Advice) -> list[dict]:
+    return sorted((c for c in state.candidates if c.get("rank") and not c.get("pruned")), key=lambda c: c["rank"])
 
 
-def _key(state: dict) -> str:
+def _key(state: Advice) -> str:
     """With experiment= (a quality target) the first to reach the target wins; else the fastest step."""
     from ddlbench.advise.rounds import value
-    ok = [c for c in state["candidates"] if value(c, "step_s") is not None and not c.get("verify_pruned")]
+    ok = [c for c in state.candidates if value(c, "step_s") is not None and not c.get("verify_pruned")]
     return "time_to_target_s" if ok and all(value(c, "time_to_target_s") is not None for c in ok) else "step_s"
 
 
-def next_round(state: dict) -> tuple[list[list], str]:
+def next_round(state: Advice) -> tuple[list[list], str]:
     """([candidate id, repeat index] to measure next, why): failed candidates of the budget
     replaced, the two best repeated until their order is clear (ddlbench.advise.rounds)."""
     from ddlbench.advise.rounds import decide
-    d = decide(_ranked(state), _budget(state), _key(state), state["options"].get("repeats", 1))
-    state["decision"] = d
-    by_id = {c["id"]: c for c in state["candidates"]}
+    d = decide(_ranked(state), _budget(state), _key(state), state.options.get("repeats", 1))
+    state.decision = d
+    by_id = {c["id"]: c for c in state.candidates}
     if d["measure"]:
         return [[i, 0] for i in d["measure"]], "in place of failed candidates"
     if d["repeat"]:
@@ -74,10 +76,10 @@ def _measured(c: dict) -> dict:
     return m
 
 
-def collect(state: dict) -> None:
+def collect(state: Advice) -> None:
     from ddlbench.metrics.stats import spearman
 
-    chosen = [c for c in state["candidates"] if c.get("runs")]
+    chosen = [c for c in state.candidates if c.get("runs")]
     for c in chosen:
         m = _measured(c)
         if m["status"] == "ok":
@@ -89,25 +91,25 @@ def collect(state: dict) -> None:
             m["step_error"] = (c["predicted"]["step_s"] - m["step_s"]) / m["step_s"]
         c["measured"] = m
     ok = [c for c in chosen if c["measured"]["status"] == "ok" and c.get("predicted") and not c.get("verify_pruned")]
-    state["rank_correlation"] = spearman([c["predicted"]["step_s"] for c in ok], [c["measured"]["step_s"] for c in ok])
+    state.rank_correlation = spearman([c["predicted"]["step_s"] for c in ok], [c["measured"]["step_s"] for c in ok])
     by = {}
     for c in chosen:
         e = (c.get("measured") or {}).get("memory_error")
         if e is not None:
             by.setdefault(c["framework"], []).append(e)
-    state["memory_error_by_framework"] = by
+    state.memory_error_by_framework = by
     key = _key(state)
-    state["recommendation"] = recommendation(state, key)
-    if state.get("options", {}).get("evaluate") == "all":
-        state["evaluation"] = evaluation(state, key)
+    state.recommendation = recommendation(state, key)
+    if state.options.get("evaluate") == "all":
+        state.evaluation = evaluation(state, key)
 
 
-def recommendation(state: dict, key: str) -> dict | None:
+def recommendation(state: Advice, key: str) -> dict | None:
     """The best the advice measured (its budget, failed candidates replaced), with its margin over
     the runner-up and their run-to-run spread; a tie lists every candidate within that spread."""
     from ddlbench.advise.rounds import decide
-    d = decide(_ranked(state), _budget(state), key, state.get("options", {}).get("repeats", 1))
-    by_id = {c["id"]: c for c in state["candidates"]}
+    d = decide(_ranked(state), _budget(state), key, state.options.get("repeats", 1))
+    by_id = {c["id"]: c for c in state.candidates}
     best = by_id.get(d["best"])
     if best is None:
         return None
@@ -120,37 +122,37 @@ def recommendation(state: dict, key: str) -> dict | None:
             "advice": [c["label"] for c in _advice(state)]}
 
 
-def _advice(state: dict) -> list[dict]:
+def _advice(state: Advice) -> list[dict]:
     from ddlbench.advise.rounds import advice_set
     return advice_set(_ranked(state), _budget(state))
 
 
-def _budget(state: dict) -> int:
+def _budget(state: Advice) -> int:
     """The advice's budget of measured candidates (a state without options: all of them)."""
-    return state.get("options", {}).get("budget_runs", len(state["candidates"]))
+    return state.options.get("budget_runs", len(state.candidates))
 
 
-def evaluation(state: dict, key: str) -> dict:
+def evaluation(state: Advice, key: str) -> dict:
     """evaluate=all: the advice (its top budget_runs by prediction) against every candidate
     measured (ddlbench.advise.regret), and what finding it cost against measuring the grid."""
     from ddlbench.advise.regret import evaluate
-    ranked = sorted((c for c in state["candidates"] if c.get("rank") and c.get("measured")), key=lambda c: c["rank"])
+    ranked = sorted((c for c in state.candidates if c.get("rank") and c.get("measured")), key=lambda c: c["rank"])
     if not any(c["measured"]["status"] == "ok" for c in ranked):
         return {"error": "no candidate ran"}
-    budget = state["options"]["budget_runs"]
+    budget = state.options["budget_runs"]
     measured = [c["measured"][key] if c["measured"]["status"] == "ok" else math.inf for c in ranked]
     out = evaluate([c["predicted"]["step_s"] for c in ranked], measured, budget=budget or None)
     out["regret"] = {k: (v if math.isfinite(v) else None) for k, v in out["regret"].items()}   # None: all of the top k failed
     advice = _advice(state)
     # the advice: calibration, its budget (failed ones replaced) with their repeats; the grid: one run each
-    advice_s = state["calibration"].get("device_s", 0.0) + sum(c["measured"]["device_s"] for c in advice)
+    advice_s = state.calibration.device_s + sum(c["measured"]["device_s"] for c in advice)
     grid_s = sum(c["runs"][0]["device_s"] for c in ranked)
     out.update({"by": key, "best": next(c["label"] for c, m in zip(ranked, measured) if m == out["best_measured"]),
                 "advice": [c["label"] for c in advice],
                 "cost": {"advice_device_s": advice_s, "grid_device_s": grid_s,
                          "advice_over_grid": advice_s / grid_s if grid_s else None,
                          "budget_fraction": budget / len(ranked)}})
-    rec = state["recommendation"]
+    rec = state.recommendation
     chosen = (rec["measured_step_s"] if key == "step_s" else rec["time_to_target_s"]) if rec else None
     out["regret_of_recommendation"] = chosen / out["best_measured"] if chosen else None
     return out

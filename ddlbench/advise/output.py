@@ -5,21 +5,22 @@ import math
 from pathlib import Path
 
 from ddlbench.advise.options import ADVICE
+from ddlbench.advise.state import Advice
 
 
 def _fmt(x, scale=1.0, f=".1f"):
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x * scale, f)
 
 
-def table(state: dict, limit: int = 15) -> str:
+def table(state: Advice, limit: int = 15) -> str:
     rows = [("rank", "candidate", "pred ms", "meas ms", "est MiB", "meas MiB", "status / why pruned")]
-    ranked = sorted((c for c in state["candidates"] if c.get("rank")), key=lambda c: c["rank"])
+    ranked = sorted((c for c in state.candidates if c.get("rank")), key=lambda c: c["rank"])
     for c in ranked[:limit]:
         m = c.get("measured") or {}
         rows.append((str(c["rank"]), c["label"], _fmt(c["predicted"]["step_s"], 1e3),
                      _fmt(m.get("step_s"), 1e3), _fmt(c["memory_estimate"]["with_overhead"], 1 / 2**20, ".0f"),
                      _fmt(m.get("memory_bytes"), 1 / 2**20, ".0f"), m.get("status", "predicted")))
-    for c in state["candidates"]:
+    for c in state.candidates:
         if c["pruned"]:
             m = c.get("measured") or {}
             rows.append(("-", c["label"], _fmt((c.get("predicted") or {}).get("step_s"), 1e3),
@@ -30,26 +31,26 @@ def table(state: dict, limit: int = 15) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def print_ranking(state: dict) -> None:
-    n = sum(1 for c in state["candidates"] if c.get("rank"))
-    k = sum(1 for c in state["candidates"] if c.get("measure"))
+def print_ranking(state: Advice) -> None:
+    n = sum(1 for c in state.candidates if c.get("rank"))
+    k = sum(1 for c in state.candidates if c.get("measure"))
     print(f"ranked {n} candidates by predicted step time; measuring {k}", flush=True)
 
 
-def print_result(state: dict, out: Path) -> None:
+def print_result(state: Advice, out: Path) -> None:
     print(table(state))
-    rc = state.get("rank_correlation")
-    print(f"rank correlation (Spearman, predicted vs measured step time, {sum(1 for c in state['candidates'] if (c.get('measured') or {}).get('status') == 'ok')} runs): "
+    rc = state.rank_correlation
+    print(f"rank correlation (Spearman, predicted vs measured step time, {sum(1 for c in state.candidates if (c.get('measured') or {}).get('status') == 'ok')} runs): "
           f"{_fmt(rc, 1, '.2f')}")
-    for fw, errs in sorted((state.get("memory_error_by_framework") or {}).items()):
+    for fw, errs in sorted((state.memory_error_by_framework or {}).items()):
         print(f"memory estimate error {fw}: " + ", ".join(f"{e:+.0%}" for e in errs))
-    if any((c.get("measured") or {}).get("memory_kind") == "host_rss" for c in state["candidates"]):
+    if any((c.get("measured") or {}).get("memory_kind") == "host_rss" for c in state.candidates):
         print("memory: meas MiB is host RSS above the post-import baseline (CPU runs), est MiB a device-memory "
               "estimate; they are not compared (docs/memory-check.md checks the estimate on CPU with MemTracker)")
-    ev = state.get("evaluation")
+    ev = state.evaluation
     if ev and "regret" in ev:
         print(_evaluation_text(ev))
-    rec = state.get("recommendation")
+    rec = state.recommendation
     if rec:
         why = (f"reached the target first: {rec['time_to_target_s']:.2f} s" if rec.get("by") == "time_to_target_s"
                else "the fastest step")

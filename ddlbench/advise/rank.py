@@ -6,6 +6,7 @@ from ddlbench.advise.conclude import device_seconds
 from ddlbench.advise.grid import Candidate
 from ddlbench.advise.memory import Layout, estimate
 from ddlbench.advise.options import GiB
+from ddlbench.advise.state import Advice
 from ddlbench.errors import ConfigError
 
 
@@ -38,21 +39,21 @@ def candidate_row(c: Candidate, prof, cfg, device: str) -> dict:
     return row
 
 
-def rank_candidates(state: dict, calibration: list[dict]) -> None:
+def rank_candidates(state: Advice, calibration: list[dict]) -> None:
     """Predict every surviving candidate, prune by memory, rank, mark the ones to measure."""
     from ddlbench.adapters.cost import CostModel, ModelProfile
     from ddlbench.advise.predict import comm_seconds, compute_at, predict
     from ddlbench.network.model import backend_algorithm, load
     from ddlbench.report.frame import training_memory_bytes
 
-    prof = ModelProfile.from_dict(state["profile"])
-    network = load(state.get("network_source") or state["network"])
-    opt = state["optimizer"]
+    prof = ModelProfile.from_dict(state.profile)
+    network = load(state.network_source or state.network)
+    opt = state.optimizer
     ddp, factor, overhead = {}, {}, {}
-    cells = list(zip(state["calibration"]["cells"], calibration))
-    algorithm = state["options"]["algorithm"]
+    cells = list(zip(state.calibration.cells, calibration))
+    algorithm = state.options["algorithm"]
     if algorithm == "auto":     # what the backend of the device runs (gloo's flat rings on CPU)
-        algorithm = backend_algorithm("gloo" if state["device"] == "cpu" else "nccl")
+        algorithm = backend_algorithm("gloo" if state.device == "cpu" else "nccl")
     for cell, r in cells:
         if r["status"] != "ok":
             continue
@@ -62,15 +63,15 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
         elif cell.get("stands_in_for") == "ddp":    # sharded: its step less its priced communication
             comm, _ = comm_seconds(CostModel.from_dict(cell["cost_model"]).traffic, network, algorithm)
             cell["comm_s"] = comm
-            ddp[cell["micro_batch"]] = max(step - comm, 0.05 * step) / state.get("oversubscription", 1.0)
+            ddp[cell["micro_batch"]] = max(step - comm, 0.05 * step) / state.oversubscription
     if not ddp:
-        reasons = ([f"{k}: {v}" for k, v in state["calibration"]["skipped"].items()]
+        reasons = ([f"{k}: {v}" for k, v in state.calibration.skipped.items()]
                    + [f"{c['framework']} mb{c['micro_batch']}: {r['status']}" for c, r in cells])
         raise ConfigError("no calibration run measured the compute of one device: " + "; ".join(reasons))
     for cell, r in cells:
         fw, m = cell["framework"], cell["micro_batch"]
         if r["status"] != "ok":
-            state["calibration"]["skipped"][fw] = f"{r['status']}: {(r.get('error') or {}).get('message')}"
+            state.calibration.skipped[fw] = f"{r['status']}: {(r.get('error') or {}).get('message')}"
             continue
         if cell.get("stands_in_for"):
             continue
@@ -80,13 +81,14 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
         measured = training_memory_bytes(r)
         if measured is not None and cell.get("cost_model"):
             est = estimate(Layout(fw, dp=1, micro_batch=m), prof, CostModel.from_dict(cell["cost_model"]),
-                           opt["name"], opt["momentum"], state["device"])["total"]
+                           opt["name"], opt["momentum"], state.device)["total"]
             overhead[fw] = min(overhead.get(fw, measured - est), measured - est)
     overhead = {fw: max(0, v) for fw, v in overhead.items()}
-    state["calibration"].update({"ddp_step_s": {str(k): v for k, v in ddp.items()}, "compute_factor": factor,
-                                 "runtime_overhead_bytes": overhead, "recompute": _recompute(state)})
-    limit = state["device_memory_bytes"]
-    for c in state["candidates"]:
+    cal = state.calibration
+    cal.ddp_step_s, cal.compute_factor = {str(k): v for k, v in ddp.items()}, factor
+    cal.runtime_overhead_bytes, cal.recompute = overhead, _recompute(state)
+    limit = state.device_memory_bytes
+    for c in state.candidates:
         if c["pruned"] or c.get("cost_model") is None:
             continue
         lay = Layout(**c["layout"])
@@ -96,31 +98,31 @@ def rank_candidates(state: dict, calibration: list[dict]) -> None:
             c["pruned"] = (f"memory: estimated {c['memory_estimate']['with_overhead'] / GiB:.2f} GiB > "
                            f"{limit / GiB:.2f} GiB per device")
             c["pruned_by_memory"] = True
-        p = predict(lay, CostModel.from_dict(c["cost_model"]), ddp, network, state["calibration"]["recompute"],
-                    algorithm, compute_scale=state.get("oversubscription", 1.0) * factor.get(fw, 1.0))
-        p["samples_per_s"] = state["options"].get("global_batch") / p["step_s"] if p["step_s"] > 0 else None
+        p = predict(lay, CostModel.from_dict(c["cost_model"]), ddp, network, state.calibration.recompute,
+                    algorithm, compute_scale=state.oversubscription * factor.get(fw, 1.0))
+        p["samples_per_s"] = state.options.get("global_batch") / p["step_s"] if p["step_s"] > 0 else None
         c["predicted"] = p
-    ranked = sorted((c for c in state["candidates"] if c.get("predicted") and not c["pruned"]),
+    ranked = sorted((c for c in state.candidates if c.get("predicted") and not c["pruned"]),
                     key=lambda c: c["predicted"]["step_s"])
-    everything = state["options"].get("evaluate") == "all"     # the exhaustive grid, to judge the advice by
+    everything = state.options.get("evaluate") == "all"     # the exhaustive grid, to judge the advice by
     for i, c in enumerate(ranked, 1):
         c["rank"] = i
-        c["measure"] = everything or i <= state["options"]["budget_runs"]
-    over = sorted((c for c in state["candidates"] if c.get("pruned_by_memory")),
+        c["measure"] = everything or i <= state.options["budget_runs"]
+    over = sorted((c for c in state.candidates if c.get("pruned_by_memory")),
                   key=lambda c: c["memory_estimate"]["with_overhead"])
-    for c in over if everything else over[:state["options"]["verify_pruned"]]:
+    for c in over if everything else over[:state.options["verify_pruned"]]:
         c["measure"] = c["verify_pruned"] = True
-    state["calibration"]["device_s"] = sum(device_seconds(r) for _, r in cells)
+    state.calibration.device_s = sum(device_seconds(r) for _, r in cells)
 
 
-def _recompute(state: dict) -> float:
+def _recompute(state: Advice) -> float:
     """Hardware / model FLOPs with every block checkpointed (ddlbench/models/flops.py), if any candidate
     checkpoints; else 1."""
-    if not any((c.get("layout") or {}).get("checkpointing") for c in state["candidates"]):
+    if not any((c.get("layout") or {}).get("checkpointing") for c in state.candidates):
         return 1.0
     from ddlbench.config import plan_from_overrides
     from ddlbench.models.flops import train_flops_per_sample
     from ddlbench.models.registry import build
-    cfg = plan_from_overrides([f"model={state['options']['model']}", *state["extra_overrides"]]).cfg
-    f = train_flops_per_sample(build(cfg.model, state["device"]), recompute_blocks=True)
+    cfg = plan_from_overrides([f"model={state.options['model']}", *state.extra_overrides]).cfg
+    f = train_flops_per_sample(build(cfg.model, state.device), recompute_blocks=True)
     return f["hardware_flops"] / f["flops"]

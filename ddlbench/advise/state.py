@@ -1,0 +1,61 @@
+"""`bench advise`'s state, typed: what advice.json holds between its phases (command.py drives
+them). Candidates stay rows (dicts): the grid's row per candidate that rank.py fills with its
+prediction and conclude.py with its measurements; the report and docs/advise.md read them as
+written. `from_json` takes any advice.json this version wrote; a field it lacks takes its default."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
+
+
+@dataclass
+class Calibration:
+    """Phase 1: the calibration cells (one per framework and micro-batch), the frameworks that
+    could not calibrate and why; then, from their results (rank.py), DDP's step per micro-batch,
+    every framework's compute factor over DDP and runtime memory overhead, the recompute factor
+    and the device-seconds it cost."""
+    cells: list = field(default_factory=list)
+    skipped: dict = field(default_factory=dict)
+    ddp_step_s: Optional[dict] = None
+    compute_factor: Optional[dict] = None
+    runtime_overhead_bytes: Optional[dict] = None
+    recompute: Optional[float] = None
+    device_s: float = 0.0
+
+
+@dataclass
+class Advice:
+    phase: str = "calibrate"               # calibrate -> measure -> done
+    options: dict = field(default_factory=dict)    # the arguments, resolved (options.parse)
+    extra_overrides: list = field(default_factory=list)
+    network: str = ""
+    network_source: Optional[str] = None   # a file given as network= has no conf name
+    devices_per_node: int = 1
+    device: str = "cpu"
+    precision: Optional[str] = None
+    device_memory_bytes: Optional[int] = None
+    device_memory_source: Optional[str] = None
+    optimizer: dict = field(default_factory=dict)
+    profile: dict = field(default_factory=dict)
+    oversubscription: float = 1.0          # CPU: ranks x threads over a node's cores, against calibration's
+    calibration: Calibration = field(default_factory=Calibration)
+    candidates: list = field(default_factory=list)
+    rounds: list = field(default_factory=list)     # phase 2's sweeps: {dir, cells, why, folded}
+    decision: Optional[dict] = None
+    rank_correlation: Optional[float] = None
+    memory_error_by_framework: dict = field(default_factory=dict)
+    recommendation: Optional[dict] = None
+    evaluation: Optional[dict] = None      # evaluate=all
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Advice":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(obj) - names)
+        if unknown:
+            raise ValueError(f"advice.json has fields this version does not know: {', '.join(unknown)}")
+        cal = obj.get("calibration") or {}
+        return cls(**{**{k: v for k, v in obj.items() if k in names},
+                      "calibration": Calibration(**cal)})
