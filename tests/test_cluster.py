@@ -364,6 +364,22 @@ def test_a_plan_with_devices_has_two_shaped_dimensions():
         make_plan(2, "1gbit", [0, 1], "/st", devices_per_node=2)
     with pytest.raises(ConfigError, match="give devices_per_node >= 2"):
         make_plan(2, "1gbit", [0, 1], "/st", dev_link="1gbit")
+    assert "ip -n" not in "".join(line for line in script.splitlines() if " mtu " in line)   # 1500: the kernel's
+
+
+def test_jumbo_frames_reach_every_link_and_switch():
+    """mtu=9000: both ends of every veth (uplinks, device links) and every bridge, and the network
+    description says so; an MTU outside Ethernet's range is refused."""
+    from ddlbench.cluster.world import build_script
+    p = make_plan(2, "100mbit", [0, 1], "/st", devices_per_node=2, dev_link="400mbit", mtu=9000)
+    set_mtu = {tuple(line.split()[2:7:4]) for line in build_script(p).splitlines() if line.endswith(" mtu 9000")}
+    # (namespace, device) pairs
+    assert set_mtu == {("head", "br0"), ("head", "vn1"), ("head", "vn2"),
+                       *{(n, d) for n in ("n1", "n2") for d in ("up0", "brn", "d0", "d1")},
+                       *{(f"n{i}d{d}", "eth0") for i in (1, 2) for d in (0, 1)}}
+    assert "MTU 9000" in network_description(p)["description"]
+    with pytest.raises(ConfigError, match="mtu=100: between 1280 and 65535"):
+        make_plan(2, "1gbit", [0, 1], "/st", mtu=100)
 
 
 def test_a_task_finds_its_device_and_the_rendezvous_its_device_zero():

@@ -27,7 +27,7 @@ def login(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def box2d():
-    yield from emulated_cluster(NAME, "nodes=2", "devices_per_node=2", f"link={LINK}", f"dev_link={DEV_LINK}")
+    yield from emulated_cluster(NAME, "nodes=2", "devices_per_node=2", f"link={LINK}", f"dev_link={DEV_LINK}", "mtu=9000")
 
 
 @pytest.mark.slow
@@ -65,10 +65,10 @@ def test_each_device_has_one_shaped_link_and_the_node_switch_holds_slurmds_addre
 @pytest.mark.slow
 def test_commbench_fits_each_dimension_at_its_rate(box2d, tmp_path):
     """The node's all-reduce fitted with p = 2 devices, the cross-node one with p = 2 nodes: per
-    device, near the device link (50 MB/s) and the device's share of the uplink (6.25 MB/s); the
-    shaper cannot be beaten. Measured here, three runs at 1-4 MiB x 5 iterations: node 0.961-0.962x,
-    link 0.864-0.939x (a node's two devices share its one core); at 64 KiB-4 MiB link 0.895-0.941x.
-    The bound is 0.8."""
+    device, within 10% of the device link (50 MB/s) and of the device's share of the uplink (6.25
+    MB/s); the shaper cannot be beaten. With jumbo frames (mtu=9000), 10 runs here at 1-4 MiB x 5-9
+    iterations: node 0.993-1.001x, link 0.928-0.988x. At MTU 1500 headers and acknowledgements
+    cost 4-8% of the 100 Mbit/s uplink and the link fit was 0.852-0.947x (docs/cluster.md)."""
     out = tmp_path / "cb"
     proc = login("srun", "-N2", "--ntasks-per-node=2", "--kill-on-bad-exit=1", BENCH, "commbench", "launcher=slurm",
                  "kinds=[all_reduce_node,all_reduce_cross,all_reduce_hier]", "sizes=[1048576,4194304]",
@@ -78,7 +78,7 @@ def test_commbench_fits_each_dimension_at_its_rate(box2d, tmp_path):
     assert rec["hosts"] == ["n1", "n1", "n2", "n2"]
     fits = rec["dimension_fits"]
     for dim in ("node", "link"):
-        assert 0.8 <= fits[dim]["fit_over_described"] <= 1.02, (dim, fits[dim])
+        assert 0.9 <= fits[dim]["fit_over_described"] <= 1.02, (dim, fits[dim])
     assert {r["kind"] for r in rec["rows"]} == {"all_reduce_node", "all_reduce_cross", "all_reduce_hier"}
 
 

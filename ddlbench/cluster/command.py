@@ -24,7 +24,7 @@ from ddlbench.cluster import plan as planning
 from ddlbench.errors import ConfigError
 
 USAGE = ("usage: bench cluster up [nodes=N] [link=RATE] [devices_per_node=D dev_link=RATE] [name=NAME] "
-         "[comm_threads=fifo|fair]   |   bench cluster status [name=NAME]   |   "
+         "[comm_threads=fifo|fair] [mtu=BYTES]   |   bench cluster status [name=NAME]   |   "
          "bench cluster exec [name=NAME] -- CMD ...   |   bench cluster down [name=NAME]")
 STATE_FILE = "cluster.json"
 
@@ -77,7 +77,7 @@ def _write_files(p: planning.Plan) -> None:
 
 
 def up(args: list[str]) -> int:
-    opts = parse(args, {"nodes", "link", "name", "comm_threads", "devices_per_node", "dev_link"})
+    opts = parse(args, {"nodes", "link", "name", "comm_threads", "devices_per_node", "dev_link", "mtu"})
     name = opts.get("name", "box")
     if not name.isidentifier():
         raise ConfigError(f"name={name!r}: letters, digits and '_' only")
@@ -89,20 +89,21 @@ def up(args: list[str]) -> int:
         raise ConfigError(f"cluster {name} is already up ({old['plan']['state']}); `bench cluster down name={name}` first")
     try:
         nodes, devices = int(opts.get("nodes", 2)), int(opts.get("devices_per_node", 1))
+        mtu = int(opts.get("mtu", planning.DEFAULT_MTU))
     except ValueError:
-        raise ConfigError(f"nodes and devices_per_node are integers, got {opts.get('nodes')!r}, "
-                          f"{opts.get('devices_per_node')!r}") from None
+        raise ConfigError(f"nodes, devices_per_node and mtu are integers, got {opts.get('nodes')!r}, "
+                          f"{opts.get('devices_per_node')!r}, {opts.get('mtu')!r}") from None
     state_path = planning.state_dir(name)
     if old and old.get("world"):
         world.end_world(old["world"])  # what is left of a previous cluster whose controller died
     if state_path.exists():
         shutil.rmtree(state_path)      # a previous cluster's files: logs, database, spool
     p = planning.make_plan(nodes, opts.get("link", "1gbit"), sorted(os.sched_getaffinity(0)), str(state_path), name,
-                           opts.get("comm_threads", "fifo"), devices, opts.get("dev_link"))
+                           opts.get("comm_threads", "fifo"), devices, opts.get("dev_link"), mtu)
     _write_files(p)
     dims = f", {devices} devices a node on links of {p.dev_link} into its switch" if p.dev_link else ""
     print(f"cluster {name}: {nodes} nodes ({', '.join(f'{n.name} {n.addr} cores {list(n.cores)}' for n in p.nodes)}), "
-          f"links {p.link} (tbf, both directions){dims}, communication threads {p.comm_threads}; state in {p.state}",
+          f"links {p.link} (tbf, both directions, MTU {p.mtu}){dims}, communication threads {p.comm_threads}; state in {p.state}",
           flush=True)
     try:
         proc = subprocess.run(["unshare", "-m", "-n", "--propagation", "private", "bash", f"{p.state}/build.sh"],

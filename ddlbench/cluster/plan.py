@@ -28,6 +28,7 @@ PREFIX = 16
 SUBNET = f"{NET}.0"
 HEAD_ADDR = f"{SUBNET}.254"
 PORTS = {"slurmctld": 7817, "slurmd": 7818, "slurmdbd": 7819}
+DEFAULT_MTU = 1500      # what the kernel gives a veth
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bit": 1.0}
 
 
@@ -74,6 +75,7 @@ class Plan:
     nodes: tuple[Node, ...]
     comm_threads: str = "fifo"      # $DDLBENCH_COMM_THREADS inside the cluster (ddlbench/commthreads.py)
     dev_link: Optional[str] = None  # device <-> node switch rate (devices_per_node >= 2)
+    mtu: int = DEFAULT_MTU          # of every link and switch (jumbo frames: 9000)
     head: str = "head"
     head_addr: str = HEAD_ADDR
     ports: dict = field(default_factory=lambda: dict(PORTS))
@@ -108,8 +110,11 @@ def device_cores(node_cores: tuple[int, ...], devices: int) -> list[tuple[int, .
 
 
 def make_plan(nodes: int, link: str, cores: list[int], state: str, name: str = "box",
-              comm_threads: str = "fifo", devices_per_node: int = 1, dev_link: Optional[str] = None) -> Plan:
+              comm_threads: str = "fifo", devices_per_node: int = 1, dev_link: Optional[str] = None,
+              mtu: int = DEFAULT_MTU) -> Plan:
     rate_bits(link)
+    if not 1280 <= mtu <= 65535:
+        raise ConfigError(f"mtu={mtu}: between 1280 and 65535 bytes (1500 Ethernet's default, 9000 jumbo frames)")
     if comm_threads not in POLICIES:
         raise ConfigError(f"comm_threads={comm_threads!r}: one of {', '.join(POLICIES)}")
     if nodes > 200:
@@ -129,7 +134,7 @@ def make_plan(nodes: int, link: str, cores: list[int], state: str, name: str = "
         devices = () if devices_per_node == 1 else tuple(
             Device(f"n{i}d{d}", f"{NET}.{i}.{d + 1}", c) for d, c in enumerate(device_cores(shares[i - 1], devices_per_node)))
         return Node(f"n{i}", f"{SUBNET}.{i}", shares[i - 1], devices)
-    return Plan(name=name, state=state, link=link, comm_threads=comm_threads, dev_link=dev_link,
+    return Plan(name=name, state=state, link=link, comm_threads=comm_threads, dev_link=dev_link, mtu=mtu,
                 nodes=tuple(node(i) for i in range(1, nodes + 1)))
 
 
@@ -205,7 +210,7 @@ def network_description(plan: Plan) -> dict:
     return {
         "name": f"cluster_{plan.name}",
         "description": (f"bench cluster {plan.name}: {len(plan.nodes)} emulated nodes, {what} (tbf, both "
-                        "directions); latency nominal (not fitted)"),
+                        f"directions, MTU {plan.mtu}); latency nominal (not fitted)"),
         "dimensions": [
             inner,
             {"name": "link", "size": len(plan.nodes),

@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ddlbench.cluster.plan import PREFIX, Node, Plan, rate_bits, tbf_burst_bytes
+from ddlbench.cluster.plan import DEFAULT_MTU, PREFIX, Node, Plan, rate_bits, tbf_burst_bytes
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "mariadb-install-db", "srun", "sacct")
 TOOLS = ("unshare", "nsenter", "ip", "tc", "taskset")
@@ -30,6 +30,11 @@ def tbf(ns: str, dev: str, rate: str) -> str:
     bits = rate_bits(rate)
     return (f"tc -n {ns} qdisc replace dev {dev} root tbf rate {int(bits)}bit burst {tbf_burst_bytes(bits)} "
             "latency 100ms")
+
+
+def mtu(ns: str, devs: list[str], plan: Plan) -> list[str]:
+    """The plan's MTU on these links and switches (none where it is the kernel's own 1500)."""
+    return [] if plan.mtu == DEFAULT_MTU else [f"ip -n {ns} link set dev {d} mtu {plan.mtu}" for d in devs]
 
 
 def cpu_mask(cores) -> str:
@@ -67,6 +72,7 @@ def build_script(plan: Plan) -> str:
         f"ip netns add {plan.head}",
         f"ip -n {plan.head} link set lo up",
         f"ip -n {plan.head} link add br0 type bridge",
+        *mtu(plan.head, ["br0"], plan),
         f"ip -n {plan.head} addr add {plan.head_addr}/{PREFIX} dev br0",
         f"ip -n {plan.head} link set br0 up",
     ]
@@ -110,8 +116,10 @@ def node_network(plan: Plan, n: Node) -> list[str]:
         f"ip -n {plan.head} link add {v} type veth peer name {up} netns {n.name}",
         f"ip -n {plan.head} link set {v} master br0 up",
     ]
+    lines += mtu(plan.head, [v], plan) + mtu(n.name, [up], plan)
     if n.devices:
-        lines += [f"ip -n {n.name} link add brn type bridge", f"ip -n {n.name} addr add {n.addr}/{PREFIX} dev brn",
+        lines += [f"ip -n {n.name} link add brn type bridge", *mtu(n.name, ["brn"], plan),
+                  f"ip -n {n.name} addr add {n.addr}/{PREFIX} dev brn",
                   f"ip -n {n.name} link set brn up", f"ip -n {n.name} link set {up} master brn up"]
     else:
         lines += [f"ip -n {n.name} addr add {n.addr}/{PREFIX} dev {up}", f"ip -n {n.name} link set {up} up"]
@@ -127,6 +135,7 @@ def node_network(plan: Plan, n: Node) -> list[str]:
             f"ip netns add {d.name}",
             f"ip -n {d.name} link set lo up",
             f"ip -n {n.name} link add {port} type veth peer name eth0 netns {d.name}",
+            *mtu(n.name, [port], plan), *mtu(d.name, ["eth0"], plan),
             f"ip -n {n.name} link set {port} master brn up",
             f"ip -n {d.name} addr add {d.addr}/{PREFIX} dev eth0",
             f"ip -n {d.name} link set eth0 up",
