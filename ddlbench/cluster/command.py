@@ -157,7 +157,8 @@ def status(args: list[str]) -> int:
         return 1
     p = state["plan"]
     dims = f", {len(p['nodes'][0]['devices'])} devices a node, device links {p['dev_link']}" if p.get("dev_link") else ""
-    print(f"cluster {name}: up; {len(p['nodes'])} nodes, links {p['link']}{dims}, communication threads "
+    print(f"cluster {name}: up; {len(p['nodes'])} nodes, links {p['link']}{dims}, MTU "
+          f"{p.get('mtu', planning.DEFAULT_MTU)}, communication threads "
           f"{p.get('comm_threads', 'fair')}; {len(world.processes_in(state['world']))} "
           f"processes in its world; network description {state['network']}")
     enter(state, ["sinfo", "-N", "-o", "%N %T %c %C"], timeout=15)
