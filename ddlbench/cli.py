@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from ddlbench import signals
 from ddlbench.cluster import device_task
 from ddlbench.errors import ConfigError
 from ddlbench.run_entry import EXIT_BAD_INPUT, EXIT_RUN_NOT_OK
@@ -64,6 +65,8 @@ def cmd_report(paths: list[str], out: str | None, wandb: bool) -> int:
     from ddlbench import report
 
     out_dir = Path(out) if out else Path(paths[0]) / "report"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"-o {out_dir}: exists and is not a directory (the report is a directory of files)")
     try:
         rep = report.build(paths, out_dir, progress=sys.stderr.isatty())
     except FileNotFoundError as exc:
@@ -115,6 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("cluster", help="an emulated multi-node cluster on this machine (root): `cluster up [nodes=2] "
                                    "[link=1gbit]`, `cluster status`, `cluster exec -- CMD`, `cluster down`")
     argv = sys.argv[1:] if argv is None else list(argv)
+    signals.install()     # SIGTERM/SIGHUP/SIGINT unwind the command: what it started is stopped on the way
+    try:
+        return _dispatch(parser, argv)
+    except (KeyboardInterrupt, signals.Stopped) as exc:
+        print(f"bench: stopped by {signals.name_of(exc)}", file=sys.stderr, flush=True)
+        return signals.exit_code(exc)
+
+
+def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     if argv[:1] == ["cluster"]:     # its own parser: `exec -- CMD` keeps everything after -- as it is
         try:
             from ddlbench.cluster.command import run as cluster

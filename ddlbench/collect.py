@@ -15,7 +15,7 @@ from ddlbench.metrics.stragglers import describe as describe_stragglers
 from ddlbench.metrics.stragglers import find_stragglers
 from ddlbench.metrics.throughput import throughput
 from ddlbench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
-from ddlbench.results import Record
+from ddlbench.results import Record, finite
 from ddlbench.rundir import RunDir
 
 
@@ -287,4 +287,4 @@ def write_metrics_jsonl(run_dir: Path, record: Record, gathered: list) -> None:
                 t = record.timing["series_s"][i]
                 row.update(step_time_s=t, samples_per_s=gb / t,
                            per_rank_step_time_s=[g["step_time_s"][i] for g in gathered])
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(finite(row), allow_nan=False) + "\n")

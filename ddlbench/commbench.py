@@ -78,9 +78,9 @@ def parse_args(args: list[str]) -> dict:
     kv = parse_key_values(args, "commbench", DEFAULTS,
                           aliases={"launcher.nproc": "nproc", "run.device": "device", "launcher.name": "launcher"})
     d = DEFAULTS
-    opts = {"nproc": kv.integer("nproc", d["nproc"], low=0), "sizes": kv.items("sizes", int, d["sizes"]),
+    opts = {"nproc": kv.integer("nproc", d["nproc"], low=0), "sizes": kv.integers("sizes", d["sizes"], low=4),
             "iters": kv.integer("iters", d["iters"], low=0), "warmup": kv.integer("warmup", d["warmup"], low=0),
-            "gap_ms": kv.number("gap_ms", d["gap_ms"]), "kinds": kv.items("kinds", default=list(d["kinds"])),
+            "gap_ms": kv.number("gap_ms", d["gap_ms"], low=0.0), "kinds": kv.items("kinds", default=list(d["kinds"])),
             **{k: kv.text(k, d[k]) for k in ("out", "device", "launcher", "network")}}
     if opts["launcher"] not in ("local", "slurm"):
         raise ConfigError(f"commbench: launcher must be local or slurm, got {opts['launcher']!r}")
@@ -226,6 +226,7 @@ def run(args: list[str]) -> int:
 
     from ddlbench.launch.agent import free_port
     from ddlbench.launch.forked import rank_start_method
+    from ddlbench.signals import Stopped, shield
 
     opts = parse_args(args)
     out = Path(opts["out"])
@@ -237,9 +238,19 @@ def run(args: list[str]) -> int:
         opts["sizes"] = default_sizes(device)
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.join(tmp, "ranks.json")
+        ctx = mp.start_processes(_rank, args=(opts["nproc"], opts, free_port(), results), nprocs=opts["nproc"],
+                                 start_method=rank_start_method(device), join=False)
         try:
-            mp.start_processes(_rank, args=(opts["nproc"], opts, free_port(), results), nprocs=opts["nproc"],
-                               start_method=rank_start_method(device))
+            while not ctx.join():
+                pass
+        except (KeyboardInterrupt, Stopped):    # end the ranks too (the command exits with os._exit)
+            shield()
+            for p in ctx.processes:     # nothing of theirs to save: no record is written
+                if p.is_alive():
+                    p.kill()
+            for p in ctx.processes:
+                p.join(5)
+            raise
         except ProcessException as exc:    # a rank raised or died: say which, write nothing
             print(f"commbench: rank {exc.error_index} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
             return 1

@@ -3,6 +3,7 @@ project, cluster), read one way: unknown keys and values of the wrong type are e
 act on (ConfigError: the command, the key, what is known or valid)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -30,13 +31,46 @@ class KeyValues:
             raise ConfigError(f"{self.command}: {key} must be >= {low}, got {value}")
         return value
 
-    def number(self, key: str, default=None) -> Optional[float]:
+    def number(self, key: str, default=None, *, low: Optional[float] = None, high: Optional[float] = None,
+               positive: bool = False) -> Optional[float]:
+        """A finite number (nan and inf are refused), within [low, high], > 0 where `positive`."""
         if key not in self.values:
             return default
+        text = self.values[key].strip()
         try:
-            return float(self.values[key])
+            # YAML's spellings (.nan, .inf) are non-finite numbers too, not typos
+            value = float(text[:-4] + "inf" if text.lower().endswith(".inf") else "nan" if text.lower() == ".nan" else text)
         except ValueError:
             raise ConfigError(f"{self.command}: {key} must be a number, got {self.values[key]!r}") from None
+        if not math.isfinite(value):
+            raise ConfigError(f"{self.command}: {key} must be a finite number, got {self.values[key]!r}")
+        if positive and value <= 0:
+            raise ConfigError(f"{self.command}: {key} must be > 0, got {value:g}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            span = f"within [{low:g}, {high:g}]" if low is not None and high is not None else (
+                f">= {low:g}" if low is not None else f"<= {high:g}")
+            raise ConfigError(f"{self.command}: {key} must be {span}, got {value:g}")
+        return value
+
+    def integers(self, key: str, default=None, low: int = 1) -> Optional[list[int]]:
+        """`[a,b,c]` of whole numbers >= low (3.5, nan, 'x' are refused, not rounded)."""
+        if key not in self.values:
+            return default
+        out = []
+        for text in (x.strip() for x in self.values[key].strip("[]").split(",")):
+            if not text:
+                continue
+            try:
+                value = int(text)
+            except ValueError:
+                raise ConfigError(f"{self.command}: {key} must be a list of integers >= {low}, "
+                                  f"got {text!r} in {self.values[key]!r}") from None
+            if value < low:
+                raise ConfigError(f"{self.command}: {key} must be a list of integers >= {low}, got {value}")
+            out.append(value)
+        if not out:
+            raise ConfigError(f"{self.command}: {key} must list at least one integer >= {low}")
+        return out
 
     def items(self, key: str, convert: Callable[[str], object] = str, default=None) -> Optional[list]:
         """`[a,b,c]` or `a,b,c` -> [convert(a), ...]."""

@@ -72,9 +72,18 @@ def choose(plan_for, cfg, device: str) -> tuple[int, dict]:
         except ValueError as exc:      # no cost model: nothing to size by
             raise ConfigError(f"run.micro_batch=auto: {exc}") from None
     mb, why = pick(estimates, limit)
-    return mb, {"chosen": mb, "why": why, "device_memory_bytes": limit, "device_memory_source": source,
+    fits = any(need <= (1.0 - HEADROOM) * limit for _, need in estimates)
+    return mb, {"chosen": mb, "fits": fits, "why": why, "device_memory_bytes": limit, "device_memory_source": source,
                 "headroom": HEADROOM, "estimates_bytes": {str(m): b for m, b in estimates},
                 "estimator": "ddlbench/advise/memory.py (the variant's cost model, the model's meta-device profile)"}
+
+
+def nothing_fits_warning(choices: dict) -> Optional[str]:
+    """The warning a run prints and records when run.micro_batch=auto found no micro-batch that fits."""
+    auto = choices.get("micro_batch_auto") or {}
+    if auto.get("fits", True):
+        return None
+    return f"run.micro_batch=auto: no micro-batch fits the device; running micro-batch {auto['chosen']} ({auto['why']})"
 
 
 def memory_fraction(cap_bytes: Optional[int], total_bytes: int) -> Optional[float]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field, fields
@@ -24,7 +25,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, default=_jsonable)
+            json.dump(finite(obj), f, indent=2, sort_keys=False, default=_jsonable, allow_nan=False)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -40,6 +41,23 @@ def atomic_write_json(path: Path, obj: Any) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def finite(obj: Any) -> Any:
+    """`obj` with every NaN and infinity replaced by None: what we write is strict JSON (most JSON
+    readers refuse bare NaN/Infinity). A loss that diverged to NaN reads as null, a missing value."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):     # numpy / torch scalars
+        try:
+            return finite(obj.item())
+        except (TypeError, ValueError):
+            return obj
+    return obj
 
 
 def _jsonable(o: Any):
@@ -121,10 +139,17 @@ def error_info(type_: str, message: str, rank: Optional[int] = None, **extra) ->
 
 
 def load_result(path: Path) -> dict:
+    """A result.json (or the one in a run directory); ddlbench.readers.DamagedFile (a ConfigError)
+    when it is truncated, not JSON or not a record."""
+    from ddlbench.readers import DamagedFile, read_json
     path = Path(path)
     if path.is_dir():
         path = path / RESULT_FILE
-    return json.loads(path.read_text())
+    obj = read_json(path, "result record")
+    if not isinstance(obj.get("status"), str) or not isinstance(obj.get("framework"), dict) \
+            or not isinstance(obj.get("model"), dict):
+        raise DamagedFile(path, "result record", "not a ddlbench result (no status, framework or model)")
+    return obj
 
 
 def find_results(paths: list[str]) -> list[Path]:

@@ -3,6 +3,7 @@
 calls back up through it."""
 from __future__ import annotations
 
+import os
 import sys
 
 from ddlbench import rundir
@@ -32,17 +33,38 @@ def run(overrides: list[str]) -> int:
     run_dir = rd.path
     if rd.result.exists():
         raise ConfigError(f"run.dir {run_dir} already holds a result.json; choose another run.dir")
+    from ddlbench import ownership
     from ddlbench.launch.base import launcher_for
     from ddlbench.sinks import log_to_sinks
     from ddlbench.table import render, rows
 
-    record = launcher_for(plan, started=process_start_time(), validated=validated).launch(plan, run_dir)
-    if record is None:  # a Slurm task other than rank 0: the result is rank 0's to report
-        return 0
-    log_to_sinks(plan, run_dir, record)
+    # before anything is written: a second run on this directory is refused (its agent and ranks
+    # inherit the lock); the result check again under the lock (a run that finished meanwhile)
+    with ownership.take(run_dir, "bench run") as owner:
+        if rd.result.exists():
+            raise ConfigError(f"run.dir {run_dir} already holds a result.json; choose another run.dir")
+        os.environ[ownership.TOKEN_ENV] = owner.token     # the ranks check it before reading config.json
+        _warn_nothing_fits(plan, run_dir)
+        try:
+            record = launcher_for(plan, started=process_start_time(), validated=validated).launch(plan, run_dir)
+        finally:
+            os.environ.pop(ownership.TOKEN_ENV, None)
+        if record is None:  # a Slurm task other than rank 0: the result is rank 0's to report
+            return 0
+        log_to_sinks(plan, run_dir, record)
     print(render(rows([record.to_json()])))
     print(f"result: {rd.result}")
     return 0 if record.status == "ok" else EXIT_RUN_NOT_OK
+
+
+def _warn_nothing_fits(plan, run_dir) -> None:
+    """run.micro_batch=auto that found nothing fitting: said on the terminal and in the result's warnings."""
+    from ddlbench.launch import events
+    from ddlbench.microbatch import nothing_fits_warning
+    text = nothing_fits_warning(plan.choices)
+    if text:
+        print(f"bench: warning: {text}", file=sys.stderr, flush=True)
+        events.note(run_dir, text)
 
 
 def run_or_exit_code(overrides: list[str]) -> int:

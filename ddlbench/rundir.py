@@ -11,9 +11,10 @@
           logs/              torchrun's per-rank stdout and stderr
           agent.log          the elastic agent's log
           wandb/             W&B's offline run
+          owner.lock         who owns the directory while it runs (ddlbench/ownership.py)
 
 Directories that hold many runs (a sweep's cells, `bench run -m`, `bench advise`) are named here
-too. Pure: no torch, no config import (a plan is read by attribute)."""
+too; each has its owner.lock as well. Pure: no torch, no config import (a plan is read by attribute)."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RESULT = "result.json"
+OWNER = "owner.lock"
 OUTPUTS = Path("outputs")
 
 
@@ -71,6 +73,10 @@ class RunDir:
     @property
     def agent_log(self) -> Path:
         return self.path / "agent.log"
+
+    @property
+    def owner(self) -> Path:
+        return self.path / OWNER
 
     @property
     def wandb(self) -> Path:

@@ -13,7 +13,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class FrameworkCfg(Strict):

@@ -86,7 +86,18 @@ def render(table_rows: list[dict]) -> str:
 
 
 def table_for(paths: list[str]) -> str:
-    records = [load_result(p) for p in find_results(paths)]
+    """The table of every result under `paths`; a result file that cannot be read is a row of its
+    own (status failed, the file and the problem as its error) and a warning, never the end."""
+    from ddlbench.readers import DamagedFile, warn_damaged
+    from ddlbench.report.load import unreadable
+    records, damaged = [], []
+    for p in find_results(paths):
+        try:
+            records.append(load_result(p))
+        except (DamagedFile, OSError) as exc:
+            records.append(unreadable(p, exc))
+            damaged.append(str(exc))
+    warn_damaged(damaged)
     if not records:
         return "no result.json found under: " + " ".join(paths)
     records.sort(key=lambda r: (r["framework"]["name"], r["model"]["name"],

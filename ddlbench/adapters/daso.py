@@ -43,7 +43,7 @@ from ddlbench.topology import cross_groups, hosts_of, node_groups, node_of
 
 
 class DASOOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     ranks_per_node: Optional[PositiveInt] = None   # null = the ranks of each host (the real node)
     warmup_steps: NonNegativeInt = 4               # blocking global average every step
     cooldown_steps: NonNegativeInt = 4

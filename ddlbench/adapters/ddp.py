@@ -23,7 +23,7 @@ from ddlbench.metrics.comm import AnalyticComm
 
 
 class DDPOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     bucket_cap_mb: float = Field(25.0, gt=0)
     gradient_as_bucket_view: bool = True
     static_graph: bool = False

@@ -26,7 +26,7 @@ from ddlbench.optim import param_groups
 
 
 class DeepSpeedOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     stage: Literal[0, 1, 2, 3] = 2
     overlap_comm: bool = True
     contiguous_gradients: bool = True

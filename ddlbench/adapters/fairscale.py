@@ -22,7 +22,7 @@ from ddlbench.optim import param_groups
 
 
 class FairScaleOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     mode: Literal["oss_sdp", "oss_ddp", "fsdp"] = "oss_sdp"
     broadcast_fp16: bool = False        # OSS: broadcast updated params in fp16 (lossy)
     reduce_buffer_size: int = 2**23     # ShardedDDP bucket (elements); fairscale default

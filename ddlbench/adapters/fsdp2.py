@@ -24,7 +24,7 @@ from ddlbench.topology import hosts_of, node_groups
 
 
 class FSDP2Options(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     reshard_after_forward: bool = True          # False = shard-grad-op (ZeRO-2-like)
     hybrid: bool = False                        # HSDP: shard within groups, replicate across
     hybrid_shard_size: Optional[PositiveInt] = None  # ranks per shard group; null = ranks per node

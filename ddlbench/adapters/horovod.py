@@ -29,7 +29,7 @@ DEFAULT_FUSION_THRESHOLD_MB = 128
 
 
 class HorovodOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     fp16_compression: bool = False
     fusion_threshold_mb: Optional[float] = None   # None = Horovod's default (DEFAULT_FUSION_THRESHOLD_MB); 0 = no fusion
 

@@ -44,7 +44,7 @@ MULTI = ("interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble")
 
 
 class PipelineOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble"] = "1f1b"
     pp: ParallelSize = -1                # pipeline ranks; -1 = world / (dp * tp)
     dp: ParallelSize = 1                 # data-parallel replicas of the pipeline

@@ -26,7 +26,7 @@ from ddlbench.errors import ConfigError
 
 
 class TPOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     tp: ParallelSize = -1           # tensor-parallel ranks; -1 = world / dp_shard
     dp_shard: ParallelSize = 1      # FSDP2 shard ranks (2-D); -1 = world / tp
     activation_checkpointing: bool = False

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class NoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def taxonomy_labels(parallelism: str, sync: str, pattern: str, sharding: str = "none",

@@ -13,11 +13,10 @@ its own: options.py (arguments), calibrate.py (1), rank.py (2), conclude.py (3),
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from ddlbench import rundir
+from ddlbench import ownership, rundir
 from ddlbench.advise.calibrate import calibration_cells, calibration_plan, spread_overrides
 from ddlbench.advise.conclude import collect, fold, next_round
 from ddlbench.advise.grid import enumerate_grid
@@ -26,6 +25,7 @@ from ddlbench.advise.output import print_ranking, print_result
 from ddlbench.advise.rank import attach_cost, candidate_row, rank_candidates
 from ddlbench.advise.state import Advice
 from ddlbench.errors import ConfigError
+from ddlbench.readers import DamagedFile, read_json
 from ddlbench.results import atomic_write_json
 
 
@@ -99,16 +99,20 @@ def start(args: list[str]) -> int:
     if not state.calibration.cells:
         raise ConfigError("no calibration run can measure one device's compute: "
                           + "; ".join(f"{k}: {v}" for k, v in state.calibration.skipped.items()))
-    out.mkdir(parents=True, exist_ok=True)
-    _save(out / ADVICE, state)
-    pruned = sum(1 for c in grid if c.pruned)
-    print(f"grid: {len(grid)} candidates, {pruned} pruned by validation; calibration: "
-          + ", ".join(f"{c['framework']} mb{c['micro_batch']}"
-                      + (f" over {c['ranks']} ranks (DDP does not fit one device)" if c.get("ranks", 1) > 1 else "")
-                      for c in state.calibration.cells)
-          + " (1 rank unless said)", flush=True)
-    _sweep(out / "calibration", overrides, opts["backend"], raws)
-    return resume(out)
+    owner = ownership.take(out, "bench advise", inherited=False)
+    if (out / ADVICE).exists():      # another advise got here first
+        owner.release()
+        raise ConfigError(f"{out} already holds an {ADVICE}; continue it with `bench advise resume {out}`")
+    with owner:
+        _save(out / ADVICE, state)
+        pruned = sum(1 for c in grid if c.pruned)
+        print(f"grid: {len(grid)} candidates, {pruned} pruned by validation; calibration: "
+              + ", ".join(f"{c['framework']} mb{c['micro_batch']}"
+                          + (f" over {c['ranks']} ranks (DDP does not fit one device)" if c.get("ranks", 1) > 1 else "")
+                          for c in state.calibration.cells)
+              + " (1 rank unless said)", flush=True)
+        _sweep(out / "calibration", overrides, opts["backend"], raws)
+        return _resume(out)
 
 
 def _sweep(sweep_dir: Path, overrides: list[list[str]], backend: str, raws: list[dict] | None = None) -> None:
@@ -129,13 +133,25 @@ def _results(sweep_dir: Path) -> list[dict | None]:
 
 
 def resume(out: Path) -> int:
+    if not (Path(out) / ADVICE).is_file():
+        raise ConfigError(f"{out}: not an advise directory (no {ADVICE})")
+    with ownership.take(Path(out), "bench advise", inherited=False):
+        return _resume(out)
+
+
+def _resume(out: Path) -> int:
     path = Path(out) / ADVICE
     if not path.is_file():
         raise ConfigError(f"{out}: not an advise directory (no {ADVICE})")
     try:
-        state = Advice.from_json(json.loads(path.read_text()))
+        state = Advice.from_json(read_json(path, "advice"))
+    except DamagedFile:
+        raise
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{path}: not an advice this version can continue ({exc})") from None
+    if state.options.get("backend") not in ("local", "slurm"):
+        raise ConfigError(f"{path}: not an advice this version can continue (options.backend must be local or "
+                          f"slurm, got {state.options.get('backend')!r})")
     if state.phase == "calibrate":
         results = _finished(Path(out), "calibration", state.options["backend"])
         if results is None:

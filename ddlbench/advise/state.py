@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
+PHASES = ("calibrate", "measure", "done")
+
 
 @dataclass
 class Calibration:
@@ -56,6 +58,18 @@ class Advice:
         unknown = sorted(set(obj) - names)
         if unknown:
             raise ValueError(f"advice.json has fields this version does not know: {', '.join(unknown)}")
+        if obj.get("phase", "calibrate") not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {obj.get('phase')!r}")
+        for key, kind in (("options", dict), ("candidates", list), ("rounds", list), ("calibration", dict)):
+            if key in obj and not isinstance(obj[key], kind):
+                raise ValueError(f"{key} must be a JSON {kind.__name__}, got {type(obj[key]).__name__}")
+        if obj.get("phase") in ("measure", "done") and not obj.get("candidates"):
+            raise ValueError(f"phase {obj['phase']!r} without candidates")
+        if obj.get("phase") == "measure" and not obj.get("rounds"):
+            raise ValueError("phase 'measure' without the rounds it measures")
         cal = obj.get("calibration") or {}
+        cal_names = {f.name for f in fields(Calibration)}
+        if set(cal) - cal_names:
+            raise ValueError(f"calibration has fields this version does not know: {', '.join(sorted(set(cal) - cal_names))}")
         return cls(**{**{k: v for k, v in obj.items() if k in names},
                       "calibration": Calibration(**cal)})

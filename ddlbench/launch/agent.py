@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
 
 def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method: str) -> int:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -69,6 +70,8 @@ def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method
     except ChildFailedError as exc:
         atomic_write_json(RunDir(run_dir).failure, describe_failure(exc))
         return 1
+    except SignalException as exc:    # the launcher stops the run (and writes its result): no traceback
+        return 128 + int(exc.sigval)
     return 0
 
 

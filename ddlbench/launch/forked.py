@@ -11,6 +11,7 @@ Two hazards decide when forking is safe, each kept in a pure function with a tes
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,7 +20,10 @@ import time
 import traceback
 from typing import Callable
 
-RESET_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGCHLD)
+from ddlbench.signals import Stopped
+from ddlbench.signals import exit_code as _stop_exit_code
+
+RESET_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
 
 
 def rank_start_method(device_type: str) -> str:
@@ -55,6 +59,11 @@ class Forked:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             if new_session:                      # its own process group: killpg reaches its tree
                 os.setsid()
+            from ddlbench import ownership  # a sweep's or an advise's lock is its process's alone
+            for fd in ownership.parent_only_fds():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            ownership.forget_parent_only()
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             for fd, target_fd in ((stdout, 1), (stderr, 2)):
@@ -66,6 +75,8 @@ class Forked:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if exc.code is not None and not isinstance(exc.code, int):
                 print(exc.code, file=sys.stderr)
+        except (KeyboardInterrupt, Stopped) as exc:   # a stop signal, handled on the way out: no traceback
+            code = _stop_exit_code(exc)
         except BaseException:  # noqa: BLE001 - the child must always exit here, never return
             traceback.print_exc()
         finally:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlbench import signals
 from ddlbench.config import Plan
 from ddlbench.envinfo import usable_cores
 from ddlbench.errors import ConfigError
@@ -33,12 +34,14 @@ WATCHDOG_MARKER = "watchdog caught collective operation timeout"
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "cannot allocate memory")
 
 
-class Terminated(Exception):
-    """The launcher received SIGTERM (kill, scancel, a test's timeout)."""
-
-
-def _raise_terminated(_signum, _frame):
-    raise Terminated()
+def stop_error(signum: int) -> dict:
+    """The error of a run ended by a stop signal: `interrupted` (Ctrl-C) or `terminated` (SIGTERM:
+    kill, scancel; SIGHUP: the terminal went away). `bench sweep resume` runs such a cell again."""
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT:
+        return error_info("interrupted", "interrupted by the user (Ctrl-C); all ranks killed", signal=name)
+    why = "kill, scancel" if signum == signal.SIGTERM else "the terminal or session that started it closed"
+    return error_info("terminated", f"the launcher received {name} ({why}); all ranks killed", signal=name)
 
 
 def threads_per_rank(plan: Plan) -> int:
@@ -169,8 +172,8 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
     starter = plan.variant.starter()
     start = time.monotonic()
     nproc = cfg.launcher.nproc
-    # the ranks live in the agent's own session: a SIGTERM to this process must end them too
-    previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    # the ranks live in the agent's own session: a stop signal to this process must end them too
+    previous = {sig: signal.signal(sig, signals._raise) for sig in signals.STOP_SIGNALS}
     proc = None
     try:
         for attempt in range(1, cfg.run.form_retries + 2):
@@ -199,19 +202,16 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
         msg = (f"run exceeded run.timeout_s={cfg.run.timeout_s:g} s (wall clock); all ranks killed; "
                f"where each rank was ({where_each_rank_was(stacks) or 'no rank answered'}); their stacks: error.stacks")
         return finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg, stacks=stacks))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, signals.Stopped) as exc:
+        signals.shield()        # a second signal must not cut the clean-up short
         if proc is not None:
             _kill_tree(proc)
-        finish(run_dir, run_id, plan, "failed", error_info("interrupted", "interrupted by the user (Ctrl-C)"))
+        finish(run_dir, run_id, plan, "failed", stop_error(signals.signum_of(exc)))
         raise
-    except Terminated:
-        if proc is not None:
-            _kill_tree(proc)
-        finish(run_dir, run_id, plan, "failed", error_info(
-            "terminated", "the launcher received SIGTERM (kill, scancel); all ranks killed", signal="SIGTERM"))
-        raise SystemExit(128 + signal.SIGTERM) from None
     finally:
-        signal.signal(signal.SIGTERM, previous_term)
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is signals._raise:     # not shielded: the run goes on (a sweep)
+                signal.signal(sig, handler)
         os.environ.pop("DDLBENCH_LAUNCH_ATTEMPT", None)
         if proc is not None and proc.poll() is None:
             _kill_tree(proc)

@@ -48,6 +48,8 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     run_dir_p = Path(run_dir)
     events.mark(run_dir_p, "rank_start", int(os.environ.get("RANK", 0)))
     if plan is None:
+        from ddlbench.ownership import check_token
+        check_token(run_dir_p)     # the config.json here is this rank's launcher's, not a neighbour's
         choices = run_dir_p / CHOICES
         chosen = json.loads(choices.read_text()).get("micro_batch_auto") if choices.exists() else None
         plan = validate(json.loads(RunDir(run_dir_p).config_json.read_text()), chosen)

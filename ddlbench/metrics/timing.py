@@ -46,6 +46,7 @@ def summarize(times: Sequence[float]) -> dict:
 
 
 def mean_ignoring_missing(values: Sequence[float]) -> float:
-    """Mean over ranks that hold a value (NaN = the rank holds no loss, e.g. a pipeline stage)."""
-    held = [v for v in values if not math.isnan(v)]
+    """Mean over ranks that hold a value (NaN or None = the rank holds no loss, e.g. a pipeline
+    stage; None is how strict JSON keeps it)."""
+    held = [v for v in values if v is not None and not math.isnan(v)]
     return sum(held) / len(held) if held else float("nan")

@@ -3,10 +3,10 @@ sizes on a modelled network; with allocate=..., the per-dimension bandwidth spli
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 from ddlbench.errors import ConfigError
+from ddlbench.results import atomic_write_json
 
 DEFAULT_WORLD_SIZES = [8, 64, 512, 4096, 32768, 100000]
 KEYS = {"network", "world_sizes", "scaling", "overlap", "algorithm", "measured_on", "compute_from", "out",
@@ -24,10 +24,20 @@ def parse(args: list[str]):
     kv = parse_key_values(args, "bench project", KEYS, positional=True, required=("network",), usage=USAGE)
     if len(kv.positional) != 1:
         raise ConfigError(USAGE)
-    sizes = kv.items("world_sizes", lambda x: int(float(x)), DEFAULT_WORLD_SIZES)
-    if not sizes or min(sizes) < 1:
-        raise ConfigError("world_sizes must be integers >= 1")
+    sizes = kv.integers("world_sizes", DEFAULT_WORLD_SIZES)
+    numbers(kv, sizes)          # every number checked before anything is read
     return Path(kv.positional[0]), kv, sizes
+
+
+def numbers(kv, sizes: list[int]) -> dict:
+    """The numeric options, finite and in range (ConfigError naming the key and the range)."""
+    return {"overlap": kv.number("overlap", 0.0, low=0.0, high=1.0),
+            "devices": kv.integer("devices", sizes[-1]),
+            "budget_GBps": kv.number("budget_GBps", positive=True),
+            "budget_cost": kv.number("budget_cost", positive=True),
+            "min_GBps": kv.number("min_GBps", 0.1, positive=True),
+            "max_GBps": kv.number("max_GBps", positive=True),
+            "device_cost": kv.number("device_cost", 0.0, low=0.0)}
 
 
 def _record(path: Path) -> dict:
@@ -54,9 +64,8 @@ def run(args: list[str]) -> int:
     if algorithm not in ("auto", "best", *model.ALGORITHMS, model.GLOO):
         raise ConfigError(f"algorithm must be auto, best, ring, tree, hierarchical or gloo, got {algorithm!r}")
     scaling = o.choice("scaling", ("weak", "strong"), "weak")
-    overlap = o.number("overlap", 0.0)
-    if not 0 <= overlap <= 1:
-        raise ConfigError("overlap must be within [0, 1]")
+    num = numbers(o, sizes)
+    overlap = num["overlap"]
     compute_from = workload.from_record(_record(Path(o.text("compute_from")))) if o.text("compute_from") else None
     backend = (rec.get("env") or {}).get("backend")
     if algorithm == "auto":     # the algorithm the run's backend runs (gloo: flat rings, reduce-scatter as all-reduce)
@@ -80,14 +89,13 @@ def run(args: list[str]) -> int:
            "rows": rows}
     if o.text("allocate"):
         from ddlbench.network.allocate import allocate
-        devices = int(o.number("devices", sizes[-1]))
         try:
-            doc["allocation"] = allocate(work, net, devices, compute_s, o.text("allocate"), o.number("budget_GBps"),
-                                         o.number("budget_cost"), o.number("min_GBps", 0.1), o.number("max_GBps"),
-                                         device_cost=o.number("device_cost", 0.0))
+            doc["allocation"] = allocate(work, net, num["devices"], compute_s, o.text("allocate"), num["budget_GBps"],
+                                         num["budget_cost"], num["min_GBps"], num["max_GBps"],
+                                         device_cost=num["device_cost"])
         except ValueError as exc:
             raise ConfigError(f"allocate: {exc}") from None
-    (out / "projection.json").write_text(json.dumps(doc, indent=2))
+    atomic_write_json(out / "projection.json", doc)    # strict JSON: a non-finite number is null
     with open(out / "projection.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["devices", "global_batch", "compute_s", "comm_s", "step_s", "samples_per_s", "comm_share",

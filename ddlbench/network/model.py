@@ -89,18 +89,42 @@ def from_dict(raw: dict, path: Path | str = "<inline>") -> Network:
     """A network from its description (the yaml's content; result.json's env.network)."""
     from ddlbench.errors import ConfigError
     path = Path(path)
-    try:
-        dims = tuple(Dimension(str(d["name"]), int(d["size"]), float(d["bandwidth_GBps"]) * GB,
-                               float(d["latency_us"]) * 1e-6, float(d.get("cost_per_GBps", 0.0)),
-                               bool(d.get("shared", False)))
-                     for d in raw["dimensions"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"network {path}: every dimension needs name, size, bandwidth_GBps, latency_us ({exc})") from None
-    bad = [d.name for d in dims if d.size < 1 or d.bandwidth <= 0 or d.latency < 0]
-    if not dims or bad:
-        raise ConfigError(f"network {path}: sizes >= 1, bandwidths > 0, latencies >= 0 needed ({', '.join(bad)})")
+    if not isinstance(raw, dict) or not isinstance(raw.get("dimensions"), list) or not raw["dimensions"]:
+        raise ConfigError(f"network {path}: needs a non-empty list `dimensions` (name, size, bandwidth_GBps, latency_us)")
+    dims = []
+    for i, d in enumerate(raw["dimensions"]):
+        if not isinstance(d, dict) or not all(k in d for k in ("name", "size", "bandwidth_GBps", "latency_us")):
+            raise ConfigError(f"network {path}: dimension {i + 1} needs name, size, bandwidth_GBps, latency_us")
+        where = f"network {path}: dimension {d['name']!r}"
+        dims.append(Dimension(str(d["name"]), _count(d["size"], f"{where} size"),
+                              _real(d["bandwidth_GBps"], f"{where} bandwidth_GBps", positive=True) * GB,
+                              _real(d["latency_us"], f"{where} latency_us") * 1e-6,
+                              _real(d.get("cost_per_GBps", 0.0), f"{where} cost_per_GBps"),
+                              bool(d.get("shared", False))))
+    dims = tuple(dims)
     return Network(str(raw.get("name", path.stem)), dims, str(raw.get("description", "")), str(path),
                    {k: v for k, v in raw.items() if k not in ("name", "dimensions", "description")})
+
+
+def _real(value, what: str, positive: bool = False) -> float:
+    """A finite number >= 0 (> 0 where `positive`), or ConfigError naming the field and the range."""
+    from ddlbench.errors import ConfigError
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if isinstance(value, bool) or not math.isfinite(x) or x < 0 or (positive and x == 0):
+        raise ConfigError(f"{what} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return x
+
+
+def _count(value, what: str) -> int:
+    """A whole number >= 1 (2.5, .inf, nan, '8x' are refused, not rounded)."""
+    from ddlbench.errors import ConfigError
+    ok = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    if not ok or value < 1:
+        raise ConfigError(f"{what} must be a whole number >= 1, got {value!r}")
+    return int(value)
 
 
 def layout(network: Network, devices: int) -> list[int]:

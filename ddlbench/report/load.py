@@ -13,19 +13,26 @@ from ddlbench.results import SCHEMA
 def unreadable(path: Path, exc: Exception) -> dict:
     """A stand-in record, so a corrupt result is listed among the failures, never dropped."""
     return {"schema": SCHEMA, "run_id": path.parent.name, "status": "failed",
-            "error": {"type": "unreadable_result", "message": f"{path}: {exc}", "rank": None},
+            "error": {"type": "unreadable_result", "rank": None,
+                      "message": str(exc) if str(path) in str(exc) else f"{path}: {exc}"},
             "framework": {"name": "?", "variant": None}, "model": {"name": "?"}, "config": {}}
 
 
 def missing_cells(paths: list[str]) -> list[tuple[Path, dict]]:
     """Cells of every sweep among `paths` (a directory with manifest.jsonl) that have no result
     file: stand-in records with status `missing`, so the report accounts for every expected cell."""
+    from ddlbench.readers import DamagedFile, warn_damaged
     from ddlbench.sweep import manifest
     out = []
     for p in map(Path, paths):
         if not (p / manifest.MANIFEST).is_file():
             continue
-        for cell in manifest.read(p):
+        try:
+            cells = manifest.read(p)
+        except DamagedFile as exc:      # the results are still reported; which cells are missing is not known
+            warn_damaged([f"{exc} (cells without a result cannot be listed)"])
+            continue
+        for cell in cells:
             rd = rundir.of_cell(p, cell)
             d = rd.path
             if not rd.result.exists():
@@ -91,7 +98,11 @@ def load_records(paths: list[Path], progress: bool = True) -> list[dict]:
                      mininterval=0.25):
         try:
             with open(path, "rb") as f:
-                out.append(parse_json(f.read()))
+                rec = parse_json(f.read())
+            if not (isinstance(rec, dict) and isinstance(rec.get("status"), str)
+                    and isinstance(rec.get("framework"), dict) and isinstance(rec.get("model"), dict)):
+                raise ValueError("not a ddlbench result (no status, framework or model)")
+            out.append(rec)
         except (OSError, ValueError) as exc:
             out.append(unreadable(path, exc))
     return out

@@ -6,7 +6,7 @@ import math
 import re
 from pathlib import Path
 
-from ddlbench import rundir
+from ddlbench import ownership, rundir
 from ddlbench.errors import ConfigError
 from ddlbench.results import atomic_write_json
 from ddlbench.sweep import manifest, status
@@ -54,12 +54,13 @@ def start_cells(sweep_dir: Path, cells: list, meta: dict, backend: str, cpus_per
     if backend == "slurm":
         meta["slurm"] = {"cpus_per_rank": cpus_per_rank, "time_limit_min": _slurm_minutes(cells),
                          "throttle": throttle, "job_name": job_name}
-    try:
-        manifest.create(sweep_dir, cells, meta)
-    except FileExistsError as exc:
-        raise ConfigError(str(exc)) from None
-    print(f"sweep: {len(cells)} cells in {sweep_dir} (manifest.jsonl)")
-    return _launch(sweep_dir, meta, [c.index for c in cells])
+    with ownership.take(sweep_dir, "sweep", inherited=False):
+        try:
+            manifest.create(sweep_dir, cells, meta)
+        except FileExistsError as exc:
+            raise ConfigError(str(exc)) from None
+        print(f"sweep: {len(cells)} cells in {sweep_dir} (manifest.jsonl)")
+        return _launch(sweep_dir, meta, [c.index for c in cells])
 
 
 def _launch(sweep_dir: Path, meta: dict, indices: list[int]) -> int:
@@ -112,6 +113,11 @@ def show_status(sweep_dir: Path) -> int:
 
 def resume(sweep_dir: Path) -> int:
     meta = _meta(sweep_dir)
+    with ownership.take(sweep_dir, "sweep", inherited=False):
+        return _resume(sweep_dir, meta)
+
+
+def _resume(sweep_dir: Path, meta: dict) -> int:
     rows = status.cell_states(sweep_dir, _queued_ids(sweep_dir, meta), _accounting(meta))
     todo = [r["index"] for r in rows if r["state"] not in ("ok", "running")]
     if not todo:

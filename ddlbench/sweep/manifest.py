@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ddlbench import rundir
+from ddlbench.readers import DamagedFile, read_json, read_jsonl
 from ddlbench.results import atomic_write_json, load_result
 from ddlbench.sweep.cells import Cell
 
@@ -31,14 +32,28 @@ def create(sweep_dir: Path, cells: list[Cell], meta: dict) -> None:
 
 
 def read(sweep_dir: Path) -> list[Cell]:
+    """The cells; DamagedFile (a ConfigError) for a manifest that cannot be read back."""
     path = Path(sweep_dir) / MANIFEST
     if not path.exists():
         raise FileNotFoundError(f"{sweep_dir}: no {MANIFEST} (not a sweep directory)")
-    return [Cell(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    cells = []
+    for n, row in enumerate(read_jsonl(path, "sweep manifest"), 1):
+        try:
+            cells.append(Cell(**row))
+        except TypeError as exc:
+            raise DamagedFile(path, "sweep manifest", f"cell {n}: {exc}") from None
+        if not isinstance(cells[-1].overrides, list) or not isinstance(cells[-1].index, int):
+            raise DamagedFile(path, "sweep manifest", f"cell {n}: index must be an integer and overrides a list")
+    return cells
 
 
 def meta(sweep_dir: Path) -> dict:
-    return json.loads((Path(sweep_dir) / META).read_text())
+    """sweep.json; DamagedFile (a ConfigError) when it cannot be read back."""
+    obj = read_json(Path(sweep_dir) / META, "sweep description")
+    if obj.get("backend") not in ("local", "slurm"):
+        raise DamagedFile(Path(sweep_dir) / META, "sweep description",
+                          f"backend must be local or slurm, got {obj.get('backend')!r}")
+    return obj
 
 
 def cell_dir(sweep_dir: Path, cell: Cell) -> Path:

@@ -9,6 +9,7 @@ import fcntl
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from ddlbench.errors import ConfigError
 from ddlbench.launch.forked import Forked
 from ddlbench.launch.stop import ForwardUsr1
+from ddlbench.signals import Stopped, name_of, shield, signum_of
 from ddlbench.sweep import manifest
 
 
@@ -68,16 +70,43 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
         if not any(o.split("=", 1)[0].lstrip("+") == "run.progress" for o in cell.overrides):
             args.append("run.progress=false")   # a sweep's cells log to files
         launcher = _launcher(cell.overrides)
+        # the cell runs in a session of its own: a stop signal reaches it once, from here (a
+        # terminal's Ctrl-C would otherwise reach it twice, directly and forwarded)
         if launcher is not None and launcher.name == "slurm":
             # a cell of launcher.nproc ranks on launcher.nodes nodes: one srun task per rank, in
             # this array task's allocation (ddlbench.sweep.slurm.cell_shape asked for it)
-            proc = subprocess.Popen(srun_command(launcher, args), env={**os.environ, **(extra_env or {})})
+            proc = subprocess.Popen(srun_command(launcher, args), env={**os.environ, **(extra_env or {})},
+                                    start_new_session=True)
         else:
             preload_for(cell.overrides)
             # the child inherits the locked descriptor (and passes it on to its ranks)
-            proc = Forked(lambda: _bench_in_child(args, extra_env or {}))
+            proc = Forked(lambda: _bench_in_child(args, extra_env or {}), new_session=True)
         with ForwardUsr1(proc, group=False):   # `#SBATCH --signal=B:USR1@...` reaches this process
-            return proc.wait()
+            try:
+                return proc.wait()
+            except (KeyboardInterrupt, Stopped) as exc:
+                stop_cell(proc, exc, cell.id)
+                raise
+
+
+CELL_STOP_GRACE_S = 60.0
+
+
+def stop_cell(proc, exc: BaseException, cell_id: str) -> None:
+    """A stop signal reached the sweep: pass it on to the running cell (its launcher kills its
+    ranks and writes a `terminated`/`interrupted` result, which resume runs again), wait for it
+    (bounded; then SIGKILL), so nothing of the cell outlives the sweep or writes after it ended."""
+    shield()
+    sig = signum_of(exc)
+    print(f"cell {cell_id}: {name_of(exc)} received; stopping the cell", file=sys.stderr, flush=True)
+    try:
+        proc.send_signal(signal.SIGTERM if isinstance(proc, subprocess.Popen) and sig == signal.SIGINT else sig)
+        proc.wait(timeout=CELL_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
 
 
 def srun_command(launcher, args: list[str]) -> list[str]:
@@ -117,10 +146,17 @@ def _bench_in_child(overrides: list[str], extra_env: dict) -> int:
 
 
 def main(argv: list[str]) -> int:
+    from ddlbench.signals import install
+    install()       # scancel's SIGTERM reaches this array task: stop the cell, then end
     sweep_dir = Path(argv[0])
     index = int(argv[1]) if len(argv) > 1 else int(os.environ["SLURM_ARRAY_TASK_ID"])
     return run_cell(sweep_dir, index)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except (KeyboardInterrupt, Stopped) as stop:
+        from ddlbench.signals import exit_code
+        print(f"sweep task: stopped by {name_of(stop)}", file=sys.stderr)
+        sys.exit(exit_code(stop))
