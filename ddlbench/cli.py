@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from ddlbench import signals
+from ddlbench import quiet, signals
 from ddlbench.cluster import device_task
 from ddlbench.errors import ConfigError
 from ddlbench.run_entry import EXIT_BAD_INPUT, EXIT_RUN_NOT_OK
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "[link=1gbit]`, `cluster status`, `cluster exec -- CMD`, `cluster down`")
     argv = sys.argv[1:] if argv is None else list(argv)
     signals.install()     # SIGTERM/SIGHUP/SIGINT unwind the command: what it started is stopped on the way
+    quiet.install()       # library chatter that does not concern the run: kept in the run's directory
     try:
         return _dispatch(parser, argv)
     except (KeyboardInterrupt, signals.Stopped) as exc:

@@ -14,7 +14,13 @@ from ddlbench.metrics.step_split import gather_split
 from ddlbench.metrics.stragglers import describe as describe_stragglers
 from ddlbench.metrics.stragglers import find_stragglers
 from ddlbench.metrics.throughput import throughput
-from ddlbench.metrics.timing import global_step_times, mean_ignoring_missing, summarize, window_step_time
+from ddlbench.metrics.timing import (
+    global_step_times,
+    mean_ignoring_missing,
+    summarize,
+    window_step_time,
+    window_vs_median,
+)
 from ddlbench.results import Record, finite
 from ddlbench.rundir import RunDir
 
@@ -87,6 +93,12 @@ def _comm(gathered: list, world: int, params: int | None, analytic, backend: str
     return out
 
 
+def least_busy_pct(per_rank: list) -> float | None:
+    """The lowest mean NVML utilisation over the ranks' GPUs, or None without telemetry."""
+    utils = [((r or {}).get("utilization_pct") or {}).get("mean") for r in per_rank]
+    return min(utils) if utils and all(u is not None for u in utils) else None
+
+
 def gpu_telemetry(per_rank: list, global_batch: int) -> dict:
     """NVML per rank (ddlbench/nvml.py) and the run's energy: joules summed over ranks' GPUs during
     the training loop, and per trained sample (global batch x steps)."""
@@ -95,11 +107,14 @@ def gpu_telemetry(per_rank: list, global_batch: int) -> dict:
         return {"available": False, "reason": "; ".join(reasons), "per_rank": per_rank}
     energies = [r.get("energy_j") for r in per_rank]
     total = sum(energies) if all(e is not None for e in energies) else None
-    steps = per_rank[0].get("steps") or 0
-    return {"available": True, "per_rank": per_rank, "energy_j": total,
-            "energy_per_sample_j": total / (global_batch * steps) if total is not None and steps else None,
-            "note": "sampled by NVML in a thread while the training loop ran (warm-up included); energy from "
-                    "each board's energy counter where it has one"}
+    windows = [r.get("window_energy_j") for r in per_rank]
+    window = sum(windows) if all(e is not None for e in windows) else None
+    measured = per_rank[0].get("measured_steps") or 0
+    return {"available": True, "per_rank": per_rank, "energy_j": total, "window_energy_j": window,
+            "energy_per_sample_j": window / (global_batch * measured) if window is not None and measured else None,
+            "note": "sampled by NVML in a thread while the training loop ran; energy_j: the whole loop (warm-up "
+                    "and compile included); window_energy_j and energy_per_sample_j: the measured window only "
+                    "(each board's energy counter interpolated at the window's start and end, summed over ranks)"}
 
 
 def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, threads: int,
@@ -144,6 +159,9 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     else:
         record.warnings.append(f"mfu unavailable: {peak_source}")
 
+    steady = window_vs_median(window_step, stats)
+    tp["samples_per_s_median_step"] = dims.global_batch / stats["median"] if stats["median"] > 0 else None
+
     record.model.update(params=params, tokens_per_sample=spec.tokens_per_sample,
                            native_config=spec.config)
     record.parallel = {**dims.as_dict(), **plan.choices}
@@ -163,6 +181,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
         "per_rank_median_s": [summarize(g["step_time_s"])["median"] for g in gathered],
         "wall_s": wall_s,
         "window_step_s": window_step,
+        "window_vs_median": steady,
         "per_rank_window_s": [sum(g["step_time_s"]) for g in gathered],
         "per_rank_window_unix_s": [g.get("window_unix_s") for g in gathered],
         "throughput_rule": "throughput = global_batch / window_step_s; window_step_s = max over ranks of the "
@@ -175,7 +194,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     if all(g.get("issue_time_s") for g in gathered):
         issue = max(summarize(g["issue_time_s"])["median"] for g in gathered)
         record.timing["issue_time_s_median"] = issue
-        record.timing["launch_bound"] = launch_bound(issue, stats["median"], ctx.device.type)
+        record.timing["launch_bound"] = launch_bound(issue, stats["median"], ctx.device.type,
+                                                     least_busy_pct([g.get("gpu") for g in gathered]))
     if cfg.run.step_split:
         record.timing["step_split"] = gather_split([g.get("step_split") for g in gathered])
     if all("host_time_s" in g for g in gathered):
@@ -208,6 +228,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
                        "peak_per_device": peak, "peak_source": peak_source,
                        "measured_peak_per_device": measured, "measured_peak_source": measured_source,
                        "mfu_on_measured_peak": rebase_mfu(mfu_value, peak, measured),
+                       "mfu_median_step": (mfu_value * window_step / stats["median"]
+                                           if mfu_value is not None and stats["median"] > 0 else None),
                        "note": "mfu = train_per_sample x samples/s / (devices x peak); hfu the same with "
                                "hardware_train_per_sample (recomputed forwards included)"}
     losses = _global_losses(gathered)
@@ -218,17 +240,30 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
 FLOAT8_MATMULS = ("float8 in the converted linear layers (torchao Float8Linear: e4m3 inputs and weights, e5m2 "
                   "output gradients, tensorwise dynamic scaling)")
 LAUNCH_BOUND = 0.9
+DEVICE_BUSY = 80.0    # % of the time NVML saw a kernel running: below it the GPU sat idle between kernels
 
 
-def launch_bound(issue_s: float, step_s: float, device_type: str) -> dict:
-    """Whether the host's issuing of a step is what sets its pace: on CUDA train_step returns once
-    its kernels are queued, so an issue time close to the step time (>= LAUNCH_BOUND of it) means the
-    GPU waited on the host (small batches, no compile, many small kernels). On CPU the work runs as
-    it is issued: the question does not arise (None)."""
-    value = None if device_type != "cuda" or step_s <= 0 else issue_s >= LAUNCH_BOUND * step_s
-    return {"value": value, "issue_over_step": issue_s / step_s if step_s > 0 else None,
+def launch_bound(issue_s: float, step_s: float, device_type: str, device_busy_pct: float | None = None) -> dict:
+    """Whether the host's issuing of a step is what sets its pace. On CUDA train_step returns once
+    its kernels are queued, so an issue time close to the step time (>= LAUNCH_BOUND of it) says
+    the host was busy the whole step; but a framework that waits for the device inside its step
+    (DeepSpeed's engine does) shows the same. The device's own time decides: launch-bound only
+    where the GPU was also idle (NVML utilisation < DEVICE_BUSY %, slowest rank's). Without NVML
+    a high issue time is not enough to say (None). On CPU the work runs as it is issued (None).
+    Checked against the H200 records of 2026-11-26: DeepSpeed ZeRO 0-3 issue 0.96-1.00 of the step
+    at 88-91% utilisation (not launch-bound); FSDP2 CPU offload 1.00 at 51% (host-bound: flagged)."""
+    ratio = issue_s / step_s if step_s > 0 else None
+    if device_type != "cuda" or ratio is None:
+        value = None
+    elif ratio < LAUNCH_BOUND:
+        value = False
+    else:
+        value = None if device_busy_pct is None else device_busy_pct < DEVICE_BUSY
+    return {"value": value, "issue_over_step": ratio, "device_busy_pct": device_busy_pct,
             "rule": f"CUDA: launch-bound when the median time to issue a step (train_step called -> returned, "
-                    f"before the sync; slowest rank) >= {LAUNCH_BOUND:g} x the median step time"}
+                    f"before the sync; slowest rank) >= {LAUNCH_BOUND:g} x the median step time and the GPU was "
+                    f"busy < {DEVICE_BUSY:g}% of the loop (NVML utilisation, least busy rank); high issue time "
+                    f"without NVML: unknown"}
 
 
 def measured_peak(device, key: str, peak, peak_source: str):

@@ -56,9 +56,9 @@ def choose(plan_for, cfg, device: str) -> tuple[int, dict]:
     """`plan_for(micro_batch)` -> a validated Plan at that micro-batch (ConfigError where it cannot
     be); returns (micro_batch, the record of the choice)."""
     from ddlbench.advise.memcheck import predicted
-    from ddlbench.advise.profile import profile
+    from ddlbench.advise.profile import cached_profile
 
-    prof = profile(cfg.model, cfg.run.precision, device)
+    prof, prof_source = cached_profile(cfg.model, cfg.run.precision, device)
     ranks_here = cfg.launcher.nproc if cfg.launcher.name == "local" else max(1, cfg.launcher.nproc // cfg.launcher.nodes)
     limit, source = device_limit(cfg.run, device, ranks_here)
     estimates = []
@@ -75,7 +75,8 @@ def choose(plan_for, cfg, device: str) -> tuple[int, dict]:
     fits = any(need <= (1.0 - HEADROOM) * limit for _, need in estimates)
     return mb, {"chosen": mb, "fits": fits, "why": why, "device_memory_bytes": limit, "device_memory_source": source,
                 "headroom": HEADROOM, "estimates_bytes": {str(m): b for m, b in estimates},
-                "estimator": "ddlbench/advise/memory.py (the variant's cost model, the model's meta-device profile)"}
+                "estimator": "ddlbench/advise/memory.py (the variant's cost model, the model's meta-device profile)",
+                "profile_source": prof_source}
 
 
 def nothing_fits_warning(choices: dict) -> Optional[str]:

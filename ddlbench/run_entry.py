@@ -33,7 +33,7 @@ def run(overrides: list[str]) -> int:
     run_dir = rd.path
     if rd.result.exists():
         raise ConfigError(f"run.dir {run_dir} already holds a result.json; choose another run.dir")
-    from ddlbench import ownership
+    from ddlbench import ownership, quiet
     from ddlbench.launch.base import launcher_for
     from ddlbench.sinks import log_to_sinks
     from ddlbench.table import render, rows
@@ -49,6 +49,7 @@ def run(overrides: list[str]) -> int:
             record = launcher_for(plan, started=process_start_time(), validated=validated).launch(plan, run_dir)
         finally:
             os.environ.pop(ownership.TOKEN_ENV, None)
+            quiet.write_kept(rd.third_party_log)
         if record is None:  # a Slurm task other than rank 0: the result is rank 0's to report
             return 0
         log_to_sinks(plan, run_dir, record)

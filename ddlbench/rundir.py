@@ -12,6 +12,7 @@
           agent.log          the elastic agent's log
           wandb/             W&B's offline run
           owner.lock         who owns the directory while it runs (ddlbench/ownership.py)
+          third_party.log    library log lines kept off the terminal (ddlbench/quiet.py)
 
 Directories that hold many runs (a sweep's cells, `bench run -m`, `bench advise`) are named here
 too; each has its owner.lock as well. Pure: no torch, no config import (a plan is read by attribute)."""
@@ -75,6 +76,10 @@ class RunDir:
         return self.path / "agent.log"
 
     @property
+    def third_party_log(self) -> Path:
+        return self.path / "third_party.log"
+
+    @property
     def owner(self) -> Path:
         return self.path / OWNER
 
@@ -125,6 +130,14 @@ def sweep_root(kind: str) -> Path:
 
 def advise_root(model: str, devices: int) -> Path:
     return OUTPUTS / "advise" / f"{model}_n{devices}"
+
+
+PROFILE_CACHE_ENV = "DDLBENCH_PROFILE_CACHE"   # set by a sweep for its cells (ddlbench/advise/profile.py reads it)
+
+
+def profile_cache(sweep_dir: Path) -> Path:
+    """Where a sweep's cells share run.micro_batch=auto's memory profiles (hidden: reports skip it)."""
+    return Path(sweep_dir) / ".cache" / "profiles"
 
 
 def cell_name(index: int, label: str) -> str:

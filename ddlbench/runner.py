@@ -264,8 +264,10 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
             t_prev = time.perf_counter()  # evaluation is not part of any step
     w.wall_s = time.perf_counter() - wall0
     progress.close()
-    w.gpu = gpu.stop() if gpu is not None else {"available": False, "reason": f"{ctx.device.type} run"}
+    w.gpu = (gpu.stop(window=(w.start, w.end)) if gpu is not None
+             else {"available": False, "reason": f"{ctx.device.type} run"})
     w.gpu["steps"] = len(w.losses)
+    w.gpu["measured_steps"] = max(len(w.losses) - warmup, 0) if w.start is not None else 0
     w.step_split = split.result() if split else None   # after the last step's sync: the events are done
     return w
 

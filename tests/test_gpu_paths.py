@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from ddlbench import commbench
 from ddlbench.envinfo import env_vars
 
@@ -124,10 +126,31 @@ def test_mfu_on_the_measured_peak_beside_the_datasheets_by_hand(monkeypatch, tmp
 
 def test_launch_bound_by_hand():
     from ddlbench.collect import launch_bound
-    assert launch_bound(0.095, 0.100, "cuda")["value"] is True      # the GPU waited on the host
+    assert launch_bound(0.095, 0.100, "cuda", 40.0)["value"] is True   # the host's pace, the GPU idle
+    assert launch_bound(0.095, 0.100, "cuda")["value"] is None         # no NVML: cannot tell
     assert launch_bound(0.020, 0.100, "cuda")["value"] is False
     cpu = launch_bound(0.1, 0.1, "cpu")
     assert cpu["value"] is None and cpu["issue_over_step"] == 1.0
+
+
+# (issue s, median step s, least busy NVML %, launch-bound?): the H200 records of 2026-11-26
+# (reports/gpu-h200/2026-11-26/B and B2, llama_1b): the old rule (issue >= 0.9 x step) flagged
+# every DeepSpeed run, whose engine waits for the GPU inside its step while the GPU is 88-91% busy
+H200_RECORDS = [
+    ("deepspeed zero0", 0.9621553517747606 * 0.34592627000000675, 0.34592627000000675, 90.61176470588235, False),
+    ("deepspeed zero1", 0.9599929173683059 * 0.34345143650006094, 0.34345143650006094, 89.77380952380952, False),
+    ("deepspeed zero2", 0.9588741432950998 * 0.3439732234999724, 0.3439732234999724, 89.04705882352941, False),
+    ("deepspeed zero3", 0.9998599863000196 * 0.343580664000001, 0.343580664000001, 88.20238095238095, False),
+    ("ddp", 0.71501899637445 * 0.34226294299998017, 0.34226294299998017, 92.06024096385542, False),
+    ("fsdp2 full_shard", 0.6596728378923362 * 0.23134974450002233, 0.23134974450002233, 38.62048192771084, False),
+    ("fsdp2 cpu_offload", 0.9998948564621573 * 0.810449235999954, 0.810449235999954, 51.43529411764706, True),
+]
+
+
+@pytest.mark.parametrize("name,issue,step,busy,expected", H200_RECORDS, ids=[r[0] for r in H200_RECORDS])
+def test_launch_bound_on_the_h200_records(name, issue, step, busy, expected):
+    from ddlbench.collect import launch_bound
+    assert launch_bound(issue, step, "cuda", busy)["value"] is expected
 
 
 def test_the_loss_shifts_labels_not_logits_and_means_the_same_tokens():

@@ -254,3 +254,16 @@ def test_wandb_online_without_a_network_says_why_at_once(tmp_path):
     reason = unreachable(("127.0.0.1", 9))      # the discard port: nothing listens, refused at once
     assert reason.startswith("no network: cannot reach the W&B server 127.0.0.1:9")
     assert unreachable(("no-such-host.invalid", 443)).startswith("no network: cannot reach the W&B server")
+
+
+def test_a_quiet_start(tmp_path):
+    """`bench run` in a fresh interpreter (what a user types): no third-party log line on the
+    terminal; the one known to appear (torchao's deprecated pytree registration, logged by torch)
+    is kept in the run's third_party.log instead."""
+    from conftest import bench_exe
+    d = tmp_path / "run"
+    proc = bench_exe("run", "debug=fast", "framework=ddp", "model=gpt2_tiny", "logger=none", f"run.dir={d}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.strip() == "", proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("framework ")
+    assert "is an Enum subclass" in (d / "third_party.log").read_text()   # torchao is in the venv (float8)

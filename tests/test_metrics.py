@@ -246,3 +246,15 @@ def test_commbench_at_more_ranks_than_the_network_has_devices_keeps_its_fits(tmp
     assert not (tmp_path / "network.yaml").exists() and "4 ranks exceed the 2 devices" in capsys.readouterr().err
     assert _fitted_network_file({"fits": [{**fit, "world_size": 2}], "world_size": 2}, {"network": str(base)},
                                 tmp_path) == tmp_path / "network.yaml"
+
+
+def test_window_against_median_step_by_hand():
+    """One slow step in ten (a 20 ms step among 10 ms ones): the window's mean is 11 ms, the median
+    10 ms, the spread (p90 - p10) / 2 about 0.5 ms: flagged; a steady window is not."""
+    from ddlbench.metrics.timing import summarize, window_vs_median
+    steps = [0.010] * 9 + [0.020]
+    out = window_vs_median(sum(steps) / len(steps), summarize(steps))
+    assert out["median_step_s"] == pytest.approx(0.010) and out["window_over_median"] == pytest.approx(1.1)
+    assert out["spread_s"] == pytest.approx((summarize(steps)["p90"] - 0.010) / 2) and out["outlier"] is True
+    steady = [0.010, 0.011, 0.009, 0.010, 0.0105, 0.0095]
+    assert window_vs_median(sum(steady) / len(steady), summarize(steady))["outlier"] is False

@@ -2,6 +2,8 @@
 HEADROOM), the global batch kept by accumulation, the choice and its reason in the record."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import run_record
 
@@ -104,3 +106,38 @@ def test_a_rank_takes_the_launchers_choice_instead_of_profiling_again(monkeypatc
     rank = validate(raw, launcher.choices["micro_batch_auto"])
     assert rank.dims == launcher.dims and rank.choices == launcher.choices
     assert rank.raw["run"]["micro_batch"] == "auto"      # the record still says what was asked
+
+
+def test_a_sweeps_memory_profile_is_computed_once_per_key(tmp_path, monkeypatch):
+    """run.micro_batch=auto's profile, cached in the sweep (ddlbench/advise/profile.py): an
+    unchanged key is read back, not measured again; a changed key (precision, model) is measured."""
+    import ddlbench.advise.profile as prof_mod
+    from ddlbench.config import plan_from_overrides
+    measured = []
+    real = prof_mod.profile
+    monkeypatch.setattr(prof_mod, "profile", lambda *a: measured.append(a) or real(*a))
+    cfg = plan_from_overrides(["model=gpt2_tiny"]).cfg
+    first, how = prof_mod.cached_profile(cfg.model, "fp32", "cpu", cache_dir=tmp_path)
+    assert how.startswith("measured, cached in") and len(measured) == 1
+    again, how = prof_mod.cached_profile(cfg.model, "fp32", "cpu", cache_dir=tmp_path)
+    assert how.startswith("cached ") and len(measured) == 1 and again == first
+    prof_mod.cached_profile(cfg.model, "bf16", "cpu", cache_dir=tmp_path)          # another precision
+    other = plan_from_overrides(["model=gpt2_tiny", "model.n_layer=3"]).cfg.model   # another model
+    prof_mod.cached_profile(other, "fp32", "cpu", cache_dir=tmp_path)
+    assert len(measured) == 3 and len(list(tmp_path.glob("profile-*.json"))) == 3
+    next(tmp_path.glob("profile-*.json")).write_text('{"key": "x", "prof')        # damaged: measured again
+    assert all(prof_mod.cached_profile(m, p, "cpu", cache_dir=tmp_path)[0] for m, p in
+               ((cfg.model, "fp32"), (cfg.model, "bf16"), (other, "fp32")))
+    assert len(measured) == 4
+
+
+def test_a_sweeps_cells_share_the_profile(tmp_path):
+    """A 2-cell run.micro_batch=auto sweep: the first cell measures the profile, the second reads it."""
+    from conftest import bench
+    proc = bench("run", "-m", "debug=fast", "launcher.nproc=1", "logger=none", "run.micro_batch=auto",
+                 "run.seed=0,1", f"run.dir={tmp_path / 's'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sources = sorted(json.loads(p.read_text())["parallel"]["micro_batch_auto"]["profile_source"].split(" ")[0]
+                     for p in (tmp_path / "s").glob("*/result.json"))
+    assert sources == ["cached", "measured,"], sources
+    assert len(list((tmp_path / "s" / ".cache" / "profiles").glob("profile-*.json"))) == 1

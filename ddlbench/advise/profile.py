@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from ddlbench import rundir
 from ddlbench.adapters.cost import ModelProfile, Piece
 
 
@@ -121,6 +122,55 @@ def pieces_profile(spec, dtype=torch.float32) -> tuple[tuple[Piece, ...], int]:
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+CACHE_ENV = rundir.PROFILE_CACHE_ENV    # a directory: a sweep sets it for its cells (ddlbench/sweep/task.py)
+# what the profile is computed by: a change to any of them is a new key
+CODE = ("advise/profile.py", "adapters/cost.py", "models/*.py")
+
+
+def cache_key(model_cfg, precision: str, device_type: str) -> str:
+    """What a profile depends on, hashed: the model's config, the precision, the device type, the
+    torch and transformers versions and the code that computes it."""
+    import hashlib
+    import json
+    from importlib.metadata import version
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    code = hashlib.sha1()
+    for pattern in CODE:
+        for f in sorted(root.glob(pattern)):
+            code.update(f.read_bytes())
+    cfg = model_cfg.model_dump() if hasattr(model_cfg, "model_dump") else dict(model_cfg)
+    blob = json.dumps({"model": cfg, "precision": precision, "device": device_type, "torch": torch.__version__,
+                       "transformers": version("transformers"), "code": code.hexdigest()}, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:20]
+
+
+def cached_profile(model_cfg, precision: str = "fp32", device_type: str = "cpu",
+                   cache_dir=None) -> tuple[ModelProfile, str]:
+    """(profile, where it came from). With a cache directory (`cache_dir`, else $DDLBENCH_PROFILE_CACHE)
+    a profile computed once for its key is read back by every later cell of the sweep: the model is
+    not rebuilt (on CUDA not respawned) per cell. A damaged cache file is computed again."""
+    import os
+    from pathlib import Path
+
+    from ddlbench.readers import DamagedFile, read_json
+    from ddlbench.results import atomic_write_json
+    cache_dir = cache_dir or os.environ.get(CACHE_ENV)
+    if not cache_dir:
+        return profile(model_cfg, precision, device_type), "measured"
+    key = cache_key(model_cfg, precision, device_type)
+    path = Path(cache_dir) / f"profile-{key}.json"
+    if path.is_file():
+        try:
+            return ModelProfile.from_dict(read_json(path, "memory-profile cache")["profile"]), f"cached {path}"
+        except (DamagedFile, KeyError, TypeError, OSError):
+            pass
+    prof = profile(model_cfg, precision, device_type)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"key": key, "precision": precision, "device": device_type, "profile": prof.to_dict()})
+    return prof, f"measured, cached in {path}"
 
 
 def profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> ModelProfile:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import traceback
 from pathlib import Path
@@ -21,6 +22,7 @@ from ddlbench.config import Plan
 from ddlbench.errors import ConfigError
 from ddlbench.results import Record, error_info, load_result
 from ddlbench.rundir import RunDir
+from ddlbench.signals import STOP_SIGNALS
 
 
 def first_host(nodelist: str) -> str:
@@ -115,6 +117,10 @@ def run_slurm(plan: Plan, run_dir: Path) -> Record | None:
     if rank == 0:
         save_config(plan, run_dir)
     threads = plan.cfg.launcher.threads_per_rank or task_threads()
+    # this task is a rank: scancel's SIGTERM ends it at once, also inside a collective (a Python
+    # handler would wait for gloo/NCCL to return); srun's step ends with it
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
     try:
         with starter.slurm_session(env):
             run_rank(str(run_dir), threads, plan=plan)

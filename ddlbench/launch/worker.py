@@ -35,11 +35,11 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     import torch
     import torch.distributed as dist
 
-    from ddlbench import runner
+    from ddlbench import quiet, runner
     from ddlbench.adapters.base import RankContext
     from ddlbench.adapters.common import peak_rss_bytes
     from ddlbench.config import validate
-
+    quiet.install()      # a spawned rank imports the model's libraries itself
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)   # the agent ignores it; a rank must not
     from ddlbench.launch.stop import block_stop_signal
     block_stop_signal()      # before any thread exists: only install_rank_handler's thread takes it

@@ -169,6 +169,9 @@ def summary_row(record: dict, path: str = "") -> dict:
         "micro_batch": par.get("micro_batch"), "dp": par.get("dp"), "tp": par.get("tp"), "pp": par.get("pp"),
         "samples_per_s_per_device": tp.get("samples_per_s_per_device"),
         "step_time_p10_s": st.get("p10"), "step_time_p90_s": st.get("p90"),
+        # the median step's throughput beside the window's, and whether outlying steps set them apart
+        "samples_per_s_median_step": tp.get("samples_per_s_median_step"),
+        "window_outlier": ((record.get("timing") or {}).get("window_vs_median") or {}).get("outlier"),
         "model_state_bytes_theory": (record.get("memory") or {}).get("model_state_bytes_per_rank_theory"),
         "rss_above_baseline_bytes": _rss_above_baseline(record),
         "comm_bytes_per_step": sum((comm.get("per_step_bytes") or {}).values()) if comm else None,

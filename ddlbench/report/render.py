@@ -38,14 +38,16 @@ def _ci(med, lo, hi, fmt=".1f", rng=None) -> str:
 
 def cell_table(rep) -> tuple[list[str], list[list[str]]]:
     head = ["framework", "model", "ranks", "precision", "ok/runs", "samples/s [95% CI] or (range)", "scaling",
-            "peak mem", "theory", "comm/step", "MFU", "val loss", "val acc", "time to target (s)"]
+            "peak mem", "theory", "wire/step", "payload/step", "MFU", "val loss", "val acc", "time to target (s)"]
     rows = []
     for c in rep.cells.itertuples():
         rows.append([c.label, c.model, _num(c.world_size, ".0f"), "-" if _missing(c.precision) else c.precision, f"{c.ok}/{c.runs}",
                      _ci(c.samples_per_s, c.samples_per_s_ci_low, c.samples_per_s_ci_high, rng=c.samples_per_s_range),
                      "-" if _missing(c.scaling_efficiency) else f"{c.scaling_efficiency:.2f} ({c.scaling_kind})",
                      _bytes(c.peak_memory_bytes), _bytes(c.model_state_bytes_theory),
-                     _bytes(c.comm_bytes_per_step), "-" if _missing(c.mfu) else f"{c.mfu:.1%}",
+                     # what crosses the wire per rank (0 at one rank), then the payload handed to collectives
+                     _bytes(c.comm_wire_bytes_per_rank), _bytes(c.comm_bytes_per_step),
+                     "-" if _missing(c.mfu) else f"{c.mfu:.1%}",
                      _num(c.final_val_loss, ".4f"), _num(c.final_val_accuracy, ".3f"),
                      _ci(c.time_to_target_s, c.time_to_target_ci_low, c.time_to_target_ci_high, ".2f",
                          rng=c.time_to_target_range)])

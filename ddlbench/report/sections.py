@@ -83,6 +83,21 @@ PARITY_NOTES = {
 }
 
 
+def steady_window_notes(rep) -> tuple[str, ...]:
+    """Runs whose window mean step differs from their median step by more than their own spread
+    (result.json timing.window_vs_median): the throughput on the median step beside the window's."""
+    df = rep.summary
+    if "window_outlier" not in df or not len(df):
+        return ()
+    flagged = df[df["window_outlier"].map(lambda v: v is True or v == 1.0)]
+    if not len(flagged):
+        return ()
+    runs = "; ".join(f"{r.label} ({r.run_id}): window {r.samples_per_s:.1f}, median step "
+                     f"{r.samples_per_s_median_step:.1f} samples/s" for r in flagged.itertuples())
+    return (f"{len(flagged)} run(s) had outlying steps in their measured window (window mean step and median "
+            f"step differ by more than half their p10-p90 range): {runs}.",)
+
+
 def parity_flags(rep) -> int:
     return int(sum(1 for d in rep.parity["differs"] if d)) if len(rep.parity) else 0
 
@@ -113,7 +128,7 @@ def sections(rep, head: dict) -> list[Section]:
     out = [
         Section("verdict", "Verdict", verdict=verdict(rep.cells, flags, head["devices"])),
         Section("comparison", "Comparison", COMPARISON_NOTE, table=t.cell_table(rep), plots=plots,
-                empty="No configuration to compare."),
+                paragraphs=steady_window_notes(rep), empty="No configuration to compare."),
         Section("strategies", "Strategies: taxonomy, communication, time to target", t.STRATEGY_NOTE,
                 table=t.strategy_table(rep)),
         Section("parity", "Parity", PARITY_NOTE,

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ddlbench import rundir
 from ddlbench.errors import ConfigError
 from ddlbench.launch.forked import Forked
 from ddlbench.launch.stop import ForwardUsr1
@@ -70,6 +71,8 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
         if not any(o.split("=", 1)[0].lstrip("+") == "run.progress" for o in cell.overrides):
             args.append("run.progress=false")   # a sweep's cells log to files
         launcher = _launcher(cell.overrides)
+        # run.micro_batch=auto's memory profile: computed by the first cell that needs it, read by the rest
+        extra_env = {rundir.PROFILE_CACHE_ENV: str(rundir.profile_cache(sweep_dir)), **(extra_env or {})}
         # the cell runs in a session of its own: a stop signal reaches it once, from here (a
         # terminal's Ctrl-C would otherwise reach it twice, directly and forwarded)
         if launcher is not None and launcher.name == "slurm":
