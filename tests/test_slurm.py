@@ -93,7 +93,10 @@ def test_a_cancelled_cell_shows_slurms_state_from_sacct(slurm, tmp_path):
     # scancel's SIGTERM reached the launcher, which killed its ranks and still left a result
     rec = json.loads((sweep / manifest.read(sweep)[0].id / "result.json").read_text())
     assert rec["status"] == "failed" and rec["error"]["type"] == "terminated", rec["error"]
-    assert not subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True).stdout   # no orphan ranks
+    left = subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True, text=True).stdout.split()
+    shown = {p: subprocess.run(["ps", "-o", "pid,ppid,pgid,sid,stat,etime,args", "-p", p], capture_output=True,
+                               text=True).stdout for p in left}
+    assert not left, shown   # no orphan ranks
 
 
 @pytest.mark.timeout(600)

@@ -65,3 +65,13 @@ def test_the_recipe_is_read_from_a_frames_row():
     frame = pd.DataFrame([{"compile": True, "float8": True}, {"compile": False, "float8": False},
                           {"compile": True, "float8": NAN}])
     assert [recipe_of(r) for _, r in frame.iterrows()] == ["run.compile=true run.float8=true", "", "run.compile=true"]
+
+
+def test_one_framework_in_two_settings_is_compared_by_its_settings():
+    """The H200 plan's gpt2_small: two DDP runs with different settings (136 vs 282 samples/s) were
+    'only ddp ran ok: nothing to compare'; they are the comparison."""
+    two = pd.DataFrame([{**cell("ddp", 136.0, 1.0), "settings": "run.micro_batch=8"},
+                        {**cell("ddp", 282.0, 1.0), "settings": "run.compile=true run.micro_batch=32"}])
+    [(_, lines)] = verdict(two, 0, ["cuda:0"])
+    assert lines[0] == ("fastest setting: ddp (run.compile=true run.micro_batch=32) 282.0 samples/s, 2.07x ddp "
+                        "(run.micro_batch=8) (one run each, no repeats: rerun with run.repeats>=5 to know if it holds)")

@@ -29,6 +29,21 @@ def _certainty(best, second) -> str:
     return "their repeats do not overlap" if a[0] > b[1] else "within the spread of their repeats: not a clear lead"
 
 
+def _settings_line(g: pd.DataFrame) -> str | None:
+    """One framework run ok in several configurations (other settings: micro-batch, compile, a
+    hook): those are the comparison. None where there is one configuration."""
+    runs = g[g["ok"] > 0].dropna(subset=["samples_per_s"]).sort_values("samples_per_s", ascending=False)
+    if len(runs) < 2:
+        return None
+    best, second = runs.iloc[0], runs.iloc[1]
+
+    def named(row) -> str:
+        settings = row.get("settings")
+        return f"{row['label']} ({settings})" if isinstance(settings, str) and settings else row["label"]
+    return (f"fastest setting: {named(best)} {best['samples_per_s']:.1f} samples/s, "
+            f"{best['samples_per_s'] / second['samples_per_s']:.2f}x {named(second)} ({_certainty(best, second)})")
+
+
 def group_lines(g: pd.DataFrame) -> list[str]:
     """Sentences for one (model, world size, precision) group of configurations."""
     # one row per framework label (a label run in several configurations, e.g. other step counts: its best)
@@ -41,7 +56,8 @@ def group_lines(g: pd.DataFrame) -> list[str]:
                      f"{best['samples_per_s'] / second['samples_per_s']:.2f}x {second['label']} "
                      f"({_certainty(best, second)})")
     elif len(ok) == 1:
-        lines.append(f"only {ok.iloc[0]['label']} ran ok ({ok.iloc[0]['samples_per_s']:.1f} samples/s): nothing to compare")
+        lines.append(_settings_line(g) or
+                     f"only {ok.iloc[0]['label']} ran ok ({ok.iloc[0]['samples_per_s']:.1f} samples/s): nothing to compare")
     mem = g[g["ok"] > 0].dropna(subset=["peak_memory_bytes"]).sort_values("peak_memory_bytes").drop_duplicates("label")
     if len(mem) >= 2:
         low, high = mem.iloc[0], mem.iloc[-1]

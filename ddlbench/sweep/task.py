@@ -73,17 +73,16 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
         launcher = _launcher(cell.overrides)
         # run.micro_batch=auto's memory profile: computed by the first cell that needs it, read by the rest
         extra_env = {rundir.PROFILE_CACHE_ENV: str(rundir.profile_cache(sweep_dir)), **(extra_env or {})}
-        # the cell runs in a session of its own: a stop signal reaches it once, from here (a
-        # terminal's Ctrl-C would otherwise reach it twice, directly and forwarded)
+        # the cell stays in this process's group: what signals the group (Slurm's scancel, a
+        # terminal's Ctrl-C) reaches it directly; a signal to this pid alone is passed on (stop_cell)
         if launcher is not None and launcher.name == "slurm":
             # a cell of launcher.nproc ranks on launcher.nodes nodes: one srun task per rank, in
             # this array task's allocation (ddlbench.sweep.slurm.cell_shape asked for it)
-            proc = subprocess.Popen(srun_command(launcher, args), env={**os.environ, **(extra_env or {})},
-                                    start_new_session=True)
+            proc = subprocess.Popen(srun_command(launcher, args), env={**os.environ, **(extra_env or {})})
         else:
             preload_for(cell.overrides)
             # the child inherits the locked descriptor (and passes it on to its ranks)
-            proc = Forked(lambda: _bench_in_child(args, extra_env or {}), new_session=True)
+            proc = Forked(lambda: _bench_in_child(args, extra_env or {}))
         with ForwardUsr1(proc, group=False):   # `#SBATCH --signal=B:USR1@...` reaches this process
             try:
                 return proc.wait()
@@ -98,7 +97,9 @@ CELL_STOP_GRACE_S = 60.0
 def stop_cell(proc, exc: BaseException, cell_id: str) -> None:
     """A stop signal reached the sweep: pass it on to the running cell (its launcher kills its
     ranks and writes a `terminated`/`interrupted` result, which resume runs again), wait for it
-    (bounded; then SIGKILL), so nothing of the cell outlives the sweep or writes after it ended."""
+    (bounded; then SIGKILL), so nothing of the cell outlives the sweep or writes after it ended.
+    Where the signal went to the whole group (Ctrl-C, scancel) the cell has it already: its
+    launcher ignores a second one once it is stopping (ddlbench.signals.shield)."""
     shield()
     sig = signum_of(exc)
     print(f"cell {cell_id}: {name_of(exc)} received; stopping the cell", file=sys.stderr, flush=True)
@@ -158,8 +159,13 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(sys.argv[1:]))
+        code = main(sys.argv[1:])
     except (KeyboardInterrupt, Stopped) as stop:
         from ddlbench.signals import exit_code
         print(f"sweep task: stopped by {name_of(stop)}", file=sys.stderr)
-        sys.exit(exit_code(stop))
+        code = exit_code(stop)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # no interpreter finalisation (torch's and transformers' modules: seconds on a busy node): a
+    # cancelled task ends when its cell has, not seconds later
+    os._exit(code)
