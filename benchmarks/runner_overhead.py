@@ -46,6 +46,9 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = device_type == "cuda"
+    if not cuda:     # the host allocator's thresholds every CPU rank of the runner has (ddlbench/malloc.py)
+        from ddlbench import malloc
+        malloc.steady()
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

@@ -171,6 +171,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     if any(g.get("device_netns") for g in gathered):     # bench cluster with device namespaces
         record.env["rank_devices"] = [g.get("device_netns") for g in gathered]
     record.env["network"] = envinfo.network_ran_on()
+    from ddlbench import malloc
+    record.env["malloc"] = malloc.state()      # rank 0's; every CPU rank applies the same
     record.env["comm_threads"] = {"policy": gathered[0]["comm_threads"]["policy"],
                                      "per_rank": [g["comm_threads"]["threads"] for g in gathered]}
     record.warnings += sorted({g["comm_threads"]["note"] for g in gathered if g["comm_threads"].get("note")})

@@ -26,6 +26,13 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     assert rec["timing"]["launch_bound"]["value"] is None and rec["timing"]["issue_time_s_median"] > 0
     assert rec["status"] == "ok" and rec["parallel"]["world_size"] == nproc
     assert rec["parallel"]["micro_batch"] == 8 // nproc
+    # the CPU rank's host allocator, fixed (ddlbench/malloc.py); the median step's figures beside the window's
+    assert rec["env"]["malloc"] == {"applied": True, "mmap_threshold": 32 << 20, "trim_threshold": 256 << 20,
+                                    "why": rec["env"]["malloc"]["why"]}
+    steady = rec["timing"]["window_vs_median"]
+    assert steady["median_step_s"] == rec["timing"]["step_time_s"]["median"] and isinstance(steady["outlier"], bool)
+    assert rec["throughput"]["samples_per_s_median_step"] == pytest.approx(8 / steady["median_step_s"])
+    assert rec["flops"]["mfu_median_step"] == pytest.approx(rec["mfu"] * steady["window_step_s"] / steady["median_step_s"])
     t = rec["timing"]
     assert t["measured_steps"] == 3 and len(t["series_s"]) == 3
     assert t["step_time_s"]["p10"] <= t["step_time_s"]["median"] <= t["step_time_s"]["p90"]

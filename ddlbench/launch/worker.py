@@ -55,6 +55,9 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
         plan = validate(json.loads(RunDir(run_dir_p).config_json.read_text()), chosen)
     torch.set_num_threads(threads)
     device, backend = pick_device(plan.cfg.run.device)
+    if device.type == "cpu":     # before the model exists: its buffers are reused from the first step
+        from ddlbench import malloc
+        malloc.steady()
     if device.type == "cuda":
         from ddlbench.device import cudnn_benchmark
         torch.cuda.set_device(device)
