@@ -9,7 +9,7 @@ from ddlbench.adapters.variant import model_state_theory
 from ddlbench.hardware import cuda_tf32_enabled, peak_dtype, peak_flops
 from ddlbench.metrics.comm import FACTOR_NOTE, analytic_comm, comm_time, latest_issue, per_step, rank_wire_bytes
 from ddlbench.metrics.convergence import eval_times, first_reached
-from ddlbench.metrics.mfu import MfuError, mfu
+from ddlbench.metrics.mfu import FP8_OVER_BF16, MfuError, float8_share, float8_weighted_mfu, mfu
 from ddlbench.metrics.step_split import gather_split
 from ddlbench.metrics.stragglers import describe as describe_stragglers
 from ddlbench.metrics.stragglers import find_stragglers
@@ -234,6 +234,14 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
                                            if mfu_value is not None and stats["median"] > 0 else None),
                        "note": "mfu = train_per_sample x samples/s / (devices x peak); hfu the same with "
                                "hardware_train_per_sample (recomputed forwards included)"}
+    f8 = (native or {}).get("float8") if isinstance(native, dict) else None
+    if isinstance(f8, dict) and f8.get("converted_params") and mfu_value is not None and spec.tokens_per_sample:
+        share = float8_share(f8["converted_params"], spec.tokens_per_sample, flops["flops"])
+        record.sections["flops"].update(
+            float8_share=share, mfu_float8_weighted=float8_weighted_mfu(mfu_value, share),
+            float8_note=(f"mfu is on the {record.sections['flops']['peak_dtype']} peak although {share:.1%} of the "
+                         f"FLOPs ran as float8 matmuls; mfu_float8_weighted counts those at the fp8 peak "
+                         f"({FP8_OVER_BF16:g}x bf16's): ddlbench/metrics/mfu.py"))
     losses = _global_losses(gathered)
     record.convergence["train_loss"] = [[i, l] for i, l in enumerate(losses)]
     return record

@@ -52,6 +52,11 @@ def test_every_framework_that_claims_float8_trains_with_it(float8_runs):
         assert f8["converted"] == 14 and f8["kept"] == ["net.lm_head"] and f8["scaling"] == "tensorwise dynamic"
         assert "float8" in rec["framework"]["precision_recipe"]["matmuls"]
         assert rec["config"]["run"]["float8"] is True
+        # MFU on the bf16 peak, and beside it on a FLOP-weighted fp8/bf16 peak (ddlbench/metrics/mfu.py)
+        fl = rec["flops"]
+        assert fl["float8_share"] == pytest.approx(6 * f8["converted_params"] * rec["model"]["tokens_per_sample"]
+                                                   / fl["train_per_sample"])
+        assert fl["mfu_float8_weighted"] == pytest.approx(rec["mfu"] * (1 - fl["float8_share"] / 2))
     losses = {fw: [loss for _, loss in rec["convergence"]["train_loss"]] for fw, rec in float8_runs.items()}
     # the same float8 recipe under every wrapper: the same losses (Horovod's as DDP's, both autocast
     # over fp32 parameters; FSDP2's policy and DeepSpeed's engine hold bf16 ones: close, not equal)
@@ -71,3 +76,17 @@ def test_precision_fp8_means_bf16_with_float8_matmuls():
     plan = plan_from_overrides(["model=llama_tiny", "run.precision=fp8"])
     assert plan.cfg.run.precision == "bf16" and plan.cfg.run.float8 is True
     assert plan.raw["run"]["precision"] == "fp8"          # the record's config says what was asked
+
+
+def test_mfu_on_a_flop_weighted_float8_peak_by_hand():
+    """The H200's llama_1b under FSDP2 with float8 (reports/gpu-h200/2026-11-26/B): 112 converted
+    linear layers, lm_head kept: 16 x (2 x 2048^2 + 2 x 2048 x 512 + 3 x 2048 x 8192) weights; 6 x that
+    x 2,048 tokens of the step's 1.6834e13 FLOPs per sample run as float8 (71.0%); 58.8% MFU on the bf16
+    peak is 37.9% on the FLOP-weighted one."""
+    from ddlbench.metrics.mfu import float8_share, float8_weighted_mfu
+    weights = 16 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192)
+    assert weights == 973_078_528
+    share = float8_share(weights, 2048, 16834124382208)
+    assert share == pytest.approx(0.71029, abs=1e-5)
+    assert float8_weighted_mfu(0.5878816061211299, share) == pytest.approx(0.37910, abs=1e-5)
+    assert float8_weighted_mfu(0.5, 0.0) == 0.5 and float8_weighted_mfu(0.5, 1.0) == 0.25

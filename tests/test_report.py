@@ -324,3 +324,26 @@ def test_configurations_that_would_look_alike_say_how_they_differ_by_hand():
         "optim.lr=0.001 run.compile=true run.global_batch=8",
         "optim.lr=[1,2] run.compile=false run.global_batch=32",
         ""]                                                         # alone in its group
+
+
+def test_parity_shows_each_frameworks_design_and_flags_what_the_user_set(tmp_path):
+    """DeepSpeed reduces gradients in bf16 by design: shown, not flagged. DDP with a bf16 comm
+    hook beside plain DDP is a user's override (one framework, two reduce dtypes): flagged. Two
+    optim.impl choices are flagged; a framework's own optimizer is its design."""
+    root = tmp_path / "runs"
+    specs = [("ddp", "ddp", "default", "fp32", "fused"), ("ddp_hook", "ddp", "bf16_hook", "bf16", "fused"),
+             ("ds", "deepspeed", "zero2", "bf16", "fused"), ("ds_off", "deepspeed", "zero2_offload", "bf16",
+                                                              "DeepSpeedCPUAdam"),
+             ("fsdp", "fsdp2", "full_shard", "fp32", "foreach")]
+    for run_id, fw, variant, reduce, impl in specs:
+        rec = make_record(run_id, framework=fw, variant=variant)
+        rec["framework"].update(grad_reduce_dtype=reduce, optimizer_impl=impl)
+        write(root, rec)
+    rep = report.build([str(root)], tmp_path / "out", progress=False)
+    flagged = {r.run_id: r.differs for r in rep.parity.itertuples() if r.differs}
+    design = {r.run_id: r.by_design for r in rep.parity.itertuples() if r.by_design}
+    assert flagged == {"ddp": ["grad_reduce_dtype"], "ddp_hook": ["grad_reduce_dtype"], "fsdp": ["optimizer_impl"]}
+    # bf16 is the most common reduce dtype here (DeepSpeed twice, the hook): FSDP2's fp32 is its design
+    assert design == {"fsdp": ["grad_reduce_dtype"]}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "By design, not flagged: grad_reduce_dtype differ between frameworks" in md

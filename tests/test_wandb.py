@@ -21,6 +21,10 @@ def test_unreachable_online_wandb_is_only_a_warning(run_dir):
     proc, rec = run_record(run_dir, *FAST, "logger=wandb", "logger.mode=online", "logger.init_timeout_s=5")
     assert rec["status"] == "ok" and proc.returncode == 0
     assert "warning: W&B logging" in proc.stderr
+    # the cause, found in seconds by a connection attempt, not wandb's hint after ~40 s of retries
+    assert "W&B logging (online) failed: no network: cannot reach the W&B server api.wandb.ai:443" in proc.stderr
+    assert rec["logging"]["wandb"]["used"] == "offline"
+    assert rec["logging"]["wandb"]["reason"].startswith("no network: cannot reach the W&B server")
 
 
 def test_wrong_key_without_tty_falls_back_to_offline_and_the_result_says_so(run_dir):

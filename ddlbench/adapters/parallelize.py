@@ -54,6 +54,8 @@ def apply_float8(model: nn.Module) -> dict:
                                module_filter_fn=lambda m, fqn: float8_eligible(fqn, m.in_features, m.out_features))
     return {"converter": f"torchao {torchao.__version__} convert_to_float8_training", "scaling": "tensorwise dynamic",
             "converted": len(chosen), "kept": sorted(set(linears) - set(chosen)),
+            # their weights: what runs as float8 matmuls (ddlbench/metrics/mfu.py, float8_share)
+            "converted_params": sum(linears[f].in_features * linears[f].out_features for f in chosen),
             "fsdp_float8_all_gather": config.enable_fsdp_float8_all_gather}
 
 

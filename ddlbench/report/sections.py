@@ -58,8 +58,10 @@ COMPARISON_NOTE = ("Median over repeats of one configuration; brackets: 95% perc
                    "(comparable with published figures; result.json's flops.mfu_on_measured_peak has it on the "
                    "matmul peak measured there), on CPU on the measured matmul probe.")
 PARITY_NOTE = ("Configurations of one model at one world size are compared field by field against the most "
-               "common value; a difference is flagged (docs/design.md §7: same data, seed, global batch, "
-               "optimizer, LR, precision, gradient-reduction dtype).")
+               "common value; a difference the user can equalise is flagged (docs/design.md §7: same data, seed, "
+               "global batch, optimizer, LR, precision; compile, float8, optim.impl, attention). What each "
+               "framework does by design, its recommended recipe (gradient-reduction dtype, who casts what), is "
+               "shown, and flagged only where configurations of one framework differ in it (an override).")
 GRAD_DTYPE_NOTE = ("The gradient-reduction dtype differs: each framework runs its recommended recipe (DeepSpeed "
                    "reduces in the training dtype, DDP, FSDP2 and Horovod in fp32), so bytes on the wire and "
                    "numerics differ. To compare at equal reduction dtype: framework.options.communication_data_type=fp32 "
@@ -103,9 +105,16 @@ def parity_flags(rep) -> int:
 
 
 def parity_notes(rep) -> list[str]:
-    """What a flagged parity field means and the override that equalises it."""
+    """What a flagged parity field means and the override that equalises it; then what differs by
+    each framework's design (shown, not flagged), with how to equalise it if wanted."""
     differs = {f for d in (rep.parity["differs"] if len(rep.parity) else []) for f in d}
-    return [note for field, note in PARITY_NOTES.items() if field in differs]
+    design = {f for d in (rep.parity["by_design"] if len(rep.parity) and "by_design" in rep.parity else []) for f in d}
+    out = [note for field, note in PARITY_NOTES.items() if field in differs]
+    if design:
+        out.append("By design, not flagged: " + ", ".join(sorted(design)) + " differ between frameworks, each "
+                   "running its recommended recipe" + ("" if design <= differs else
+                                                        ". " + " ".join(PARITY_NOTES[f] for f in sorted(design - differs))))
+    return out
 
 
 def header(rep) -> dict:

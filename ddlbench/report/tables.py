@@ -13,6 +13,13 @@ PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_deca
 # Fields records before they existed do not carry (and vision models have no attention kernel):
 # unknown there, compared where known.
 PARITY_OPTIONAL = {"grad_reduce_dtype", "precision_recipe", "optimizer_impl", "attention"}
+# What each framework does by design, its recommended recipe (DeepSpeed reduces gradients in the
+# training dtype, FSDP2 casts parameters while gathered): between frameworks shown, not flagged;
+# between configurations of one framework a user's override, flagged (it can be equalised).
+BY_DESIGN = {"grad_reduce_dtype", "precision_recipe"}
+# optim.impl's choices: a difference between them is the user's; a framework's own optimizer
+# (DeepSpeed's CPU Adam under offload) is its design
+TORCH_OPTIMIZER_IMPLS = {"fused", "foreach", "for_loop"}
 
 
 def cells(df: pd.DataFrame) -> pd.DataFrame:
@@ -103,19 +110,44 @@ def _first(s: pd.Series):
 
 def parity(df: pd.DataFrame) -> pd.DataFrame:
     """Configurations of one model at one world size are compared (repeats share every parity
-    field, so one row per configuration); each field is checked against the value most of them
-    share, and every configuration that differs is flagged with the fields."""
+    field, so one row per configuration). A field the user sets (data, seed, batch, optimizer, LR,
+    precision, compile, float8, optim.impl, attention) is checked against the value most of them
+    share; a field that is the framework's design (BY_DESIGN) against the configurations of the
+    same framework only (its difference across frameworks is in `by_design`, shown, not flagged);
+    every configuration that differs is flagged with the fields (`differs`)."""
     rows = []
     for (model, world), g in df.groupby(["model", "world_size"], sort=True):
         configs = g.drop_duplicates("config_id")
-        ref = {f: _mode(configs[f].dropna() if f in PARITY_OPTIONAL else configs[f]) for f in PARITY_FIELDS}
+        ref = {f: _mode(_comparable(configs, f)) for f in PARITY_FIELDS if f not in BY_DESIGN}
         for _, r in configs.iterrows():
-            diff = [f for f in PARITY_FIELDS
-                    if not (f in PARITY_OPTIONAL and _norm(r[f]) is None) and not _same(r[f], ref[f])]
+            same_fw = configs[configs["framework"] == r["framework"]]
+            diff, design = [], []
+            for f in PARITY_FIELDS:
+                if f in PARITY_OPTIONAL and _norm(r[f]) is None:
+                    continue
+                if f in BY_DESIGN:
+                    if not _same(r[f], _mode(same_fw[f].dropna())):
+                        diff.append(f)
+                    elif not _same(r[f], _mode(configs[f].dropna())):
+                        design.append(f)
+                elif f == "optimizer_impl" and _norm(r[f]) not in TORCH_OPTIMIZER_IMPLS:
+                    continue
+                elif not _same(r[f], ref[f]):
+                    diff.append(f)
             rows.append({"model": model, "world_size": world, "label": r["label"], "run_id": r["run_id"],
                          "runs": int((g["config_id"] == r["config_id"]).sum()),
-                         **{f: r[f] for f in PARITY_FIELDS}, "differs": diff})
-    return pd.DataFrame(rows, columns=["model", "world_size", "label", "run_id", "runs", *PARITY_FIELDS, "differs"])
+                         **{f: r[f] for f in PARITY_FIELDS}, "differs": diff, "by_design": design})
+    return pd.DataFrame(rows, columns=["model", "world_size", "label", "run_id", "runs", *PARITY_FIELDS, "differs",
+                                       "by_design"])
+
+
+def _comparable(configs: pd.DataFrame, field: str) -> pd.Series:
+    """The values a field's majority is taken over: known ones for optional fields; for the
+    optimizer's implementation only optim.impl's own choices."""
+    values = configs[field].dropna() if field in PARITY_OPTIONAL else configs[field]
+    if field == "optimizer_impl":
+        values = values[values.map(lambda v: _norm(v) in TORCH_OPTIMIZER_IMPLS)]
+    return values
 
 
 def _norm(v):

@@ -1,0 +1,172 @@
+"""Numbers in prose that come from records, checked against the records (issue 53): each claim is a
+file, the text as written there with the numbers left as {} slots, and how each number is computed
+from the committed records. A claim whose text is not in its file fails: either the prose drifted
+from the data or the data changed, and the prose must say what the records say."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+H200 = REPO / "reports" / "gpu-h200" / "2026-11-26"
+H200_README = "reports/gpu-h200/2026-11-26/README.md"
+GiB = 1 << 30
+
+
+def rec(path: str) -> dict:
+    return json.loads((H200 / path / "result.json").read_text())
+
+
+def llama(framework: str, suffix: str = "") -> dict:
+    step = "B2" if framework in ("ddp_bf16_hook", "fsdp_offload") else "B"
+    return rec(f"{step}/runs/{framework}-llama_1b-bf16-micro_batch_auto{suffix}")
+
+
+def overhead(i: int) -> dict:
+    return json.loads((H200 / "A" / f"runner_overhead_{i}.json").read_text())
+
+
+def tokens(r: dict) -> float:
+    return r["throughput"]["tokens_per_s"]
+
+
+def sps(r: dict) -> float:
+    return r["throughput"]["samples_per_s"]
+
+
+def median_sps(r: dict) -> float:
+    return r["parallel"]["global_batch"] / r["timing"]["step_time_s"]["median"]
+
+
+def mfu(r: dict) -> str:
+    return f"{100 * r['mfu']:.1f}%"
+
+
+def peak_gib(r: dict) -> str:
+    return f"{max(m['peak_allocated_bytes'] for m in r['memory']['per_rank']) / GiB:.1f}"
+
+
+def startup(r: dict, key: str = "total_to_first_step") -> float:
+    return r["startup_s"][key]
+
+
+def thousands(x: float) -> str:
+    return f"{x / 1000:.1f}k"
+
+
+EAGER = ("fsdp_grad_op", "fsdp_full", "fsdp_hybrid", "ddp", "deepspeed_zero2", "deepspeed_zero3", "deepspeed_zero1",
+         "deepspeed_zero0", "ddp_bf16_hook")
+STEP_B = [*EAGER, "fsdp_offload"]
+FIRST_SESSION = ["g1/runs/ddp-gpt2_small-bf16", "g1/runs/ddp-gpt2_small-bf16-activation_gelu_new-pad_vocab_to_1-impl_foreach",
+                 "g1/runs/ddp-resnet50-bf16-global_batch_128-micro_batch_auto",
+                 "g2/runs/ddp-gpt2_small-bf16-global_batch_32-micro_batch_auto",
+                 "g2/runs/ddp-gpt2_small-bf16-global_batch_32-micro_batch_auto-compile_true",
+                 "g2/runs/deepspeed_zero2-gpt2_small-bf16-global_batch_32-micro_batch_auto-compile_true",
+                 "g2/runs/deepspeed_zero3-llama_1b-bf16-micro_batch_auto", "g2/runs/fsdp_full-llama_1b-bf16-micro_batch_auto",
+                 "g2/runs/fsdp_full-llama_1b-bf16-micro_batch_auto-compile_true",
+                 "g2/runs/fsdp_full-resnet50-bf16-global_batch_128-micro_batch_auto"]
+
+
+def _eager_span() -> tuple[float, float]:
+    t = [tokens(llama(f)) for f in EAGER] + [tokens(llama("ddp", "-repeat_1"))]
+    return min(t), max(t)
+
+
+def _b_row(framework: str) -> list[str]:
+    r, fastest = llama(framework), _eager_span()[1]
+    return [f"{tokens(r):,.0f}", f"{tokens(r) / fastest:.2f}", mfu(r), peak_gib(r), f"{startup(r):.1f}"]
+
+
+def _float8_weighted() -> list[str]:
+    """The float8 run's share of float8 FLOPs and its MFU on a FLOP-weighted peak, from the record's
+    model shapes (this record predates `flops.float8_share`; every linear layer of each block was
+    converted, lm_head kept: its native_config.float8)."""
+    from ddlbench.metrics.mfu import float8_share, float8_weighted_mfu
+    r = _float8()
+    assert r["framework"]["native_config"]["float8"]["kept"] == ["net.lm_head"]
+    c = r["model"]["native_config"]
+    hidden, kv = c["hidden_size"], c["num_key_value_heads"] * c["head_dim"]
+    weights = c["num_hidden_layers"] * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * c["intermediate_size"])
+    share = float8_share(weights, r["model"]["tokens_per_sample"], r["flops"]["train_per_sample"])
+    return [f"{100 * share:.1f}", f"{100 * float8_weighted_mfu(r['mfu'], share):.1f}"]
+
+
+def _step_b() -> list[dict]:
+    """Every step B record: each framework once, DDP's repeat, the compiled float8 run."""
+    return [*(llama(f) for f in STEP_B), llama("ddp", "-repeat_1"), _float8()]
+
+
+def _float8() -> dict:
+    return llama("fsdp_full", "-compile_true-float8_true")
+
+
+CLAIMS = [
+    # the H200 plan's report: step A, the runner against a plain loop
+    (H200_README, "| no | {} (pairs {}, {}) | {} ({}, {}) | **{}** |",
+     lambda: [f"{overhead(0)['bare_samples_per_s']:.2f}", *(f"{b:.2f}" for _, b in overhead(0)["pairs"]),
+              f"{overhead(0)['runner_samples_per_s']:.2f}", *(f"{h:.2f}" for h, _ in overhead(0)["pairs"]),
+              f"{overhead(0)['ratio']:.3f}"]),
+    (H200_README, "| yes | {} ({}, {}) | {} ({}, {}) | **{}** |",
+     lambda: [f"{overhead(1)['bare_samples_per_s']:.2f}", *(f"{b:.2f}" for _, b in overhead(1)["pairs"]),
+              f"{overhead(1)['runner_samples_per_s']:.2f}", *(f"{h:.2f}" for h, _ in overhead(1)["pairs"]),
+              f"{overhead(1)['ratio']:.3f}"]),
+    (H200_README, "(peak allocated {} GiB in both)",
+     lambda: [f"{overhead(0)['runner_peak_allocated_bytes'] / GiB:.2f}"]),
+    (H200_README, "today's defaults at {} ({}x; first session {}x)",
+     lambda: [f"{sps(rec('A/runs/ddp-gpt2_small-bf16-trace_true')):.1f}",
+              f"{sps(rec('A/runs/ddp-gpt2_small-bf16-trace_true')) / sps(rec('A/runs/ddp-gpt2_small-bf16-activation_gelu_new-pad_vocab_to_1-impl_foreach')):.2f}",
+              f"{sps(rec(FIRST_SESSION[0])) / sps(rec(FIRST_SESSION[1])):.2f}"]),
+    (H200_README, "**At one rank the frameworks are within {}% of each other** ({}-{} tokens/s, {}-{}",
+     lambda: [f"{100 * (1 - _eager_span()[0] / _eager_span()[1]):.1f}", thousands(_eager_span()[0]),
+              thousands(_eager_span()[1]), mfu(llama("ddp_bf16_hook"))[:-1], mfu(llama("fsdp_grad_op"))]),
+    (H200_README, "FSDP2: {}x eager** on the\n  window's throughput ({}x on the median steps",
+     lambda: [f"{sps(_float8()) / sps(llama('fsdp_full')):.2f}", f"{median_sps(_float8()) / median_sps(llama('fsdp_full')):.2f}"]),
+    (H200_README, "bf16's: {}% of the step's FLOPs ran as float8 matmuls, so on a FLOP-weighted fp8/bf16 peak the\n"
+                  "  run is at {}% MFU", lambda: _float8_weighted()),
+    (H200_README, "doubled DDP's GPT-2 124M throughput ({}x);",
+     lambda: [f"{sps(rec(FIRST_SESSION[0])) / sps(rec(FIRST_SESSION[1])):.2f}"]),
+    (H200_README, "**Start-up on the GPU**: {}-{} s before the first step per cell",
+     lambda: [f"{min(startup(rec(p)) for p in FIRST_SESSION):.1f}", f"{max(startup(rec(p)) for p in FIRST_SESSION):.1f}"]),
+    (H200_README, "**Start-up per cell**: {}-{} s before the first step, of which validation {}-{} s",
+     lambda: [f"{min(startup(r) for r in _step_b()):.1f}", f"{max(startup(r) for r in _step_b()):.1f}",
+              f"{min(startup(r, 'cli_parse_validate') for r in _step_b()):.1f}",
+              f"{max(startup(r, 'cli_parse_validate') for r in _step_b()):.1f}"]),
+    (H200_README, "(`startup_s.compile_s`, the first compiled step): {} s (GPT-2,\n  `Module.compile` per block)",
+     lambda: [f"{startup(rec(FIRST_SESSION[4]), 'compile_s'):.1f}"]),
+    # docs/gpu.md's status and the root README say the same
+    ("docs/gpu.md", "1.002x eager and 1.001x compiled ({}k and {}k tokens/s",
+     lambda: [f"{overhead(0)['runner_samples_per_s'] * 1024 / 1000:.0f}", f"{overhead(1)['runner_samples_per_s'] * 1024 / 1000:.0f}"]),
+    ("docs/gpu.md", "{}-{} tokens/s, {}-{} MFU, DDP's two\nruns {}% apart, FSDP2's CPU offload {}; FSDP2 with per-block "
+                    "compile and float8 matmuls {}\ntokens/s, {} MFU",
+     lambda: [thousands(_eager_span()[0]), thousands(_eager_span()[1]), mfu(llama("ddp_bf16_hook"))[:-1],
+              mfu(llama("fsdp_grad_op")), f"{100 * (tokens(llama('ddp', '-repeat_1')) / tokens(llama('ddp')) - 1):.2f}",
+              thousands(tokens(llama("fsdp_offload"))), thousands(tokens(_float8())), mfu(_float8())]),
+    ("README.md", "GPT-2 124M under DDP at {}k tokens/s eager and {}k compiled",
+     lambda: [f"{overhead(0)['runner_samples_per_s'] * 1024 / 1000:.0f}", f"{overhead(1)['runner_samples_per_s'] * 1024 / 1000:.0f}"]),
+    ("README.md", "Llama 3.2 1B shapes at {}-{} MFU for every one-GPU framework\neager (CPU offload aside) and {} with",
+     lambda: [mfu(llama("ddp_bf16_hook"))[:-1], mfu(llama("fsdp_grad_op")), mfu(_float8())]),
+]
+
+
+B_ROWS = {"fsdp_grad_op": "fsdp_grad_op (FSDP2, reshard_after_forward=False)", "fsdp_full": "fsdp_full (FSDP2)",
+          "fsdp_hybrid": "fsdp_hybrid (FSDP2 HSDP)", "deepspeed_zero2": "deepspeed_zero2",
+          "deepspeed_zero3": "deepspeed_zero3", "deepspeed_zero1": "deepspeed_zero1", "deepspeed_zero0": "deepspeed_zero0",
+          "ddp_bf16_hook": "ddp_bf16_hook", "fsdp_offload": "fsdp_offload (FSDP2, CPU offload)"}
+
+
+@pytest.mark.parametrize("path,template,values", CLAIMS, ids=[f"{c[0]}: {c[1][:40]}" for c in CLAIMS])
+def test_a_claim_says_what_its_record_says(path, template, values):
+    text = (REPO / path).read_text()
+    claim = template.format(*values())
+    assert claim in text, f"{path} should say: {claim!r}"
+
+
+@pytest.mark.parametrize("framework", list(B_ROWS), ids=list(B_ROWS))
+def test_each_step_b_row_says_what_its_record_says(framework):
+    """Step B's table: tokens/s, against the fastest eager run, MFU, peak allocated, start-up."""
+    toks, vs, m, peak, start = _b_row(framework)
+    row = f"| {B_ROWS[framework]} | {toks} | {vs} | {m} | {peak} |"
+    text = (REPO / H200_README).read_text()
+    assert row in text and f"| {start} |" in text.split(row, 1)[1].splitlines()[0], f"should say: {row} ... {start}"
