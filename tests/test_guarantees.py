@@ -267,3 +267,28 @@ def test_a_quiet_start(tmp_path):
     assert proc.stderr.strip() == "", proc.stderr
     assert proc.stdout.splitlines()[0].startswith("framework ")
     assert "is an Enum subclass" in (d / "third_party.log").read_text()   # torchao is in the venv (float8)
+
+
+def test_a_stop_signal_to_commbench_ends_its_ranks(tmp_path):
+    """`bench commbench` starts its ranks itself (torch.multiprocessing): SIGTERM to its pid ends
+    them too, one line, exit 143, no record written."""
+    proc = bench_background("commbench", "launcher.nproc=2", "sizes=[4194304]", "iters=100000",
+                            f"out={tmp_path / 'cb'}")
+    try:
+        def ranks() -> int:      # the command's child processes: its two ranks (and mp's resource tracker)
+            out = 0
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    out += int(stat.read_text().rsplit(")", 1)[1].split()[1]) == proc.proc.pid
+                except (OSError, ValueError, IndexError):
+                    continue
+            return out
+        wait_for(lambda: ranks() >= 2, 60, "commbench's ranks to start", 0.2)
+        time.sleep(2)            # they join their group and all-reduce
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.assert_nothing_left()
+    err = proc.completed().stderr
+    assert "bench: stopped by SIGTERM" in err and "Traceback" not in err, err
+    assert not (tmp_path / "cb" / "commbench.json").exists()
