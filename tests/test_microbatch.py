@@ -109,35 +109,43 @@ def test_a_rank_takes_the_launchers_choice_instead_of_profiling_again(monkeypatc
 
 
 def test_a_sweeps_memory_profile_is_computed_once_per_key(tmp_path, monkeypatch):
-    """run.micro_batch=auto's profile, cached in the sweep (ddlbench/advise/profile.py): an
-    unchanged key is read back, not measured again; a changed key (precision, model) is measured."""
+    """run.micro_batch=auto's profile (ddlbench/advise/profile.py): once per key in a process, and in
+    the sweep's cache on disk for the cells that are not forked from it; an unchanged key is not
+    measured again, a changed key (precision, model) is; a damaged cache file is measured again."""
     import ddlbench.advise.profile as prof_mod
     from ddlbench.config import plan_from_overrides
     measured = []
     real = prof_mod.profile
     monkeypatch.setattr(prof_mod, "profile", lambda *a: measured.append(a) or real(*a))
+    monkeypatch.setattr(prof_mod, "_memo", {})
     cfg = plan_from_overrides(["model=gpt2_tiny"]).cfg
     first, how = prof_mod.cached_profile(cfg.model, "fp32", "cpu", cache_dir=tmp_path)
     assert how.startswith("measured, cached in") and len(measured) == 1
+    again, how = prof_mod.cached_profile(cfg.model, "fp32", "cpu", cache_dir=tmp_path)
+    assert how.startswith("computed earlier in this process") and len(measured) == 1 and again == first
+    prof_mod._memo.clear()       # another process (a Slurm array task): the disk cache
     again, how = prof_mod.cached_profile(cfg.model, "fp32", "cpu", cache_dir=tmp_path)
     assert how.startswith("cached ") and len(measured) == 1 and again == first
     prof_mod.cached_profile(cfg.model, "bf16", "cpu", cache_dir=tmp_path)          # another precision
     other = plan_from_overrides(["model=gpt2_tiny", "model.n_layer=3"]).cfg.model   # another model
     prof_mod.cached_profile(other, "fp32", "cpu", cache_dir=tmp_path)
     assert len(measured) == 3 and len(list(tmp_path.glob("profile-*.json"))) == 3
-    next(tmp_path.glob("profile-*.json")).write_text('{"key": "x", "prof')        # damaged: measured again
-    assert all(prof_mod.cached_profile(m, p, "cpu", cache_dir=tmp_path)[0] for m, p in
-               ((cfg.model, "fp32"), (cfg.model, "bf16"), (other, "fp32")))
+    prof_mod._memo.clear()
+    for f in tmp_path.glob("profile-*.json"):
+        f.write_text('{"key": "x", "prof')                                          # damaged: measured again
+    prof_mod.cached_profile(cfg.model, "fp32", "cpu", cache_dir=tmp_path)
     assert len(measured) == 4
 
 
 def test_a_sweeps_cells_share_the_profile(tmp_path):
-    """A 2-cell run.micro_batch=auto sweep: the first cell measures the profile, the second reads it."""
+    """A 2-cell run.micro_batch=auto sweep: the model is profiled once for the whole sweep."""
     from conftest import bench
     proc = bench("run", "-m", "debug=fast", "launcher.nproc=1", "logger=none", "run.micro_batch=auto",
                  "run.seed=0,1", f"run.dir={tmp_path / 's'}")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    sources = sorted(json.loads(p.read_text())["parallel"]["micro_batch_auto"]["profile_source"].split(" ")[0]
-                     for p in (tmp_path / "s").glob("*/result.json"))
-    assert sources == ["cached", "measured,"], sources
+    # the sweep validated both cells (profiling once) before it forked them: neither cell profiles
+    sources = [json.loads(p.read_text())["parallel"]["micro_batch_auto"]["profile_source"]
+               for p in sorted((tmp_path / "s").glob("*/result.json"))]
+    assert len(sources) == 2 and all(s.startswith("computed earlier in this process") for s in sources), sources
+    # and left it on disk for cells in other processes (Slurm array tasks)
     assert len(list((tmp_path / "s" / ".cache" / "profiles").glob("profile-*.json"))) == 1

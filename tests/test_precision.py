@@ -115,9 +115,9 @@ def test_parity_flags_a_gradient_reduction_dtype_difference(bf16_runs, tmp_path)
     # each framework's recommended recipe (DeepSpeed and DASO reduce in bf16; FSDP2 and DeepSpeed cast
     # parameters themselves, the others run autocast over fp32 parameters) is shown, not flagged;
     # DeepSpeed in two reduce dtypes is the user's override (communication_data_type=fp32): flagged
-    assert flagged == {"deepspeed_zero2": ["grad_reduce_dtype", "precision_recipe"],
-                       "deepspeed_zero2_fp32comm": ["grad_reduce_dtype", "precision_recipe"]}, flagged
-    assert design == {"daso": ["grad_reduce_dtype"], "fsdp_full": ["precision_recipe"]}, design
+    assert flagged == {"deepspeed_zero2": ["grad_reduce_dtype"], "deepspeed_zero2_fp32comm": ["grad_reduce_dtype"]}, flagged
+    assert design == {"daso": ["grad_reduce_dtype"], "deepspeed_zero2": ["precision_recipe"],
+                      "deepspeed_zero2_fp32comm": ["precision_recipe"], "fsdp_full": ["precision_recipe"]}, design
     md = (tmp_path / "report" / "report.md").read_text()
     assert "framework.options.communication_data_type=fp32" in md and "The precision recipe differs" in md
     assert "By design, not flagged: grad_reduce_dtype, precision_recipe differ between frameworks" in md

@@ -147,30 +147,44 @@ def cache_key(model_cfg, precision: str, device_type: str) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:20]
 
 
+_memo: dict = {}      # key -> ModelProfile: a process profiles a model once
+
+
 def cached_profile(model_cfg, precision: str = "fp32", device_type: str = "cpu",
                    cache_dir=None) -> tuple[ModelProfile, str]:
-    """(profile, where it came from). With a cache directory (`cache_dir`, else $DDLBENCH_PROFILE_CACHE)
-    a profile computed once for its key is read back by every later cell of the sweep: the model is
-    not rebuilt (on CUDA not respawned) per cell. A damaged cache file is computed again."""
+    """(profile, where it came from). Once per key in a process (a sweep validates every cell, then
+    forks them: they inherit it); with a cache directory (`cache_dir`, else $DDLBENCH_PROFILE_CACHE)
+    also on disk, read back by every later cell of the sweep that is not forked from this process
+    (Slurm array tasks): the model is not rebuilt (on CUDA not respawned) per cell. A damaged cache
+    file is computed again."""
     import os
     from pathlib import Path
 
     from ddlbench.readers import DamagedFile, read_json
     from ddlbench.results import atomic_write_json
     cache_dir = cache_dir or os.environ.get(CACHE_ENV)
-    if not cache_dir:
-        return profile(model_cfg, precision, device_type), "measured"
     key = cache_key(model_cfg, precision, device_type)
-    path = Path(cache_dir) / f"profile-{key}.json"
-    if path.is_file():
+    path = Path(cache_dir) / f"profile-{key}.json" if cache_dir else None
+
+    def keep(prof: ModelProfile) -> None:
+        _memo[key] = prof
+        if path is not None and not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {"key": key, "precision": precision, "device": device_type,
+                                     "profile": prof.to_dict()})
+    if key in _memo:      # this process (or the sweep it was forked from) profiled it already
+        keep(_memo[key])
+        return _memo[key], "computed earlier in this process (a sweep validates its cells before it forks them)"
+    if path is not None and path.is_file():
         try:
-            return ModelProfile.from_dict(read_json(path, "memory-profile cache")["profile"]), f"cached {path}"
+            prof = ModelProfile.from_dict(read_json(path, "memory-profile cache")["profile"])
+            _memo[key] = prof
+            return prof, f"cached {path}"
         except (DamagedFile, KeyError, TypeError, OSError):
-            pass
+            path.unlink(missing_ok=True)
     prof = profile(model_cfg, precision, device_type)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"key": key, "precision": precision, "device": device_type, "profile": prof.to_dict()})
-    return prof, f"measured, cached in {path}"
+    keep(prof)
+    return prof, f"measured, cached in {path}" if path is not None else "measured"
 
 
 def profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> ModelProfile:
