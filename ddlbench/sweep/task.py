@@ -71,7 +71,8 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
         if not any(o.split("=", 1)[0].lstrip("+") == "run.progress" for o in cell.overrides):
             args.append("run.progress=false")   # a sweep's cells log to files
         launcher = _launcher(cell.overrides)
-        # run.micro_batch=auto's memory profile: computed by the first cell that needs it, read by the rest
+        # run.micro_batch=auto's memory profile: once per sweep (a forked cell inherits the sweep's; an
+        # array task in another process reads the sweep's cache)
         extra_env = {rundir.PROFILE_CACHE_ENV: str(rundir.profile_cache(sweep_dir)), **(extra_env or {})}
         # the cell stays in this process's group: what signals the group (Slurm's scancel, a
         # terminal's Ctrl-C) reaches it directly; a signal to this pid alone is passed on (stop_cell)
