@@ -292,3 +292,35 @@ def test_a_stop_signal_to_commbench_ends_its_ranks(tmp_path):
     err = proc.completed().stderr
     assert "bench: stopped by SIGTERM" in err and "Traceback" not in err, err
     assert not (tmp_path / "cb" / "commbench.json").exists()
+
+
+def test_library_lines_that_do_not_concern_the_run_are_kept_not_shown(tmp_path, monkeypatch):
+    """What FSDP2's and DeepSpeed's cells printed on make bench's screen: torch's FutureWarning for
+    the c10d functions they call, DeepSpeed's "No CUDA runtime" on a CPU machine. Kept, not shown;
+    any other warning still goes to the terminal (the original showwarning)."""
+    import logging
+
+    from ddlbench import quiet
+    quiet.install()
+    shown = []
+    monkeypatch.setattr(quiet, "_show_original", lambda message, *rest: shown.append(str(message)))
+    before = quiet.kept()
+    quiet._show(FutureWarning("`torch.distributed.reduce_scatter_tensor` is deprecated. Please use "
+                              "`torch.distributed.reduce_scatter_single` instead."), FutureWarning, "c10d_logger.py", 83)
+    quiet._show(UserWarning("something about your run"), UserWarning, "x.py", 1)
+    assert shown == ["something about your run"]
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    logger.addHandler(handler)
+    try:
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='/usr/local'")
+        logger.warning("a line about your run")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == ["a line about your run"]
+    new = quiet.kept()[len(before):]
+    assert any("reduce_scatter_tensor" in k for k in new) and any("No CUDA runtime" in k for k in new)
+    quiet.write_kept(tmp_path / "third_party.log")
+    assert "No CUDA runtime" in (tmp_path / "third_party.log").read_text() and quiet.kept() == []

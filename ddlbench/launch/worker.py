@@ -87,6 +87,7 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
         runner.run(plan, ctx, run_dir_p, baseline_rss, threads)
     finally:
         dist.destroy_process_group()
+        quiet.write_kept(RunDir(run_dir_p).third_party_log)
 
 
 _stack_files: list = []     # open for the process's life: faulthandler writes to the descriptor
