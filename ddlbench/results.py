@@ -146,10 +146,18 @@ def load_result(path: Path) -> dict:
     if path.is_dir():
         path = path / RESULT_FILE
     obj = read_json(path, "result record")
-    if not isinstance(obj.get("status"), str) or not isinstance(obj.get("framework"), dict) \
-            or not isinstance(obj.get("model"), dict):
-        raise DamagedFile(path, "result record", "not a ddlbench result (no status, framework or model)")
+    if not is_record(obj):
+        raise DamagedFile(path, "result record", NOT_A_RECORD)
     return obj
+
+
+NOT_A_RECORD = "not a ddlbench result (no status, framework or model)"
+
+
+def is_record(obj) -> bool:
+    """What every reader of result.json relies on: a dict with a status, a framework and a model."""
+    return (isinstance(obj, dict) and isinstance(obj.get("status"), str) and isinstance(obj.get("framework"), dict)
+            and isinstance(obj.get("model"), dict))
 
 
 def find_results(paths: list[str]) -> list[Path]:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ddlbench import rundir
-from ddlbench.results import SCHEMA
+from ddlbench.results import NOT_A_RECORD, SCHEMA, is_record
 
 
 def unreadable(path: Path, exc: Exception) -> dict:
@@ -99,9 +99,8 @@ def load_records(paths: list[Path], progress: bool = True) -> list[dict]:
         try:
             with open(path, "rb") as f:
                 rec = parse_json(f.read())
-            if not (isinstance(rec, dict) and isinstance(rec.get("status"), str)
-                    and isinstance(rec.get("framework"), dict) and isinstance(rec.get("model"), dict)):
-                raise ValueError("not a ddlbench result (no status, framework or model)")
+            if not is_record(rec):
+                raise ValueError(NOT_A_RECORD)
             out.append(rec)
         except (OSError, ValueError) as exc:
             out.append(unreadable(path, exc))
