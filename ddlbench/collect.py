@@ -163,7 +163,17 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     tp["samples_per_s_median_step"] = dims.global_batch / stats["median"] if stats["median"] > 0 else None
 
     record.model.update(params=params, tokens_per_sample=spec.tokens_per_sample,
-                           native_config=spec.config)
+                           native_config=spec.config, family=spec.family.name if spec.family else None)
+    if flops["params"] and flops["params"]["active"] != flops["params"]["total"]:
+        record.model["active_params"] = flops["params"]["active"]
+        record.model["total_params"] = flops["params"]["total"]
+    if any(g.get("moe") for g in gathered):
+        from ddlbench.models.moe import load_summary
+        layout = strategy.moe_record()
+        record.sections["moe"] = {**load_summary([g["moe"] for g in gathered if g.get("moe")], layout["ep"], dims.tp),
+                                  **layout,
+                                  "experts_implementation": spec.config.get("experts_implementation"),
+                                  "routing": "dropless (transformers' top-k router: no capacity, no dropped tokens)"}
     record.parallel = {**dims.as_dict(), **plan.choices}
     record.env = envinfo.capture(ctx.device, ctx.backend, threads)
     record.env["hostnames"] = sorted({g["hostname"] for g in gathered})
@@ -224,6 +234,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
                                               peak, peak_source)
     record.sections["flops"] = {"train_per_sample": flops["flops"], "method": flops["method"],
                        "palm_train_per_sample": flops["palm_flops"],
+                       "analytic": flops["analytic"],
                        "hardware_train_per_sample": flops["hardware_flops"],
                        "recompute": "activation checkpointing per block" if recompute else None,
                        "hfu": hfu_value, "peak_dtype": peak_dtype(ctx.device.type, ctx.precision, tf32),

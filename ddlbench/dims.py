@@ -137,20 +137,12 @@ def model_fit_errors(dims: ParallelDims, model_cfg, stages: int, schedule: str |
     errors = []
     tp = dims.tp
     if tp > 1:
-        if model_cfg.kind == "language" and model_cfg.family == "llama":
-            widths = {"model.n_head": model_cfg.n_head, "model.n_kv_head": model_cfg.n_kv_head,
-                      "model.intermediate_size": model_cfg.intermediate_size}
-        elif model_cfg.kind == "language":
-            widths = {"model.n_head": model_cfg.n_head, "model.n_embd": model_cfg.n_embd,
-                      "4*model.n_embd (MLP)": 4 * model_cfg.n_embd}
-        elif getattr(model_cfg, "vit", None) is not None:
-            v = model_cfg.vit
-            widths = {"model.vit.num_heads": v.num_heads, "model.vit.hidden_dim": v.hidden_dim,
-                      "model.vit.mlp_dim": v.mlp_dim}
-        else:
+        from ddlbench.models.family import of_config
+        try:
+            widths = of_config(model_cfg).tp_widths(model_cfg)
+        except ValueError as e:     # the family has no plan for this configuration
             widths = {}
-            errors.append(f"tensor parallelism has a plan for GPT-2, Llama and ViT only, not model.arch "
-                          f"'{model_cfg.arch}'")
+            errors.append(str(e))
         for key, value in widths.items():
             if value % tp:
                 errors.append(f"{key} = {value} is not divisible by tp = {tp}")

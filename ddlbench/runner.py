@@ -317,9 +317,17 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "device_netns": os.environ.get(device_task.INSIDE),   # bench cluster's device namespace, where it has them
         "comm_threads": w.comm_threads if w.step_s else commthreads.apply(p2p=plan.dims.pp > 1),
         "trace": traced,
+        "moe": _router_stats(strategy),
     }
     return local, {"objective": objective, "fingerprint": fingerprint, "comm_steps": comm["steps"],
                    "comm_profiled": "time" in comm}
+
+
+def _router_stats(strategy) -> dict | None:
+    """An MoE model's tokens per expert and auxiliary loss on this rank (ddlbench/models/moe.py)."""
+    from ddlbench.models.moe import find_router_stats
+    stats = find_router_stats(strategy.model) if isinstance(strategy.model, torch.nn.Module) else None
+    return stats.take() if stats is not None else None
 
 
 def compile_time(gathered: list) -> dict:

@@ -25,14 +25,32 @@ class FrameworkCfg(Strict):
     options: dict[str, Any] = {}
 
 
+class MoECfg(Strict):
+    """A Mixture-of-Experts MLP in every layer (families with experts: qwen3_moe, mixtral): a softmax
+    top-k router over `num_experts` SwiGLU experts of width `intermediate_size`; dropless."""
+    num_experts: Annotated[int, Field(ge=2)]
+    top_k: PositiveInt                              # experts per token
+    intermediate_size: PositiveInt                  # one expert's SwiGLU width
+    norm_topk_prob: bool = True                     # renormalise the top-k weights to sum to 1
+    aux_loss_coef: Annotated[float, Field(ge=0.0)] = 0.001   # load-balancing loss weight (0: none)
+    # transformers' experts implementation: auto = grouped_mm on CUDA, the per-expert loop (eager) on CPU
+    experts_implementation: Literal["auto", "eager", "grouped_mm", "batched_mm"] = "auto"
+
+    @model_validator(mode="after")
+    def _top_k_fits(self):
+        if self.top_k > self.num_experts:
+            raise ValueError(f"moe.top_k {self.top_k} is larger than moe.num_experts {self.num_experts}")
+        return self
+
+
 class LanguageModelCfg(Strict):
-    """A decoder-only language model through transformers, random init (nothing downloaded): the
-    GPT-2 family (GPT2Config) or the Llama family (LlamaConfig: RMSNorm, SwiGLU MLP, rotary
-    embeddings, grouped-query attention). One vocabulary for both: n_layer, n_embd (hidden size),
-    n_head; the Llama-only keys are null for GPT-2."""
+    """A decoder-only language model through transformers, random init (nothing downloaded), of a
+    model family (ddlbench/models/families/: gpt2, llama, qwen3, qwen3_moe, mixtral, ...). One
+    vocabulary for all: n_layer, n_embd (hidden size), n_head; a family names the other keys it
+    needs and may take (the rest stay null)."""
     name: str
     kind: Literal["language"]
-    family: Literal["gpt2", "llama"] = "gpt2"
+    family: str = "gpt2"
     n_layer: PositiveInt
     n_embd: PositiveInt
     n_head: PositiveInt
@@ -44,37 +62,36 @@ class LanguageModelCfg(Strict):
     # a tensor on the host; `sdpa` keeps transformers' mask logic); recorded in the result
     attention: Literal["auto", "eager", "sdpa", "sdpa_causal"] = "auto"
     # GPT-2's activation: auto = gelu_pytorch_tanh on CUDA (the same function in one kernel), gelu_new
-    # (GPT-2's own, a chain of elementwise ops) on CPU; Llama's is SiLU (SwiGLU)
+    # (GPT-2's own, a chain of elementwise ops) on CPU; the Llama-like families' is SiLU (SwiGLU)
     activation: Literal["auto", "gelu_new", "gelu_pytorch_tanh"] = "auto"
     # the embedding and head rows padded to a multiple of this (tensor cores); auto = 64 on CUDA, 1 on
     # CPU; the data's tokens stay below vocab_size (nanoGPT's 50304 for GPT-2)
     pad_vocab_to: Union[Literal["auto"], PositiveInt] = "auto"
-    # Llama family only (null for GPT-2):
+    # family keys (ddlbench/models/family.py FAMILY_KEYS; null where the family has none):
     n_kv_head: Optional[PositiveInt] = None          # grouped-query attention's key/value heads
-    intermediate_size: Optional[PositiveInt] = None  # SwiGLU MLP width
+    intermediate_size: Optional[PositiveInt] = None  # the dense SwiGLU MLP's width
     rope_theta: Optional[float] = None               # rotary base
     rms_norm_eps: Optional[float] = None
     tie_embeddings: Optional[bool] = None            # LM head shares the embedding (Llama 3.2 1B/3B)
+    head_dim: Optional[PositiveInt] = None           # per-head width where it is not n_embd / n_head (Qwen3)
+    moe: Optional[MoECfg] = None                     # the experts (MoE families)
     # run.global_batch=auto on GPUs: this many samples per device (the batch that keeps one GPU busy;
     # null: 8 in all, as on CPU). ddlbench/device.py::auto_global_batch
     gpu_batch_per_device: Optional[PositiveInt] = None
 
     @model_validator(mode="after")
     def _shapes_fit(self):
-        if self.n_embd % self.n_head:
+        from ddlbench.errors import ConfigError
+        from ddlbench.models import family as families
+        try:
+            fam = families.get(self.family)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        if self.head_dim is None and self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
-        llama_only = {k: getattr(self, k) for k in ("n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps",
-                                                    "tie_embeddings") if getattr(self, k) is not None}
-        if self.family == "llama" and self.activation != "auto":
-            raise ValueError("model.activation is GPT-2's; Llama's MLP is SwiGLU (SiLU)")
-        if self.family == "gpt2" and llama_only:
-            raise ValueError(f"{', '.join(sorted(llama_only))}: Llama-family keys, not for family gpt2")
-        if self.family == "llama":
-            missing = [k for k in ("n_kv_head", "intermediate_size", "rope_theta") if getattr(self, k) is None]
-            if missing:
-                raise ValueError(f"family llama needs model.{', model.'.join(missing)}")
-            if self.n_head % self.n_kv_head:
-                raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
+        errors = families.key_errors(fam, {k: getattr(self, k) for k in families.FAMILY_KEYS}) + fam.check(self)
+        if errors:
+            raise ValueError("; ".join(errors))
         return self
 
 

@@ -24,7 +24,7 @@ def test_which_linear_layers_become_float8_by_hand():
 def test_float8_is_refused_with_the_reason_where_it_cannot_run():
     def cfg(precision="bf16", family="llama", float8=True):
         return SimpleNamespace(run=SimpleNamespace(float8=float8, precision=precision),
-                               model=SimpleNamespace(family=family, name=f"a {family} model"))
+                               model=SimpleNamespace(kind="language", family=family, name=f"a {family} model"))
     ddp, pipe = SimpleNamespace(name="ddp"), SimpleNamespace(name="pipeline")
     assert float8_reason(ddp, cfg(float8=False), "cpu") is None
     assert float8_reason(ddp, cfg(), "cpu") is None

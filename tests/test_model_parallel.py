@@ -63,12 +63,12 @@ def test_converted_parameters_map_back_to_the_original_layout():
     from transformers.pytorch_utils import Conv1D
 
     from ddlbench.adapters.common import canonical_parameters
-    from ddlbench.models.tensor_parallel import _from_conv1d
+    from ddlbench.models.tensor_parallel import from_conv1d
     conv = Conv1D(12, 4)                      # W: 4 x 12 ([q | k | v], width 4)
     with torch.no_grad():
         conv.weight.copy_(torch.arange(48.0).view(4, 12))
         conv.bias.copy_(torch.arange(12.0))
-    lin = _from_conv1d(conv, qkv_permutation(4, 2))
+    lin = from_conv1d(conv, qkv_permutation(4, 2))
     assert not torch.equal(lin.weight, conv.weight.t())          # moved
     back = [canon(p) for p, canon in canonical_parameters(lin)]
     assert torch.equal(back[0], conv.weight) and torch.equal(back[1], conv.bias)
@@ -155,7 +155,7 @@ def test_pieces_compute_the_models_own_forward(model):
 # ---- validation and dry runs ----
 @pytest.mark.parametrize("overrides,msg", [
     (["framework=tensor_parallel", "launcher.nproc=3", "run.global_batch=6"], "model.n_head = 4 is not divisible by tp = 3"),
-    (["framework=tensor_parallel", "model=resnet18_tiny"], "plan for GPT-2, Llama and ViT only"),
+    (["framework=tensor_parallel", "model=resnet18_tiny"], "has no tensor-parallel plan"),
     (["framework=pipeline_interleaved", "launcher.nproc=4"], "splits into 4 pipeline pieces, fewer than the 8 stages"),
     (["framework=pipeline_1f1b", "framework.options.n_microbatches=1"], "needs micro-batches >= pipeline ranks: 1 < pp 2"),
     (["framework=pipeline_gpipe", "framework.options.stages_per_rank=2"], "runs one stage per rank"),

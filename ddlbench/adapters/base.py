@@ -95,6 +95,12 @@ class Strategy:
     def describe(self) -> dict:
         return {"version": torch.__version__, "native_config": {}}
 
+    def moe_record(self) -> dict:
+        """A Mixture-of-Experts model's layout, for the record: expert-parallel degree and what the
+        all-to-all carried (the expert-parallel strategy says more; the others run every expert on
+        every rank)."""
+        return {"ep": 1, "experts_per_rank": "all (no expert parallelism)"}
+
     def teardown(self) -> None:
         self.model = None
         self.optimizer = None

@@ -98,6 +98,8 @@ class TensorParallelStrategy(Strategy):
         self.tp_rank, self.dp_rank = coords["tp"], dims.dp_rank(ctx.rank)
         model = build_on(build_model, ctx.device)
         self.params = count_params(model)
+        from ddlbench.models.tensor_parallel import plan_description
+        self.plan = plan_description(model)
         self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"])
         if self.options.activation_checkpointing:
             apply_checkpointing(model)
@@ -125,12 +127,11 @@ class TensorParallelStrategy(Strategy):
         return sums if self.tp_rank == 0 else torch.zeros_like(sums)
 
     def describe(self) -> dict:
-        from ddlbench.models.tensor_parallel import PLAN_DESCRIPTION
         native = {
             "api": "torch.distributed.tensor.parallel.parallelize_module (DTensor)"
                    + (" + torch.distributed.fsdp.fully_shard over dp_shard" if self.dims.dp_shard > 1 else ""),
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
-            "plan": PLAN_DESCRIPTION, "tp_blocks": self.tp_blocks,
+            "plan": self.plan, "tp_blocks": self.tp_blocks,
             "order": "tensor parallel -> activation checkpointing -> FSDP2",
             "activation_checkpointing": self.options.activation_checkpointing,
             "mp_policy": None if self.sharded is None else self.sharded.mp_record(),

@@ -62,8 +62,8 @@ FLOAT8_MIN_CAPABILITY = (8, 9)   # float8 tensor cores: Ada (8.9), Hopper (9.0) 
 
 def float8_reason(variant: "Variant", cfg, device_type: str, capability: Optional[tuple] = None) -> Optional[str]:
     """Why run.float8 cannot run here, or None: the strategy wires it, bf16 around the float8
-    matmuls (torchtitan's recipe), a Llama-family model (nn.Linear layers: transformers' GPT-2 has
-    Conv1D, vision models convolutions), torchao installed, float8 tensor cores on a GPU
+    matmuls (torchtitan's recipe), a family whose matmuls are nn.Linear layers (Family.linear_layers:
+    transformers' GPT-2 has Conv1D, vision models convolutions), torchao installed, float8 tensor cores on a GPU
     (`capability`: the smallest visible GPU's; on CPU torch._scaled_mm runs, for tests, not speed)."""
     import importlib.util
     if not getattr(cfg.run, "float8", False):
@@ -73,9 +73,10 @@ def float8_reason(variant: "Variant", cfg, device_type: str, capability: Optiona
     if cfg.run.precision != "bf16":
         return (f"run.float8 runs bf16 around the float8 matmuls (torchtitan's recipe): run.precision is "
                 f"{cfg.run.precision}; set run.precision=bf16")
-    if getattr(cfg.model, "family", None) != "llama":
+    from ddlbench.models.family import of_config
+    if not of_config(cfg.model).linear_layers:
         return (f"run.float8 converts nn.Linear layers: {cfg.model.name} has none to convert (transformers' GPT-2 "
-                "uses Conv1D, vision models convolutions); use a Llama-family model")
+                "uses Conv1D, vision models convolutions); use a Llama-like model (llama, qwen3, ...)")
     if importlib.util.find_spec("torchao") is None:
         return "run.float8 needs torchao (pip install torchao)"
     if device_type == "cuda" and capability is not None and tuple(capability) < FLOAT8_MIN_CAPABILITY:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from ddlbench.models.moe import param_counts as moe_param_counts
 from ddlbench.models.spec import ModelSpec, checkpoint_blocks, count_params, example_batch
 
 
@@ -34,20 +35,34 @@ def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
 
 def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool = False) -> dict:
     """{'flops': model FLOPs, 'hardware_flops': FLOPs executed (with the recomputed forward of
-    checkpointed blocks), 'method': str, 'palm_flops': int | None}"""
+    checkpointed blocks), 'method': str, 'palm_flops': int | None, 'analytic': the family's analytic
+    count per sample | None, 'params': {'total', 'active'} | None}. For a Mixture-of-Experts model
+    every count is of active FLOPs (each token through its top-k experts) and PaLM's 6N uses the
+    active parameters."""
     flops = _count(spec, "meta")
     method = "flop_counter(meta)" + (", eager attention (the same matmuls)" if spec.count_factory else "")
+    if spec.top_k:
+        method += ", experts as batched_mm (each token's top-k experts: the active FLOPs)"
     hardware = _count(spec, "meta", recompute_blocks=True) if recompute_blocks else flops
-    palm = None
+    palm = params = analytic = None
     if spec.kind == "language":
-        c = spec.config     # GPT2Config's names (a value equal to its default is left out) or LlamaConfig's
+        c = spec.config     # the transformers config's names (a value equal to its default is left out)
         n_layer = c.get("n_layer", c.get("num_hidden_layers", 12))
         n_embd, n_head = c.get("n_embd", c.get("hidden_size", 768)), c.get("n_head", c.get("num_attention_heads", 12))
+        head_dim = c.get("head_dim") or n_embd // n_head
         with torch.device("meta"):
-            params = count_params(spec.build())
-        palm = palm_train_flops_per_token(params, n_layer, n_head, n_embd // n_head,
+            model = spec.build()
+        params = {"total": count_params(model)}
+        params["active"] = (moe_param_counts(model, spec.top_k)["active"] if spec.top_k else params["total"])
+        palm = palm_train_flops_per_token(params["active"], n_layer, n_head, head_dim,
                                           spec.tokens_per_sample) * spec.tokens_per_sample
-    return {"flops": flops, "hardware_flops": hardware, "method": method, "palm_flops": palm}
+        if spec.analytic_flops:
+            a = spec.analytic_flops
+            analytic = {"train_per_sample": a["total"] * spec.tokens_per_sample,
+                        "parts_per_token": a["parts"], "convention": a["convention"],
+                        "counted_over_analytic": flops / (a["total"] * spec.tokens_per_sample)}
+    return {"flops": flops, "hardware_flops": hardware, "method": method, "palm_flops": palm,
+            "analytic": analytic, "params": params}
 
 
 def palm_train_flops_per_token(params: int, n_layer: int, n_head: int, head_dim: int, seq: int) -> int:

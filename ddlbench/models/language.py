@@ -1,5 +1,6 @@
-"""Language models through transformers, random init: the GPT-2 family (GPT2Config) and the Llama
-family (LlamaConfig: RMSNorm, SwiGLU, rotary embeddings, grouped-query attention)."""
+"""Causal language models through transformers, random init (nothing downloaded): the loss, the
+wrapper every framework trains, the attention kernel, and the spec a language family builds with
+`causal_lm_spec` (ddlbench/models/families/ holds the families: GPT-2, Llama, Qwen3, the MoE ones)."""
 from __future__ import annotations
 
 import copy
@@ -33,12 +34,17 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
 
 
 class CausalLM(nn.Module):
-    """forward(input_ids, labels) -> mean next-token loss. `blocks` are the transformer blocks,
-    the unit of per-block sharding / pipeline splitting."""
+    """forward(input_ids, labels) -> mean next-token loss (plus the router's auxiliary loss times its
+    coefficient for a Mixture-of-Experts family). `blocks` are the family's repeated blocks, the
+    unit of per-block sharding, checkpointing, compile and pipeline splitting."""
 
-    def __init__(self, net: nn.Module):
+    def __init__(self, net: nn.Module, family, aux_loss_coef: float = 0.0):
         super().__init__()
-        self.net = net
+        self.net, self.family, self.aux_loss_coef = net, family, aux_loss_coef
+        self.router_stats = None
+        if family.experts is not None:
+            from ddlbench.models.moe import RouterStats
+            self.router_stats = RouterStats(self)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
                 attention_mask: torch.Tensor | None = None,
@@ -49,13 +55,18 @@ class CausalLM(nn.Module):
         # also runs on the meta device (HF's loss calls .item()) and under any wrapper.
         if attention_mask is not None and self.net.config._attn_implementation == SDPA_CAUSAL:
             raise ValueError("attention sdpa_causal builds no mask: batches with padding need model.attention=sdpa")
-        logits = self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        return lm_loss(logits, labels, eval_weight)
+        aux = self.aux_loss_coef > 0 and eval_weight is None
+        kw = {"output_router_logits": True} if aux else {}
+        out = self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
+        loss = lm_loss(out.logits, labels, eval_weight)
+        if aux:   # transformers' load_balancing_loss_func over this rank's tokens (Switch Transformer's)
+            if self.router_stats is not None:
+                self.router_stats.add_aux(out.aux_loss)
+            loss = loss + self.aux_loss_coef * out.aux_loss
+        return loss
 
     def blocks(self) -> list[nn.Module]:
-        if hasattr(self.net, "transformer"):     # GPT-2
-            return list(self.net.transformer.h)
-        return list(self.net.model.layers)       # Llama
+        return self.family.blocks(self.net)
 
 
 SDPA_CAUSAL = "sdpa_causal"
@@ -104,72 +115,44 @@ def _attention(config, mc, device_type: str):
     return config
 
 
-def gpt2_activation(requested: str, device_type: str) -> str:
-    """auto: gelu_pytorch_tanh on CUDA (one fused kernel; autocast runs gelu_new's pow in fp32),
-    GPT-2's own gelu_new on CPU (the numbers the CPU suite and reports were measured with)."""
-    if requested != "auto":
-        return requested
-    return "gelu_pytorch_tanh" if device_type == "cuda" else "gelu_new"
-
-
 def padded_vocab(vocab_size: int, pad_to, device_type: str) -> int:
     """The embedding rows: vocab_size rounded up to a multiple of pad_to (auto: 64 on CUDA, 1 on CPU)."""
     multiple = (64 if device_type == "cuda" else 1) if pad_to == "auto" else int(pad_to)
     return -(-vocab_size // multiple) * multiple
 
 
-def gpt2_config(mc, device_type: str = "cpu"):
-    from transformers import GPT2Config
-    return GPT2Config(
-        n_layer=mc.n_layer, n_embd=mc.n_embd, n_head=mc.n_head,
-        vocab_size=padded_vocab(mc.vocab_size, getattr(mc, "pad_vocab_to", "auto"), device_type),
-        activation_function=gpt2_activation(getattr(mc, "activation", "auto"), device_type),
-        n_positions=mc.seq_len, resid_pdrop=mc.dropout, embd_pdrop=mc.dropout,
-        attn_pdrop=mc.dropout, bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,
-        loss_type="ForCausalLM",
-    )
-
-
-def llama_config(mc, device_type: str = "cpu"):
-    """Llama 3.x shapes from the preset (random init); rope scaling is left out: it changes the
-    rotary frequencies past the original context, not the cost."""
-    from transformers import LlamaConfig
-    return LlamaConfig(
-        num_hidden_layers=mc.n_layer, hidden_size=mc.n_embd, num_attention_heads=mc.n_head,
-        num_key_value_heads=mc.n_kv_head, intermediate_size=mc.intermediate_size,
-        vocab_size=padded_vocab(mc.vocab_size, getattr(mc, "pad_vocab_to", "auto"), device_type),
-        max_position_embeddings=mc.seq_len, rope_theta=mc.rope_theta, rms_norm_eps=mc.rms_norm_eps or 1e-5,
-        attention_dropout=mc.dropout, tie_word_embeddings=bool(mc.tie_embeddings), hidden_act="silu",
-        bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1,
-    )
-
-
-def language_spec(mc, device_type: str = "cpu") -> ModelSpec:
-    """The family's config, its causal-LM class, and `count_factory` where SDPA/flash attention
-    decides its mask from tensor values (the FLOP count then runs eager attention on meta)."""
-    if mc.family == "llama":
-        config, class_name = llama_config(mc, device_type), "LlamaForCausalLM"
-    else:
-        config, class_name = gpt2_config(mc, device_type), "GPT2LMHeadModel"
+def causal_lm_spec(mc, family, config, class_name: str, device_type: str = "cpu",
+                   count_config=None) -> ModelSpec:
+    """The spec of a language family: `config` (its transformers config, attention set here) built
+    as `transformers.<class_name>` inside a CausalLM; `count_factory` where the run's kernels cannot
+    be counted on the meta device (SDPA/flash decide their mask from tensor values: the count then
+    runs eager attention, the same matmuls; `count_config` edits the copy further, e.g. an experts
+    implementation the counter can see)."""
     config = _attention(config, mc, device_type)
+    aux = float(mc.moe.aux_loss_coef) if getattr(mc, "moe", None) is not None else 0.0
 
     def factory(cfg=config) -> nn.Module:
         import transformers
         from transformers.utils import logging as hf_logging
         hf_logging.set_verbosity_error()
-        return CausalLM(getattr(transformers, class_name)(cfg))
+        return CausalLM(getattr(transformers, class_name)(cfg), family, aux)
 
     count_factory = None
-    if config._attn_implementation != "eager":   # SDPA/flash decide their mask from tensor values
-        eager = copy.deepcopy(config)
-        eager._attn_implementation = "eager"
-        count_factory = functools.partial(factory, eager)
+    if config._attn_implementation != "eager" or count_config is not None:
+        counted = copy.deepcopy(config)
+        counted._attn_implementation = "eager"
+        if count_config is not None:
+            count_config(counted)
+        count_factory = functools.partial(factory, counted)
 
     def sample(gen: torch.Generator) -> dict:
         ids = torch.randint(0, mc.vocab_size, (mc.seq_len,), generator=gen)
         return {"input_ids": ids, "labels": ids}
 
+    native = {**config.to_diff_dict(), "attn_implementation": config._attn_implementation}
+    if getattr(config, "_experts_implementation", None):
+        native["experts_implementation"] = config._experts_implementation
+    analytic = family.analytic_flops(mc, config.vocab_size) if family.analytic_flops else None
     return ModelSpec(name=mc.name, kind="language", factory=factory, sample=sample,
-                     tokens_per_sample=mc.seq_len,
-                     config={**config.to_diff_dict(), "attn_implementation": config._attn_implementation},
-                     count_factory=count_factory)
+                     tokens_per_sample=mc.seq_len, config=native, count_factory=count_factory, family=family,
+                     analytic_flops=analytic, top_k=mc.moe.top_k if getattr(mc, "moe", None) else None)

@@ -2,13 +2,9 @@
 
 Applied in order, the pieces compute the model's logits: `head(...(piece1(piece0(x))))`, the
 same operations as the model's own forward (tests/test_pipeline_split.py checks equality).
-A pipeline stage is a contiguous run of pieces (`partition`). Pieces:
-- GPT-2: Embed (wte + wpe + dropout) | one piece per transformer block | Head (ln_f + lm_head)
-- Llama: Embed (embed_tokens) | one piece per decoder layer (with its rotary embedding and causal
-  mask, computed per piece as LlamaModel computes them once) | Head (norm + lm_head)
-- ViT: Embed (patchify, class token, position embedding, dropout) | encoder layers | Head
-- ResNet: Stem (conv, bn, relu, maxpool) | one piece per residual block | Head (pool, fc)
-- VGG: the feature extractor cut after each max-pool | Head (pool, classifier)
+A pipeline stage is a contiguous run of pieces (`partition`). Each model family cuts its own
+pieces (`Family.pieces`, ddlbench/models/families/): for a language model Embed | one piece per
+block (with the rotary embedding and causal mask the model computes once) | Head (norm + lm_head).
 
 GPT-2 (and Llama 3.2 1B/3B) tie lm_head.weight to the token embedding. Pieces keep the tie (the same Parameter object) when
 they live in one process; the pipeline adapter, which keeps only its own stages, sums the
@@ -19,134 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddlbench.models.masks import causal_mask
-
-
-class _Embed(nn.Module):
-    def __init__(self, transformer: nn.Module):
-        super().__init__()
-        self.wte, self.wpe, self.drop = transformer.wte, transformer.wpe, transformer.drop
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        return self.drop(self.wte(input_ids) + self.wpe(pos))
-
-
-class _Block(nn.Module):
-    """One GPT-2 block with the causal mask GPT2Model builds for it (no padding, no cache)."""
-
-    def __init__(self, block: nn.Module, config):
-        super().__init__()
-        self.block, self.config = block, config
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        mask = causal_mask(self.config, hidden)
-        return self.block(hidden, None, mask, position_ids=pos)
-
-
-class _LMHead(nn.Module):
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.ln_f, self.lm_head = net.transformer.ln_f, net.lm_head
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.ln_f(hidden))
-
-
-class _LlamaEmbed(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.embed_tokens = model.embed_tokens
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
-
-
-class _LlamaBlock(nn.Module):
-    """One Llama decoder layer with the rotary embedding and causal mask LlamaModel builds for it
-    (positions 0..T-1, no padding, no cache). The rotary module has no parameters (inv_freq buffer)."""
-
-    def __init__(self, layer: nn.Module, config, rotary: nn.Module):
-        super().__init__()
-        self.layer, self.config, self.rotary = layer, config, rotary
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        mask = causal_mask(self.config, hidden)
-        return self.layer(hidden, attention_mask=mask, position_ids=pos,
-                          position_embeddings=self.rotary(hidden, position_ids=pos))
-
-
-class _LlamaHead(nn.Module):
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.norm, self.lm_head = net.model.norm, net.lm_head
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
-
-
-class _VitEmbed(nn.Module):
-    def __init__(self, vit: nn.Module):
-        super().__init__()
-        self.class_token, self.conv_proj = vit.class_token, vit.conv_proj  # the model's order
-        self.pos_embedding, self.dropout = vit.encoder.pos_embedding, vit.encoder.dropout
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        n, _, h, w = images.shape
-        p = self.conv_proj.kernel_size[0]
-        x = self.conv_proj(images).reshape(n, -1, (h // p) * (w // p)).permute(0, 2, 1)
-        x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1)
-        return self.dropout(x + self.pos_embedding)
-
-
-class _VitHead(nn.Module):
-    def __init__(self, vit: nn.Module):
-        super().__init__()
-        self.ln, self.heads = vit.encoder.ln, vit.heads
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.heads(self.ln(x)[:, 0])
-
-
-class _PoolHead(nn.Module):
-    """avgpool -> flatten -> classifier (ResNet fc, VGG classifier)."""
-
-    def __init__(self, pool: nn.Module, classifier: nn.Module):
-        super().__init__()
-        self.pool, self.classifier = pool, classifier
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.flatten(self.pool(x), 1))
-
 
 def pieces(model: nn.Module) -> list[nn.Module]:
-    """The ordered pieces of a zoo model (models.language.CausalLM / models.vision.Classifier)."""
-    from ddlbench.models.vision import LinearClassifier
-    net = model.net
-    if isinstance(net, LinearClassifier):
-        return [net]                 # one piece: nothing to pipeline
-    if hasattr(net, "transformer"):  # GPT-2
-        return [_Embed(net.transformer), *(_Block(b, net.config) for b in net.transformer.h), _LMHead(net)]
-    if hasattr(net, "model") and hasattr(net.model, "layers"):   # Llama
-        m = net.model
-        return [_LlamaEmbed(m), *(_LlamaBlock(layer, net.config, m.rotary_emb) for layer in m.layers), _LlamaHead(net)]
-    if hasattr(net, "encoder"):      # ViT
-        return [_VitEmbed(net), *net.encoder.layers, _VitHead(net)]
-    if hasattr(net, "layer1"):       # ResNet
-        stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
-        blocks = [b for layer in (net.layer1, net.layer2, net.layer3, net.layer4) for b in layer]
-        return [stem, *blocks, _PoolHead(net.avgpool, net.fc)]
-    groups, current = [], []         # VGG: cut the features after each max-pool
-    for layer in net.features:
-        current.append(layer)
-        if isinstance(layer, nn.MaxPool2d):
-            groups.append(nn.Sequential(*current))
-            current = []
-    if current:
-        groups.append(nn.Sequential(*current))
-    return [*groups, _PoolHead(net.avgpool, net.classifier)]
+    """The ordered pieces of a zoo model (a CausalLM or Classifier), as its family cuts them."""
+    return model.family.pieces(model.net)
 
 
 def loss_function(model: nn.Module):

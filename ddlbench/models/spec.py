@@ -19,6 +19,10 @@ class ModelSpec:
     # the same model with an attention whose FLOPs count on the meta device (eager: the matmuls
     # SDPA and flash kernels run, which need a real tensor to pick a mask); None = `factory`
     count_factory: Optional[Callable[[], nn.Module]] = None
+    family: Optional[object] = None             # its ddlbench.models.family.Family
+    # the family's analytic training FLOPs per token ({"total", "parts", "convention"}), where it has one
+    analytic_flops: Optional[dict] = None
+    top_k: Optional[int] = None                 # MoE: experts per token (active parameters)
 
     def build(self) -> nn.Module:
         return self.factory()

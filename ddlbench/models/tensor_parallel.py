@@ -1,5 +1,6 @@
-"""Megatron-style tensor-parallel plans for GPT-2 and Llama (Hugging Face) and ViT (torchvision) blocks,
-with DTensor's `parallelize_module` on a 1-D "tp" DeviceMesh.
+"""Megatron-style tensor parallelism with DTensor's `parallelize_module` on a 1-D "tp" DeviceMesh: each
+model family declares its block plan (`Family.tensor_parallel`, ddlbench/models/families/); the
+conversions and the plan's bookkeeping live here.
 
 Per block: attention QKV column-wise (each rank computes its own heads), attention output
 row-wise (one all-reduce in forward), MLP fc column-wise, MLP projection row-wise (one
@@ -48,7 +49,7 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor 
     return lin
 
 
-def _from_conv1d(conv, rows: torch.Tensor | None = None) -> nn.Linear:
+def from_conv1d(conv, rows: torch.Tensor | None = None) -> nn.Linear:
     return _linear(conv.weight.detach().t(), conv.bias.detach(), rows, transposed=True)
 
 
@@ -71,78 +72,41 @@ class LocalHeadsAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(b, t, -1)), None
 
 
-def _gpt2_block(block: nn.Module, mesh) -> None:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    tp = mesh.size()
-    attn, mlp = block.attn, block.mlp
-    width = attn.embed_dim
-    attn.c_attn = _from_conv1d(attn.c_attn, qkv_permutation(width, tp))
-    attn.c_proj = _from_conv1d(attn.c_proj)
-    mlp.c_fc = _from_conv1d(mlp.c_fc)
-    mlp.c_proj = _from_conv1d(mlp.c_proj)
-    attn.split_size = attn.embed_dim = width // tp
-    attn.num_heads //= tp
-    parallelize_module(block, mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
-                                     "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()})
-
-
-def _llama_block(block: nn.Module, mesh) -> None:
-    """Llama's projections are separate Linears (no fused QKV): q, k, v column-wise (rank r keeps
-    query heads r*H/tp.. and key/value heads r*KV/tp..: the same GQA groups), o row-wise; SwiGLU's
-    gate and up column-wise, down row-wise. LlamaAttention reshapes with -1 heads, so it runs on
-    its local heads as it is (torchtitan's plan for Llama)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    parallelize_module(block, mesh, {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-                                     "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-                                     "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                                     "mlp.down_proj": RowwiseParallel()})
-
-
-def _vit_block(block: nn.Module, mesh) -> None:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    block.self_attention = LocalHeadsAttention(block.self_attention, mesh.size())
-    parallelize_module(block, mesh, {"self_attention.in_proj": ColwiseParallel(),
-                                     "self_attention.out_proj": RowwiseParallel(),
-                                     "mlp.0": ColwiseParallel(), "mlp.3": RowwiseParallel()})
+def plans() -> dict:
+    """Every family's block plan, by the class name of the block it applies to."""
+    from ddlbench.models import family
+    out = {}
+    for name in family.names():
+        plan = family.get(name).tensor_parallel
+        if plan is not None:
+            out[plan.block_class] = plan
+    return out
 
 
 def tp_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The blocks a plan applies to: HF GPT2Block and LlamaDecoderLayer, torchvision EncoderBlock."""
-    return [(type(m).__name__, m) for m in module.modules() if type(m).__name__ in BLOCK_PLANS]
+    """The blocks inside `module` (a model, a pipeline stage or piece) that a family's plan applies to."""
+    known = plans()
+    return [(type(m).__name__, m) for m in module.modules() if type(m).__name__ in known]
 
 
 def apply_tensor_parallel(module: nn.Module, mesh) -> int:
-    """Convert and parallelize every GPT-2 / Llama / ViT block inside `module`; returns how many."""
+    """Convert and parallelize every planned block inside `module`; returns how many."""
     blocks = tp_blocks(module)
     if not blocks:
-        raise ValueError("tensor parallelism has a plan for GPT-2, Llama and ViT blocks only")
+        raise ValueError("tensor parallelism has no plan for this model's blocks (a family without "
+                         "Family.tensor_parallel)")
+    known = plans()
     for kind, block in blocks:
-        BLOCK_PLANS[kind](block, mesh)
+        known[kind].apply(block, mesh)
     return len(blocks)
-
-
-BLOCK_PLANS = {"GPT2Block": _gpt2_block, "LlamaDecoderLayer": _llama_block, "EncoderBlock": _vit_block}
-
-
-# per block kind: the layers the plan shards, and whether their bias is sharded too (column-wise)
-# or replicated (row-wise); names in the model as built (before the Conv1D / attention conversions)
-SPLIT_LAYERS = {"GPT2Block": {"attn.c_attn": True, "attn.c_proj": False, "mlp.c_fc": True, "mlp.c_proj": False},
-                "LlamaDecoderLayer": {"self_attn.q_proj": True, "self_attn.k_proj": True, "self_attn.v_proj": True,
-                                      "self_attn.o_proj": False, "mlp.gate_proj": True, "mlp.up_proj": True,
-                                      "mlp.down_proj": False},
-                "EncoderBlock": {"self_attention.in_proj": True, "self_attention.out_proj": False,
-                                 "mlp.0": True, "mlp.3": False}}
 
 
 def split_param_count(module: nn.Module) -> int:
     """Parameters of `module` (as built) that the plan shards over the tp ranks; the rest
     (embeddings, norms, row-wise biases, the head) every tp rank keeps whole."""
-    n = 0
+    n, known = 0, plans()
     for kind, block in tp_blocks(module):
-        for name, bias_split in SPLIT_LAYERS[kind].items():
+        for name, bias_split in known[kind].split_layers.items():
             parent, _, leaf = name.rpartition(".")
             owner = block.get_submodule(parent)
             if leaf == "in_proj" and isinstance(owner, nn.MultiheadAttention):
@@ -154,15 +118,9 @@ def split_param_count(module: nn.Module) -> int:
     return n
 
 
-PLAN_DESCRIPTION = {
-    "GPT2Block": {"attn.c_attn": "ColwiseParallel (Conv1D->Linear, rows permuted per rank's heads)",
-                  "attn.c_proj": "RowwiseParallel (Conv1D->Linear)",
-                  "mlp.c_fc": "ColwiseParallel (Conv1D->Linear)", "mlp.c_proj": "RowwiseParallel (Conv1D->Linear)"},
-    "LlamaDecoderLayer": {"self_attn.q_proj/k_proj/v_proj": "ColwiseParallel (local query and key/value heads)",
-                          "self_attn.o_proj": "RowwiseParallel",
-                          "mlp.gate_proj/up_proj": "ColwiseParallel", "mlp.down_proj": "RowwiseParallel"},
-    "EncoderBlock": {"self_attention.in_proj": "ColwiseParallel (MultiheadAttention -> LocalHeadsAttention, rows permuted)",
-                     "self_attention.out_proj": "RowwiseParallel", "mlp.0": "ColwiseParallel",
-                     "mlp.3": "RowwiseParallel"},
-    "replicated": "embeddings, layer norms, LM/classifier head (no vocabulary or sequence parallelism)",
-}
+def plan_description(model: nn.Module) -> dict:
+    """The record's description of the plan a model's blocks got."""
+    known = plans()
+    kinds = sorted({kind for kind, _ in tp_blocks(model)})
+    return {**{kind: known[kind].description for kind in kinds},
+            "replicated": "embeddings, norms, LM/classifier head (no vocabulary or sequence parallelism)"}

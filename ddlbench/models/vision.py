@@ -34,9 +34,9 @@ class Classifier(nn.Module):
     """A torchvision classifier that computes its own loss; `channels_last`: images in NHWC (the
     weights are put in that layout when the model is built)."""
 
-    def __init__(self, net: nn.Module, channels_last: bool = False):
+    def __init__(self, net: nn.Module, family, channels_last: bool = False):
         super().__init__()
-        self.net, self.channels_last = net, channels_last
+        self.net, self.family, self.channels_last = net, family, channels_last
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor,
                 eval_weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -46,15 +46,7 @@ class Classifier(nn.Module):
         return classification_loss(self.net(images), labels, eval_weight)
 
     def blocks(self) -> list[nn.Module]:
-        """ResNet stages, ViT encoder layers, VGG features + classifier; none for logreg."""
-        net = self.net
-        if isinstance(net, LinearClassifier):
-            return []
-        if hasattr(net, "layer1"):
-            return [net.layer1, net.layer2, net.layer3, net.layer4]
-        if hasattr(net, "encoder"):
-            return list(net.encoder.layers)
-        return [net.features, net.classifier]
+        return self.family.blocks(self.net)
 
 
 def _net(mc) -> nn.Module:
@@ -80,11 +72,11 @@ def use_channels_last(requested, arch: str, device_type: str) -> bool:
     return device_type == "cuda" and arch not in ("vit", "vit_b_16", "logreg")
 
 
-def vision_spec(mc, device_type: str = "cpu") -> ModelSpec:
+def vision_spec(mc, family, device_type: str = "cpu") -> ModelSpec:
     channels_last = use_channels_last(getattr(mc, "channels_last", "auto"), mc.arch, device_type)
 
     def factory() -> nn.Module:
-        model = Classifier(_net(mc), channels_last)
+        model = Classifier(_net(mc), family, channels_last)
         return model.to(memory_format=torch.channels_last) if channels_last else model
 
     def sample(gen: torch.Generator) -> dict:
@@ -96,4 +88,4 @@ def vision_spec(mc, device_type: str = "cpu") -> ModelSpec:
     if mc.vit is not None:
         config["vit"] = mc.vit.model_dump()
     return ModelSpec(name=mc.name, kind="vision", factory=factory, sample=sample,
-                     tokens_per_sample=None, config=config)
+                     tokens_per_sample=None, config=config, family=family)

@@ -1,0 +1,129 @@
+"""What the decoder-only families built like transformers' Llama share (Llama, Qwen3, Qwen3-MoE,
+Mixtral: `model.embed_tokens`, `model.layers`, `model.norm`, `model.rotary_emb`, `lm_head`, separate
+q/k/v/o projections): their blocks, pipeline pieces, the attention's tensor-parallel plan and the
+analytic FLOP count. A family file (ddlbench/models/families/) picks from here."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ddlbench.models.masks import causal_mask
+
+
+class DecoderEmbed(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.embed_tokens = model.embed_tokens
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+
+class DecoderBlock(nn.Module):
+    """One decoder layer with the rotary embedding and causal mask the model builds for it
+    (positions 0..T-1, no padding, no cache). The rotary module has no parameters (inv_freq buffer)."""
+
+    def __init__(self, layer: nn.Module, config, rotary: nn.Module):
+        super().__init__()
+        self.layer, self.config, self.rotary = layer, config, rotary
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = causal_mask(self.config, hidden)
+        return self.layer(hidden, attention_mask=mask, position_ids=pos,
+                          position_embeddings=self.rotary(hidden, position_ids=pos))
+
+
+class DecoderHead(nn.Module):
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.norm, self.lm_head = net.model.norm, net.lm_head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+
+def blocks(net: nn.Module) -> list[nn.Module]:
+    return list(net.model.layers)
+
+
+def pieces(net: nn.Module) -> list[nn.Module]:
+    """Embed (embed_tokens) | one piece per decoder layer | Head (norm + lm_head)."""
+    m = net.model
+    return [DecoderEmbed(m), *(DecoderBlock(layer, net.config, m.rotary_emb) for layer in m.layers), DecoderHead(net)]
+
+
+ATTENTION_SPLIT = {"self_attn.q_proj": True, "self_attn.k_proj": True, "self_attn.v_proj": True,
+                   "self_attn.o_proj": False}
+MLP_SPLIT = {"mlp.gate_proj": True, "mlp.up_proj": True, "mlp.down_proj": False}
+ATTENTION_DESCRIPTION = {"self_attn.q_proj/k_proj/v_proj": "ColwiseParallel (local query and key/value heads)",
+                         "self_attn.o_proj": "RowwiseParallel"}
+MLP_DESCRIPTION = {"mlp.gate_proj/up_proj": "ColwiseParallel", "mlp.down_proj": "RowwiseParallel"}
+
+
+def tp_plan(split: dict[str, bool]):
+    """A block plan: q, k, v column-wise (rank r keeps query heads r*H/tp.. and key/value heads
+    r*KV/tp..: the same GQA groups), o row-wise; a dense SwiGLU MLP's gate and up column-wise, down
+    row-wise. The attention reshapes with -1 heads, so it runs on its local heads as it is
+    (torchtitan's plan for Llama); per-head q/k norms (Qwen3) act on head_dim and stay whole."""
+    def apply(block: nn.Module, mesh) -> None:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        parallelize_module(block, mesh, {name: ColwiseParallel() if col else RowwiseParallel()
+                                         for name, col in split.items()})
+    return apply
+
+
+def tp_widths(mc, dense_mlp: bool = True) -> dict[str, int]:
+    widths = {"model.n_head": mc.n_head, "model.n_kv_head": mc.n_kv_head}
+    if dense_mlp:
+        widths["model.intermediate_size"] = mc.intermediate_size
+    return widths
+
+
+def head_dim(mc) -> int:
+    return mc.head_dim or mc.n_embd // mc.n_head
+
+
+def attention_flops(mc) -> dict:
+    """Forward FLOPs per token of one attention layer (2 per multiply-add): the q, k, v, o
+    projections, and QK^T and AV over the full sequence (the non-causal convention, as PaLM's
+    12*L*H*Q*T and torch's flop counter count them)."""
+    h, d, t = mc.n_embd, head_dim(mc), mc.seq_len
+    q, kv = mc.n_head * d, mc.n_kv_head * d
+    return {"attention projections": 2 * h * (2 * q + 2 * kv), "attention scores": 2 * 2 * t * q}
+
+
+def training_flops(mc, layer_parts: dict, vocab: int) -> dict:
+    """Training FLOPs per token = 3 x forward (backward: twice the forward's matmuls), the
+    convention of model FLOPs (MFU), no recomputation. `layer_parts`: one layer's forward FLOPs."""
+    parts = {k: 3 * mc.n_layer * v for k, v in layer_parts.items()}
+    parts["lm head"] = 3 * 2 * mc.n_embd * vocab
+    return {"total": sum(parts.values()), "parts": parts,
+            "convention": "2 FLOPs per multiply-add; forward + backward = 3 x forward; attention scores over "
+                          "the full T x T (non-causal); embeddings, norms, softmax and elementwise ops not counted"}
+
+
+def config_kwargs(mc, device_type: str) -> dict:
+    """The keyword arguments every Llama-like transformers config takes, from the preset."""
+    from ddlbench.models.language import padded_vocab
+    kw = dict(num_hidden_layers=mc.n_layer, hidden_size=mc.n_embd, num_attention_heads=mc.n_head,
+              num_key_value_heads=mc.n_kv_head,
+              vocab_size=padded_vocab(mc.vocab_size, getattr(mc, "pad_vocab_to", "auto"), device_type),
+              max_position_embeddings=mc.seq_len, rope_theta=mc.rope_theta, rms_norm_eps=mc.rms_norm_eps or 1e-6,
+              attention_dropout=mc.dropout, tie_word_embeddings=bool(mc.tie_embeddings), hidden_act="silu",
+              bos_token_id=mc.vocab_size - 1, eos_token_id=mc.vocab_size - 1)
+    if mc.intermediate_size:
+        kw["intermediate_size"] = mc.intermediate_size
+    if mc.head_dim:
+        kw["head_dim"] = mc.head_dim
+    return kw
+
+
+def gqa_errors(mc) -> list[str]:
+    return ([f"n_head {mc.n_head} is not divisible by n_kv_head {mc.n_kv_head}"]
+            if mc.n_kv_head and mc.n_head % mc.n_kv_head else [])
+
+
+def dense_mlp_flops(mc) -> dict:
+    """A SwiGLU MLP (gate, up, down: 3 matmuls of n_embd x intermediate_size) per token."""
+    return {"mlp": 2 * 3 * mc.n_embd * mc.intermediate_size}

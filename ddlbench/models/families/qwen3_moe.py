@@ -1,0 +1,51 @@
+"""Qwen3-MoE (transformers' Qwen3MoeForCausalLM from a Qwen3MoeConfig, random init): Qwen3's
+attention (per-head q/k norms, explicit head_dim) and, in every layer, a Mixture-of-Experts MLP:
+a softmax top-k router (top-k weights renormalised with moe.norm_topk_prob) over moe.num_experts
+SwiGLU experts of width moe.intermediate_size; dropless; Switch Transformer's load-balancing
+loss times moe.aux_loss_coef (router_aux_loss_coef)."""
+from __future__ import annotations
+
+from ddlbench.models import decoder, moe
+from ddlbench.models.family import ExpertsPlan, Family, TensorParallelPlan
+
+
+def config(mc, device_type: str = "cpu"):
+    from transformers import Qwen3MoeConfig
+    m = mc.moe
+    kw = decoder.config_kwargs(mc, device_type)
+    kw.pop("intermediate_size", None)   # dense layers only (mlp_only_layers): none here
+    return Qwen3MoeConfig(**kw, num_experts=m.num_experts, num_experts_per_tok=m.top_k,
+                          moe_intermediate_size=m.intermediate_size, norm_topk_prob=m.norm_topk_prob,
+                          router_aux_loss_coef=m.aux_loss_coef, decoder_sparse_step=1, mlp_only_layers=[],
+                          experts_implementation=moe.experts_implementation(m.experts_implementation, device_type))
+
+
+def spec(mc, device_type: str = "cpu"):
+    from ddlbench.models.language import causal_lm_spec
+    return causal_lm_spec(mc, FAMILY, config(mc, device_type), "Qwen3MoeForCausalLM", device_type,
+                          count_config=moe.count_config)
+
+
+def analytic_flops(mc, vocab: int) -> dict:
+    return decoder.training_flops(mc, {**decoder.attention_flops(mc), **moe.layer_flops(mc)}, vocab)
+
+
+def moe_block(block):
+    return block.mlp if hasattr(block.mlp, "experts") else None
+
+
+FAMILY = Family(
+    name="qwen3_moe", kind="language", spec=spec,
+    modules=lambda mc: ("ddlbench.models.language", "transformers.models.qwen3_moe.modeling_qwen3_moe"),
+    blocks=decoder.blocks, pieces=decoder.pieces,
+    required_keys=("n_kv_head", "rope_theta", "head_dim", "moe"),
+    optional_keys=("rms_norm_eps", "tie_embeddings"),
+    check=decoder.gqa_errors,
+    # the dense part only: attention; the router stays whole, the experts go to expert parallelism
+    tensor_parallel=TensorParallelPlan("Qwen3MoeDecoderLayer", decoder.tp_plan(decoder.ATTENTION_SPLIT),
+                                       decoder.ATTENTION_SPLIT,
+                                       {**decoder.ATTENTION_DESCRIPTION,
+                                        "mlp (router, experts)": "replicated over tp (experts: expert parallelism)"}),
+    tp_widths=lambda mc: decoder.tp_widths(mc, dense_mlp=False),
+    experts=ExpertsPlan(moe_block), linear_layers=True, analytic_flops=analytic_flops,
+)

@@ -1,0 +1,192 @@
+"""Mixture-of-Experts pieces shared by the MoE families (ddlbench/models/families/qwen3_moe.py,
+mixtral.py), on transformers' own MoE layers: a router (TopKRouter: logits -> top-k weights and
+expert indices) and experts stored as 3-D tensors (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I])
+whose forward(hidden [N, H], top_k_index [N, k], top_k_weights [N, k]) runs the chosen experts
+implementation (transformers' integrations/moe.py: the per-expert loop `eager`, `grouped_mm`,
+`batched_mm`). Routing is dropless (no capacity, no dropped tokens).
+
+Here: the experts implementation a run uses, the analytic FLOPs of an MoE layer, the parameter
+counts (total and active), the router's statistics, and expert parallelism (torchtitan's layout:
+tokens dispatched to the rank holding their expert by all-to-all, combined back by all-to-all).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+
+def experts_implementation(requested: str, device_type: str) -> str:
+    """auto: grouped_mm on CUDA (torch's grouped GEMM, one kernel for all experts), the per-expert
+    loop (`eager`) where there is no grouped GEMM kernel (CPU); the same for every framework."""
+    if requested != "auto":
+        return requested
+    return "grouped_mm" if device_type == "cuda" else "eager"
+
+
+def count_config(config) -> None:
+    """For the FLOP count on the meta device: batched_mm runs every (token, expert) pair as a
+    batched matmul of the token with its expert's weights (the active FLOPs, whatever the routing;
+    the loop's nonzero and grouped_mm's kernel cannot run on meta)."""
+    config._experts_implementation = "batched_mm"
+
+
+def layer_flops(mc) -> dict:
+    """Forward FLOPs per token of one MoE layer (2 per multiply-add): the router (n_embd x experts),
+    top_k routed experts (SwiGLU: gate, up, down, each n_embd x moe.intermediate_size)."""
+    m = mc.moe
+    return {"router": 2 * mc.n_embd * m.num_experts, "routed experts": m.top_k * 2 * 3 * mc.n_embd * m.intermediate_size}
+
+
+def moe_layers(model: nn.Module) -> list[nn.Module]:
+    """The MoE layers of a CausalLM of an MoE family, in block order."""
+    plan = model.family.experts
+    return [moe for moe in (plan.moe_block(b) for b in model.blocks()) if moe is not None]
+
+
+def experts_of(model: nn.Module) -> list[nn.Module]:
+    plan = model.family.experts
+    return [getattr(moe, plan.experts_attr) for moe in moe_layers(model)]
+
+
+def param_counts(model: nn.Module, top_k: int) -> dict:
+    """Total parameters and those one token uses (the routed experts' share is top_k / experts)."""
+    from ddlbench.models.spec import count_params
+    total = count_params(model)
+    experts = sum(p.numel() for e in experts_of(model) for p in e.parameters())
+    unused = sum(p.numel() * (e.num_experts - top_k) // e.num_experts for e in experts_of(model) for p in e.parameters())
+    return {"total": total, "active": total - unused, "experts": experts}
+
+
+class RouterStats:
+    """Tokens routed to each expert of each MoE layer, counted on the device by a forward hook on
+    every router during training (scatter_add into a fixed-size tensor: no host sync, no
+    data-dependent shape), and the router's auxiliary loss; read once after the run."""
+
+    def __init__(self, model: nn.Module):
+        self._counts: list = []
+        self._aux: list = []
+        plan = model.family.experts
+        for moe in (plan.moe_block(b) for b in model.family.blocks(model.net)):
+            if moe is not None:
+                router = getattr(moe, plan.router_attr)
+                router.register_forward_hook(functools.partial(self._hook, len(self._counts), router.num_experts))
+                self._counts.append(None)
+
+    def _hook(self, layer: int, experts: int, module, args, output) -> None:
+        if not module.training:
+            return
+        indices = output[2].reshape(-1)
+        with torch.no_grad():
+            if self._counts[layer] is None:
+                self._counts[layer] = torch.zeros(experts, dtype=torch.long, device=indices.device)
+            self._counts[layer].scatter_add_(0, indices, torch.ones_like(indices))
+
+    def add_aux(self, aux: torch.Tensor) -> None:
+        self._aux.append(aux.detach())
+
+    def take(self) -> dict:
+        """{'tokens_per_expert': [[per expert] per layer], 'aux_loss_mean': float | None}: this rank's."""
+        counts = [[] if c is None else c.tolist() for c in self._counts]
+        aux = torch.stack(self._aux).float().mean().item() if self._aux else None
+        return {"tokens_per_expert": counts, "aux_loss_mean": aux}
+
+
+def find_router_stats(module: nn.Module):
+    """The RouterStats of the CausalLM inside a strategy's (wrapped) model, or None."""
+    for m in module.modules():
+        stats = getattr(m, "router_stats", None)
+        if stats is not None:
+            return stats
+    return None
+
+
+def load_summary(per_rank: list[dict], ep: int, replicas: int = 1) -> dict:
+    """The record's view of every rank's counts: tokens per expert summed over ranks (divided by
+    `replicas`, the ranks that route the same tokens: tensor-parallel ranks), and per layer the
+    load imbalance max/mean across experts and across the `ep` ranks holding them (contiguous
+    blocks of experts)."""
+    layers = max((len(r["tokens_per_expert"]) for r in per_rank), default=0)
+    totals = []
+    for layer in range(layers):
+        rows = [r["tokens_per_expert"][layer] for r in per_rank if r["tokens_per_expert"][layer]]
+        totals.append([sum(col) // replicas for col in zip(*rows)] if rows else [])
+    experts_imb, ranks_imb = [], []
+    for t in totals:
+        if not t or not sum(t):
+            continue
+        experts_imb.append(max(t) / (sum(t) / len(t)))
+        per = len(t) // ep
+        by_rank = [sum(t[i * per:(i + 1) * per]) for i in range(ep)]
+        ranks_imb.append(max(by_rank) / (sum(by_rank) / ep))
+    aux = [r["aux_loss_mean"] for r in per_rank if r.get("aux_loss_mean") is not None]
+    return {"tokens_per_expert": totals,
+            "imbalance_experts_max": max(experts_imb, default=None),
+            "imbalance_experts_mean": sum(experts_imb) / len(experts_imb) if experts_imb else None,
+            "imbalance_ep_ranks_max": max(ranks_imb, default=None),
+            "aux_loss_mean": sum(aux) / len(aux) if aux else None,
+            "dropped_tokens": 0}
+
+
+# ---- expert parallelism ----------------------------------------------------------------------------
+
+def shard_experts(model: nn.Module, group, ep: int, ep_rank: int) -> int:
+    """Keep this rank's experts (a contiguous block of experts // ep) in every MoE layer and route
+    through all-to-all over `group` (the ep ranks); returns the experts kept per layer. The other
+    ranks' experts are dropped from this one; the layer's router stays whole."""
+    kept = 0
+    for experts in experts_of(model):
+        total = experts.num_experts
+        local = total // ep
+        for name, p in list(experts.named_parameters(recurse=False)):
+            if p.dim() >= 1 and p.shape[0] == total:
+                setattr(experts, name, nn.Parameter(p.detach()[ep_rank * local:(ep_rank + 1) * local].clone()))
+        experts.num_experts = local
+        experts.forward = functools.partial(dispatch_combine, experts.forward, group, ep, local)
+        kept = local
+    return kept
+
+
+def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+    """Differentiable all_to_all_single (its backward is the reverse all-to-all)."""
+    from torch.distributed.nn.functional import all_to_all_single
+    out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    return all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+
+
+def dispatch_combine(local_forward, group, ep: int, local: int, hidden: torch.Tensor,
+                     top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """torchtitan's expert-parallel token dispatch around this rank's experts:
+    1. sort the (token, expert) pairs by expert: destination ranks are then contiguous;
+    2. exchange the counts per expert (all-to-all, then one host read of the split sizes);
+    3. all-to-all the tokens to the ranks holding their experts;
+    4. run the local experts (the run's experts implementation) on what arrived, each token for the
+       one expert it came for (weight 1);
+    5. all-to-all the outputs back, weight them by the router and sum each token's top-k outputs."""
+    import torch.distributed as dist
+    k = top_k_index.shape[1]
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    counts = torch.zeros(ep * local, dtype=torch.long, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts, group=group)
+    send = counts.view(ep, local).sum(1).tolist()
+    recv_counts = received.view(ep, local)
+    recv = recv_counts.sum(1).tolist()
+    routed = all_to_all(hidden[token], recv, send, group)
+    expert = torch.arange(local, device=flat.device).repeat(ep).repeat_interleave(recv_counts.reshape(-1))
+    out = local_forward(routed, expert.unsqueeze(1), torch.ones(len(expert), 1, dtype=routed.dtype, device=routed.device))
+    back = all_to_all(out, send, recv, group)
+    weights = top_k_weights.reshape(-1)[order].unsqueeze(1).to(back.dtype)
+    return torch.zeros_like(hidden).index_add_(0, token, back * weights)
+
+
+def all_to_all_bytes_per_layer(tokens: int, top_k: int, hidden: int, ep: int, dtype_bytes: int) -> float:
+    """Analytic bytes one rank sends per MoE layer per forward with uniform routing: each of its
+    tokens' top_k copies leaves the rank with probability (ep-1)/ep, there and back (dispatch and
+    combine); backward sends the same again. The counts' all-to-all (ep x experts/ep int64) is
+    left out."""
+    return 2 * 2 * tokens * top_k * hidden * dtype_bytes * (ep - 1) / ep
