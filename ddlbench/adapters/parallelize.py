@@ -1,7 +1,7 @@
 """Parallelisms as functions that every strategy applies to its model the same way, in one order
 (torchtitan's parallelize_llama):
 
-    apply_tensor_parallel -> apply_checkpointing -> apply_compile -> apply_fully_shard
+    apply_tensor_parallel -> apply_expert_parallel -> apply_checkpointing -> apply_compile -> apply_fully_shard
 
 Tensor parallelism first (it replaces modules), activation checkpointing per block on what it
 left, torch.compile per block (run.compile), FSDP2 last over the blocks and the root. A strategy
@@ -23,6 +23,13 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> int:
     """The Megatron-style plan on every block (ddlbench/models/tensor_parallel.py); the block count."""
     from ddlbench.models.tensor_parallel import apply_tensor_parallel as plan
     return plan(model, tp_mesh)
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh) -> int:
+    """Experts sharded over the `ep` ranks, tokens dispatched and combined by all-to-all
+    (ddlbench/models/moe.py, torchtitan's ExpertParallel); the experts each rank keeps per layer."""
+    from ddlbench.models.moe import shard_experts
+    return shard_experts(model, ep_mesh.get_group(), ep_mesh.size(), ep_mesh.get_local_rank())
 
 
 def apply_checkpointing(model: nn.Module) -> int:
@@ -91,7 +98,8 @@ class Sharded:
 
 def apply_fully_shard(model: nn.Module, mesh, precision: str, *, reduce_dtype: Literal["fp32", "param"] = "fp32",
                       reshard_after_forward: bool = True, wrap: Literal["blocks", "root"] = "blocks",
-                      cpu_offload: bool = False, batch_norm_units: Literal["one", "per_layer"] = "one") -> Sharded:
+                      cpu_offload: bool = False, batch_norm_units: Literal["one", "per_layer"] = "one",
+                      experts: tuple = (), experts_mesh=None) -> Sharded:
     """FSDP2 (torch.distributed.fsdp.fully_shard) per block (wrap=blocks) and at the root, over
     `mesh`. At bf16/fp16 precision is FSDP2's MixedPrecisionPolicy (parameters in the run's dtype,
     gradients reduced in fp32 or that dtype), not autocast. BatchNorm layers get fp32 units of their
@@ -101,7 +109,10 @@ def apply_fully_shard(model: nn.Module, mesh, precision: str, *, reduce_dtype: L
     BatchNorms in one fp32 unit (one all-gather and one reduce-scatter for all of them: ResNet-50 has
     53) or one unit each (FSDP1's way: 53 of each, which made FSDP2 ResNet-50 4x slower than DDP on an
     H100). FSDP2 shards contiguous parameters only: channels_last conv weights (vision on CUDA) are
-    made contiguous first (inputs stay channels_last; cuDNN converts the weights); found on an H200."""
+    made contiguous first (inputs stay channels_last; cuDNN converts the weights); found on an H200.
+    `experts` (expert parallelism): every MoE layer's experts a unit of its own over `experts_mesh`
+    (the data-parallel ranks that hold the same experts), first, as torchtitan shards them (FSDP2
+    averages their gradients over experts_mesh only: the strategy divides by the ep ranks too)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     made_contiguous = 0
@@ -127,10 +138,12 @@ def apply_fully_shard(model: nn.Module, mesh, precision: str, *, reduce_dtype: L
     else:
         for bn in fp32_units:
             fully_shard(bn, **fp32)
+    for unit in experts:
+        fully_shard(unit, **{**kw, "mesh": experts_mesh})
     blocks = model.blocks() if wrap == "blocks" else []
     for block in blocks:
         fully_shard(block, **kw)
     fully_shard(model, **kw)
-    return Sharded(units=len(blocks) + 1, fp32_units=(min(1, len(fp32_units)) if batch_norm_units == "one"
+    return Sharded(units=len(blocks) + 1 + len(experts), fp32_units=(min(1, len(fp32_units)) if batch_norm_units == "one"
                                                       else len(fp32_units)),
                    mp_policy=mp, fp32_layers=len(fp32_units), made_contiguous=made_contiguous)

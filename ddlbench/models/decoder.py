@@ -61,15 +61,55 @@ ATTENTION_DESCRIPTION = {"self_attn.q_proj/k_proj/v_proj": "ColwiseParallel (loc
 MLP_DESCRIPTION = {"mlp.gate_proj/up_proj": "ColwiseParallel", "mlp.down_proj": "RowwiseParallel"}
 
 
+class _SumOverRanks(torch.autograd.Function):
+    """Identity in forward; the gradient summed over `group` in backward."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class HeadNorm(nn.Module):
+    """A per-head RMSNorm (Qwen3's q_norm, k_norm: one weight over head_dim, shared by every head)
+    on a tensor-parallel rank's local heads: the weight stays whole on every rank, and its gradient,
+    which each rank computes over its own heads only, is summed over the tp ranks (all-reduce in
+    backward). The same arithmetic as transformers' RMSNorm."""
+
+    def __init__(self, norm: nn.Module, group):
+        super().__init__()
+        self.norm, self.group = norm, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, dtype = self.norm, x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + n.variance_epsilon)
+        return _SumOverRanks.apply(n.weight, self.group) * h.to(dtype)
+
+
+HEAD_NORMS = ("q_norm", "k_norm")
+
+
 def tp_plan(split: dict[str, bool]):
     """A block plan: q, k, v column-wise (rank r keeps query heads r*H/tp.. and key/value heads
     r*KV/tp..: the same GQA groups), o row-wise; a dense SwiGLU MLP's gate and up column-wise, down
     row-wise. The attention reshapes with -1 heads, so it runs on its local heads as it is
-    (torchtitan's plan for Llama); per-head q/k norms (Qwen3) act on head_dim and stay whole."""
+    (torchtitan's plan for Llama); per-head q/k norms (Qwen3) become HeadNorm."""
     def apply(block: nn.Module, mesh) -> None:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
         parallelize_module(block, mesh, {name: ColwiseParallel() if col else RowwiseParallel()
                                          for name, col in split.items()})
+        attn = block.self_attn
+        for name in HEAD_NORMS:
+            if hasattr(attn, name):
+                setattr(attn, name, HeadNorm(getattr(attn, name), mesh.get_group()))
     return apply
 
 

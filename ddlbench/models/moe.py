@@ -190,3 +190,36 @@ def all_to_all_bytes_per_layer(tokens: int, top_k: int, hidden: int, ep: int, dt
     combine); backward sends the same again. The counts' all-to-all (ep x experts/ep int64) is
     left out."""
     return 2 * 2 * tokens * top_k * hidden * dtype_bytes * (ep - 1) / ep
+
+
+def dry_run_layout(model_cfg, ep: int, dims) -> dict:
+    """What `run.dry_run=true` says about an MoE model split over `ep` ranks on `dims` (no process
+    group, the model on the meta device): parameters per rank (experts: a 1/ep share, FSDP2-sharded
+    over dp_shard/ep; the dense part FSDP2-sharded over dp_shard and, for its attention, over tp),
+    their model state in bytes (fp32 parameters and gradients, AdamW's two fp32 moments: 16 bytes a
+    parameter), and per MoE layer per micro-batch the tokens one rank dispatches and the all-to-all
+    bytes it sends (uniform routing, activations in the run's dtype)."""
+    from ddlbench import models
+    from ddlbench.models.tensor_parallel import split_param_count
+    spec = models.build(model_cfg)
+    with torch.device("meta"):
+        model = spec.build()
+    counts = param_counts(model, model_cfg.moe.top_k)
+    dense = counts["total"] - counts["experts"]
+    split = split_param_count(model) if dims.tp > 1 else 0
+    dense_rank = (dense - split + split / dims.tp) / dims.dp_shard
+    experts_rank = counts["experts"] / ep / (dims.dp_shard // ep)
+    per_rank = dense_rank + experts_rank
+    tokens = dims.micro_batch * model_cfg.seq_len
+    layers = len(moe_layers(model))
+    sent = all_to_all_bytes_per_layer(tokens, model_cfg.moe.top_k, model_cfg.n_embd, ep, 2)
+    return {"params_total": counts["total"], "params_active": counts["active"], "params_experts": counts["experts"],
+            "moe_layers": layers, "experts_per_rank": model_cfg.moe.num_experts // ep,
+            "params_per_rank": round(per_rank), "params_per_rank_experts": round(experts_rank),
+            "params_per_rank_dense": round(dense_rank),
+            "model_state_bytes_per_rank": round(16 * per_rank),
+            "model_state_note": "fp32 parameters + gradients + AdamW's two moments (16 B/parameter), FSDP2-sharded; "
+                                "activations not included",
+            "tokens_dispatched_per_layer": tokens * model_cfg.moe.top_k,
+            "all_to_all_bytes_per_layer_per_microbatch_bf16": round(sent),
+            "all_to_all_bytes_per_step_bf16": round(sent * layers * dims.grad_accum)}

@@ -31,6 +31,6 @@ FAMILY = Family(
     check=decoder.gqa_errors,
     tensor_parallel=TensorParallelPlan("Qwen3DecoderLayer", decoder.tp_plan(SPLIT), SPLIT,
                                        {**decoder.ATTENTION_DESCRIPTION, **decoder.MLP_DESCRIPTION,
-                                        "self_attn.q_norm/k_norm": "replicated (per head, on head_dim)"}),
+                                        "self_attn.q_norm/k_norm": "replicated, gradient summed over tp (HeadNorm: each rank sees its own heads)"}),
     tp_widths=decoder.tp_widths, linear_layers=True, analytic_flops=analytic_flops,
 )

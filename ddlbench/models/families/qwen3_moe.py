@@ -45,6 +45,7 @@ FAMILY = Family(
     tensor_parallel=TensorParallelPlan("Qwen3MoeDecoderLayer", decoder.tp_plan(decoder.ATTENTION_SPLIT),
                                        decoder.ATTENTION_SPLIT,
                                        {**decoder.ATTENTION_DESCRIPTION,
+                                        "self_attn.q_norm/k_norm": "replicated, gradient summed over tp (HeadNorm)",
                                         "mlp (router, experts)": "replicated over tp (experts: expert parallelism)"}),
     tp_widths=lambda mc: decoder.tp_widths(mc, dense_mlp=False),
     experts=ExpertsPlan(moe_block), linear_layers=True, analytic_flops=analytic_flops,
