@@ -167,13 +167,6 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     if flops["params"] and flops["params"]["active"] != flops["params"]["total"]:
         record.model["active_params"] = flops["params"]["active"]
         record.model["total_params"] = flops["params"]["total"]
-    if any(g.get("moe") for g in gathered):
-        from ddlbench.models.moe import load_summary
-        layout = strategy.moe_record()
-        record.sections["moe"] = {**load_summary([g["moe"] for g in gathered if g.get("moe")], layout["ep"], dims.tp),
-                                  **layout,
-                                  "experts_implementation": spec.config.get("experts_implementation"),
-                                  "routing": "dropless (transformers' top-k router: no capacity, no dropped tokens)"}
     record.parallel = {**dims.as_dict(), **plan.choices}
     record.env = envinfo.capture(ctx.device, ctx.backend, threads)
     record.env["hostnames"] = sorted({g["hostname"] for g in gathered})
@@ -225,6 +218,22 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     }
     analytic = plan.variant.analytic_comm(dims, ctx.precision, params or 0, strategy.per_node)
     record.comm = _comm(gathered, dims.world_size, params, analytic, ctx.backend)
+    if any(g.get("moe") for g in gathered):
+        from ddlbench.models.moe import load_summary
+        from ddlbench.models.moe import all_to_all_payload
+        layout = strategy.moe_record()
+        moe = {**load_summary([g["moe"] for g in gathered if g.get("moe")], layout["ep"], dims.tp), **layout,
+               "experts_implementation": spec.config.get("experts_implementation"),
+               "routing": "dropless (transformers' top-k router: no capacity, no dropped tokens)"}
+        if layout["ep"] > 1 and record.comm:
+            moe["all_to_all_payload_bytes_per_step"] = record.comm["per_step_bytes"].get("all_to_all")
+            moe["all_to_all_payload_bytes_per_step_analytic"] = all_to_all_payload(
+                len(moe["tokens_per_expert"]), dims.grad_accum * dims.micro_batch * spec.tokens_per_sample, spec.top_k,
+                spec.config.get("hidden_size"), 4 if ctx.precision == "fp32" else 2)
+            moe["all_to_all_note"] = ("payload: each rank's all-to-all inputs per step (dispatch and combine in forward, "
+                                      "their gradients in backward), the busiest rank; analytic: 4 x layers x tokens x "
+                                      "top_k x hidden x bytes with uniform routing (the token counts' exchange left out)")
+        record.sections["moe"] = moe
     if any(g.get("adapter_stats") for g in gathered):
         record.sections["model_parallel"] = strategy.summarize_rank_stats(
             [g["adapter_stats"] for g in gathered], record.timing["per_rank_median_s"])

@@ -54,10 +54,34 @@ def op_kind(name: str) -> str | None:
 
 def payload_bytes(name: str, args) -> int:
     """The full-size buffer of the collective: the largest tensor argument (all-gather output,
-    reduce-scatter input, all-reduce buffer). Functional all-gather receives only the shard."""
+    reduce-scatter input, all-reduce buffer); all-to-all: the input (with uneven splits the output
+    differs). Functional all-gather receives only the shard."""
     if name.startswith("all_gather_into_tensor"):
         return _arg_bytes(args[0]) * int(args[1])
+    if name.startswith("alltoall_base"):
+        return _arg_bytes(args[1])
+    if name.startswith("all_to_all_single"):
+        return _arg_bytes(args[0])
     return max((_arg_bytes(a) for a in args), default=0)
+
+
+def all_to_all_sent(name: str, args) -> int | None:
+    """Bytes an all-to-all sends to the other ranks: its input less the split it keeps (uneven
+    splits: expert parallelism's token counts); None where the op's layout is not known."""
+    import torch.distributed as dist
+    try:
+        if name.startswith("alltoall_base"):
+            data, pg, splits = args[1], dist.ProcessGroup.unbox(args[2]), list(args[4])
+            n, me = pg.size(), pg.rank()
+        else:
+            return None
+        total = data.numel() * data.element_size()
+        rows = data.shape[0] if data.dim() else 0
+        if not splits:
+            return total * (n - 1) // n
+        return total - (total // rows * int(splits[me]) if rows else 0)
+    except Exception:   # noqa: BLE001 - a layout this torch does not have: the ring factor then
+        return None
 
 
 def group_key(name: str, args, node: list[int]):
@@ -114,8 +138,9 @@ class CollectiveCounter(TorchDispatchMode):
     def _add(self, name: str, args) -> None:
         kind = op_kind(name)
         if kind and not name.startswith(SKIP):
+            sent = all_to_all_sent(name, args) if kind == "all_to_all" else None
             with self._lock:
-                self.counter.add(kind, payload_bytes(name, args), group=group_key(name, args, self.node))
+                self.counter.add(kind, payload_bytes(name, args), group=group_key(name, args, self.node), sent=sent)
 
     def _wrap(self, fn, op_name: str):
         import torch.distributed as dist

@@ -30,6 +30,6 @@ def dims(dp: int, tp: int = 1, pp: int = 1, mb: int = 2, ga: int = 1, dp_shard: 
 def cost_of(framework: str, dp: int, tp: int = 1, pp: int = 1, mb: int = 2, ga: int = 1, precision: str = "fp32",
             model: ModelProfile = PROF, per_node: int | None = None, **edits):
     cls, options = variant(framework)
-    shard = dp if cls.name == "tensor_parallel" else 1      # FSDP2 over the dp ranks of each tp slice
+    shard = dp if cls.name in ("tensor_parallel", "expert_parallel") else 1   # FSDP2 over the dp ranks of each tp slice
     return cls(cls.Options(**{**options, **edits})).cost_model(dims(dp, tp, pp, mb, ga, shard), model, precision,
                                                               per_node)

@@ -69,6 +69,11 @@ class ModelProfile:
     # from above); 0 = not measured (fp32 runs: the figures above are these)
     autocast_activation_bytes_per_sample: int = 0
     autocast_checkpointed_bytes_per_sample: int = 0
+    # Mixture-of-Experts: the experts' parameters (all layers), the MoE layers, and the tokens one
+    # sample sends to its experts per MoE layer (seq x top_k x hidden, in the profile's dtype)
+    experts_params: int = 0
+    moe_layers: int = 0
+    routed_bytes_per_sample: int = 0
 
     @property
     def root_params(self) -> int:

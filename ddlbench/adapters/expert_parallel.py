@@ -28,6 +28,7 @@ from ddlbench.adapters.parallelize import (apply_checkpointing, apply_compile, a
                                            apply_fully_shard, apply_tensor_parallel)
 from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.tensor_parallel import TensorParallelStrategy
+from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, split
 from ddlbench.adapters.variant import Variant, taxonomy_labels
 from ddlbench.dims import ParallelSize, model_fit_errors
 from ddlbench.errors import ConfigError
@@ -69,6 +70,56 @@ class ExpertParallel(Variant):
 
     def parallel_shape(self, cfg) -> dict:
         return {"tp": self.options.tp, "dp_shard": self.options.dp_shard, "dp_replicate": 1}
+
+    def cost_model(self, dims, model, precision, per_node=None):
+        """Per micro-batch, every MoE layer all-to-alls its tokens to their experts and back in
+        forward, and the gradients the same way in backward (4 all-to-alls of micro_batch x seq x
+        top_k x hidden in the activations' dtype among the ep ranks, tp ranks apart; uniform
+        routing); with tp > 1 the attention's output all-reduced in forward and in backward. FSDP2:
+        the dense part all-gathered per block over dp_shard (again in backward), reduce-scattered
+        once in fp32; each layer's experts (1/ep of them) the same over the dp_shard / ep ranks that
+        hold them (ep x tp ranks apart). Model state: the dense part (its attention split by tp) and
+        the experts (1/ep, not split by tp) sharded over dp_shard: both 1/dp_shard. Two blocks
+        gathered (prefetch) and one layer's routed tokens sent and received."""
+        tp, shard, m, ep = dims.tp, dims.dp_shard, dims.grad_accum, self.options.ep
+        efsdp = max(shard // ep, 1)
+        mine = model.share(range(len(model.pieces)), tp)
+        experts, gather = model.experts_params, DTYPE_BYTES[precision]
+        dense = mine.params - experts
+        act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * gather
+        routed = model.routed_bytes_per_sample * dims.micro_batch
+        layer_experts = experts / max(model.moe_layers, 1) / ep
+        traffic = (split("all_reduce", act, 1, tp, per_step=2 * model.blocks * m, what="attention outputs",
+                         data_parallel=False)
+                   + split("all_to_all", routed, 1, ep, stride=tp, per_step=4 * model.moe_layers * m,
+                           what="routed tokens", data_parallel=False)
+                   + split("all_gather", gather * dense, model.units, shard, stride=tp, per_step=2 * m,
+                           what="parameters (dense)")
+                   + split("reduce_scatter", 4.0 * dense, model.units, shard, stride=tp, what="gradients (dense)")
+                   + split("all_gather", gather * experts / ep, model.moe_layers, efsdp, stride=ep * tp,
+                           per_step=2 * m, what="parameters (experts)")
+                   + split("reduce_scatter", 4.0 * experts / ep, model.moe_layers, efsdp, stride=ep * tp,
+                           what="gradients (experts)"))
+        block = model.largest_block_params - experts / max(model.moe_layers, 1) + layer_experts
+        buffers = {"all-to-all send and receive buffers (one layer)": 2 * routed}
+        if shard > 1:
+            buffers["two units gathered (prefetch), with their gradients"] = 2 * 2 * gather * block / tp
+        return CostModel(f"expert parallel (ep {ep}) + FSDP2 over {shard}" + (f" + tensor parallel (tp {tp})"
+                                                                              if tp > 1 else ""),
+                         mine.params, shard_ranks=shard, shard_optimizer=True,
+                         shard_grads=True, shard_params=True, buffers=buffers, activation_share=mine.activations,
+                         compute_share=mine.compute, traffic=tuple(traffic))
+
+    def advise_options(self, devices: int) -> list[dict]:
+        """Every ep that divides the data-parallel ranks, with tp 1 and 2 (the model's check refuses
+        an ep that does not divide its experts)."""
+        out = []
+        for tp in (1, 2):
+            if devices % tp:
+                continue
+            dp = devices // tp
+            out += [{"ep": e, "tp": tp, "dp_shard": dp} for e in range(1, dp + 1) if dp % e == 0]
+        return out
 
     def check_config(self, cfg, dims) -> None:
         errors = moe_errors(cfg.model, self.options.ep, dims.dp_shard) + model_fit_errors(dims, cfg.model, 1)

@@ -78,6 +78,12 @@ class Pipeline(Variant):
     def check_config(self, cfg, dims) -> None:
         options = self.options
         v = self.stages_per_rank()
+        moe = getattr(cfg.model, "moe", None)
+        if moe is not None and moe.aux_loss_coef > 0:
+            raise ConfigError("pipeline stages pass hidden states, and the last stage's loss is the cross-entropy: "
+                              "the router's load-balancing loss (model.moe.aux_loss_coef "
+                              f"{moe.aux_loss_coef:g}) cannot be added; set model.moe.aux_loss_coef=0 or use "
+                              "another framework")
         if options.schedule in ("gpipe", "1f1b") and v != 1:
             raise ConfigError(f"framework.options.stages_per_rank {v}: schedule {options.schedule} runs one "
                               "stage per rank (use interleaved_1f1b or interleaved_zero_bubble)")

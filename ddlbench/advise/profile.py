@@ -215,6 +215,13 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
     full, ckpt, out2 = _activation_slopes(spec, dtype, bool(blocks))
     autocast = _activation_slopes(spec, torch.float32, bool(blocks))[:2] if dtype != torch.float32 else (0, 0)
     pieces, output = pieces_profile(spec, dtype)
+    moe = {}
+    if spec.top_k:
+        from ddlbench.models.moe import experts_of
+        experts = experts_of(model)
+        moe = {"experts_params": sum(p.numel() for e in experts for p in e.parameters()), "moe_layers": len(experts),
+               "routed_bytes_per_sample": spec.tokens_per_sample * spec.top_k * model_cfg.n_embd
+               * torch.empty((), dtype=dtype).element_size()}
     return ModelProfile(
         params=count_params(model),
         largest_block_params=max((count_params(b) for b in blocks), default=count_params(model)),
@@ -226,7 +233,7 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
         output_bytes_per_sample=output,
         largest_weight_params=max((p.numel() for p in model.parameters()), default=0),
         autocast_activation_bytes_per_sample=autocast[0],
-        autocast_checkpointed_bytes_per_sample=autocast[1])
+        autocast_checkpointed_bytes_per_sample=autocast[1], **moe)
 
 
 def _activation_slopes(spec, dtype, has_blocks: bool) -> tuple[int, int, int]:

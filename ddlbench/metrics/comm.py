@@ -18,9 +18,14 @@ class CommCounter:
         self._groups: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._group_calls: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._sizes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self._sent: dict[str, int] = defaultdict(int)
 
-    def add(self, kind: str, nbytes: int, calls: int = 1, group: str | None = None) -> None:
+    def add(self, kind: str, nbytes: int, calls: int = 1, group: str | None = None, sent: int | None = None) -> None:
+        """`sent`: the bytes this call sent to other ranks where they are known exactly (an
+        all-to-all with uneven splits); the kind's wire factor applies otherwise."""
         self._bytes[kind] += int(nbytes)
+        if sent is not None:
+            self._sent[kind] += int(sent)
         self._calls[kind] += calls
         if group is not None:
             self._groups[kind][str(group)] += int(nbytes)
@@ -35,7 +40,10 @@ class CommCounter:
             out[k]["group_calls"] = dict(sorted(self._group_calls[k].items()))
         for k, sizes in self._sizes.items():
             out[k]["sizes"] = dict(sorted(sizes.items()))
+        for k, sent in self._sent.items():
+            out[k]["sent"] = sent
         self._bytes.clear()
+        self._sent.clear()
         self._sizes.clear()
         self._calls.clear()
         self._groups.clear()
@@ -129,6 +137,8 @@ def per_step(totals: dict, steps: int) -> dict:
             out[k]["group_calls"] = {g: c / steps for g, c in v["group_calls"].items()}
         if "sizes" in v:
             out[k]["sizes"] = {s: c / steps for s, c in v["sizes"].items()}
+        if "sent" in v:
+            out[k]["sent"] = v["sent"] / steps
         if "issued" in v:       # already one step's: the last probe step's issue profile
             out[k]["issued"] = v["issued"]
     return out
@@ -185,10 +195,13 @@ def gloo_reduce_sent(total: int, world: int, elem: int = 4, max_segment: int = 1
 
 def rank_wire_bytes(row: dict, world: int, backend: str) -> float:
     """Bytes one rank sends per step for its counted collectives ({kind: {'bytes', 'calls',
-    'group_bytes'?, 'sizes'?}}): per group where groups are known; gloo's reduce per call size."""
+    'group_bytes'?, 'sizes'?, 'sent'?}}): per group where groups are known; gloo's reduce per call
+    size; what an all-to-all sent as counted from its splits."""
     total = 0.0
     for kind, v in row.items():
-        if backend == "gloo" and kind == "reduce" and v.get("sizes"):
+        if "sent" in v:      # counted exactly where it was issued (all-to-all: its splits)
+            total += v["sent"]
+        elif backend == "gloo" and kind == "reduce" and v.get("sizes"):
             for key, count in v["sizes"].items():
                 group, size = key.split("|")
                 total += gloo_reduce_sent(int(size), group_size(group) if group else world) * count

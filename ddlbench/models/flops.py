@@ -42,7 +42,7 @@ def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool = False) -> d
     flops = _count(spec, "meta")
     method = "flop_counter(meta)" + (", eager attention (the same matmuls)" if spec.count_factory else "")
     if spec.top_k:
-        method += ", experts as batched_mm (each token's top-k experts: the active FLOPs)"
+        method += ", experts on uniform routing (each token through its top-k experts: the active FLOPs)"
     hardware = _count(spec, "meta", recompute_blocks=True) if recompute_blocks else flops
     palm = params = analytic = None
     if spec.kind == "language":

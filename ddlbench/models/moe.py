@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -25,11 +26,35 @@ def experts_implementation(requested: str, device_type: str) -> str:
     return "grouped_mm" if device_type == "cuda" else "eager"
 
 
+UNIFORM = "ddlbench_uniform"
+
+
+def uniform_experts_forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
+                            top_k_weights: torch.Tensor) -> torch.Tensor:
+    """An experts implementation for the meta device (the FLOP count, the memory profile), where
+    the per-expert loop (nonzero) and grouped_mm's kernel cannot run: the N x k (token, expert)
+    rows, copied as the loop and grouped_mm copy them, are split evenly over the experts (uniform
+    routing: the shapes do not depend on values) and each chunk runs its expert's SwiGLU. The same
+    matmuls as what runs (every row through one expert: the active FLOPs) and the same tensors
+    saved for backward, whatever the routing."""
+    n, k = top_k_index.shape
+    rows = hidden.repeat_interleave(k, dim=0)
+    experts = self.num_experts
+    sizes = [len(range(e, n * k, experts)) for e in range(experts)]
+    outs = []
+    for e, chunk in enumerate(rows.split(sizes)):
+        gate, up = F.linear(chunk, self.gate_up_proj[e]).chunk(2, dim=-1)
+        outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[e]))
+    out = torch.cat(outs) * top_k_weights.reshape(-1, 1).to(hidden.dtype)
+    return out.view(n, k, -1).sum(1)
+
+
 def count_config(config) -> None:
-    """For the FLOP count on the meta device: batched_mm runs every (token, expert) pair as a
-    batched matmul of the token with its expert's weights (the active FLOPs, whatever the routing;
-    the loop's nonzero and grouped_mm's kernel cannot run on meta)."""
-    config._experts_implementation = "batched_mm"
+    """The configuration the FLOP count and the memory profile build on the meta device."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    if UNIFORM not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS.register(UNIFORM, uniform_experts_forward)
+    config._experts_implementation = UNIFORM
 
 
 def layer_flops(mc) -> dict:
@@ -182,6 +207,14 @@ def dispatch_combine(local_forward, group, ep: int, local: int, hidden: torch.Te
     back = all_to_all(out, send, recv, group)
     weights = top_k_weights.reshape(-1)[order].unsqueeze(1).to(back.dtype)
     return torch.zeros_like(hidden).index_add_(0, token, back * weights)
+
+
+def all_to_all_payload(layers: int, tokens: int, top_k: int, hidden: int, dtype_bytes: int) -> int:
+    """Bytes one rank hands to all-to-all per step with uniform routing: per MoE layer its tokens'
+    top_k copies to their experts and the outputs back (forward), the gradients of both (backward):
+    4 x tokens x top_k x hidden x bytes. (Uneven routing changes the combine's and the dispatch
+    gradient's share: what the rank received.)"""
+    return 4 * layers * tokens * top_k * hidden * dtype_bytes
 
 
 def all_to_all_bytes_per_layer(tokens: int, top_k: int, hidden: int, ep: int, dtype_bytes: int) -> float:

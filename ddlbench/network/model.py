@@ -220,6 +220,24 @@ def flat(kind: str, algorithm: str, b: float, spans: list[tuple[int, Dimension]]
     raise ValueError(f"no flat model for {kind}")
 
 
+def all_to_all(b: float, spans: list[tuple[int, Dimension]]) -> float:
+    """All-to-all of b bytes per rank (each rank sends b/p to every rank, itself included): p - 1
+    pairwise exchanges (latency each); the bytes whose destination lies outside a rank's group
+    below dimension i cross dimension i's links, b (p - c) / p with c the ranks below it, all
+    dimensions' links at once: the slowest of them bounds the time (NCCL's and gloo's pairwise
+    all_to_all_single; a hierarchical all-to-all is not modelled)."""
+    p = math.prod(n for n, _ in spans)
+    if p <= 1:
+        return 0.0
+    alpha = max(d.latency for n, d in spans if n > 1)
+    below, t = 1, 0.0
+    for n, d in spans:
+        if n > 1:
+            t = max(t, b * (p - below) / p / d.bandwidth)
+        below *= n
+    return (p - 1) * alpha + t
+
+
 def backend_algorithm(backend: str | None) -> str:
     """The algorithm a backend's collectives run, for pricing its runs: gloo's ('gloo') are flat
     rings over every rank of the group, blind to nodes (4 ranks on 2 nodes: one ring that crosses
@@ -267,6 +285,8 @@ def collective_time(kind: str, b: float, spans: list[tuple[int, Dimension]], alg
         crossing = [d for n, d in spans if n > 1] or [spans[0][1]]
         d = crossing[-1]                        # the outermost dimension the pipeline crosses
         return (p2p(b, d.latency, d.bandwidth) if kind == "send" else 0.0), "p2p"
+    if kind == "all_to_all":
+        return all_to_all(b, spans), "pairwise"
     if kind not in ("all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast"):
         return 0.0, "none"
     if algorithm == GLOO:
