@@ -1,7 +1,9 @@
 """The equivalence gate (docs/design.md §7): every mathematically equivalent strategy gives DDP's loss
 series (10 steps, fp32, same seed and global batch, 2 ranks) within 1e-5 relative, and the same
 final parameters, on gpt2_tiny and resnet18_tiny, and on llama_tiny one variant of each framework
-family (suite time: the families share their code paths across variants).
+family (suite time: the families share their code paths across variants); on qwen3_tiny tensor
+parallelism (its per-head q/k norms); on moe_tiny FSDP2 and expert parallelism (the variants that
+need experts run there only).
 
 Strategies marked non-equivalent in their config (lossy compression, a different optimizer
 implementation) are checked against their stated `loss_rtol_vs_ddp` on gpt2_tiny only: on
@@ -26,12 +28,25 @@ STEPS = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8",
 # Variants that are their base strategy at 2 ranks run where they differ, against DDP at the
 # same world size: DASO over 2 nodes of 2 ranks (one node is plain DDP), TP x FSDP with
 # dp_shard 2 (at 2 ranks dp_shard is 1), HSDP on a 2 x 2 mesh (at 2 ranks it is 1 x 2).
+# Expert parallelism at 4 ranks: ep=2 x FSDP2 over dp_shard 4 (the experts sharded over 2), and
+# ep=2 x tp=2; at 2 ranks (ep=2, the experts unsharded) tests/test_moe.py holds it to one rank.
 GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            "tensor_parallel_fsdp": (4, ()),
-           "fsdp_hybrid": (4, ("framework.options.hybrid_shard_size=2",))}
-MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny"]
-# llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family
-LLAMA_VARIANTS = {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b", "tensor_parallel"}
+           "fsdp_hybrid": (4, ("framework.options.hybrid_shard_size=2",)),
+           "expert_parallel": (4, ()), "expert_parallel_tp": (4, ())}
+GATE_MODEL = {"expert_parallel": "moe_tiny", "expert_parallel_tp": "moe_tiny"}   # the rest: gpt2_tiny
+# The router's load-balancing loss is computed over each data-parallel rank's micro-batch (as
+# transformers and every framework compute it): a layout with fewer data-parallel ranks than DDP's
+# (tensor parallelism) averages it over other token sets, a different loss by design (1e-4 after 10
+# steps on moe_tiny at coefficient 0.001). The gate compares the strategies without it.
+MODEL_EXTRA = {"moe_tiny": ("model.moe.aux_loss_coef=0",)}
+MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny"]
+# llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny and
+# moe_tiny: what their families change
+MODEL_VARIANTS = {"llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b",
+                                 "tensor_parallel"},
+                  "qwen3_tiny": {"tensor_parallel"},
+                  "moe_tiny": {"fsdp_full", "expert_parallel", "expert_parallel_tp"}}
 # Equivalent strategies whose native optimizer is a different implementation of the same
 # AdamW (ZeRO-Offload requires DeepSpeedCPUAdam): losses at 1e-5, parameters at this tolerance.
 PARAM_RTOL: dict[str, float] = {}
@@ -45,7 +60,8 @@ def _variants():
     for name in group_options("framework"):
         if name == "ddp":
             continue
-        plan = plan_from_overrides([f"framework={name}", "launcher.nproc=2"])
+        plan = plan_from_overrides([f"framework={name}", f"launcher.nproc={GATE_AT.get(name, (2,))[0]}",
+                                    f"model={GATE_MODEL.get(name, 'gpt2_tiny')}"])
         reason = plan.variant.unsupported_reason(plan.cfg, DEVICE)
         if reason:
             unrunnable[name] = reason
@@ -61,22 +77,24 @@ _cache: dict = {}
 
 
 def _fits(model: str, framework: str) -> bool:
-    """Tensor parallelism has plans for transformers only: not applicable to a ResNet (the
-    config check says so; tests/test_model_parallel.py checks that message)."""
+    """Tensor parallelism has plans for transformers only: not applicable to a ResNet; expert
+    parallelism needs experts (the config checks say so; tests/test_model_parallel.py and
+    tests/test_moe.py check those messages)."""
     try:
-        plan_from_overrides([f"framework={framework}", f"model={model}", "launcher.nproc=2"])
+        plan_from_overrides([f"framework={framework}", f"model={model}",
+                             f"launcher.nproc={GATE_AT.get(framework, (2,))[0]}"])
         return True
     except ConfigError as exc:
-        assert "has no tensor-parallel plan" in str(exc), exc
+        assert "has no tensor-parallel plan" in str(exc) or "needs a Mixture-of-Experts" in str(exc), exc
         return False
 
 
 def _params():
     for model in MODELS:
         for name, equivalent, rtol in VARIANTS:
-            if name in GATE_AT and model != "gpt2_tiny":
-                continue   # 4-rank cases on the transformer only (suite time)
-            if model == "llama_tiny" and name not in LLAMA_VARIANTS:
+            if name in GATE_AT and model != GATE_MODEL.get(name, "gpt2_tiny"):
+                continue   # 4-rank cases on one model only (suite time)
+            if model in MODEL_VARIANTS and name not in MODEL_VARIANTS[model]:
                 continue
             if (equivalent or model == "gpt2_tiny") and _fits(model, name):
                 yield pytest.param(model, name, equivalent, rtol, id=f"{name}-{model}")
@@ -87,7 +105,7 @@ def _run(tmp_path_factory, model: str, framework: str, nproc: int = 2, extra: tu
     if key not in _cache:
         d = tmp_path_factory.mktemp(f"{framework}-{model}-n{nproc}") / "run"
         _, _cache[key] = run_record(d, f"framework={framework}", f"model={model}", f"launcher.nproc={nproc}",
-                                    *extra, *STEPS)
+                                    *extra, *MODEL_EXTRA.get(model, ()), *STEPS)
         err = _cache[key].get("error") or {}
         if framework == "ddp" and err.get("signal"):
             # DDP is every strategy's reference: one native crash of a rank (seen once in CI: rank 1
@@ -97,7 +115,7 @@ def _run(tmp_path_factory, model: str, framework: str, nproc: int = 2, extra: tu
                           stacklevel=2)
             d2 = tmp_path_factory.mktemp(f"{framework}-{model}-n{nproc}-again") / "run"
             _, _cache[key] = run_record(d2, f"framework={framework}", f"model={model}", f"launcher.nproc={nproc}",
-                                        *extra, *STEPS)
+                                        *extra, *MODEL_EXTRA.get(model, ()), *STEPS)
     return _cache[key]
 
 
@@ -185,6 +203,10 @@ def assert_differs_from_base(framework: str, rec: dict) -> None:
         assert (par["tp"], par["dp_shard"]) == (2, 2), par
     elif framework == "fsdp_hybrid":
         assert native["mesh"]["shape"] == [2, 2], native["mesh"]
+    elif framework == "expert_parallel":       # (efsdp, ep, tp): the experts FSDP2-sharded over 2
+        assert native["mesh"]["shape"] == [2, 2, 1] and rec["moe"]["experts_fsdp_ranks"] == 2, native["mesh"]
+    elif framework == "expert_parallel_tp":
+        assert native["mesh"]["shape"] == [1, 2, 2] and native["tp_blocks"] == 2, native["mesh"]
 
 
 def test_only_gpu_only_variants_are_left_out_of_the_gate():
