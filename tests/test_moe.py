@@ -131,9 +131,9 @@ def ep_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
     common = ("model=moe_tiny", "model.moe.aux_loss_coef=0", "run.global_batch=8", "run.warmup_steps=2",
               "run.measure_steps=4", "run.param_fingerprint=true", "run.comm_profile=false")
-    _, one = run_record(root / "one", "framework=ddp", "launcher.nproc=1", *common)
-    _, ep = run_record(root / "ep", "framework=expert_parallel", "launcher.nproc=2", *common)
-    return one, ep
+    _, one = run_record(root / "runs" / "one", "framework=ddp", "launcher.nproc=1", *common)
+    _, ep = run_record(root / "runs" / "ep", "framework=expert_parallel", "launcher.nproc=2", *common)
+    return one, ep, root
 
 
 @pytest.mark.slow
@@ -141,7 +141,7 @@ def test_expert_parallel_matches_one_rank(ep_runs):
     """Dropless routing, the same seed and global batch: ep=2 gives the one-rank losses within 1e-6
     relative (measured 5e-8: the experts' matmuls run on other row sets) and the same parameters."""
     from test_equivalence import assert_same_params
-    one, ep = ep_runs
+    one, ep, _ = ep_runs
     assert one["status"] == "ok" and ep["status"] == "ok", (one.get("error"), ep.get("error"))
     a = [l for _, l in one["convergence"]["train_loss"]]
     b = [l for _, l in ep["convergence"]["train_loss"]]
@@ -152,7 +152,7 @@ def test_expert_parallel_matches_one_rank(ep_runs):
 
 @pytest.mark.slow
 def test_the_record_says_what_an_moe_step_did(ep_runs):
-    one, ep = ep_runs
+    one, ep, _ = ep_runs
     moe, model = ep["moe"], ep["model"]
     assert model["family"] == "qwen3_moe" and model["total_params"] > model["active_params"]
     assert ep["flops"]["analytic"]["counted_over_analytic"] == 1.0
@@ -175,3 +175,21 @@ def test_the_record_says_what_an_moe_step_did(ep_runs):
     c = ep["comm"]
     assert c["written_bytes_mean"] == pytest.approx(c["wire_bytes_mean"], rel=0.01)
     assert "moe" in one and one["moe"]["ep"] == 1
+
+
+@pytest.mark.slow
+def test_the_report_shows_load_imbalance_and_all_to_all_per_framework(ep_runs):
+    one, ep, root = ep_runs
+    proc = bench("report", str(root / "runs"), "--out", str(root / "report"))
+    assert proc.returncode == 0, proc.stderr
+    md = (root / "report" / "report.md").read_text()
+    section = md.split("## Mixture of Experts: load balance and all-to-all", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| run ")}
+    assert set(rows) == {"one", "ep"}
+    assert rows["ep"][4] == "2" and rows["one"][4] == "1"                     # ep
+    assert rows["ep"][7] == f"{ep['moe']['imbalance_experts_max']:.2f}, {ep['moe']['imbalance_experts_mean']:.2f}"
+    assert "MiB" in rows["ep"][10] and rows["one"][10] == "-"                 # all-to-all per step
+    import csv
+    summary = list(csv.DictReader((root / "report" / "summary.csv").open()))
+    assert {r["run_id"]: r["moe_ep"] for r in summary} == {"one": "1", "ep": "2"}

@@ -177,6 +177,12 @@ def summary_row(record: dict, path: str = "") -> dict:
         "comm_bytes_per_step": sum((comm.get("per_step_bytes") or {}).values()) if comm else None,
         "comm_wire_bytes_per_rank": comm.get("wire_bytes_per_rank") if comm else None,
         "comm_analytic_wire_bytes_per_rank": comm.get("analytic_wire_bytes_per_rank") if comm else None,
+        # Mixture of Experts (empty for dense models)
+        "active_params": (record.get("model") or {}).get("active_params"),
+        "moe_ep": (record.get("moe") or {}).get("ep"),
+        "moe_imbalance_experts_max": (record.get("moe") or {}).get("imbalance_experts_max"),
+        "moe_imbalance_ep_ranks_max": (record.get("moe") or {}).get("imbalance_ep_ranks_max"),
+        "moe_all_to_all_bytes_per_step": (record.get("moe") or {}).get("all_to_all_payload_bytes_per_step"),
         **{f"tax_{k}": v for k, v in ((record.get("framework") or {}).get("taxonomy") or {}).items()},
         "stragglers": ",".join(map(str, (record.get("stragglers") or {}).get("flagged") or [])) or None,
         "error_type": err.get("type"), "error_rank": err.get("rank"),

@@ -246,6 +246,38 @@ FLOPS_NOTE = ("MFU = model FLOPs per sample x samples/s / (devices x peak); HFU 
               "matmul probe.")
 
 
+def moe_table(rep) -> tuple[list[str], list[list[str]]]:
+    """One row per ok run of a Mixture-of-Experts model: the layout (ep, experts per rank), active
+    parameters, load imbalance across experts and across ep ranks, the load-balancing loss, and the
+    all-to-all payload per step against its uniform-routing volume."""
+    head = ["run", "framework", "model", "ranks", "ep", "experts/rank", "active / total params",
+            "imbalance experts (max, mean)", "imbalance ep ranks", "aux loss", "all-to-all/step (analytic)",
+            "experts impl"]
+    rows = []
+    for run_id, rec in rep.records.items():
+        m = rec.get("moe")
+        if rec.get("status") != "ok" or not m:
+            continue
+        fw, model = rec.get("framework") or {}, rec.get("model") or {}
+        a2a = m.get("all_to_all_payload_bytes_per_step")
+        rows.append([str(rec.get("run_id", run_id)), f"{fw.get('name')}:{fw.get('variant')}", str(model.get("name")),
+                     str((rec.get("parallel") or {}).get("world_size")), str(m.get("ep")), str(m.get("experts_per_rank")),
+                     f"{_num(model.get('active_params'), '.4g')} / {_num(model.get('total_params'), '.4g')}",
+                     f"{_num(m.get('imbalance_experts_max'), '.2f')}, {_num(m.get('imbalance_experts_mean'), '.2f')}",
+                     _num(m.get("imbalance_ep_ranks_max"), ".2f"), _num(m.get("aux_loss_mean"), ".4f"),
+                     "-" if a2a is None else f"{_bytes(a2a)} ({_bytes(m.get('all_to_all_payload_bytes_per_step_analytic'))})",
+                     str(m.get("experts_implementation") or "-")])
+    return head, rows[:MAX_RUN_ROWS]
+
+
+MOE_NOTE = ("Mixture-of-Experts runs (the record's `moe`): imbalance = the most tokens an expert (or an ep rank's block of "
+            "experts) received over the mean, over every training step (1.0 = perfectly balanced; the worst "
+            "layer, and for experts the mean over layers too); aux loss = the router's load-balancing loss "
+            "before its coefficient; all-to-all = the busiest rank's payload per step (dispatch, combine and "
+            "their gradients) and, in brackets, the volume with uniform routing. Routing is dropless (no "
+            "dropped tokens). Without expert parallelism (ep 1) every rank holds every expert.")
+
+
 ADVICE_NOTE = ("bench advise: candidates ranked by predicted step time (a 1-rank calibration run's compute x "
                "the network model), the top ones measured. Memory: estimate (model state + activations + "
                "buffers + the runtime overhead seen in calibration) vs measured (GPU: peak allocated; CPU: peak "
