@@ -193,3 +193,29 @@ def test_the_report_shows_load_imbalance_and_all_to_all_per_framework(ep_runs):
     import csv
     summary = list(csv.DictReader((root / "report" / "summary.csv").open()))
     assert {r["run_id"]: r["moe_ep"] for r in summary} == {"one": "1", "ep": "2"}
+
+
+@pytest.mark.slow
+def test_advise_enumerates_prices_and_measures_expert_parallel_layouts(tmp_path):
+    """`bench advise model=moe_tiny devices=4`: every ep that divides the data-parallel ranks and the
+    8 experts (1, 2, 4) with tp 1 and 2, priced with the all-to-all in the network model, the best
+    ones measured; the default candidates of an MoE model include expert parallelism."""
+    import json
+
+    from ddlbench.advise.options import default_frameworks
+    assert "expert_parallel" in default_frameworks("moe_tiny") and "expert_parallel" not in default_frameworks("gpt2_tiny")
+    out = tmp_path / "adv"
+    proc = bench("advise", "model=moe_tiny", "devices=4", "frameworks=expert_parallel", "budget_runs=2", "repeats=1",
+                 "device_memory_gib=1000", f"dir={out}", "run.warmup_steps=1", "run.measure_steps=3",
+                 "run.progress=false", "logger=none", timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    advice = json.loads((out / "advice.json").read_text())
+    valid = [c for c in advice["candidates"] if not c["pruned"]]
+    assert {(c["layout"]["ep"], c["layout"]["tp"]) for c in valid} == {(1, 1), (2, 1), (4, 1), (1, 2), (2, 2)}
+    for c in valid:
+        priced = c["predicted"]["comm_parts_s"]
+        assert any(k.startswith("all_to_all") for k in priced) == (c["layout"]["ep"] > 1), (c["label"], priced)
+    measured = [c for c in valid if c.get("measure")]
+    assert len(measured) == 2
+    assert advice["recommendation"]["measured_step_s"] > 0
+    assert "ep" in " ".join(c["label"] for c in valid)

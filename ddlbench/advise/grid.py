@@ -32,6 +32,7 @@ class Candidate:
             return " ".join([self.framework, *asked])
         lay = self.layout
         parts = [self.framework, f"dp{lay.dp}" + (f"(shard {lay.shard})" if lay.shard else "")]
+        parts += [f"ep{lay.ep}"] if lay.ep > 1 else []
         parts += [f"tp{lay.tp}"] if lay.tp > 1 else []
         parts += [f"pp{lay.pp}"] if lay.pp > 1 else []
         parts += [f"mb{lay.micro_batch}x{lay.grad_accum}"] + (["ckpt"] if lay.checkpointing else [])
@@ -101,7 +102,8 @@ def enumerate_grid(model: str, devices: int, global_batch: int, frameworks=DEFAU
                     d = plan.dims
                     cand.plan = plan
                     cand.layout = Layout(fw, dp=d.dp, tp=d.tp, pp=d.pp, micro_batch=d.micro_batch,
-                                         grad_accum=d.grad_accum, checkpointing=ckpt)
+                                         grad_accum=d.grad_accum, checkpointing=ckpt,
+                                         ep=int(getattr(plan.variant.options, "ep", 1)))
                     if devices_per_node and d.tp > devices_per_node:
                         cand.pruned = f"topology: tp {d.tp} > {devices_per_node} devices per node"
                         continue

@@ -42,6 +42,7 @@ class Layout:
     grad_accum: int = 1
     checkpointing: bool = False
     shard: int = 0          # ranks that shard the model state when fewer than dp (FSDP hybrid); 0 = dp
+    ep: int = 1             # expert-parallel ranks (MoE models under expert_parallel)
 
 
 def activation_bytes(layout: Layout, model: ModelProfile, cost: CostModel) -> float:

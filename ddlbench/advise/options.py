@@ -41,7 +41,7 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
            "micro_batches": kv.integers("micro_batches"),
            "device_memory_gib": kv.number("device_memory_gib", positive=True),
            "network": kv.text("network", "auto"), "backend": kv.choice("backend", ("local", "slurm"), "local"),
-           "frameworks": kv.items("frameworks", default=list(DEFAULT_FRAMEWORKS)),
+           "frameworks": kv.items("frameworks", default=default_frameworks(kv.text("model"))),
            "dir": kv.text("dir"), "algorithm": kv.text("algorithm", "auto"),
            "calibrate": kv.choice("calibrate", ("ddp", "frameworks"), "frameworks"),
            # evaluate=all: measure every candidate and judge the advice by its regret
@@ -51,6 +51,18 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
         raise ConfigError(f"bench advise: no framework config {', '.join(unknown)} "
                           f"(conf/framework has: {', '.join(group_options('framework'))})")
     return out, list(kv.passed)
+
+
+def default_frameworks(model: str | None) -> list[str]:
+    """The default candidates; for a Mixture-of-Experts model expert parallelism too."""
+    from ddlbench.config import plan_from_overrides
+    frameworks = list(DEFAULT_FRAMEWORKS)
+    try:
+        moe = model is not None and plan_from_overrides([f"model={model}"]).cfg.model.kind == "language" \
+            and plan_from_overrides([f"model={model}"]).cfg.model.moe is not None
+    except ConfigError:      # a bad model: the composition later says why
+        moe = False
+    return frameworks + ["expert_parallel"] if moe else frameworks
 
 
 DEFAULT_NETWORK = {"cpu": "local_gloo", "cuda": "dgx_h100"}
