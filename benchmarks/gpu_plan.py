@@ -8,6 +8,10 @@ and reference-loop runs; on the lent machine (no network, the wheels carried):
     python benchmarks/gpu_plan.py                                # here: every cell validated on CPU
 
 Steps, in the order to run them (the step a session cannot reach waits for the next GPU session):
+  M  Mixture of Experts on one GPU, a reduced-depth published shape (Qwen3-30B-A3B's layers, 4 of
+     its 48; Mixtral 8x7B's, 2 of 32): transformers' grouped_mm against the per-expert loop under
+     DDP, FSDP2 and DeepSpeed ZeRO-2 over the whole MoE model, and the expert-parallel adapter at
+     ep=1 (its code path without the all-to-all); never run on a GPU
   A  the harness: the bf16 matmul peak (CUDA events, three shapes); the reference loop against the
      runner on gpt2_small at micro-batch 32, eager and compiled, and on llama_1b at 8; the fast-path
      cells, one of them with a profiled step (run.trace: a Chrome trace per rank); forward /
@@ -21,7 +25,7 @@ Steps, in the order to run them (the step a session cannot reach waits for the n
      llama_1b at micro-batch 2 (4 accumulated) with `sdpa` (a host sync per forward) and
      `sdpa_causal` (none)
 Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
-(reports/gpu-h200/2026-11-26/); C never: the next session starts with C, then A.
+(reports/gpu-h200/2026-11-26/); C and M never: the next session starts with M, then C, then A.
 Run here, it validates each cell's configuration (`bench run ... run.dry_run=true run.device=cpu`,
 in-process) and prints the device commands; the suite runs it (tests/test_gpu_plan.py).
 """
@@ -36,6 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LLAMA = "llama_1b bf16 run.micro_batch=auto"
 GPT2 = "gpt2_small bf16 run.global_batch=32 run.micro_batch=auto"
+# Qwen3-30B-A3B's layer shapes (128 experts of 768, top-8, hidden 2048), 4 layers: ~3.1B parameters
+QMOE = "qwen3_moe_30b_a3b bf16 model.n_layer=4 model.seq_len=2048 run.global_batch=4 run.micro_batch=2"
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,14 @@ class Step:
 
 
 STEPS = {
+    "M": Step("Mixture of Experts on one GPU: grouped_mm against the per-expert loop; DDP, FSDP2, ZeRO-2, EP=1", (
+        f"ddp {QMOE} model.moe.experts_implementation=grouped_mm",
+        f"ddp {QMOE} model.moe.experts_implementation=eager",
+        f"fsdp_full {QMOE}",
+        f"expert_parallel {QMOE} framework.options.ep=1",
+        f"deepspeed_zero2 {QMOE}",
+        "ddp mixtral_8x7b bf16 model.n_layer=2 model.seq_len=2048 run.global_batch=2 run.micro_batch=1"),
+        deadline_s=350),
     "A": Step("the harness against a reference loop; the fast path against the old one; where a step's time goes", (
         "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach",
         "ddp gpt2_small bf16 run.trace=true",

@@ -46,7 +46,7 @@ MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny"]
 MODEL_VARIANTS = {"llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b",
                                  "tensor_parallel"},
                   "qwen3_tiny": {"tensor_parallel"},
-                  "moe_tiny": {"fsdp_full", "expert_parallel", "expert_parallel_tp"}}
+                  "moe_tiny": {"fsdp_full", "deepspeed_zero2", "expert_parallel", "expert_parallel_tp"}}
 # Equivalent strategies whose native optimizer is a different implementation of the same
 # AdamW (ZeRO-Offload requires DeepSpeedCPUAdam): losses at 1e-5, parameters at this tolerance.
 PARAM_RTOL: dict[str, float] = {}
