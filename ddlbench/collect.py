@@ -222,17 +222,19 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
         from ddlbench.models.moe import load_summary
         from ddlbench.models.moe import all_to_all_payload
         layout = strategy.moe_record()
-        moe = {**load_summary([g["moe"] for g in gathered if g.get("moe")], layout["ep"], dims.tp), **layout,
+        moe = {**load_summary([g["moe"] for g in gathered if g.get("moe")], layout["ep"], dims.tp),
                "experts_implementation": spec.config.get("experts_implementation"),
-               "routing": "dropless (transformers' top-k router: no capacity, no dropped tokens)"}
+               "routing": "dropless (transformers' top-k router: no capacity, no dropped tokens)", **layout}
+        rows = moe.pop("dispatch_rows_per_microbatch", None) or spec.tokens_per_sample * dims.micro_batch * spec.top_k
         if layout["ep"] > 1 and record.comm:
             moe["all_to_all_payload_bytes_per_step"] = record.comm["per_step_bytes"].get("all_to_all")
             moe["all_to_all_payload_bytes_per_step_analytic"] = all_to_all_payload(
-                len(moe["tokens_per_expert"]), dims.grad_accum * dims.micro_batch * spec.tokens_per_sample, spec.top_k,
-                spec.config.get("hidden_size"), 4 if ctx.precision == "fp32" else 2)
+                len(moe["tokens_per_expert"]), dims.grad_accum * rows, 1, spec.config.get("hidden_size"),
+                4 if ctx.precision == "fp32" else 2)
             moe["all_to_all_note"] = ("payload: each rank's all-to-all inputs per step (dispatch and combine in forward, "
-                                      "their gradients in backward), the busiest rank; analytic: 4 x layers x tokens x "
-                                      "top_k x hidden x bytes with uniform routing (the token counts' exchange left out)")
+                                      "their gradients in backward), the busiest rank; analytic: 4 x layers x rows x "
+                                      "hidden x bytes, rows = tokens x top_k with uniform routing (a capacity-padded "
+                                      "dispatch: experts x capacity), the token counts' exchange left out")
         record.sections["moe"] = moe
     if any(g.get("adapter_stats") for g in gathered):
         record.sections["model_parallel"] = strategy.summarize_rank_stats(

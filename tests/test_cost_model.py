@@ -12,7 +12,9 @@ from costs import PROF, cost_of
 
 from ddlbench.config import group_options
 
-NO_COST_MODEL = {"ddp_powersgd": "PowerSGD's payload depends on every matrix's shape"}
+NO_COST_MODEL = {"ddp_powersgd": "PowerSGD's payload depends on every matrix's shape",
+                 "deepspeed_moe": "not written yet: DeepSpeed's capacity-padded all-to-all and expert-data-parallel "
+                                  "reductions"}
 
 
 def first_layout(framework: str, devices: int = 4) -> dict:

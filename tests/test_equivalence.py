@@ -34,7 +34,8 @@ GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            "tensor_parallel_fsdp": (4, ()),
            "fsdp_hybrid": (4, ("framework.options.hybrid_shard_size=2",)),
            "expert_parallel": (4, ()), "expert_parallel_tp": (4, ())}
-GATE_MODEL = {"expert_parallel": "moe_tiny", "expert_parallel_tp": "moe_tiny"}   # the rest: gpt2_tiny
+GATE_MODEL = {"expert_parallel": "moe_tiny", "expert_parallel_tp": "moe_tiny",   # the rest: gpt2_tiny
+              "deepspeed_moe": "moe_tiny"}
 # The router's load-balancing loss is computed over each data-parallel rank's micro-batch (as
 # transformers and every framework compute it): a layout with fewer data-parallel ranks than DDP's
 # (tensor parallelism) averages it over other token sets, a different loss by design (1e-4 after 10

@@ -219,3 +219,56 @@ def test_advise_enumerates_prices_and_measures_expert_parallel_layouts(tmp_path)
     assert len(measured) == 2
     assert advice["recommendation"]["measured_step_s"] > 0
     assert "ep" in " ".join(c["label"] for c in valid)
+
+
+@pytest.fixture(scope="module")
+def ds_runs(tmp_path_factory):
+    """DeepSpeed-MoE on moe_tiny at 2 ranks: ep_size 1 and 2 (DeepSpeed's defaults: tokens over
+    capacity dropped), ep_size 2 dropless, ep_size 2 at bf16; expert parallelism at bf16."""
+    root = tmp_path_factory.mktemp("dsmoe")
+    common = ("model=moe_tiny", "launcher.nproc=2", "run.global_batch=8", "run.warmup_steps=2", "run.measure_steps=4",
+              "run.comm_profile=false")
+    runs = {"ep1": ("framework=deepspeed_moe", "framework.options.ep_size=1"),
+            "ep2": ("framework=deepspeed_moe",),
+            "dropless": ("framework=deepspeed_moe", "framework.options.drop_tokens=false"),
+            "bf16": ("framework=deepspeed_moe", "run.precision=bf16"),
+            "ep_bf16": ("framework=expert_parallel", "run.precision=bf16")}
+    return {name: run_record(root / name, *more, *common)[1] for name, more in runs.items()}
+
+
+@pytest.mark.slow
+def test_deepspeed_moe_matches_itself_across_ep_sizes_and_records_its_gate(ds_runs):
+    """Same gate, same capacity, same random token selection: ep_size 2 gives ep_size 1's losses
+    (measured: identical). The record says what DeepSpeed's gate did: tokens over capacity dropped,
+    the capacity-padded all-to-all (8 experts x ceil(512 / 8 x 1.0 x 2) = 128 rows, 128 wide, fp32,
+    4 per layer, 2 layers = 4 MiB a step, whatever the routing)."""
+    for name, rec in ds_runs.items():
+        assert rec["status"] == "ok", (name, rec.get("error"))
+    a = [l for _, l in ds_runs["ep1"]["convergence"]["train_loss"]]
+    b = [l for _, l in ds_runs["ep2"]["convergence"]["train_loss"]]
+    assert b == pytest.approx(a, rel=1e-6)
+    moe = ds_runs["ep2"]["moe"]
+    assert moe["ep"] == 2 and moe["experts_per_rank"] == 4 and moe["dropped_tokens"] > 0
+    assert moe["gate"]["capacity_factor"] == 1.0 and moe["gate"]["drop_tokens"] is True
+    assert moe["all_to_all_payload_bytes_per_step"] == moe["all_to_all_payload_bytes_per_step_analytic"] == 4 * 2**20
+    assert moe["aux_loss_mean"] > 0 and "DeepSpeed TopKGate" in moe["routing"]
+    assert ds_runs["ep2"]["framework"]["native_config"]["moe"]["layers"] == 2
+    c = ds_runs["ep2"]["comm"]
+    assert c["written_bytes_mean"] == pytest.approx(c["wire_bytes_mean"], rel=0.01)
+    # dropless at ep_size 2 on gloo: the engine's expert-parallel group syncs the capacity
+    assert ds_runs["dropless"]["moe"]["dropped_tokens"] == 0
+
+
+@pytest.mark.slow
+def test_both_expert_parallel_frameworks_train_at_bf16_and_refuse_fp16_with_the_reason(ds_runs):
+    for name in ("bf16", "ep_bf16"):
+        rec = ds_runs[name]
+        assert rec["precision"] == "bf16" and "bf16" in rec["framework"]["native_config"]["mixed_precision"], name
+    fp32 = [l for _, l in ds_runs["ep2"]["convergence"]["train_loss"]]
+    bf16 = [l for _, l in ds_runs["bf16"]["convergence"]["train_loss"]]
+    assert bf16 != fp32 and bf16 == pytest.approx(fp32, rel=0.02)
+    from ddlbench.adapters.deepspeed import _cpu_fp16_ok
+    plan = plan_from_overrides(["framework=expert_parallel", "model=moe_tiny", "launcher.nproc=2", "run.precision=fp16"])
+    assert "fp32 and bf16" in plan.variant.unsupported_reason(plan.cfg, "cpu")
+    plan = plan_from_overrides(["framework=deepspeed_moe", "model=moe_tiny", "launcher.nproc=2", "run.precision=fp16"])
+    assert (plan.variant.unsupported_reason(plan.cfg, "cpu") is None) == _cpu_fp16_ok()

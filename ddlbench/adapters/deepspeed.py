@@ -249,13 +249,14 @@ class DeepSpeedStrategy(Strategy):
         model = build_on(build_model, self.ctx.device)
         self.float8 = apply_float8(model) if self.ctx.float8 else None   # before the engine wraps it
         self.params = sum(p.numel() for p in model.parameters())
+        model = self.prepare_model(model)
         self.config = self.ds_config(build_optimizer.optim_cfg, batch_norm=bool(batch_norms(model)))
-        optimizer = None if self._offload else build_optimizer(model.parameters())
         oc = build_optimizer.optim_cfg   # the config-built optimizer gets the same decay groups
+        groups = self.optimizer_groups(param_groups(model.parameters(), oc.weight_decay, oc.exclude_from_decay))
+        optimizer = None if self._offload else build_optimizer(groups)
         self.model, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config,
-            model_parameters=(param_groups(model.parameters(), oc.weight_decay, oc.exclude_from_decay)
-                              if optimizer is None else None))
+            model_parameters=groups if optimizer is None else None)
         self.version = deepspeed.__version__
         self.compiled = None
         if self.ctx.compile:     # DeepSpeed's own API: the engine compiles its module
@@ -268,6 +269,14 @@ class DeepSpeedStrategy(Strategy):
                 loss_scaling=None if self.ctx.precision != "fp16" else (
                     f"DeepSpeed static loss scale {self.options.loss_scale:g}" if self.options.loss_scale
                     else "DeepSpeed dynamic loss scale"))
+
+    def prepare_model(self, model):
+        """The model as the engine takes it (DeepSpeed-MoE swaps in its MoE layers here)."""
+        return model
+
+    def optimizer_groups(self, groups: list[dict]) -> list[dict]:
+        """The optimizer's parameter groups (DeepSpeed-MoE keeps experts in groups of their own)."""
+        return groups
 
     def train_step(self, batch: dict) -> StepOut:
         engine = self.model

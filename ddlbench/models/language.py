@@ -42,6 +42,9 @@ class CausalLM(nn.Module):
         super().__init__()
         self.net, self.family, self.aux_loss_coef = net, family, aux_loss_coef
         self.router_stats = None
+        # modules whose `l_aux` after forward is the load-balancing loss, where a framework swapped
+        # in MoE layers of its own (DeepSpeed-MoE); empty: transformers' from the router logits
+        self.aux_layers: list = []
         if family.experts is not None:
             from ddlbench.models.moe import RouterStats
             self.router_stats = RouterStats(self)
@@ -56,13 +59,14 @@ class CausalLM(nn.Module):
         if attention_mask is not None and self.net.config._attn_implementation == SDPA_CAUSAL:
             raise ValueError("attention sdpa_causal builds no mask: batches with padding need model.attention=sdpa")
         aux = self.aux_loss_coef > 0 and eval_weight is None
-        kw = {"output_router_logits": True} if aux else {}
+        kw = {"output_router_logits": True} if aux and not self.aux_layers else {}
         out = self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
         loss = lm_loss(out.logits, labels, eval_weight)
         if aux:   # transformers' load_balancing_loss_func over this rank's tokens (Switch Transformer's)
+            aux_loss = sum(m.l_aux for m in self.aux_layers) if self.aux_layers else out.aux_loss
             if self.router_stats is not None:
-                self.router_stats.add_aux(out.aux_loss)
-            loss = loss + self.aux_loss_coef * out.aux_loss
+                self.router_stats.add_aux(aux_loss)
+            loss = loss + self.aux_loss_coef * aux_loss
         return loss
 
     def blocks(self) -> list[nn.Module]:

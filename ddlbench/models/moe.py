@@ -85,37 +85,52 @@ def param_counts(model: nn.Module, top_k: int) -> dict:
 
 
 class RouterStats:
-    """Tokens routed to each expert of each MoE layer, counted on the device by a forward hook on
-    every router during training (scatter_add into a fixed-size tensor: no host sync, no
-    data-dependent shape), and the router's auxiliary loss; read once after the run."""
+    """Tokens routed to each expert of each MoE layer, counted on the device during training
+    (scatter_add into a fixed-size tensor: no host sync, no data-dependent shape) by a forward hook
+    on every router, or handed in by a framework's own MoE layer (`add_counts`, DeepSpeed-MoE); the
+    tokens dropped over capacity where the layer drops; the router's auxiliary loss. Read once
+    after the run."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, hook: bool = True):
         self._counts: list = []
         self._aux: list = []
+        self._dropped = None
         plan = model.family.experts
         for moe in (plan.moe_block(b) for b in model.family.blocks(model.net)):
             if moe is not None:
                 router = getattr(moe, plan.router_attr)
-                router.register_forward_hook(functools.partial(self._hook, len(self._counts), router.num_experts))
+                if hook:
+                    router.register_forward_hook(functools.partial(self._hook, len(self._counts), router.num_experts))
                 self._counts.append(None)
 
     def _hook(self, layer: int, experts: int, module, args, output) -> None:
-        if not module.training:
-            return
-        indices = output[2].reshape(-1)
+        if module.training:
+            indices = output[2].reshape(-1)
+            with torch.no_grad():
+                self._tensor(layer, experts, indices.device).scatter_add_(0, indices, torch.ones_like(indices))
+
+    def _tensor(self, layer: int, experts: int, device) -> torch.Tensor:
+        if self._counts[layer] is None:
+            self._counts[layer] = torch.zeros(experts, dtype=torch.long, device=device)
+        return self._counts[layer]
+
+    def add_counts(self, layer: int, counts: torch.Tensor, dropped: torch.Tensor | None = None) -> None:
+        """A layer's tokens per expert in one forward (and the (token, expert) pairs it dropped)."""
         with torch.no_grad():
-            if self._counts[layer] is None:
-                self._counts[layer] = torch.zeros(experts, dtype=torch.long, device=indices.device)
-            self._counts[layer].scatter_add_(0, indices, torch.ones_like(indices))
+            self._tensor(layer, counts.numel(), counts.device).add_(counts.reshape(-1).long())
+            if dropped is not None:
+                self._dropped = dropped.long() if self._dropped is None else self._dropped + dropped.long()
 
     def add_aux(self, aux: torch.Tensor) -> None:
         self._aux.append(aux.detach())
 
     def take(self) -> dict:
-        """{'tokens_per_expert': [[per expert] per layer], 'aux_loss_mean': float | None}: this rank's."""
+        """{'tokens_per_expert': [[per expert] per layer], 'aux_loss_mean': float | None,
+        'dropped': int | None}: this rank's."""
         counts = [[] if c is None else c.tolist() for c in self._counts]
         aux = torch.stack(self._aux).float().mean().item() if self._aux else None
-        return {"tokens_per_expert": counts, "aux_loss_mean": aux}
+        return {"tokens_per_expert": counts, "aux_loss_mean": aux,
+                "dropped": None if self._dropped is None else int(self._dropped.item())}
 
 
 def find_router_stats(module: nn.Module):
@@ -146,12 +161,14 @@ def load_summary(per_rank: list[dict], ep: int, replicas: int = 1) -> dict:
         by_rank = [sum(t[i * per:(i + 1) * per]) for i in range(ep)]
         ranks_imb.append(max(by_rank) / (sum(by_rank) / ep))
     aux = [r["aux_loss_mean"] for r in per_rank if r.get("aux_loss_mean") is not None]
+    dropped = [r["dropped"] for r in per_rank if r.get("dropped") is not None]
     return {"tokens_per_expert": totals,
             "imbalance_experts_max": max(experts_imb, default=None),
             "imbalance_experts_mean": sum(experts_imb) / len(experts_imb) if experts_imb else None,
             "imbalance_ep_ranks_max": max(ranks_imb, default=None),
             "aux_loss_mean": sum(aux) / len(aux) if aux else None,
-            "dropped_tokens": 0}
+            # (token, expert) pairs over capacity, summed over ranks: 0 for dropless routing
+            "dropped_tokens": sum(dropped) // replicas if dropped else 0}
 
 
 # ---- expert parallelism ----------------------------------------------------------------------------
