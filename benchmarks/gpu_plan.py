@@ -10,8 +10,8 @@ and reference-loop runs; on the lent machine (no network, the wheels carried):
 Steps, in the order to run them (the step a session cannot reach waits for the next GPU session):
   M  Mixture of Experts on one GPU, a reduced-depth published shape (Qwen3-30B-A3B's layers, 4 of
      its 48; Mixtral 8x7B's, 2 of 32): transformers' grouped_mm against the per-expert loop under
-     DDP, FSDP2 and DeepSpeed ZeRO-2 over the whole MoE model, and the expert-parallel adapter at
-     ep=1 (its code path without the all-to-all); never run on a GPU
+     DDP, FSDP2 and DeepSpeed ZeRO-2 over the whole MoE model, the expert-parallel adapter at ep=1
+     (its code path without the all-to-all) and DeepSpeed-MoE at ep_size=1; never run on a GPU
   A  the harness: the bf16 matmul peak (CUDA events, three shapes); the reference loop against the
      runner on gpt2_small at micro-batch 32, eager and compiled, and on llama_1b at 8; the fast-path
      cells, one of them with a profiled step (run.trace: a Chrome trace per rank); forward /
@@ -63,12 +63,14 @@ class Step:
 
 
 STEPS = {
-    "M": Step("Mixture of Experts on one GPU: grouped_mm against the per-expert loop; DDP, FSDP2, ZeRO-2, EP=1", (
+    "M": Step("Mixture of Experts on one GPU: grouped_mm against the per-expert loop; DDP, FSDP2, ZeRO-2, EP=1, "
+              "DeepSpeed-MoE", (
         f"ddp {QMOE} model.moe.experts_implementation=grouped_mm",
         f"ddp {QMOE} model.moe.experts_implementation=eager",
         f"fsdp_full {QMOE}",
         f"expert_parallel {QMOE} framework.options.ep=1",
         f"deepspeed_zero2 {QMOE}",
+        f"deepspeed_moe {QMOE} framework.options.ep_size=1",
         "ddp mixtral_8x7b bf16 model.n_layer=2 model.seq_len=2048 run.global_batch=2 run.micro_batch=1"),
         deadline_s=350),
     "A": Step("the harness against a reference loop; the fast path against the old one; where a step's time goes", (
