@@ -219,8 +219,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     analytic = plan.variant.analytic_comm(dims, ctx.precision, params or 0, strategy.per_node)
     record.comm = _comm(gathered, dims.world_size, params, analytic, ctx.backend)
     if any(g.get("moe") for g in gathered):
-        from ddlbench.models.moe import load_summary
-        from ddlbench.models.moe import all_to_all_payload
+        from ddlbench.models.moe import all_to_all_payload, load_summary
         layout = strategy.moe_record()
         moe = {**load_summary([g["moe"] for g in gathered if g.get("moe")], layout["ep"], dims.tp),
                "experts_implementation": spec.config.get("experts_implementation"),

@@ -23,12 +23,17 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from ddlbench.adapters.base import StepOut
-from ddlbench.adapters.common import build_on, forward_backward, canonical_parameters, full_tensor, param_row, unwrap
-from ddlbench.adapters.parallelize import (apply_checkpointing, apply_compile, apply_expert_parallel,
-                                           apply_fully_shard, apply_tensor_parallel)
+from ddlbench.adapters.common import build_on, canonical_parameters, forward_backward, full_tensor, param_row, unwrap
+from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, split
+from ddlbench.adapters.parallelize import (
+    apply_checkpointing,
+    apply_compile,
+    apply_expert_parallel,
+    apply_fully_shard,
+    apply_tensor_parallel,
+)
 from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.tensor_parallel import TensorParallelStrategy
-from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, split
 from ddlbench.adapters.variant import Variant, taxonomy_labels
 from ddlbench.dims import ParallelSize, model_fit_errors
 from ddlbench.errors import ConfigError
