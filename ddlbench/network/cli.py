@@ -67,6 +67,9 @@ def run(args: list[str]) -> int:
     num = numbers(o, sizes)
     overlap = num["overlap"]
     compute_from = workload.from_record(_record(Path(o.text("compute_from")))) if o.text("compute_from") else None
+    replanned = None
+    if work.world == 1 and not work.collectives:      # a 1-rank run sent nothing: re-plan, never price zero
+        work, replanned = workload.replanned(rec, work)
     backend = (rec.get("env") or {}).get("backend")
     if algorithm == "auto":     # the algorithm the run's backend runs (gloo: flat rings, reduce-scatter as all-reduce)
         algorithm = model.backend_algorithm(backend)
@@ -86,6 +89,7 @@ def run(args: list[str]) -> int:
            "measured_world": work.world,
            "collectives": [{"kind": c.kind, "bytes_per_step": c.bytes, "scope": c.scope, "measured_group": c.ranks}
                            for c in work.collectives],
+           "collectives_source": replanned or "measured (the run's probe step)",
            "rows": rows}
     if o.text("allocate"):
         from ddlbench.network.allocate import allocate
@@ -131,6 +135,8 @@ def _print(doc: dict, out: Path, plot: Path) -> None:
     from ddlbench.table import text_table
     print(f"{doc['strategy']} on {doc['network']}, {doc['scaling']} scaling, overlap {doc['overlap']}, "
           f"compute {doc['compute_s'] * 1e3:.2f} ms/step ({doc['compute_source']})")
+    print(f"collectives: {doc['collectives_source']}: "
+          + ", ".join(f"{c['kind']} {c['bytes_per_step'] / 2**20:.2f} MiB/step over {c['scope']}" for c in doc["collectives"]))
     print(text_table(["devices", "layout", "global batch", "step ms", "comm ms", "exposed ms", "samples/s",
                       "comm share", "efficiency"], [[str(r["devices"]), "x".join(map(str, r["layout"])),
                      f"{r['global_batch']:.0f}", f"{r['step_s'] * 1e3:.2f}", f"{r['comm_s'] * 1e3:.2f}",

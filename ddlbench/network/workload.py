@@ -104,3 +104,35 @@ def from_record(rec: dict) -> Workload:
                     step_s=float(rec["timing"]["step_time_s"]["median"]), collectives=tuple(out),
                     tokens_per_sample=(rec.get("model") or {}).get("tokens_per_sample"))
 
+
+
+REPLAN_WORLD = 8
+
+
+def replanned(rec: dict, work: Workload) -> tuple[Workload, str]:
+    """A 1-rank run sent nothing: its configuration re-planned at REPLAN_WORLD ranks and one step of
+    the framework's own code traced there (ddlbench/estimate/collectives.py), its collectives
+    priced at every world size as the run's own would be (data-parallel payloads follow the
+    parameters). Raises ConfigError where that cannot be done: never a projection with no
+    communication."""
+    from dataclasses import replace
+
+    from ddlbench.estimate.collectives import trace_record
+    try:
+        got = trace_record(rec, REPLAN_WORLD)
+    except ValueError as exc:
+        raise ConfigError(f"a 1-rank run has no collectives to project from, and they cannot be re-planned: {exc}; "
+                          "project a run of 2 or more ranks") from None
+    if "error" in got:
+        raise ConfigError(f"a 1-rank run has no collectives to project from; re-planning them at {REPLAN_WORLD} ranks "
+                          f"failed: {got['error']}")
+    out = []
+    for kind, groups in got["by_group"].items():
+        for key, b in groups.items():
+            scope = scope_of(key, REPLAN_WORLD)
+            if scope and b > 0:
+                out.append(Collective(kind, float(b), scope, group_size(key), 1,
+                                      float((got["calls_by_group"].get(kind) or {}).get(key, 1.0)) or 1.0))
+    how = (f"re-planned: the run's configuration set up for rank 0 of {REPLAN_WORLD} ranks over torch's fake process "
+           f"group, one step of {got['framework']} traced ({got['method']})")
+    return replace(work, collectives=tuple(out)), how

@@ -1,0 +1,154 @@
+"""One training step's collectives at a world size no run had: the framework's own code, set up for
+rank 0 of W ranks in one process over torch's fake process group (collectives return at once, no
+peer exists), counted where they are issued (ddlbench/comm_probe.py's dispatch mode): kind, group
+size, bytes, calls. torchtitan dry-runs its layouts the same way (comm.mode fake backend).
+
+The model is built for real on the host (CPU tensors, the run's precision): tiny and small presets
+only, a few GB at most. Frameworks whose collectives do not go through c10d (Horovod) or that start
+processes of their own cannot run so (`traceable` says why). A spawned process does the work, so
+the caller's process never holds a fake group.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+# frameworks whose step does not run under a fake group in one process, and why
+NOT_TRACEABLE = {
+    "horovod": "Horovod's collectives bypass c10d (its own background thread and MPI/gloo rings)",
+    "daso": "DASO decides its phases from losses across steps; one step says little",
+    "ddp:fp16_hook": "its compression hook reads the all-reduced tensor back, which a fake group does not give",
+    "ddp:bf16_hook": "its compression hook reads the all-reduced tensor back, which a fake group does not give",
+    "ddp:powersgd": "PowerSGD reads the all-reduced matrices back, which a fake group does not give",
+    "ddp:local_sgd": "local SGD averages parameters every few steps; one step says little",
+    "pipeline": "a pipeline schedule exchanges activations with the other stages' ranks point to point: "
+                "rank 0 alone waits on receives no fake peer sends",
+}
+
+
+def traceable(framework_name: str, variant: str = "default") -> Optional[str]:
+    """Why this framework variant's step cannot be traced over a fake group, or None."""
+    return NOT_TRACEABLE.get(framework_name) or NOT_TRACEABLE.get(f"{framework_name}:{variant}")
+
+
+def trace(overrides: list[str], world: int, timeout_s: float = 300) -> dict:
+    """{'world', 'per_step_bytes': {kind: bytes}, 'per_step_calls', 'by_group': {kind: {'<ranks>@1': bytes}},
+    'framework', 'dims'} for one training step of the config `overrides` at `world` ranks (rank 0),
+    in a spawned process. Raises ValueError where it cannot."""
+    out = trace_all([(overrides, world)], timeout_s)[0]
+    if "error" in out:
+        raise ValueError(out["error"])
+    return out
+
+
+def trace_record(rec: dict, world: int, max_tokens: int = 64, timeout_s: float = 600) -> dict:
+    """A 1-rank record's configuration re-planned at `world` ranks (weak scaling: each rank keeps the
+    record's micro-batch and accumulation), its step traced. Raises ValueError where it cannot:
+    the framework, or a model too large to build on this host (the whole model is built once, in
+    fp32, before the framework shards it)."""
+    import copy
+    import os
+    cfg, par = copy.deepcopy(rec.get("config") or {}), rec.get("parallel") or {}
+    fw = cfg.get("framework") or {}
+    reason = traceable(fw.get("name", ""), fw.get("variant", "default"))
+    if reason:
+        raise ValueError(f"framework {fw.get('name')} cannot be traced over a fake process group: {reason}")
+    params = (rec.get("model") or {}).get("params") or 0
+    sharded = fw.get("name") in ("fsdp2", "deepspeed", "fairscale", "expert_parallel")
+    need = 4 * params + (12 * params / world if sharded else 12 * params)
+    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2
+    if need > limit:
+        raise ValueError(f"{(rec.get('model') or {}).get('name')} needs ~{need / 2**30:.1f} GiB to trace here "
+                         f"(the model built once, then the framework's state for one of {world} ranks); this host "
+                         f"offers {limit / 2**30:.1f} GiB (half its memory)")
+    local = int(par.get("micro_batch", 1)) * int(par.get("grad_accum", 1))
+    cfg["run"] = {**cfg["run"], "global_batch": local * world, "micro_batch": int(par.get("micro_batch", 1)),
+                  "precision": rec.get("precision") or cfg["run"].get("precision")}
+    return trace_all([(cfg, world, max_tokens)], timeout_s)[0]
+
+
+def trace_all(cases: list[tuple], timeout_s: float = 600, workers: int = 2) -> list[dict]:
+    """`trace` of each (overrides, world), each in a fresh spawned process (frameworks keep process
+    groups in globals: DeepSpeed's outlive the fake group they were made on), `workers` at a time;
+    a case that fails gives {'error': message}."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(max(1, min(workers, len(cases))), maxtasksperchild=1) as pool:
+        return pool.starmap_async(_trace_case, [(o if isinstance(o, dict) else list(o), *rest) for o, *rest in cases],
+                                  chunksize=1).get(timeout_s)
+
+
+def _trace_case(overrides, world: int, max_tokens: int | None = None) -> dict:
+    try:
+        return _trace(overrides, world, max_tokens)
+    except Exception as exc:   # noqa: BLE001 - one case's failure is that case's answer
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _fake_allreduce_hook(state, bucket):
+    """DDP's own all-reduce of a bucket, as a Python hook: under the fake group the built-in hook's
+    future holds no tensor (DDP's reducer then fails); this one hands the bucket back. The same
+    collective, the same bytes, in the same order."""
+    import torch.distributed as dist
+    buf = bucket.buffer()
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda _: buf)
+
+
+def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
+    """`overrides`: a list of `bench run` overrides, or a resolved config (a record's `config`,
+    launcher.nproc and run.device set here). `max_tokens`: language batches cut to their first
+    max_tokens positions (data-parallel payloads follow the parameters, not the batch)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from ddlbench import models
+    from ddlbench.adapters.base import RankContext
+    from ddlbench.comm_probe import CollectiveCounter
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.models.data import SyntheticData
+    from ddlbench.optim import build_optimizer_factory
+
+    if isinstance(overrides, dict):
+        from ddlbench.config import validate
+        raw = {**overrides, "launcher": {**overrides["launcher"], "nproc": world, "nodes": 1},
+               "run": {**overrides["run"], "device": "cpu"}}
+        plan = validate(raw)
+    else:
+        plan = plan_from_overrides([*overrides, f"launcher.nproc={world}", "run.device=cpu"])
+    cfg = plan.cfg
+    reason = traceable(cfg.framework.name, cfg.framework.variant)
+    if reason:
+        raise ValueError(f"framework {cfg.framework.name} cannot be traced over a fake process group: {reason}")
+    # DeepSpeed asks the launcher's environment even when a group exists
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        torch.manual_seed(cfg.run.seed)
+        precision = "fp32" if cfg.run.precision == "auto" else cfg.run.precision
+        ctx = RankContext(rank=0, local_rank=0, world_size=world, device=torch.device("cpu"), backend="fake",
+                          precision=precision, hosts=("host",) * world)
+        spec = models.build(cfg.model, "cpu")
+        strategy = plan.variant.strategy_class()(plan.variant, ctx, plan.dims)
+        strategy.setup(spec.build, build_optimizer_factory(cfg.optim, "cpu"))
+        from torch.nn.parallel import DistributedDataParallel
+        if isinstance(strategy.model, DistributedDataParallel):
+            strategy.model.register_comm_hook(None, _fake_allreduce_hook)
+        data = SyntheticData(spec, cfg.run.seed, plan.dims.global_batch, 0, plan.dims.local_batch, 1, ctx.device)
+        batch = data.batch(0)
+        if max_tokens and "input_ids" in batch:
+            batch = {k: v[:, :max_tokens] for k, v in batch.items()}
+        strategy.train_step(batch)          # the first step builds what later steps reuse
+        counter = CollectiveCounter([0] * world)
+        with counter:
+            strategy.train_step(batch)
+        counts = counter.take()
+    finally:
+        dist.destroy_process_group()
+    return {"world": world, "framework": f"{cfg.framework.name}:{cfg.framework.variant}", "dims": plan.dims.as_dict(),
+            "per_step_bytes": {k: v["bytes"] for k, v in counts.items()},
+            "per_step_calls": {k: v["calls"] for k, v in counts.items()},
+            "by_group": {k: v.get("group_bytes", {}) for k, v in counts.items()},
+            "calls_by_group": {k: v.get("group_calls", {}) for k, v in counts.items()},
+            "method": "the framework's own step for rank 0 over torch's fake process group "
+                      "(torch.testing._internal.distributed.fake_pg), counted by ddlbench/comm_probe.py"}
