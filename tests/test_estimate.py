@@ -83,3 +83,23 @@ def test_project_replans_a_one_rank_run_instead_of_pricing_no_communication(tmp_
     (tmp_path / "hvd" / "result.json").write_text(json.dumps(horovod))
     proc = bench("project", str(tmp_path / "hvd"), "network=dgx_h100")
     assert proc.returncode == 2 and "cannot be re-planned" in proc.stderr and "c10d" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("overrides,replicate,shard", [
+    (["framework=ddp", "launcher.nproc=4"], 4, 1),
+    (["framework=fsdp_full", "launcher.nproc=4"], 1, 4),
+    (["framework=fsdp_grad_op", "launcher.nproc=4"], 1, 4),
+    (["framework=fsdp_hybrid", "launcher.nproc=4", "framework.options.hybrid_shard_size=2"], 2, 2),
+    (["framework=deepspeed_zero2", "launcher.nproc=4"], 4, 1),
+    (["framework=deepspeed_zero3", "launcher.nproc=4"], 1, 4),
+    (["framework=fairscale_fsdp", "launcher.nproc=4"], 1, 4),
+    (["framework=tensor_parallel_fsdp", "launcher.nproc=4"], 1, 2),
+    (["framework=fsdp_full", "model=llama_8b", "launcher.nproc=8", "run.global_batch=8"], 1, 8),
+])
+def test_the_recorded_layout_is_what_runs(overrides, replicate, shard):
+    """parallel.dp_replicate / dp_shard say over which ranks parameters are replicated and sharded:
+    FSDP2 full shard at 4 ranks shards over 4 (it recorded dp_replicate 4 before), ZeRO-3 too; DDP and
+    ZeRO-1/2 replicate the parameters."""
+    from ddlbench.config import plan_from_overrides
+    d = plan_from_overrides(overrides).dims
+    assert (d.dp_replicate, d.dp_shard) == (replicate, shard)

@@ -134,6 +134,11 @@ class DeepSpeed(Variant):
             offload_optimizer=o.offload_optimizer != "none", offload_params=o.offload_param != "none",
             buffers=buffers, traffic=tuple(traffic), step_grad_copy_bytes=4 if s == 0 and low(precision) else 0)
 
+    def parallel_shape(self, cfg) -> dict:
+        """ZeRO-3 shards the parameters over every rank (dp_shard = the world); stages 0-2 keep a
+        whole replica of them on each (dp_replicate), sharding optimizer state (and gradients)."""
+        return {"dp_shard": -1, "dp_replicate": 1} if self.options.stage == 3 else {}
+
     def check_config(self, cfg, dims) -> None:
         from ddlbench.errors import ConfigError
         options = self.options

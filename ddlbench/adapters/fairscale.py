@@ -34,6 +34,10 @@ class FairScale(Variant):
     Options = FairScaleOptions
     strategy = "ddlbench.adapters.fairscale:FairScaleStrategy"
 
+    def parallel_shape(self, cfg) -> dict:
+        """FairScale FSDP shards the parameters over every rank; OSS keeps them whole (dp_replicate)."""
+        return {"dp_shard": -1, "dp_replicate": 1} if self.options.mode == "fsdp" else {}
+
     def taxonomy(self) -> dict:
         options = self.options
         if options.mode == "fsdp":

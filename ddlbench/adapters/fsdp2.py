@@ -92,6 +92,15 @@ class FSDP2(Variant):
             return [{}]
         return [{"hybrid_shard_size": h} for h in range(2, devices) if devices % h == 0]
 
+    def parallel_shape(self, cfg) -> dict:
+        """The layout that runs: every rank one shard of the model (dp_shard = the world), or hybrid:
+        shard groups of hybrid_shard_size ranks (else a node's), replicated across them."""
+        if not self.options.hybrid:
+            return {"dp_shard": -1, "dp_replicate": 1}
+        world, nodes = cfg.launcher.nproc, max(1, cfg.launcher.nodes)
+        size = self.options.hybrid_shard_size or max(1, world // nodes)
+        return {"dp_shard": size, "dp_replicate": -1} if world % size == 0 else {}
+
     def check_config(self, cfg, dims) -> None:
         h = self.options.hybrid_shard_size
         if h is not None and dims.world_size % h:
