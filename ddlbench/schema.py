@@ -32,6 +32,9 @@ class MoECfg(Strict):
     top_k: PositiveInt                              # experts per token
     intermediate_size: PositiveInt                  # one expert's SwiGLU width
     norm_topk_prob: bool = True                     # renormalise the top-k weights to sum to 1
+    # a shared expert every token goes through beside its routed ones (Qwen2-MoE / DeepSeek-style), its
+    # SwiGLU width; null: none
+    shared_intermediate_size: Optional[PositiveInt] = None
     aux_loss_coef: Annotated[float, Field(ge=0.0)] = 0.001   # load-balancing loss weight (0: none)
     # transformers' experts implementation: auto = grouped_mm on CUDA, the per-expert loop (eager) on CPU
     experts_implementation: Literal["auto", "eager", "grouped_mm", "batched_mm"] = "auto"

@@ -34,20 +34,22 @@ GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            "tensor_parallel_fsdp": (4, ()),
            "fsdp_hybrid": (4, ("framework.options.hybrid_shard_size=2",)),
            "expert_parallel": (4, ()), "expert_parallel_tp": (4, ())}
-GATE_MODEL = {"expert_parallel": "moe_tiny", "expert_parallel_tp": "moe_tiny",   # the rest: gpt2_tiny
-              "deepspeed_moe": "moe_tiny"}
+# where each GATE_AT case runs (the first also validates the variant); the rest: gpt2_tiny
+GATE_MODELS = {"expert_parallel": ("moe_tiny", "moe_shared_tiny"), "expert_parallel_tp": ("moe_tiny",),
+               "deepspeed_moe": ("moe_tiny",)}
 # The router's load-balancing loss is computed over each data-parallel rank's micro-batch (as
 # transformers and every framework compute it): a layout with fewer data-parallel ranks than DDP's
 # (tensor parallelism) averages it over other token sets, a different loss by design (1e-4 after 10
 # steps on moe_tiny at coefficient 0.001). The gate compares the strategies without it.
-MODEL_EXTRA = {"moe_tiny": ("model.moe.aux_loss_coef=0",)}
-MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny"]
-# llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny and
-# moe_tiny: what their families change
+MODEL_EXTRA = {"moe_tiny": ("model.moe.aux_loss_coef=0",), "moe_shared_tiny": ("model.moe.aux_loss_coef=0",)}
+MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", "moe_shared_tiny"]
+# llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny, moe_tiny
+# and moe_shared_tiny (a shared expert beside the routed ones): what their families change
 MODEL_VARIANTS = {"llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b",
                                  "tensor_parallel"},
                   "qwen3_tiny": {"tensor_parallel"},
-                  "moe_tiny": {"fsdp_full", "deepspeed_zero2", "expert_parallel", "expert_parallel_tp"}}
+                  "moe_tiny": {"fsdp_full", "deepspeed_zero2", "expert_parallel", "expert_parallel_tp"},
+                  "moe_shared_tiny": {"expert_parallel"}}
 # Equivalent strategies whose native optimizer is a different implementation of the same
 # AdamW (ZeRO-Offload requires DeepSpeedCPUAdam): losses at 1e-5, parameters at this tolerance.
 PARAM_RTOL: dict[str, float] = {}
@@ -62,7 +64,7 @@ def _variants():
         if name == "ddp":
             continue
         plan = plan_from_overrides([f"framework={name}", f"launcher.nproc={GATE_AT.get(name, (2,))[0]}",
-                                    f"model={GATE_MODEL.get(name, 'gpt2_tiny')}"])
+                                    f"model={GATE_MODELS.get(name, ('gpt2_tiny',))[0]}"])
         reason = plan.variant.unsupported_reason(plan.cfg, DEVICE)
         if reason:
             unrunnable[name] = reason
@@ -93,7 +95,7 @@ def _fits(model: str, framework: str) -> bool:
 def _params():
     for model in MODELS:
         for name, equivalent, rtol in VARIANTS:
-            if name in GATE_AT and model != GATE_MODEL.get(name, "gpt2_tiny"):
+            if name in GATE_AT and model not in GATE_MODELS.get(name, ("gpt2_tiny",)):
                 continue   # 4-rank cases on one model only (suite time)
             if model in MODEL_VARIANTS and name not in MODEL_VARIANTS[model]:
                 continue

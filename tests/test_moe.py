@@ -46,6 +46,25 @@ def test_published_shape_counts_active_flops_and_parameters():
     assert f["palm_flops"] < 0.2 * 6 * f["params"]["total"] * 4096
 
 
+def test_a_shared_expert_family_counts_its_shared_expert():
+    """Qwen1.5-MoE-A2.7B (qwen2_moe: 60 fine-grained experts, top-4, a shared expert every token
+    uses): 14.3B parameters, 2.69B active (the model card: 14.3B, 2.7B activated); the shared expert
+    in the analytic count: 2 x 3 x 128 x 64 + 2 x 128 per token per layer on moe_shared_tiny."""
+    import torch
+
+    from ddlbench.models.moe import layer_flops, param_counts
+    spec = _spec("qwen1_5_moe_a2_7b")
+    with torch.device("meta"):
+        counts = param_counts(spec.build(), 4)
+    assert counts["total"] == pytest.approx(14.316e9, rel=1e-3) and counts["active"] == pytest.approx(2.689e9, rel=1e-3)
+    cfg = plan_from_overrides(["model=moe_shared_tiny"]).cfg.model
+    assert layer_flops(cfg)["shared expert"] == 2 * 3 * 128 * 64 + 2 * 128
+    with pytest.raises(ConfigError, match="no shared expert"):
+        plan_from_overrides(["framework=deepspeed_moe", "model=moe_shared_tiny", "launcher.nproc=2"])
+    with pytest.raises(ConfigError, match="family qwen3_moe has no shared expert"):
+        plan_from_overrides(["model=moe_tiny", "+model.moe.shared_intermediate_size=64"])
+
+
 def test_load_summary_by_hand():
     from ddlbench.models.moe import load_summary
     ranks = [{"tokens_per_expert": [[4, 0, 2, 2]], "aux_loss_mean": 1.0},

@@ -145,6 +145,10 @@ class DeepSpeedMoE(DeepSpeed):
             errors.append(f"framework.options.ep_size {ep} does not divide the world size {dims.world_size}")
         if m.top_k >= 2 and not m.norm_topk_prob:
             errors.append("DeepSpeed's gate renormalises the top-k weights: model.moe.norm_topk_prob must be true")
+        if m.shared_intermediate_size:
+            errors.append("DeepSpeed-MoE's layer has no shared expert (its use_residual mixes a dense MLP in by a "
+                          "learned coefficient, not a sigmoid-gated shared expert): model.moe.shared_intermediate_size "
+                          "must be null")
         if errors:
             raise ConfigError("; ".join(errors))
 

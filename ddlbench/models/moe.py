@@ -59,9 +59,22 @@ def count_config(config) -> None:
 
 def layer_flops(mc) -> dict:
     """Forward FLOPs per token of one MoE layer (2 per multiply-add): the router (n_embd x experts),
-    top_k routed experts (SwiGLU: gate, up, down, each n_embd x moe.intermediate_size)."""
+    top_k routed experts (SwiGLU: gate, up, down, each n_embd x moe.intermediate_size), and a shared
+    expert where there is one (SwiGLU of moe.shared_intermediate_size, and its sigmoid gate n_embd x 1)."""
     m = mc.moe
-    return {"router": 2 * mc.n_embd * m.num_experts, "routed experts": m.top_k * 2 * 3 * mc.n_embd * m.intermediate_size}
+    out = {"router": 2 * mc.n_embd * m.num_experts, "routed experts": m.top_k * 2 * 3 * mc.n_embd * m.intermediate_size}
+    if m.shared_intermediate_size:
+        out["shared expert"] = 2 * 3 * mc.n_embd * m.shared_intermediate_size + 2 * mc.n_embd
+    return out
+
+
+def no_shared_expert(family: str):
+    """A family check: its MoE layers have no shared expert."""
+    def check(mc) -> list[str]:
+        if mc.moe is not None and mc.moe.shared_intermediate_size:
+            return [f"model.moe.shared_intermediate_size: family {family} has no shared expert (qwen2_moe has)"]
+        return []
+    return check
 
 
 def moe_layers(model: nn.Module) -> list[nn.Module]:

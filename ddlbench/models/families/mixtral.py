@@ -29,7 +29,7 @@ def analytic_flops(mc, vocab: int) -> dict:
 
 
 def check(mc) -> list[str]:
-    errors = decoder.gqa_errors(mc)
+    errors = decoder.gqa_errors(mc) + moe.no_shared_expert("mixtral")(mc)
     if mc.moe is not None and not mc.moe.norm_topk_prob:
         errors.append("model.moe.norm_topk_prob: Mixtral always renormalises its top-k weights (keep true)")
     return errors

@@ -40,7 +40,7 @@ FAMILY = Family(
     blocks=decoder.blocks, pieces=decoder.pieces,
     required_keys=("n_kv_head", "rope_theta", "head_dim", "moe"),
     optional_keys=("rms_norm_eps", "tie_embeddings"),
-    check=decoder.gqa_errors,
+    check=lambda mc: decoder.gqa_errors(mc) + moe.no_shared_expert("qwen3_moe")(mc),
     # the dense part only: attention; the router stays whole, the experts go to expert parallelism
     tensor_parallel=TensorParallelPlan("Qwen3MoeDecoderLayer", decoder.tp_plan(decoder.ATTENTION_SPLIT),
                                        decoder.ATTENTION_SPLIT,
