@@ -126,7 +126,7 @@ def _losses(rec):
     return [l for _, l in rec["convergence"]["train_loss"]]
 
 
-# GPT-2's attention key bias has a gradient that is mathematically zero (softmax ignores a
+# An attention key bias (GPT-2's, Qwen2's) has a gradient that is mathematically zero (softmax ignores a
 # constant added to every key score); float noise of ~1e-11 is what it gets, and AdamW
 # (eps 1e-8) turns that noise into updates of ~1e-3 x lr whose sign depends on summation
 # order. The fused QKV bias that holds it is compared at this tolerance instead of 1e-5
@@ -142,7 +142,8 @@ def _zero_gradient_params(model: str) -> set[int]:
     spec = models.build(plan_from_overrides([f"model={model}"]).cfg.model)
     with torch.device("meta"):
         names = [n for n, _ in spec.build().named_parameters()]
-    return {i for i, n in enumerate(names) if n.endswith("attn.c_attn.bias")}   # Llama has no biases
+    # GPT-2's fused QKV bias holds its key bias; Qwen2(-MoE)'s key projection has one of its own (Llama none)
+    return {i for i, n in enumerate(names) if n.endswith(("attn.c_attn.bias", "self_attn.k_proj.bias"))}
 
 
 def assert_same_params(a: list, b: list, rel: float, loose: set[int] = frozenset()) -> None:
