@@ -103,3 +103,28 @@ def test_the_recorded_layout_is_what_runs(overrides, replicate, shard):
     from ddlbench.config import plan_from_overrides
     d = plan_from_overrides(overrides).dims
     assert (d.dp_replicate, d.dp_shard) == (replicate, shard)
+
+
+@pytest.mark.slow
+def test_project_replans_the_one_gpu_llama_record_of_the_issue(tmp_path):
+    """The H200 record of FSDP2 on llama_1b (reports/gpu-h200/2026-11-26/B, one GPU, bf16): projected
+    to 1,024 GPUs it priced no communication (100% at every size); re-planned, FSDP2 all-gathers its
+    bf16 parameters in forward and again in backward (2 x 2 bytes x 1.236B) and reduce-scatters fp32
+    gradients (4 bytes each): the model built on meta, only rank 0's shard given storage."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from conftest import bench
+    src = Path(__file__).resolve().parents[1] / "reports/gpu-h200/2026-11-26/B/runs/fsdp_full-llama_1b-bf16-micro_batch_auto"
+    shutil.copytree(src, tmp_path / "run")
+    rec = json.loads((src / "result.json").read_text())
+    proc = bench("project", str(tmp_path / "run"), "network=dgx_h100", "world_sizes=[1,8,1024]", f"out={tmp_path / 'p'}",
+                 timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "p" / "projection.json").read_text())
+    params = rec["model"]["params"]
+    sent = {c["kind"]: c["bytes_per_step"] for c in doc["collectives"]}
+    assert sent == {"all_gather": pytest.approx(2 * 2 * params, rel=0.01), "reduce_scatter": pytest.approx(4 * params, rel=0.01)}
+    rows = {r["devices"]: r for r in doc["rows"]}
+    assert rows[8]["comm_s"] > 0 and rows[1024]["scaling_efficiency"] < 0.99

@@ -3,14 +3,19 @@ rank 0 of W ranks in one process over torch's fake process group (collectives re
 peer exists), counted where they are issued (ddlbench/comm_probe.py's dispatch mode): kind, group
 size, bytes, calls. torchtitan dry-runs its layouts the same way (comm.mode fake backend).
 
-The model is built for real on the host (CPU tensors, the run's precision): tiny and small presets
-only, a few GB at most. Frameworks whose collectives do not go through c10d (Horovod) or that start
+FSDP2-based strategies build the model on the meta device and give storage to their shards only
+(any size traces in 1/W of its memory; the values are garbage, the collectives' sizes are not);
+the others build it for real on the host (CPU tensors, the run's precision): a few GB at most. Frameworks whose collectives do not go through c10d (Horovod) or that start
 processes of their own cannot run so (`traceable` says why). A spawned process does the work, so
 the caller's process never holds a fake group.
 """
 from __future__ import annotations
 
 from typing import Optional
+
+# frameworks that shard parameters with FSDP2 before they touch a value: their model is built on the meta
+# device and materialised after sharding (each rank's shard only), so a large model traces in little memory
+META_BUILD = ("fsdp2", "tensor_parallel", "expert_parallel")
 
 # frameworks whose step does not run under a fake group in one process, and why
 NOT_TRACEABLE = {
@@ -54,7 +59,8 @@ def trace_record(rec: dict, world: int, max_tokens: int = 64, timeout_s: float =
         raise ValueError(f"framework {fw.get('name')} cannot be traced over a fake process group: {reason}")
     params = (rec.get("model") or {}).get("params") or 0
     sharded = fw.get("name") in ("fsdp2", "deepspeed", "fairscale", "expert_parallel")
-    need = 4 * params + (12 * params / world if sharded else 12 * params)
+    built = 0 if fw.get("name") in META_BUILD else 4 * params     # the whole model, before a framework shards it
+    need = built + (12 * params / world if sharded else 12 * params)
     limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2
     if need > limit:
         raise ValueError(f"{(rec.get('model') or {}).get('name')} needs ~{need / 2**30:.1f} GiB to trace here "
@@ -90,6 +96,12 @@ def _fake_allreduce_hook(state, bucket):
     import torch.distributed as dist
     buf = bucket.buffer()
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda _: buf)
+
+
+def _on_meta(build):
+    import torch
+    with torch.device("meta"):
+        return build()
 
 
 def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
@@ -130,7 +142,11 @@ def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
                           precision=precision, hosts=("host",) * world)
         spec = models.build(cfg.model, "cpu")
         strategy = plan.variant.strategy_class()(plan.variant, ctx, plan.dims)
-        strategy.setup(spec.build, build_optimizer_factory(cfg.optim, "cpu"))
+        meta = cfg.framework.name in META_BUILD and plan.dims.dp_shard > 1
+        build = (lambda: _on_meta(spec.build)) if meta else spec.build
+        strategy.setup(build, build_optimizer_factory(cfg.optim, "cpu"))
+        if meta:      # FSDP2's sharded parameters (and the buffers) get storage; their values do not matter here
+            strategy.model.to_empty(device="cpu")
         from torch.nn.parallel import DistributedDataParallel
         if isinstance(strategy.model, DistributedDataParallel):
             strategy.model.register_comm_hook(None, _fake_allreduce_hook)
