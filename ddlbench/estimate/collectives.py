@@ -5,8 +5,9 @@ size, bytes, calls. torchtitan dry-runs its layouts the same way (comm.mode fake
 
 FSDP2-based strategies build the model on the meta device and give storage to their shards only
 (any size traces in 1/W of its memory; the values are garbage, the collectives' sizes are not);
-the others build it for real on the host (CPU tensors, the run's precision): a few GB at most. Frameworks whose collectives do not go through c10d (Horovod) or that start
-processes of their own cannot run so (`traceable` says why). A spawned process does the work, so
+the others build it for real on the host (CPU tensors, the run's precision): a few GB at most.
+Frameworks whose collectives do not go through c10d (Horovod), or whose step needs what a fake
+peer does not send back, cannot run so (`traceable` says why). Spawned processes do the work, so
 the caller's process never holds a fake group.
 """
 from __future__ import annotations
@@ -48,8 +49,8 @@ def trace(overrides: list[str], world: int, timeout_s: float = 300) -> dict:
 def trace_record(rec: dict, world: int, max_tokens: int = 64, timeout_s: float = 600) -> dict:
     """A 1-rank record's configuration re-planned at `world` ranks (weak scaling: each rank keeps the
     record's micro-batch and accumulation), its step traced. Raises ValueError where it cannot:
-    the framework, or a model too large to build on this host (the whole model is built once, in
-    fp32, before the framework shards it)."""
+    the framework, or a model too large to build on this host (outside META_BUILD the whole model
+    is built once, in fp32, before the framework shards it)."""
     import copy
     import os
     cfg, par = copy.deepcopy(rec.get("config") or {}), rec.get("parallel") or {}

@@ -106,7 +106,7 @@ class RouterStats:
 
     def __init__(self, model: nn.Module, hook: bool = True):
         self._counts: list = []
-        self._aux: list = []
+        self._aux_sum, self._aux_n = None, 0      # a running sum on the device: no list that grows per step
         self._dropped = None
         plan = model.family.experts
         for moe in (plan.moe_block(b) for b in model.family.blocks(model.net)):
@@ -135,13 +135,15 @@ class RouterStats:
                 self._dropped = dropped.long() if self._dropped is None else self._dropped + dropped.long()
 
     def add_aux(self, aux: torch.Tensor) -> None:
-        self._aux.append(aux.detach())
+        aux = aux.detach().float()
+        self._aux_sum = aux if self._aux_sum is None else self._aux_sum + aux
+        self._aux_n += 1
 
     def take(self) -> dict:
         """{'tokens_per_expert': [[per expert] per layer], 'aux_loss_mean': float | None,
         'dropped': int | None}: this rank's."""
         counts = [[] if c is None else c.tolist() for c in self._counts]
-        aux = torch.stack(self._aux).float().mean().item() if self._aux else None
+        aux = (self._aux_sum / self._aux_n).item() if self._aux_n else None
         return {"tokens_per_expert": counts, "aux_loss_mean": aux,
                 "dropped": None if self._dropped is None else int(self._dropped.item())}
 
