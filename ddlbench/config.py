@@ -86,6 +86,10 @@ def compose_raw(overrides: list[str], conf_dir: Path = CONF_DIR) -> dict[str, An
         raise ConfigError(_hydra_message(exc)) from None
 
 
+EP_HINT = (" (this framework has no expert parallelism: framework=expert_parallel, expert_parallel_tp or "
+           "deepspeed_moe with a Mixture-of-Experts model)")
+
+
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     lines = []
     for err in exc.errors():
@@ -94,7 +98,8 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
         loc = [p for i, p in enumerate(raw_loc) if not (i == 1 and raw_loc[0] in ("model", "data"))]
         key = ".".join(([prefix] if prefix else []) + loc)
         if err["type"] == "extra_forbidden":
-            lines.append(f"{key}: unknown key")
+            lines.append(f"{key}: unknown key" + (EP_HINT if key in ("framework.options.ep", "framework.options.ep_size")
+                                                   else ""))
             continue
         got = err.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"

@@ -122,6 +122,7 @@ def test_all_to_all_payload_and_cost_model_by_hand():
     (["model=moe_tiny", "model.family=qwen4"], "not a model family"),
     (["framework=pipeline_1f1b", "model=moe_tiny"], "load-balancing loss"),
     (["model=mixtral_8x7b", "model.moe.norm_topk_prob=false"], "Mixtral always renormalises"),
+    (["framework=ddp", "model=moe_tiny", "+framework.options.ep=2"], "this framework has no expert parallelism"),
 ])
 def test_bad_moe_input_is_refused_before_anything_starts(overrides, message):
     with pytest.raises(ConfigError, match=message):
