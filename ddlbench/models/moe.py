@@ -26,6 +26,19 @@ def experts_implementation(requested: str, device_type: str) -> str:
     return "grouped_mm" if device_type == "cuda" else "eager"
 
 
+def qwen_moe_kwargs(mc, device_type: str) -> dict:
+    """The config keywords of the Qwen MoE families (Qwen2MoeConfig, Qwen3MoeConfig): the decoder's,
+    and every layer sparse with the preset's experts."""
+    from ddlbench.models import decoder
+    m = mc.moe
+    kw = decoder.config_kwargs(mc, device_type)
+    kw.pop("intermediate_size", None)   # dense layers only (mlp_only_layers): none here
+    return {**kw, "num_experts": m.num_experts, "num_experts_per_tok": m.top_k,
+            "moe_intermediate_size": m.intermediate_size, "norm_topk_prob": m.norm_topk_prob,
+            "router_aux_loss_coef": m.aux_loss_coef, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "experts_implementation": experts_implementation(m.experts_implementation, device_type)}
+
+
 UNIFORM = "ddlbench_uniform"
 
 

@@ -11,14 +11,8 @@ from ddlbench.models.family import ExpertsPlan, Family, TensorParallelPlan
 
 def config(mc, device_type: str = "cpu"):
     from transformers import Qwen2MoeConfig
-    m = mc.moe
-    kw = decoder.config_kwargs(mc, device_type)
-    kw.pop("intermediate_size", None)   # dense layers only (mlp_only_layers): none here
-    return Qwen2MoeConfig(**kw, num_experts=m.num_experts, num_experts_per_tok=m.top_k,
-                          moe_intermediate_size=m.intermediate_size,
-                          shared_expert_intermediate_size=m.shared_intermediate_size, norm_topk_prob=m.norm_topk_prob,
-                          router_aux_loss_coef=m.aux_loss_coef, decoder_sparse_step=1, mlp_only_layers=[],
-                          experts_implementation=moe.experts_implementation(m.experts_implementation, device_type))
+    return Qwen2MoeConfig(**moe.qwen_moe_kwargs(mc, device_type),
+                          shared_expert_intermediate_size=mc.moe.shared_intermediate_size)
 
 
 def spec(mc, device_type: str = "cpu"):

@@ -11,13 +11,7 @@ from ddlbench.models.family import ExpertsPlan, Family, TensorParallelPlan
 
 def config(mc, device_type: str = "cpu"):
     from transformers import Qwen3MoeConfig
-    m = mc.moe
-    kw = decoder.config_kwargs(mc, device_type)
-    kw.pop("intermediate_size", None)   # dense layers only (mlp_only_layers): none here
-    return Qwen3MoeConfig(**kw, num_experts=m.num_experts, num_experts_per_tok=m.top_k,
-                          moe_intermediate_size=m.intermediate_size, norm_topk_prob=m.norm_topk_prob,
-                          router_aux_loss_coef=m.aux_loss_coef, decoder_sparse_step=1, mlp_only_layers=[],
-                          experts_implementation=moe.experts_implementation(m.experts_implementation, device_type))
+    return Qwen3MoeConfig(**moe.qwen_moe_kwargs(mc, device_type))
 
 
 def spec(mc, device_type: str = "cpu"):
