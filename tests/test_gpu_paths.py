@@ -51,7 +51,7 @@ def test_fast_paths_on_cuda_and_the_cpu_numbers_kept():
     from ddlbench.config import plan_from_overrides
     from ddlbench.device import cudnn_benchmark
     from ddlbench.models.families.gpt2 import gpt2_activation
-    from ddlbench.models.language import padded_vocab
+    from ddlbench.models.vocab import padded_vocab
     from ddlbench.models.vision import use_channels_last
     assert (gpt2_activation("auto", "cuda"), gpt2_activation("auto", "cpu")) == ("gelu_pytorch_tanh", "gelu_new")
     assert gpt2_activation("gelu_new", "cuda") == "gelu_new"

@@ -90,8 +90,11 @@ def test_a_cancelled_cell_shows_slurms_state_from_sacct(slurm, tmp_path):
     wait_for(lambda: "cancelled" in bench("sweep", "status", str(sweep)).stdout, 60, "sacct to say cancelled", 1)
     out = bench("sweep", "status", str(sweep)).stdout
     assert "1 cells: 1 cancelled" in out and f"Slurm job {job}_0: CANCELLED" in out, out
-    # scancel's SIGTERM reached the launcher, which killed its ranks and still left a result
-    rec = json.loads((sweep / manifest.read(sweep)[0].id / "result.json").read_text())
+    # scancel's SIGTERM reached the launcher, which killed its ranks and still left a result (sacct
+    # may say CANCELLED a moment before the launcher has written it)
+    result = sweep / manifest.read(sweep)[0].id / "result.json"
+    wait_for(result.exists, 30, "the launcher to write the terminated result")
+    rec = json.loads(result.read_text())
     assert rec["status"] == "failed" and rec["error"]["type"] == "terminated", rec["error"]
     left = subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True, text=True).stdout.split()
     shown = {p: subprocess.run(["ps", "-o", "pid,ppid,pgid,sid,stat,etime,args", "-p", p], capture_output=True,

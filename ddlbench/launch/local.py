@@ -204,9 +204,13 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
         return finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg, stacks=stacks))
     except (KeyboardInterrupt, signals.Stopped) as exc:
         signals.shield()        # a second signal must not cut the clean-up short
+        error = stop_error(signals.signum_of(exc))
+        # the record first: Slurm SIGKILLs KillWait seconds after its SIGTERM, which can come
+        # before the ranks are gone; then again once they are (with what they noted meanwhile)
+        finish(run_dir, run_id, plan, "failed", error)
         if proc is not None:
             _kill_tree(proc)
-        finish(run_dir, run_id, plan, "failed", stop_error(signals.signum_of(exc)))
+        finish(run_dir, run_id, plan, "failed", error)
         raise
     finally:
         for sig, handler in previous.items():

@@ -145,7 +145,7 @@ def training_flops(mc, layer_parts: dict, vocab: int) -> dict:
 
 def config_kwargs(mc, device_type: str) -> dict:
     """The keyword arguments every Llama-like transformers config takes, from the preset."""
-    from ddlbench.models.language import padded_vocab
+    from ddlbench.models.vocab import padded_vocab
     kw = dict(num_hidden_layers=mc.n_layer, hidden_size=mc.n_embd, num_attention_heads=mc.n_head,
               num_key_value_heads=mc.n_kv_head,
               vocab_size=padded_vocab(mc.vocab_size, getattr(mc, "pad_vocab_to", "auto"), device_type),

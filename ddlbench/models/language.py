@@ -119,12 +119,6 @@ def _attention(config, mc, device_type: str):
     return config
 
 
-def padded_vocab(vocab_size: int, pad_to, device_type: str) -> int:
-    """The embedding rows: vocab_size rounded up to a multiple of pad_to (auto: 64 on CUDA, 1 on CPU)."""
-    multiple = (64 if device_type == "cuda" else 1) if pad_to == "auto" else int(pad_to)
-    return -(-vocab_size // multiple) * multiple
-
-
 def causal_lm_spec(mc, family, config, class_name: str, device_type: str = "cpu",
                    count_config=None) -> ModelSpec:
     """The spec of a language family: `config` (its transformers config, attention set here) built

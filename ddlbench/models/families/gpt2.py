@@ -20,7 +20,7 @@ def gpt2_activation(requested: str, device_type: str) -> str:
 def config(mc, device_type: str = "cpu"):
     from transformers import GPT2Config
 
-    from ddlbench.models.language import padded_vocab
+    from ddlbench.models.vocab import padded_vocab
     return GPT2Config(
         n_layer=mc.n_layer, n_embd=mc.n_embd, n_head=mc.n_head,
         vocab_size=padded_vocab(mc.vocab_size, getattr(mc, "pad_vocab_to", "auto"), device_type),
