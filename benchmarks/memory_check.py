@@ -8,7 +8,7 @@ issue asks), 2 ranks on this machine's CPU.
 
 Each configuration runs `bench run ... run.memory_tracker=true` (ddlbench/memtrack.py: every tensor
 storage on the rank from before setup to the end of the loop); the busiest rank's peak after the
-first step is set beside `ddlbench.advise.memcheck.predicted` (what advise would estimate for that
+first step is set beside `ddlbench.estimate.memcheck.predicted` (what advise would estimate for that
 candidate). Writes OUT_DIR/memory_check.json and .md; exit 1 when any estimate is off by more than
 10%."""
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run_one(out: Path, name: str, extra: list[str], resume: bool) -> dict:
 
 
 def check(name: str, record: dict) -> dict:
-    from ddlbench.advise.memcheck import compare
+    from ddlbench.estimate.memcheck import compare
     from ddlbench.config import validate
     if record["status"] != "ok":
         return {"framework": name, "status": record["status"],

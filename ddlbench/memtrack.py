@@ -3,7 +3,7 @@
 
 It counts the bytes of every tensor storage alive on the rank's device, from before the adapter
 builds its model (so DDP's buckets, DeepSpeed's flat partitions and FSDP's shards are seen), through
-the framework's own code: what `bench advise`'s estimator (ddlbench/advise/memory.py) predicts from
+the framework's own code: what `bench advise`'s estimator (ddlbench/estimate/memory.py) predicts from
 cost models and a meta-device profile is checked against what the framework really allocated
 (benchmarks/memory_check.py, tests/test_memory_check.py). On CPU it is the only per-tensor measure
 there is (the run records host RSS otherwise); on CUDA the allocator's peak is recorded as well.

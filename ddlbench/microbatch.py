@@ -1,5 +1,5 @@
 """`run.micro_batch=auto`: the largest micro-batch the memory estimator says fits the device, the
-global batch kept by gradient accumulation (ddlbench/advise/memory.py, the estimate `bench advise`
+global batch kept by gradient accumulation (ddlbench/estimate/memory.py, the estimate `bench advise`
 prunes by; docs/memory-check.md holds it within 10% of torch's MemTracker on every strategy).
 
 The device's memory: `run.device_memory_gb` (emulating a smaller device: on CUDA the rank caps its
@@ -55,8 +55,8 @@ def device_limit(run_cfg, device: str, ranks_here: int) -> tuple[int, str]:
 def choose(plan_for, cfg, device: str) -> tuple[int, dict]:
     """`plan_for(micro_batch)` -> a validated Plan at that micro-batch (ConfigError where it cannot
     be); returns (micro_batch, the record of the choice)."""
-    from ddlbench.advise.memcheck import predicted
-    from ddlbench.advise.profile import cached_profile
+    from ddlbench.estimate.memcheck import predicted
+    from ddlbench.estimate.profile import cached_profile
 
     prof, prof_source = cached_profile(cfg.model, cfg.run.precision, device)
     ranks_here = cfg.launcher.nproc if cfg.launcher.name == "local" else max(1, cfg.launcher.nproc // cfg.launcher.nodes)
@@ -75,7 +75,7 @@ def choose(plan_for, cfg, device: str) -> tuple[int, dict]:
     fits = any(need <= (1.0 - HEADROOM) * limit for _, need in estimates)
     return mb, {"chosen": mb, "fits": fits, "why": why, "device_memory_bytes": limit, "device_memory_source": source,
                 "headroom": HEADROOM, "estimates_bytes": {str(m): b for m, b in estimates},
-                "estimator": "ddlbench/advise/memory.py (the variant's cost model, the model's meta-device profile)",
+                "estimator": "ddlbench/estimate/memory.py (the variant's cost model, the model's meta-device profile)",
                 "profile_source": prof_source}
 
 

@@ -132,7 +132,7 @@ def advise_root(model: str, devices: int) -> Path:
     return OUTPUTS / "advise" / f"{model}_n{devices}"
 
 
-PROFILE_CACHE_ENV = "DDLBENCH_PROFILE_CACHE"   # set by a sweep for its cells (ddlbench/advise/profile.py reads it)
+PROFILE_CACHE_ENV = "DDLBENCH_PROFILE_CACHE"   # set by a sweep for its cells (ddlbench/estimate/profile.py reads it)
 
 
 def profile_cache(sweep_dir: Path) -> Path:

@@ -10,8 +10,8 @@ import pytest
 from costs import PROF, cost_of
 
 from ddlbench.adapters.cost import Traffic
-from ddlbench.advise.memory import Layout, estimate
-from ddlbench.advise.predict import comm_seconds, predict, spans, step_compute
+from ddlbench.estimate.memory import Layout, estimate
+from ddlbench.estimate.step import comm_seconds, predict, spans, step_compute
 from ddlbench.metrics.stats import spearman
 from ddlbench.network.model import Dimension, Network
 
@@ -382,7 +382,7 @@ def test_a_model_too_big_for_one_device_is_calibrated_by_a_sharded_run(tmp_path)
     from conftest import bench
 
     from ddlbench.advise.calibrate import calibration_overrides
-    from ddlbench.advise.profile import profile
+    from ddlbench.estimate.profile import profile
     from ddlbench.config import plan_from_overrides
 
     def est(fw, ranks):
@@ -428,7 +428,7 @@ def test_a_pipelines_sends_overlap_the_next_micro_batchs_compute():
     gpt2_tiny mb2x8: 104 ms against this model's 110). Without sends it is the bubble formula,
     (8 + 2 - 1) x 6 = 54 ms; with sends faster than a slot, compute paces them. Through predict:
     a 1F1B candidate on a 1 MB/s link whose activation messages take 2 ms each."""
-    from ddlbench.advise.predict import pipeline_step
+    from ddlbench.estimate.step import pipeline_step
     assert pipeline_step(0.006, 8, 2, 0.011) == pytest.approx(0.111)
     assert pipeline_step(0.006, 8, 2, 0.0) == pytest.approx(0.054)
     assert pipeline_step(0.006, 8, 2, 0.001) == pytest.approx(7 * 0.006 + 2 * 0.006 + 2 * 0.001)

@@ -193,6 +193,19 @@ def test_no_import_circles():
     assert not cycles(graph), cycles(graph)
 
 
+def test_only_the_command_line_reaches_up_into_advise():
+    """The predictor (ddlbench/estimate/: profile, memory, step time, collectives) sits below
+    `bench advise`, `bench project` and run.micro_batch=auto alike: no module outside
+    ddlbench/advise/ imports advise but the command line that dispatches to it (planning reached
+    up into advise for the memory estimator before: config -> microbatch -> advise)."""
+    graph = import_graph()
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() if not m.startswith("ddlbench.advise")
+                    and m != "ddlbench.cli" for d in deps if d.startswith("ddlbench.advise"))
+    assert not upward, upward
+    assert {"ddlbench.estimate.memory", "ddlbench.estimate.profile"} <= graph["ddlbench.microbatch"] | {
+        d for m in graph["ddlbench.microbatch"] for d in graph.get(m, ())}
+
+
 RUN_FILES = ("result.json", "config.json", "config.yaml", "metrics.jsonl", "events.jsonl", "failure.json",
              "agent.log", "stderr.log")
 RUN_DIRS = ("errors", "partial", "stacks", "logs")

@@ -30,7 +30,7 @@ def traced():
 @pytest.mark.slow
 @pytest.mark.parametrize("framework,model,more", CASES, ids=[c[0] for c in CASES])
 def test_traced_step_matches_the_cost_model(traced, framework, model, more):
-    from ddlbench.advise.profile import profile
+    from ddlbench.estimate.profile import profile
     from ddlbench.config import plan_from_overrides
     got = traced[framework]
     assert "error" not in got, got

@@ -10,7 +10,7 @@ from conftest import run_record
 from costs import cost_of
 
 from ddlbench.adapters.cost import ModelProfile, Piece
-from ddlbench.advise.memory import Layout, estimate
+from ddlbench.estimate.memory import Layout, estimate
 
 # 1000 params: embedding 300 (tied), 2 blocks of 150, head 300 (the same weight), root 400
 TIED = ModelProfile(params=1000, largest_block_params=150, blocks=2, activation_bytes_per_sample=100,
@@ -45,7 +45,7 @@ def test_tied_weight_gradients_summed_out_of_place_by_hand():
 
 
 def test_optimizer_step_temporaries_by_hand():
-    from ddlbench.advise.memory import optimizer_step_bytes
+    from ddlbench.estimate.memory import optimizer_step_bytes
     ddp, zero1 = cost_of("ddp", dp=2, model=TIED), cost_of("deepspeed_zero1", dp=2, model=TIED)
     # CPU: AdamW's single-tensor path, two temporaries of the largest weight (300) at a time
     assert optimizer_step_bytes(TIED, ddp, "adamw", "cpu") == 2 * 4 * 300
@@ -117,7 +117,7 @@ def test_estimate_within_ten_percent_of_memtracker(framework, tmp_path):
     """Real runs, 2 ranks: the busiest rank's tracked peak after the first step against the
     estimate advise makes for that candidate. DDP: the tied weight's sum added into bucket views;
     FSDP2: the root unit gathered; ZeRO-2: full reduce buckets; tp 2: embedding whole; pp 2."""
-    from ddlbench.advise.memcheck import compare
+    from ddlbench.estimate.memcheck import compare
     from ddlbench.config import validate
     _, rec = run_record(tmp_path / framework, f"framework={framework}", *MODEL, *RUN, timeout=240)
     assert rec["status"] == "ok", rec.get("error")

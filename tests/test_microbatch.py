@@ -54,7 +54,7 @@ def test_a_run_records_the_choice(tmp_path):
 def test_fused_attention_saves_no_scores_by_hand():
     import torch
 
-    from ddlbench.advise.profile import _saver, attention_scores
+    from ddlbench.estimate.profile import _saver, attention_scores
     assert attention_scores((2, 4, 16, 16), 16) and not attention_scores((2, 16, 32), 16)
     assert not attention_scores((2, 4, 16, 16), None) and not attention_scores((16, 16), 16)
     assert not attention_scores((2, 16, 16), 16)       # hidden states whose width equals T
@@ -70,7 +70,7 @@ def test_profile_for_cuda_leaves_out_what_eager_attention_saves():
     eager attention's softmax output in fp32 and its bf16 copy, one each per layer (found on an
     H200: with them Llama 1B's estimate was 2x the measured peak). Its vocabulary (256) is a
     multiple of 64, so padding changes nothing here."""
-    from ddlbench.advise.profile import profile
+    from ddlbench.estimate.profile import profile
     mc = plan_from_overrides(["model=llama_tiny"]).cfg.model
     cpu, gpu = profile(mc, "bf16", "cpu"), profile(mc, "bf16", "cuda")
     assert cpu.activation_bytes_per_sample - gpu.activation_bytes_per_sample == 2 * 4 * 128 * 128 * (4 + 2)
@@ -81,7 +81,7 @@ def test_profile_for_cuda_leaves_out_what_eager_attention_saves():
 
 def test_autocast_frameworks_take_the_fp32_activation_figures_by_hand():
     from ddlbench.adapters.cost import CostModel, ModelProfile, autocast_copies
-    from ddlbench.advise.memory import Layout, activation_bytes
+    from ddlbench.estimate.memory import Layout, activation_bytes
     prof = ModelProfile(params=100, largest_block_params=10, blocks=4, activation_bytes_per_sample=1000,
                         checkpointed_bytes_per_sample=100, boundary_bytes_per_sample=0,
                         autocast_activation_bytes_per_sample=1800, autocast_checkpointed_bytes_per_sample=150)
@@ -109,10 +109,10 @@ def test_a_rank_takes_the_launchers_choice_instead_of_profiling_again(monkeypatc
 
 
 def test_a_sweeps_memory_profile_is_computed_once_per_key(tmp_path, monkeypatch):
-    """run.micro_batch=auto's profile (ddlbench/advise/profile.py): once per key in a process, and in
+    """run.micro_batch=auto's profile (ddlbench/estimate/profile.py): once per key in a process, and in
     the sweep's cache on disk for the cells that are not forked from it; an unchanged key is not
     measured again, a changed key (precision, model) is; a damaged cache file is measured again."""
-    import ddlbench.advise.profile as prof_mod
+    import ddlbench.estimate.profile as prof_mod
     from ddlbench.config import plan_from_overrides
     measured = []
     real = prof_mod.profile

@@ -1,7 +1,7 @@
 """What one framework variant costs per optimizer step: the model state and buffers each rank
 holds and the collectives it issues. Each adapter declares its own (`Adapter.cost_model`, a
-classmethod: no process group, no model built); `bench advise` prices it (ddlbench/advise/memory.py,
-ddlbench/advise/predict.py) and the run record's analytic volume reads its data-parallel payloads
+classmethod: no process group, no model built); `bench advise` prices it (ddlbench/estimate/memory.py,
+ddlbench/estimate/step.py) and the run record's analytic volume reads its data-parallel payloads
 (`CostModel.payload_psi`). Pure data and arithmetic: no torch, hand-checked in
 tests/test_cost_model.py.
 
@@ -54,7 +54,7 @@ class Share:
 
 @dataclass(frozen=True)
 class ModelProfile:
-    """What a cost model needs to know about a model (ddlbench.advise.profile measures it on meta)."""
+    """What a cost model needs to know about a model (ddlbench.estimate.profile measures it on meta)."""
     params: int
     largest_block_params: int
     blocks: int
@@ -153,7 +153,7 @@ class CostModel:
     step_grad_copy_bytes: int = 0     # bytes per element of a copy of the gradients that exists only
                                       # during the optimizer step (DeepSpeed's FP16_Optimizer: fp32)
     pipeline_stages: int = 0         # > 1: a one-stage-per-rank pipeline schedule (GPipe, 1F1B) whose
-                                     # sends overlap the next micro-batch's compute (advise.predict)
+                                     # sends overlap the next micro-batch's compute (estimate.step)
     traffic: tuple = ()              # Traffic, per optimizer step
 
     def state_bytes(self, optimizer: str, momentum: float = 0.0) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ddlbench.advise.conclude import device_seconds
 from ddlbench.advise.grid import Candidate
-from ddlbench.advise.memory import Layout, estimate
+from ddlbench.estimate.memory import Layout, estimate
 from ddlbench.advise.options import GiB
 from ddlbench.advise.state import Advice
 from ddlbench.errors import ConfigError
@@ -42,7 +42,7 @@ def candidate_row(c: Candidate, prof, cfg, device: str) -> dict:
 def rank_candidates(state: Advice, calibration: list[dict]) -> None:
     """Predict every surviving candidate, prune by memory, rank, mark the ones to measure."""
     from ddlbench.adapters.cost import CostModel, ModelProfile
-    from ddlbench.advise.predict import comm_seconds, compute_at, predict
+    from ddlbench.estimate.step import comm_seconds, compute_at, predict
     from ddlbench.network.model import backend_algorithm, load
     from ddlbench.report.frame import training_memory_bytes
 

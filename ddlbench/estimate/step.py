@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 from ddlbench.adapters.cost import CostModel, Traffic
-from ddlbench.advise.memory import Layout
+from ddlbench.estimate.memory import Layout
 from ddlbench.network.model import Network, collective_time, kind_spans
 
 

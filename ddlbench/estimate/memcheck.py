@@ -1,4 +1,4 @@
-"""The memory estimator (ddlbench/advise/memory.py) against an independent measurement: torch's
+"""The memory estimator (ddlbench/estimate/memory.py) against an independent measurement: torch's
 MemTracker around a real run of the same configuration (`run.memory_tracker=true`, ddlbench/memtrack.py).
 What `bench advise` prunes and ranks by is only as good as this agreement.
 
@@ -8,8 +8,8 @@ tracked peak. On CPU the device is the host, so what a framework offloads counts
 """
 from __future__ import annotations
 
-from ddlbench.advise.memory import Layout, estimate
-from ddlbench.advise.profile import profile
+from ddlbench.estimate.memory import Layout, estimate
+from ddlbench.estimate.profile import profile
 
 # buffers a library allocates where torch's dispatcher does not see it: not in the tracker's peak
 UNSEEN = {"fusion buffer": "Horovod allocates it from its background thread"}

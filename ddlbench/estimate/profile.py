@@ -126,7 +126,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 CACHE_ENV = rundir.PROFILE_CACHE_ENV    # a directory: a sweep sets it for its cells (ddlbench/sweep/task.py)
 # what the profile is computed by: a change to any of them is a new key
-CODE = ("advise/profile.py", "adapters/cost.py", "models/*.py")
+CODE = ("estimate/profile.py", "adapters/cost.py", "models/*.py")
 
 
 def cache_key(model_cfg, precision: str, device_type: str) -> str:

@@ -7,7 +7,7 @@ hand-checked in tests/test_advise.py and tests/test_cost_model.py). Bytes:
                    fp32 master copies), each part divided by the ranks that shard it (ZeRO paper,
                    section 3); parts offloaded to the host are reported apart (`host`)
     activations  = what autograd saves for backward per sample (measured on the meta device,
-                   ddlbench.advise.profile) x micro-batch x micro-batches in flight x the rank's share;
+                   ddlbench.estimate.profile) x micro-batch x micro-batches in flight x the rank's share;
                    with activation checkpointing: the block inputs for every layer plus one
                    block's full activations (its recompute in backward)
     buffers      = what the framework adds (its cost model's `buffers`: buckets, fusion buffers,
