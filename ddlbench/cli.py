@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p_rep.add_argument("--wandb", action="store_true",
                        help="also build a W&B Report over the runs (saved online; offline: spec file)")
     p_proj = sub.add_parser("project", help="project a result to other world sizes on a modelled network: "
-                                            "`project RESULT network=NAME [world_sizes=[...]] [allocate=...]`")
+                                            "`project RESULT network=NAME [world_sizes=[...]] [allocate=...]`, or a layout "
+                                            "from its specification: `project model=M framework=F network=N hardware=H100 ...`")
     p_proj.add_argument("args", nargs="+")
     p_cb = sub.add_parser("commbench", help="bus bandwidth per collective and message size on this machine's "
                                             "backend: `commbench launcher.nproc=N [sizes=[...]] [out=DIR]`")

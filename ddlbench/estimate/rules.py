@@ -1,0 +1,166 @@
+"""Each framework's step as tasks for the schedule (ddlbench/estimate/schedule.py): what waits on
+what (pure; hand-checked in tests/test_schedule.py). Times come in already priced: a piece's
+forward and backward seconds per micro-batch, each unit's collectives' seconds.
+
+FSDP2 (fully_shard per block, the rest in the root unit; ZeRO-3 alike): forward all-gathers each
+unit on its own stream one unit ahead (the all-gather of unit k waits until unit k-2's forward
+is done: two units gathered at most); backward all-gathers the resharded units again, one ahead,
+and reduce-scatters each unit's gradients on a second stream once its last piece's backward is
+done (HSDP: then all-reduces the shard across the replicas on that stream); the root unit is not
+resharded after forward. With gradient accumulation, the all-gathers repeat every micro-batch
+and the reduction comes once, after the last. The optimizer waits for every reduction.
+DDP: gradients all-reduced in buckets (bucket_bytes, 25 MiB) in backward order, each once its last
+piece's backward is done, on the last micro-batch only (no_sync on the others).
+ZeRO-1/2: gradients reduce-scattered in buckets the same way; after the optimizer the updated
+parameters are all-gathered (nothing left to hide them behind).
+Tensor parallelism: a block's forward waits on its activations' all-reduces (two a block, Megatron's
+f/g), and so does its backward: exposed, on a stream of their own so the schedule names them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddlbench.estimate.schedule import COMPUTE, Task
+
+
+@dataclass(frozen=True)
+class Piece:
+    name: str
+    unit: str               # the FSDP unit (or DDP bucket member) it belongs to
+    forward_s: float        # per micro-batch
+    backward_s: float       # per micro-batch, recompute included
+    params: float = 0.0     # for DDP's / ZeRO's buckets (gradient bytes come from `grad_bytes`)
+    tp_forward_s: float = 0.0    # its tensor-parallel collectives' seconds in forward
+    tp_backward_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    gather_s: float = 0.0    # all-gather of its parameters
+    scatter_s: float = 0.0   # reduce-scatter of its gradients
+    reduce_s: float = 0.0    # all-reduce of its gradient shard across replicas (HSDP)
+    resharded: bool = True   # gathered again for backward
+
+
+def _forward_backward(pieces: list[Piece], mb: int, gate_f, gate_b, tp_kind: str) -> tuple[list[Task], dict]:
+    """One micro-batch's compute (and TP) tasks; gate_f / gate_b(piece) -> what its compute waits
+    on besides the compute before it. Returns the tasks and {piece: its backward task}."""
+    tasks, back, prev = [], {}, ()
+    for p in pieces:
+        f = f"F{mb}:{p.name}"
+        tasks.append(Task(f, COMPUTE, p.forward_s, prev + gate_f(p)))
+        prev = ()
+        if p.tp_forward_s:
+            tasks.append(Task(f"TPf{mb}:{p.name}", "tp", p.tp_forward_s, (f,), tp_kind))
+            prev = (f"TPf{mb}:{p.name}",)
+    for p in reversed(pieces):
+        b = f"B{mb}:{p.name}"
+        tasks.append(Task(b, COMPUTE, p.backward_s, prev + gate_b(p)))
+        back[p.name] = b
+        prev = ()
+        if p.tp_backward_s:
+            tasks.append(Task(f"TPb{mb}:{p.name}", "tp", p.tp_backward_s, (b,), tp_kind))
+            prev = (f"TPb{mb}:{p.name}",)
+            back[p.name] = f"TPb{mb}:{p.name}"
+    return tasks, back
+
+
+def fsdp(pieces: list[Piece], units: list[Unit], grad_accum: int, optimizer_s: float, kinds: dict,
+         tp_kind: str = "tp") -> list[Task]:
+    """kinds: {'gather', 'scatter', 'reduce'}: the names their exposed time is charged to."""
+    by_name = {u.name: u for u in units}
+    order_f = list(dict.fromkeys(p.unit for p in pieces))             # first use in forward
+    order_b = list(dict.fromkeys(p.unit for p in reversed(pieces)))   # first use in backward
+    last_b = {u: next(p.name for p in pieces if p.unit == u) for u in order_b}   # its last backward piece
+    first_f = {u: next(p.name for p in pieces if p.unit == u) for u in order_f}
+    backward = list(reversed(pieces))
+    first_b = {u: next(p.name for p in backward if p.unit == u) for u in order_b}
+    tasks = []
+    for mb in range(grad_accum):
+        last = mb == grad_accum - 1
+        ag_f = {}
+        for k, u in enumerate(order_f):
+            # issued as the unit before it starts its forward: after the piece before that unit
+            before = _before(pieces, first_f[order_f[k - 1]]) if k >= 1 else None
+            after = (f"F{mb}:{before}",) if before else ()
+            if by_name[u].gather_s and (mb == 0 or by_name[u].resharded):
+                ag_f[u] = f"AGf{mb}:{u}"
+                tasks.append(Task(ag_f[u], "all_gather", by_name[u].gather_s, after, kinds["gather"]))
+        ag_b = {}
+        for k, u in enumerate(order_b):
+            if not (by_name[u].gather_s and by_name[u].resharded):
+                continue
+            before = _before(backward, first_b[order_b[k - 1]]) if k >= 1 else None
+            after = (f"B{mb}:{before}",) if before else (f"F{mb}:{_last_piece(pieces, u)}",)
+            ag_b[u] = f"AGb{mb}:{u}"
+            tasks.append(Task(ag_b[u], "all_gather", by_name[u].gather_s, after, kinds["gather"]))
+
+        def gate_f(p, ag=ag_f, mb=mb):
+            return (ag[p.unit],) if p.name == first_f[p.unit] and p.unit in ag else ()
+
+        def gate_b(p, ag=ag_b):
+            return (ag[p.unit],) if p.name == first_b[p.unit] and p.unit in ag else ()
+
+        compute, back = _forward_backward(pieces, mb, gate_f, gate_b, tp_kind)
+        tasks += compute
+        if last:
+            waits = []
+            ready = sorted(order_b, key=lambda u: [q.name for q in backward].index(last_b[u]))
+            for u in ready:         # the reduce-scatter stream takes them as their gradients are done
+                unit = by_name[u]
+                if unit.scatter_s or unit.reduce_s:
+                    prev = back[last_b[u]]
+                    if unit.scatter_s:
+                        tasks.append(Task(f"RS:{u}", "reduce_scatter", unit.scatter_s, (prev,), kinds["scatter"]))
+                        prev = f"RS:{u}"
+                    if unit.reduce_s:
+                        tasks.append(Task(f"AR:{u}", "reduce_scatter", unit.reduce_s, (prev,), kinds["reduce"]))
+                        prev = f"AR:{u}"
+                    waits.append(prev)
+            tasks.append(Task("optimizer", COMPUTE, optimizer_s, tuple(waits)))
+    return tasks
+
+
+def _before(order: list[Piece], name: str) -> str | None:
+    """The piece before `name` in `order` (None for the first)."""
+    i = next(i for i, p in enumerate(order) if p.name == name)
+    return order[i - 1].name if i else None
+
+
+def _last_piece(pieces: list[Piece], unit: str) -> str:
+    return [p.name for p in pieces if p.unit == unit][-1]
+
+
+def buckets(pieces: list[Piece], grad_bytes: float, bucket_bytes: float) -> list[tuple[str, float]]:
+    """DDP's (or ZeRO's) gradient buckets in backward order: [(the piece whose backward completes
+    it, its bytes)]; a bucket closes once it holds bucket_bytes (the last one with what is left)."""
+    out, size = [], 0.0
+    for p in reversed(pieces):
+        size += p.params * grad_bytes
+        if size >= bucket_bytes:
+            out.append((p.name, size))
+            size = 0.0
+    if size > 0:
+        out.append((pieces[0].name, size))
+    return out
+
+
+def bucketed(pieces: list[Piece], bucket_s: list[tuple[str, float]], grad_accum: int, optimizer_s: float,
+             kind: str, stream: str, after_optimizer: tuple[float, str] | None = None,
+             tp_kind: str = "tp") -> list[Task]:
+    """DDP (all-reduce buckets) or ZeRO-1/2 (reduce-scatter buckets, then the parameters'
+    all-gather after the optimizer: `after_optimizer` = (seconds, kind)). bucket_s: [(piece whose
+    backward closes the bucket, seconds of its collective)]."""
+    tasks, none = [], (lambda p: ())
+    for mb in range(grad_accum):
+        compute, back = _forward_backward(pieces, mb, none, none, tp_kind)
+        tasks += compute
+    waits = []
+    for i, (piece, seconds) in enumerate(bucket_s):
+        tasks.append(Task(f"{stream}{i}", stream, seconds, (back[piece],), kind))
+        waits.append(f"{stream}{i}")
+    tasks.append(Task("optimizer", COMPUTE, optimizer_s, tuple(waits)))
+    if after_optimizer:
+        tasks.append(Task("AG:parameters", "all_gather", after_optimizer[0], ("optimizer",), after_optimizer[1]))
+    return tasks

@@ -1,0 +1,171 @@
+"""A layout priced at world sizes it never ran at, from a specification (`bench project
+model=... framework=... network=...`): for each world size the configuration is planned as a
+run would be (ddlbench.config: the same overrides, the same validation, the layout the record
+would state), the model's pieces are timed by a roofline (the hardware's peak x an efficiency:
+stated with `mfu=`, or solved so that a measured point — `calibrate=TOKENS_PER_S@DEVICES`, tokens
+per second per device — is reproduced), each unit's collectives are priced on the network over the
+mesh dimensions their groups span, and the step is simulated as a schedule with the framework's
+rules (ddlbench/estimate/rules.py, ddlbench/estimate/schedule.py). Memory per rank is the
+estimator's (ddlbench/estimate/memory.py) for the planned layout.
+
+Compute per piece (embedding, each block, the head with the loss) per micro-batch:
+    forward  = FLOPs(piece, tp-split) x micro_batch / (peak x efficiency)
+    backward = 2 x forward + recompute x forward (blocks; ac: none 0, full 1, selective_op 0.5 —
+               torchtitan's per-op policy recomputes every other matmul)
+Not priced: the optimizer's step (memory-bound; its time folds into the efficiency when
+calibrated), kernel launch gaps, stragglers, congestion.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ddlbench.adapters.cost import DTYPE_BYTES
+from ddlbench.errors import ConfigError
+from ddlbench.estimate import rules
+from ddlbench.estimate.schedule import simulate
+from ddlbench.estimate.step import pipeline_step, spans
+from ddlbench.network.model import Network, collective_time, kind_spans
+
+RECOMPUTE = {"none": 0.0, "full": 1.0, "selective_op": 0.5}
+DDP_BUCKET = 25 * 2**20            # torch DDP's bucket_cap_mb
+ZERO_BUCKET = 5e8                  # DeepSpeed's reduce_bucket_size default (elements)
+SUPPORTED = ("ddp", "fsdp2", "tensor_parallel", "deepspeed", "pipeline")
+
+
+@dataclass(frozen=True)
+class Pricing:
+    network: Network
+    algorithm: str = "best"
+
+    def seconds(self, kind: str, nbytes: float, ranks: int, stride: int) -> float:
+        if ranks <= 1 or nbytes <= 0:
+            return 0.0
+        s = spans(self.network, ranks, stride)
+        return collective_time(kind, nbytes, kind_spans(self.network, kind, s, nbytes), self.algorithm)[0]
+
+    def label(self, kind: str, ranks: int, stride: int) -> str:
+        """'all_gather@leaf': the kind and the outermost network dimension its group spans."""
+        crossing = [d.name for n, d in spans(self.network, ranks, stride) if n > 1] or [self.network.dims[0].name]
+        return f"{kind}@{crossing[-1]}"
+
+
+def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str) -> list[tuple[float, float]]:
+    """(forward, backward) seconds per micro-batch of every piece (embedding, blocks, head)."""
+    out = []
+    n = len(prof.pieces)
+    for i, p in enumerate(prof.pieces):
+        f = p.kept_flops(tp) * micro_batch / flops_per_s
+        block = 0 < i < n - 1
+        out.append((f, 2 * f + (RECOMPUTE[ac] * f if block else 0.0)))
+    return out
+
+
+def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int) -> dict:
+    """One step of the planned layout: {'step_s', 'compute_s', 'exposed': {kind: s}, 'comm_s': {kind: s}}."""
+    from ddlbench.estimate.memcheck import cost_of_plan
+    cfg, d = plan.cfg, plan.dims
+    fw, o = cfg.framework.name, plan.options
+    if fw not in SUPPORTED:
+        raise ConfigError(f"bench project: no schedule rules for {fw} yet (have {', '.join(SUPPORTED)}); "
+                          "project a run of it instead")
+    cost = cost_of_plan(plan, prof, per_node)
+    precision = cfg.run.precision
+    gather_b = DTYPE_BYTES[precision] if fw != "ddp" else 4
+    grad_b = DTYPE_BYTES[plan.variant.grad_reduce_dtype(precision)]
+    tp, mb, m = d.tp, d.micro_batch, d.grad_accum
+    times = piece_times(prof, tp, mb, flops_per_s, ac)
+    nb = len(prof.pieces)
+    tp_s = 2 * pricing.seconds("all_reduce", prof.boundary_bytes_per_sample * mb, tp, 1) if tp > 1 else 0.0
+    tp_kind = pricing.label("all_reduce", tp, 1) if tp > 1 else "tp"
+    names = ["embedding"] + [f"block{i}" for i in range(nb - 2)] + ["head"]
+    comm: dict[str, float] = {}
+
+    def piece(i):
+        unit = names[i] if 0 < i < nb - 1 else "root"
+        block = 0 < i < nb - 1
+        return rules.Piece(names[i], unit, *times[i], params=prof.pieces[i].kept_params(tp),
+                           tp_forward_s=tp_s if block else 0.0, tp_backward_s=tp_s if block else 0.0)
+
+    def add(kind, s, count=1):
+        comm[kind] = comm.get(kind, 0.0) + s * count
+
+    if fw == "pipeline":
+        return _pipeline(plan, prof, pricing, times, cost, grad_b, comm)
+    pieces = [piece(i) for i in range(nb)]
+    if tp > 1:
+        add(tp_kind, 2 * tp_s * (nb - 2) * m)
+    dp_ranks, stride = d.dp, tp
+    if fw in ("fsdp2", "tensor_parallel") or (fw == "deepspeed" and cost.shard_params):
+        shard = cost.shard_ranks
+        reshard = bool(getattr(o, "reshard_after_forward", True))
+        kinds = {"gather": pricing.label("all_gather", shard, stride),
+                 "scatter": pricing.label("reduce_scatter", shard, stride),
+                 "reduce": pricing.label("all_reduce", dp_ranks // shard, shard * stride)}
+        units = []
+        for u in dict.fromkeys(p.unit for p in pieces):
+            params = sum(p.params for p in pieces if p.unit == u)
+            g = pricing.seconds("all_gather", gather_b * params, shard, stride)
+            rs = pricing.seconds("reduce_scatter", grad_b * params, shard, stride)
+            ar = pricing.seconds("all_reduce", grad_b * params / shard, dp_ranks // shard, shard * stride)
+            root = u == "root"
+            units.append(rules.Unit(u, g, rs, ar, resharded=reshard and not root))
+            add(kinds["gather"], g, m * (2 if reshard and not root else 1) if shard > 1 else 0)
+            add(kinds["scatter"], rs), add(kinds["reduce"], ar)
+        tasks = rules.fsdp(pieces, units, m, 0.0, kinds, tp_kind)
+    elif fw == "ddp" or fw == "deepspeed":
+        kind = "all_reduce" if fw == "ddp" else "reduce_scatter"
+        label = pricing.label(kind, dp_ranks, stride)
+        bucket = DDP_BUCKET if fw == "ddp" else ZERO_BUCKET * grad_b
+        bs = [(name, pricing.seconds(kind, b, dp_ranks, stride)) for name, b in rules.buckets(pieces, grad_b, bucket)]
+        add(label, sum(s for _, s in bs))
+        after = None
+        if fw == "deepspeed" and dp_ranks > 1 and cost.shard_optimizer:
+            ag_label = pricing.label("all_gather", dp_ranks, stride)
+            ag = pricing.seconds("all_gather", DTYPE_BYTES[precision] * sum(p.params for p in pieces), dp_ranks, stride)
+            after = (ag, ag_label)
+            add(ag_label, ag)
+        tasks = rules.bucketed(pieces, bs, m, 0.0, label, "grad", after, tp_kind)
+    else:
+        raise ConfigError(f"bench project: no schedule rules for {fw}")
+    s = simulate(tasks)
+    return {"step_s": s.step_s, "compute_s": s.busy["compute"], "exposed": s.exposed, "comm_s": comm,
+            "layout": layout(d, cost)}
+
+
+def layout(d, cost) -> dict:
+    """What each mesh dimension does, in the specification's vocabulary: a sharding strategy's
+    shard group is dp_shard (HSDP: its shard groups; the rest replicate)."""
+    shard = cost.shard_ranks if (cost.shard_params or cost.shard_grads or cost.shard_optimizer) else 1
+    return {"dp_replicate": d.dp // shard, "dp_shard": shard, "tp": d.tp, "pp": d.pp,
+            "micro_batch": d.micro_batch, "grad_accum": d.grad_accum}
+
+
+def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict) -> dict:
+    """A one-stage-per-rank pipeline (GPipe, 1F1B): the busiest stage's slot (forward + backward of
+    its pieces per micro-batch) through ddlbench.estimate.step.pipeline_step with the boundary's
+    send, then the stage's data-parallel all-reduce after the schedule (exposed)."""
+    d = plan.dims
+    nb, pp = len(prof.pieces), d.pp
+    blocks = nb - 2
+    per = math.ceil(blocks / pp)
+    stages = [list(range(1 + s * per, 1 + min(blocks, (s + 1) * per))) for s in range(pp)]
+    stages[0].insert(0, 0)
+    stages[-1].append(nb - 1)
+    slot = max(sum(times[i][0] + times[i][1] for i in st) for st in stages)
+    send = 0.0
+    if pp > 1:      # to the next stage: dp x tp ranks further on (pp outermost)
+        send = collective_time("send", prof.boundary_bytes_per_sample * d.micro_batch,
+                               kind_spans(pricing.network, "send", spans(pricing.network, pp, d.tp * d.dp)),
+                               pricing.algorithm)[0]
+    body = pipeline_step(slot, d.grad_accum, pp, send)
+    params = max(sum(prof.pieces[i].kept_params(d.tp) for i in st) for st in stages)
+    ar = pricing.seconds("all_reduce", grad_b * params, d.dp, d.tp)
+    label = pricing.label("all_reduce", d.dp, d.tp)
+    send_label = pricing.label("send", pp, d.tp * d.dp) if pp > 1 else "send"
+    comm[label] = comm.get(label, 0.0) + ar
+    comm[send_label] = comm.get(send_label, 0.0) + 2 * send * d.grad_accum
+    compute = slot * d.grad_accum
+    exposed = {"pipeline bubble": (pp - 1) * slot, send_label: body - compute - (pp - 1) * slot, label: ar}
+    return {"step_s": body + ar, "compute_s": compute, "exposed": {k: v for k, v in exposed.items() if v > 1e-12},
+            "comm_s": comm, "layout": layout(d, cost)}

@@ -1,0 +1,104 @@
+"""`bench project` from a specification: the rows of ddlbench/estimate/scale.py at every world
+size, with the efficiency stated or calibrated on a measured point (see scale.py's docstring)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddlbench.errors import ConfigError
+from ddlbench.estimate.scale import RECOMPUTE, Pricing, step_of
+
+
+@dataclass(frozen=True)
+class Spec:
+    overrides: tuple[str, ...]      # what `bench run` would take: framework=, model=, run.precision=, ...
+    local_batch: int                # samples per data-parallel rank per step
+    peak_flops: float               # per device, at the run's precision
+    ac: str = "none"
+    per_node: int = 8
+    device_memory_bytes: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def plan_at(spec: Spec, world: int):
+    """The configuration planned for `world` ranks with global batch dp x local_batch (weak
+    scaling): the data-parallel degree the framework plans is found by planning each divisor of the
+    world, largest first (the first that plans with that dp is the one)."""
+    from ddlbench.config import plan_from_overrides
+    base = [*spec.overrides, f"launcher.nproc={world}"]
+    if spec.ac == "full":
+        base.append("framework.options.activation_checkpointing=true")
+    first = None
+    for dp in sorted((d for d in range(1, world + 1) if world % d == 0), reverse=True):
+        try:
+            plan = plan_from_overrides([*base, f"run.global_batch={dp * spec.local_batch}"])
+        except ConfigError as exc:
+            if "activation_checkpointing" in str(exc):
+                raise ConfigError(f"ac=full: this framework has no activation_checkpointing option ({exc})") from None
+            first = first or exc
+            continue
+        if plan.dims.dp == dp:
+            return plan
+    raise first or ConfigError(f"no data-parallel degree plans {world} ranks with local_batch={spec.local_batch}")
+
+
+def tokens_per_sample(plan) -> int:
+    """A language model's sequence; an image model's sample counts as one."""
+    return int(getattr(plan.cfg.model, "seq_len", 0) or 1)
+
+
+def _profile(plan):
+    from ddlbench.estimate.profile import cached_profile
+    return cached_profile(plan.cfg.model, plan.cfg.run.precision, "cuda")[0]
+
+
+def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: int) -> float:
+    """The fraction of peak at which the simulated step at `world` devices gives `tokens_per_s` per
+    device (bisection: the step only shortens as compute speeds up). ConfigError where even the
+    peak cannot reach it."""
+    plan = plan_at(spec, world)
+    prof = _profile(plan)
+    tokens = plan.dims.global_batch * tokens_per_sample(plan)
+
+    def rate(eff: float) -> float:
+        s = step_of(plan, prof, pricing, spec.peak_flops * eff, spec.ac, spec.per_node)
+        return tokens / s["step_s"] / world
+    if rate(1.0) < tokens_per_s:
+        raise ConfigError(f"calibrate: {tokens_per_s:g} tokens/s per device at {world} devices is faster than this "
+                          f"model runs at 100% of the peak ({rate(1.0):,.0f}); check the peak or the figure")
+    lo, hi = 1e-4, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if rate(mid) < tokens_per_s else (lo, mid)
+    return (lo + hi) / 2
+
+
+def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float) -> list[dict]:
+    from ddlbench.estimate.memcheck import predicted
+    if spec.ac not in RECOMPUTE:
+        raise ConfigError(f"ac must be one of {', '.join(RECOMPUTE)}, got {spec.ac!r}")
+    out = []
+    for w in world_sizes:
+        plan = plan_at(spec, w)
+        prof = _profile(plan)
+        d = plan.dims
+        s = step_of(plan, prof, pricing, spec.peak_flops * efficiency, spec.ac, spec.per_node)
+        tokens = d.global_batch * tokens_per_sample(plan)
+        model_flops = 3 * sum(p.flops for p in prof.pieces) * d.global_batch   # per step, no recompute
+        try:
+            mem = predicted(plan, prof, spec.per_node, "cuda")
+        except ValueError:
+            mem = None
+        row = {"devices": w, "layout": s["layout"],
+               "global_batch": d.global_batch, "step_s": s["step_s"], "compute_s": s["compute_s"],
+               "exposed_comm_s": s["step_s"] - s["compute_s"], "exposed_by_kind_s": s["exposed"],
+               "comm_by_kind_s": {k: v for k, v in s["comm_s"].items() if v > 0}, "tokens_per_s_per_device": tokens / s["step_s"] / w,
+               "mfu": model_flops / s["step_s"] / w / spec.peak_flops,
+               "memory_per_rank_bytes": mem["total"] if mem else None,
+               "memory_parts_bytes": {k: v for k, v in mem.items() if k not in ("total",)} if mem else None}
+        if spec.ac == "selective_op":     # the estimator prices none and full: none's bytes bound it from above
+            row["memory_note"] = "activations without checkpointing: an upper bound for selective_op"
+        if mem and spec.device_memory_bytes:
+            fits = mem["total"] <= spec.device_memory_bytes
+            row["fits"] = fits if fits or spec.ac != "selective_op" else None
+        out.append(row)
+    return out

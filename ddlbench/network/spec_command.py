@@ -1,0 +1,149 @@
+"""`bench project model=NAME framework=NAME network=NAME [key=value ...]`: a layout projected from
+its specification, no run needed (ddlbench/estimate/scale.py). Every Hydra override a run takes
+(framework.options.tp=8, run.precision=bf16, model.seq_len=...) passes through to the planner."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from ddlbench.errors import ConfigError
+from ddlbench.results import atomic_write_json
+
+KEYS = {"network", "world_sizes", "hardware", "peak_tflops", "local_batch", "ac", "mfu", "calibrate",
+        "device_memory_gb", "per_node", "algorithm", "out"}
+DEFAULT_WORLD_SIZES = [8, 128, 1024]
+DEFAULT_MFU = 0.4
+USAGE = ("usage: bench project model=NAME framework=NAME network=NAME hardware=H100 [world_sizes=[8,128,1024]] "
+         "[local_batch=N] [ac=none|full|selective_op] [mfu=0.4 | calibrate=TOKENS_PER_S@DEVICES] "
+         "[device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical] [out=DIR] [any run override]")
+
+
+def is_spec(args: list[str]) -> bool:
+    """A specification (no RESULT argument, a model= or framework= given)."""
+    return not any("=" not in a for a in args) and any(a.startswith(("model=", "framework=")) for a in args)
+
+
+def gpu_peak(name: str, precision: str) -> float:
+    """A device's dense peak at the precision from conf/hardware/auto.yaml's gpu_table (the key
+    matched case-insensitively: h100, H200, 'A100')."""
+    import yaml
+
+    from ddlbench.config import CONF_DIR
+    from ddlbench.hardware import peak_dtype
+    table = yaml.safe_load((CONF_DIR / "hardware" / "auto.yaml").read_text())["gpu_table"]
+    key = next((k for k in table if k.lower() == name.lower()), None)
+    if key is None:
+        raise ConfigError(f"bench project: hardware={name!r} has no peak in conf/hardware/auto.yaml's gpu_table "
+                          f"(known: {', '.join(table)}); or give peak_tflops=")
+    return float(table[key][peak_dtype("cuda", precision)])
+
+
+def parse(args: list[str]):
+    from ddlbench.keyvalue import parse_key_values
+    kv = parse_key_values(args, "bench project", KEYS, passes=lambda k: k in ("model", "framework") or "." in k
+                          or k.startswith("+"), required=("network",), usage=USAGE,
+                          passes_hint="run overrides: model=, framework=, run.*, framework.options.*, model.*")
+    if not any(a.startswith("model=") for a in kv.passed) or not any(a.startswith("framework=") for a in kv.passed):
+        raise ConfigError(f"bench project: a specification needs model= and framework=\n{USAGE}")
+    return kv
+
+
+def calibration(text: str) -> tuple[float, int]:
+    rate, sep, devices = text.partition("@")
+    try:
+        out = float(rate), int(devices)
+    except ValueError:
+        out = None
+    if not sep or out is None or out[0] <= 0 or out[1] < 1:
+        raise ConfigError(f"bench project: calibrate must be TOKENS_PER_S_PER_DEVICE@DEVICES (e.g. 5762@8), got {text!r}")
+    return out
+
+
+def run(args: list[str]) -> int:
+    from ddlbench.estimate.scale import RECOMPUTE, Pricing
+    from ddlbench.estimate.spec import Spec, rows, solve_efficiency
+    from ddlbench.network import model
+
+    kv = parse(args)
+    sizes = kv.integers("world_sizes", DEFAULT_WORLD_SIZES)
+    net = model.load(kv.text("network"))
+    too_big = [n for n in sizes if n > net.max_devices]
+    if too_big:
+        raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
+    ac = kv.choice("ac", tuple(RECOMPUTE), "none")
+    algorithm = kv.choice("algorithm", ("best", *model.ALGORITHMS), "best")
+    precision = next((a.split("=", 1)[1] for a in kv.passed if a.startswith("run.precision=")), "fp32")
+    if kv.text("peak_tflops"):
+        peak, peak_src = kv.number("peak_tflops", positive=True) * 1e12, "peak_tflops="
+    elif kv.text("hardware"):
+        peak, peak_src = gpu_peak(kv.text("hardware"), precision), f"{kv.text('hardware')} {precision} (gpu_table)"
+    else:
+        raise ConfigError(f"bench project: give hardware= (a gpu_table name) or peak_tflops= for the roofline\n{USAGE}")
+    mem = kv.number("device_memory_gb", positive=True)
+    spec = Spec(tuple(kv.passed), kv.integer("local_batch", 1), peak, ac,
+                kv.integer("per_node", net.dims[0].size), mem * 2**30 if mem else None)
+    pricing = Pricing(net, algorithm)
+    try:
+        if kv.text("calibrate"):
+            rate, at = calibration(kv.text("calibrate"))
+            if at > net.max_devices:
+                raise ConfigError(f"calibrate: {at} devices exceed network {net.name} ({net.max_devices:,})")
+            eff = solve_efficiency(spec, pricing, rate, at)
+            eff_src = f"calibrated: {rate:g} tokens/s per device at {at} devices reproduced"
+        else:
+            eff = kv.number("mfu", DEFAULT_MFU, low=1e-4, high=1.0)
+            eff_src = "mfu= (an assumption)" if kv.text("mfu") else f"assumed {DEFAULT_MFU:g} of peak (no mfu= or calibrate=)"
+        table = rows(spec, pricing, sizes, eff)
+    except ConfigError:
+        raise
+    except ValueError as exc:        # the network model or the schedule refusing a layout
+        raise ConfigError(f"bench project: {exc}") from None
+    name = "_".join(a.split("=", 1)[1] for a in kv.passed if a.startswith(("model=", "framework=")))
+    out = Path(kv.text("out") or f"projection_{name}_{net.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"specification": list(kv.passed), "network": net.name, "network_file": net.source, "algorithm": algorithm,
+           "peak_flops": peak, "peak_source": peak_src, "efficiency": eff, "efficiency_source": eff_src, "ac": ac,
+           "local_batch": spec.local_batch, "per_node": spec.per_node, "method": (
+               "planned per world size as a run (ddlbench.config), pieces timed by the roofline, each unit's collectives "
+               "priced on the network, the step simulated with the framework's rules (ddlbench/estimate/rules.py)"),
+           "not_priced": "the optimizer step, launch gaps, compute slowed by overlapped communication, stragglers, congestion",
+           "rows": table}
+    atomic_write_json(out / "projection.json", doc)
+    with open(out / "projection.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["devices", "dp_replicate", "dp_shard", "tp", "pp", "step_s", "exposed_comm_s",
+                    "tokens_per_s_per_device", "mfu", "memory_per_rank_bytes"])
+        for r in table:
+            lay = r["layout"]
+            w.writerow([r["devices"], lay["dp_replicate"], lay["dp_shard"], lay["tp"], lay["pp"], r["step_s"],
+                        r["exposed_comm_s"], r["tokens_per_s_per_device"], r["mfu"], r["memory_per_rank_bytes"]])
+    _print(doc, out)
+    return 0
+
+
+def _print(doc: dict, out: Path) -> None:
+    from ddlbench.table import text_table
+    print(f"{' '.join(doc['specification'])} on {doc['network']}: compute at {doc['efficiency']:.1%} of "
+          f"{doc['peak_flops'] / 1e12:,.1f} TFLOP/s ({doc['efficiency_source']}; peak: {doc['peak_source']}), ac={doc['ac']}")
+
+    def mem(r):
+        if r["memory_per_rank_bytes"] is None:
+            return "-"
+        fits = {True: " fits", False: " DOES NOT FIT"}.get(r.get("fits"), "")
+        bound = "<=" if r.get("memory_note") else ""
+        return f"{bound}{r['memory_per_rank_bytes'] / 2**30:.1f}{fits}"
+
+    def top(r):
+        items = sorted(r["exposed_by_kind_s"].items(), key=lambda kv: -kv[1])[:2]
+        return ", ".join(f"{k} {v * 1e3:.1f}" for k, v in items) or "-"
+    print(text_table(["devices", "dp_rep x dp_shard x tp x pp", "step ms", "exposed comm ms", "tokens/s/device", "MFU",
+                      "memory/rank GiB", "largest exposed (ms)"],
+                     [[str(r["devices"]), "x".join(str(r["layout"][k]) for k in ("dp_replicate", "dp_shard", "tp", "pp")),
+                       f"{r['step_s'] * 1e3:.1f}", f"{r['exposed_comm_s'] * 1e3:.1f}",
+                       f"{r['tokens_per_s_per_device']:,.0f}", f"{r['mfu']:.1%}", mem(r), top(r)] for r in doc["rows"]]))
+    notes = {r["memory_note"] for r in doc["rows"] if r.get("memory_note")}
+    if notes:
+        print(f"memory: {'; '.join(sorted(notes))} (<=)")
+    print(f"not priced: {doc['not_priced']}")
+    for name in ("projection.json", "projection.csv"):
+        print(f"  {out / name}")

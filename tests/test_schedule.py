@@ -1,0 +1,168 @@
+"""The step as a schedule (ddlbench/estimate/schedule.py, rules.py) by hand, and `bench project`
+from a specification (ddlbench/estimate/scale.py, spec.py) end to end: every layout family at
+8 / 128 / 1,024 devices, torchtitan's published 8 -> 128 H100 pair, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import bench
+from ddlbench.errors import ConfigError
+from ddlbench.estimate import rules
+from ddlbench.estimate.schedule import Task, simulate
+
+
+def test_a_stream_waits_for_what_it_needs_and_the_gap_is_charged_to_it():
+    s = simulate([Task("A", "compute", 2), Task("X", "comm", 3, kind="ag"), Task("B", "compute", 1, ("A", "X")),
+                  Task("C", "comm", 2, ("B",), kind="rs")])
+    # A 0-2 and X 0-3 side by side; B waits for X until 3 (1 s exposed), ends 4; C 4-6 after all compute
+    assert (s.start["B"], s.end["B"], s.end["C"], s.step_s) == (3, 4, 6, 6)
+    assert s.exposed == {"ag": 1, "rs": 2} and s.busy == {"compute": 3, "comm": 5}
+
+
+def test_a_schedule_that_cannot_go_on_is_refused():
+    with pytest.raises(ValueError, match="cannot go on"):
+        simulate([Task("T1", "compute", 1, ("T2",)), Task("T2", "comm", 1, ("T1",))])
+    with pytest.raises(ValueError, match="repeat"):
+        simulate([Task("T", "compute", 1), Task("T", "comm", 1)])
+    with pytest.raises(ValueError, match="unknown"):
+        simulate([Task("T", "compute", 1, ("nope",))])
+
+
+PIECES = [rules.Piece("emb", "root", 0, 0, params=10), rules.Piece("b0", "b0", 1, 2, params=20),
+          rules.Piece("b1", "b1", 1, 2, params=20), rules.Piece("head", "root", 1, 2, params=10)]
+
+
+def test_fsdp_prefetches_one_unit_ahead_and_reduce_scatters_as_gradients_are_done():
+    """By hand: forward gathers root (0-3) then b0 (3-3.5); b1's gather waits for the embedding's
+    forward (as b0 starts) and runs 3.5-4. F: emb at 3, b0 3.5-4.5, b1 4.5-5.5, head 5.5-6.5.
+    Backward: b1 regathered after its forward (5.5-6), b0 after the head's backward (8.5-9); B head
+    6.5-8.5, b1 8.5-10.5, b0 10.5-12.5, emb 12.5. Reduce-scatters in the order gradients are done:
+    b1 10.5-11.5, b0 12.5-13.5, root 13.5-15.5; the optimizer at 15.5. Exposed: 3 + 0.5 of gathers,
+    3 of the root's reduce-scatter; 9 s of compute."""
+    units = [rules.Unit("root", 3, 2, resharded=False), rules.Unit("b0", 0.5, 1), rules.Unit("b1", 0.5, 1)]
+    s = simulate(rules.fsdp(PIECES, units, 1, 0.0, {"gather": "ag", "scatter": "rs", "reduce": "ar"}))
+    assert s.step_s == 15.5 and s.busy["compute"] == 9
+    assert (s.start["AGf0:b1"], s.start["AGb0:b1"], s.start["AGb0:b0"], s.start["RS:root"]) == (3.5, 5.5, 8.5, 13.5)
+    assert s.exposed == {"ag": 3.5, "rs": 3.0}
+
+
+def test_fsdp_accumulates_then_reduces_once():
+    """Two micro-batches: blocks gathered four times (twice each micro-batch), the root once, one
+    reduce-scatter per unit; the step at least twice the compute of one."""
+    units = [rules.Unit("root", 3, 2, resharded=False), rules.Unit("b0", 0.5, 1), rules.Unit("b1", 0.5, 1)]
+    tasks = rules.fsdp(PIECES, units, 2, 0.0, {"gather": "ag", "scatter": "rs", "reduce": "ar"})
+    names = [t.name for t in tasks]
+    assert sum(n.startswith("AG") and n.endswith(":b0") for n in names) == 4
+    assert sum(n.startswith("AG") and n.endswith(":root") for n in names) == 1
+    assert sorted(n for n in names if n.startswith("RS")) == ["RS:b0", "RS:b1", "RS:root"]
+    assert simulate(tasks).busy["compute"] == 18
+
+
+def test_ddp_buckets_close_in_backward_order():
+    assert rules.buckets(PIECES, 1, 25) == [("b1", 30), ("emb", 30)]
+    bs = [("b1", 1.0), ("emb", 1.5)]
+    # F 0-3; B head 3-5, b1 5-7, b0 7-9; bucket 0 7-8 (hidden), bucket 1 9-10.5 (exposed)
+    s = simulate(rules.bucketed(PIECES, bs, 1, 0.0, "ar", "grad"))
+    assert s.step_s == 10.5 and s.exposed == {"ar": 1.5}
+    # ZeRO-2: the parameters gathered after the optimizer, with nothing left to hide behind
+    z = simulate(rules.bucketed(PIECES, bs, 1, 0.0, "rs", "grad", after_optimizer=(2.0, "ag")))
+    assert z.step_s == 12.5 and z.exposed == {"rs": 1.5, "ag": 2.0}
+
+
+def test_tensor_parallel_collectives_are_exposed():
+    tp = [rules.Piece("b0", "b0", 1, 2, params=1, tp_forward_s=0.25, tp_backward_s=0.5)]
+    s = simulate(rules.bucketed(tp, [], 1, 0.0, "ar", "grad", tp_kind="tp@nvlink"))
+    # F 0-1, its all-reduces 1-1.25, B 1.25-3.25, its all-reduces 3.25-3.75, then the optimizer
+    assert s.step_s == 3.75 and s.exposed == {"tp@nvlink": 0.75}
+
+
+def test_a_group_is_priced_over_the_dimensions_it_spans():
+    from ddlbench.estimate.scale import Pricing
+    from ddlbench.network import model
+    net = model.load("dgx_h100")
+    p = Pricing(net)
+    assert [p.label("all_gather", 8, 1), p.label("all_gather", 128, 1), p.label("all_gather", 16, 8),
+            p.label("all_reduce", 8, 1024)] == ["all_gather@nvlink", "all_gather@leaf", "all_gather@leaf",
+                                                "all_reduce@spine"]
+    # 1 GB over one node: a ring on NVLink, 7 steps of 2 us and 7/8 of the bytes at 450 GB/s
+    assert p.seconds("all_gather", 1e9, 8, 1) == pytest.approx(7 * 2e-6 + 7 / 8 * 1e9 / 450e9)
+    assert p.seconds("all_gather", 1e9, 1, 1) == 0.0
+
+
+def spec_rows(overrides, local_batch=2, ac="none", sizes=(8, 128, 1024), eff=0.5):
+    from ddlbench.estimate.scale import Pricing
+    from ddlbench.estimate.spec import Spec, rows
+    from ddlbench.network import model
+    spec = Spec(("model=llama_tiny", "run.precision=bf16", *overrides), local_batch, 989.4e12, ac)
+    return rows(spec, Pricing(model.load("dgx_h100")), list(sizes), eff)
+
+
+@pytest.mark.parametrize("overrides,layout128", [
+    (("framework=fsdp_full",), (1, 128, 1, 1)),
+    (("framework=fsdp_hybrid",), (16, 8, 1, 1)),
+    (("framework=tensor_parallel_fsdp", "framework.options.tp=2"), (1, 64, 2, 1)),
+    (("framework=pipeline_1f1b", "framework.options.pp=2", "framework.options.dp=-1",
+      "run.micro_batch=1"), (64, 1, 1, 2)),
+    (("framework=ddp",), (128, 1, 1, 1)),
+    (("framework=deepspeed_zero2",), (1, 128, 1, 1)),
+])
+def test_every_layout_family_is_projected_at_8_128_and_1024(overrides, layout128):
+    out = spec_rows(overrides)
+    assert [r["devices"] for r in out] == [8, 128, 1024]
+    r128 = out[1]
+    assert tuple(r128["layout"][k] for k in ("dp_replicate", "dp_shard", "tp", "pp")) == layout128
+    for r in out:
+        assert r["step_s"] >= r["compute_s"] > 0 and r["memory_per_rank_bytes"] > 0
+        assert r["exposed_comm_s"] == pytest.approx(sum(r["exposed_by_kind_s"].values()), rel=1e-9, abs=1e-12)
+        assert r["comm_by_kind_s"] and all(v > 0 for v in r["comm_by_kind_s"].values())
+        assert all("@" in k or k == "pipeline bubble" for k in r["exposed_by_kind_s"])
+    # leaving the node slows the collectives: the step does not shorten from 8 to 128 devices
+    assert out[1]["step_s"] >= out[0]["step_s"] and out[1]["tokens_per_s_per_device"] <= out[0]["tokens_per_s_per_device"]
+
+
+def test_mfu_is_the_efficiency_times_the_share_of_the_step_spent_computing():
+    """No recompute, dp = world: the compute stream runs exactly the model FLOPs at the efficiency."""
+    for r in spec_rows(("framework=fsdp_full",), eff=0.5):
+        assert r["mfu"] == pytest.approx(0.5 * r["compute_s"] / r["step_s"], rel=1e-9)
+
+
+def test_torchtitans_8_to_128_h100_pair_within_3_percent(tmp_path):
+    """Llama 3.1 8B, FSDP, local batch 2, seq 8192, selective AC, eager (torchtitan's
+    docs/performance.md, Tables 1 and 3: 5,762 and 5,605 tokens/s per GPU): compute calibrated on
+    the 8-GPU point, the 128-GPU point predicted."""
+    proc = bench("project", "model=llama_8b", "framework=fsdp_full", "network=dgx_h100", "hardware=H100",
+                 "run.precision=bf16", "run.micro_batch=2", "local_batch=2", "ac=selective_op", "calibrate=5762@8",
+                 "world_sizes=[8,128]", "device_memory_gb=96", f"out={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "projection.json").read_text())
+    r8, r128 = doc["rows"]
+    assert r8["tokens_per_s_per_device"] == pytest.approx(5762, rel=1e-3)
+    assert r128["tokens_per_s_per_device"] == pytest.approx(5605, rel=0.03)
+    assert r128["exposed_comm_s"] > r8["exposed_comm_s"] > 0
+    assert "calibrated" in doc["efficiency_source"] and "5762 tokens/s" in proc.stdout
+    assert (tmp_path / "projection.csv").read_text().count("\n") == 3
+
+
+@pytest.mark.parametrize("args,message", [
+    (("framework=horovod", "hardware=H100"), "no schedule rules for horovod"),
+    (("framework=fsdp_full",), "give hardware="),
+    (("framework=fsdp_full", "hardware=B300"), "has no peak"),
+    (("framework=fsdp_full", "hardware=H100", "calibrate=5@"), "calibrate must be"),
+    (("framework=fsdp_full", "hardware=H100", "calibrate=1e12@8"), "faster than this model runs at 100%"),
+    (("framework=tensor_parallel_fsdp", "framework.options.tp=3", "hardware=H100"), "not divisible"),
+    (("framework=fsdp_full", "hardware=H100", "world_sizes=[8,1000000]"), "exceed network"),
+    (("framework=fsdp_full", "hardware=H100", "ac=some"), "ac must be"),
+    (("framework=deepspeed_zero2", "hardware=H100", "ac=full"), "no activation_checkpointing option"),
+])
+def test_bad_specifications_are_refused_with_the_reason(args, message):
+    proc = bench("project", "model=llama_tiny", "network=dgx_h100", *args)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_specification_without_a_model_is_refused():
+    with pytest.raises(ConfigError, match="needs model= and framework="):
+        from ddlbench.network.spec_command import parse
+        parse(["framework=ddp", "network=dgx_h100"])
