@@ -44,8 +44,8 @@ def run_one(out: Path, name: str, extra: list[str], resume: bool) -> dict:
 
 
 def check(name: str, record: dict) -> dict:
-    from ddlbench.estimate.memcheck import compare
     from ddlbench.config import validate
+    from ddlbench.estimate.memcheck import compare
     if record["status"] != "ok":
         return {"framework": name, "status": record["status"],
                 "error_message": (record.get("error") or {}).get("message", "")[:200]}

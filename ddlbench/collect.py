@@ -21,6 +21,7 @@ from ddlbench.metrics.timing import (
     window_step_time,
     window_vs_median,
 )
+from ddlbench.models import checkpointing
 from ddlbench.results import Record, finite
 from ddlbench.rundir import RunDir
 
@@ -145,7 +146,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     window_step = window_step_time([g["step_time_s"] for g in gathered])
     tp = throughput(dims.global_batch, window_step, dims.world_size, spec.tokens_per_sample)
     params = strategy.params
-    recompute = plan.variant.recomputes_blocks()
+    recompute = plan.variant.ac_policy()
     flops = train_flops_per_sample(spec, recompute_blocks=recompute)
     tf32 = ctx.device.type == "cuda" and cuda_tf32_enabled(getattr(cfg.model, "arch", None))
     peak, peak_source = peak_flops(cfg.hardware, ctx.device, ctx.precision, threads, tf32)
@@ -246,7 +247,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
                        "palm_train_per_sample": flops["palm_flops"],
                        "analytic": flops["analytic"],
                        "hardware_train_per_sample": flops["hardware_flops"],
-                       "recompute": "activation checkpointing per block" if recompute else None,
+                       "recompute": checkpointing.recompute_label(recompute),
                        "hfu": hfu_value, "peak_dtype": peak_dtype(ctx.device.type, ctx.precision, tf32),
                        "peak_per_device": peak, "peak_source": peak_source,
                        "measured_peak_per_device": measured, "measured_peak_source": measured_source,

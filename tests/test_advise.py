@@ -382,8 +382,8 @@ def test_a_model_too_big_for_one_device_is_calibrated_by_a_sharded_run(tmp_path)
     from conftest import bench
 
     from ddlbench.advise.calibrate import calibration_overrides
-    from ddlbench.estimate.profile import profile
     from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import profile
 
     def est(fw, ranks):
         plan = plan_from_overrides(calibration_overrides(fw, "gpt2_tiny", 4, [], None, ranks))

@@ -103,8 +103,8 @@ def measured(tmp_path_factory):
 @pytest.mark.parametrize("framework", MEASURED)
 def test_cost_model_matches_what_a_run_sends(measured, framework):
     from ddlbench.adapters.cost import ModelProfile
-    from ddlbench.estimate.profile import profile
     from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import profile
     rec = measured[framework]
     assert rec["status"] == "ok", rec["error"]
     assert rec["parallel"]["grad_accum"] == 2
@@ -136,8 +136,8 @@ def test_a_new_yaml_variant_is_advised_without_code(tmp_path):
     from its options by the adapter's cost model (advise has no table keyed by file name)."""
     from ddlbench.adapters.cost import ModelProfile
     from ddlbench.advise.grid import enumerate_grid
-    from ddlbench.estimate.memcheck import predicted
     from ddlbench.config import CONF_DIR
+    from ddlbench.estimate.memcheck import predicted
 
     base = (CONF_DIR / "framework" / "deepspeed_zero2.yaml").read_text()
     name = "zz_test_zero2_1mb_buckets"

@@ -63,8 +63,8 @@ def test_without_pieces_the_split_is_uniform():
 @pytest.fixture(scope="module")
 def real_vocab():
     """gpt2_tiny's 2 blocks of width 128 with GPT-2's real vocabulary (50,257 tokens)."""
-    from ddlbench.estimate.profile import profile
     from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import profile
     cfg = plan_from_overrides(["model=gpt2_tiny", "model.vocab_size=50257"]).cfg.model
     return cfg, profile(cfg)
 

@@ -30,8 +30,8 @@ def traced():
 @pytest.mark.slow
 @pytest.mark.parametrize("framework,model,more", CASES, ids=[c[0] for c in CASES])
 def test_traced_step_matches_the_cost_model(traced, framework, model, more):
-    from ddlbench.estimate.profile import profile
     from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import profile
     got = traced[framework]
     assert "error" not in got, got
     plan = plan_from_overrides([*_overrides(framework, model, more), f"launcher.nproc={WORLD}"])

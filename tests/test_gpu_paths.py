@@ -51,8 +51,8 @@ def test_fast_paths_on_cuda_and_the_cpu_numbers_kept():
     from ddlbench.config import plan_from_overrides
     from ddlbench.device import cudnn_benchmark
     from ddlbench.models.families.gpt2 import gpt2_activation
-    from ddlbench.models.vocab import padded_vocab
     from ddlbench.models.vision import use_channels_last
+    from ddlbench.models.vocab import padded_vocab
     assert (gpt2_activation("auto", "cuda"), gpt2_activation("auto", "cpu")) == ("gelu_pytorch_tanh", "gelu_new")
     assert gpt2_activation("gelu_new", "cuda") == "gelu_new"
     assert (padded_vocab(50257, "auto", "cuda"), padded_vocab(50257, "auto", "cpu"), padded_vocab(50257, 128, "cpu"),

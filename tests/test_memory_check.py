@@ -117,8 +117,8 @@ def test_estimate_within_ten_percent_of_memtracker(framework, tmp_path):
     """Real runs, 2 ranks: the busiest rank's tracked peak after the first step against the
     estimate advise makes for that candidate. DDP: the tied weight's sum added into bucket views;
     FSDP2: the root unit gathered; ZeRO-2: full reduce buckets; tp 2: embedding whole; pp 2."""
-    from ddlbench.estimate.memcheck import compare
     from ddlbench.config import validate
+    from ddlbench.estimate.memcheck import compare
     _, rec = run_record(tmp_path / framework, f"framework={framework}", *MODEL, *RUN, timeout=240)
     assert rec["status"] == "ok", rec.get("error")
     tracked = [r["tracker"] for r in rec["memory"]["per_rank"]]

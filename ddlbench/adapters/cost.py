@@ -74,6 +74,12 @@ class ModelProfile:
     experts_params: int = 0
     moe_layers: int = 0
     routed_bytes_per_sample: int = 0
+    # saved for backward with every block under selective_op checkpointing (ddlbench/models/checkpointing.py)
+    selective_op_bytes_per_sample: int = 0
+    autocast_selective_op_bytes_per_sample: int = 0
+    # one layer's (T x T) attention scores per sample where eager attention makes them (backward makes
+    # their gradient beside them); 0 under a fused kernel
+    attention_scores_bytes_per_sample: int = 0
 
     @property
     def root_params(self) -> int:

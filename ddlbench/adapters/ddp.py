@@ -20,6 +20,8 @@ from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, ap
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import AnalyticComm
+from ddlbench.models.checkpointing import Policy
+from ddlbench.models.checkpointing import describe as describe_ac
 
 
 class DDPOptions(BaseModel):
@@ -38,7 +40,7 @@ class DDPOptions(BaseModel):
     local_sgd_period: PositiveInt = 4
     local_sgd_warmup_steps: NonNegativeInt = 2
     local_sgd_group_size: PositiveInt = 1
-    activation_checkpointing: bool = False   # recompute each block's forward in backward
+    activation_checkpointing: Policy = "none"   # none | full | selective_layer:K | selective_op (models/checkpointing.py)
 
 
 class DDP(Variant):
@@ -110,8 +112,8 @@ class DDPStrategy(Periodic, Strategy):
         model = build_on(build_model, self.ctx.device)
         self.float8 = apply_float8(model) if self.ctx.float8 else None   # before compile and the wrapper
         self.params = sum(p.numel() for p in model.parameters())
-        if o.activation_checkpointing:
-            apply_checkpointing(model)
+        if o.activation_checkpointing != "none":
+            apply_checkpointing(model, o.activation_checkpointing)
         self.compiled = apply_compile(model) if self.ctx.compile else None
         bucket_cap_mb = o.bucket_cap_mb
         self._forced_single_bucket = None
@@ -185,7 +187,7 @@ class DDPStrategy(Periodic, Strategy):
             "broadcast_buffers": o.broadcast_buffers,
             "find_unused_parameters": o.find_unused_parameters,
             "comm_hook": o.comm_hook,
-            "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
+            "activation_checkpointing": describe_ac(o.activation_checkpointing),
             "backend": self.ctx.backend,
             "grad_scaler": self.precision.scaler is not None,
             "compile": self.compiled, "float8": self.float8,

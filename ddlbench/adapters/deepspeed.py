@@ -18,10 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from ddlbench.adapters.base import StepOut, Strategy
 from ddlbench.adapters.common import batch_norms, build_on, param_row, split_micro, unwrap
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, buckets, low, split
-from ddlbench.adapters.parallelize import apply_float8
+from ddlbench.adapters.parallelize import apply_checkpointing, apply_float8
 from ddlbench.adapters.precision import DTYPES, FrameworkCast
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm
+from ddlbench.models.checkpointing import Policy
+from ddlbench.models.checkpointing import describe as describe_ac
 from ddlbench.optim import param_groups
 
 
@@ -46,6 +48,9 @@ class DeepSpeedOptions(BaseModel):
     communication_data_type: Optional[Literal["fp16", "bf16", "fp32"]] = None
     loss_scale: float = Field(0.0, ge=0)      # fp16 only; 0 = dynamic
     initial_scale_power: int = Field(16, ge=0)
+    # torch's checkpoint wrappers on the model's blocks before the engine takes it (as the HF
+    # Trainer does with DeepSpeed; deepspeed.checkpointing is Megatron's reentrant API)
+    activation_checkpointing: Policy = "none"
 
 
 def _cpu_fp16_ok() -> bool:
@@ -255,6 +260,8 @@ class DeepSpeedStrategy(Strategy):
         self.float8 = apply_float8(model) if self.ctx.float8 else None   # before the engine wraps it
         self.params = sum(p.numel() for p in model.parameters())
         model = self.prepare_model(model)
+        if self.options.activation_checkpointing != "none":     # on the blocks the engine will hold
+            apply_checkpointing(model, self.options.activation_checkpointing)
         self.config = self.ds_config(build_optimizer.optim_cfg, batch_norm=bool(batch_norms(model)))
         oc = build_optimizer.optim_cfg   # the config-built optimizer gets the same decay groups
         groups = self.optimizer_groups(param_groups(model.parameters(), oc.weight_decay, oc.exclude_from_decay))
@@ -311,6 +318,7 @@ class DeepSpeedStrategy(Strategy):
         native = {"deepspeed_config": self.config, "backend": self.ctx.backend,
                   "optimizer": ("DeepSpeedCPUAdam (config type AdamW)" if self._offload
                                 else f"client {type(self.optimizer.optimizer if hasattr(self.optimizer, 'optimizer') else self.optimizer).__name__}"),
-                  "compile": self.compiled, "float8": self.float8}
+                  "compile": self.compiled, "float8": self.float8,
+                  "activation_checkpointing": describe_ac(self.options.activation_checkpointing)}
         return {"version": self.version, "native_config": native,
                 "optimizer_impl": "DeepSpeedCPUAdam" if self._offload else None}

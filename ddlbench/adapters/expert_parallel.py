@@ -37,6 +37,8 @@ from ddlbench.adapters.tensor_parallel import TensorParallelStrategy
 from ddlbench.adapters.variant import Variant, taxonomy_labels
 from ddlbench.dims import ParallelSize, model_fit_errors
 from ddlbench.errors import ConfigError
+from ddlbench.models.checkpointing import Policy
+from ddlbench.models.checkpointing import describe as describe_ac
 
 
 class EPOptions(BaseModel):
@@ -44,7 +46,7 @@ class EPOptions(BaseModel):
     ep: PositiveInt = 2               # expert-parallel ranks (divides the experts and dp_shard)
     tp: PositiveInt = 1               # tensor-parallel ranks for the dense part
     dp_shard: ParallelSize = -1       # data-parallel (FSDP2) ranks; -1 = world / tp
-    activation_checkpointing: bool = False
+    activation_checkpointing: Policy = "none"   # none | full | selective_layer:K | selective_op (models/checkpointing.py)
 
 
 def moe_errors(model_cfg, ep: int, dp_shard: int) -> list[str]:
@@ -162,8 +164,8 @@ class ExpertParallelStrategy(TensorParallelStrategy):
         self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"]) if dims.tp > 1 else 0
         self.experts_per_rank = apply_expert_parallel(model, self.mesh["ep"]) if o.ep > 1 else None
         self.experts = experts_of(model)
-        if o.activation_checkpointing:
-            apply_checkpointing(model)
+        if o.activation_checkpointing != "none":
+            apply_checkpointing(model, o.activation_checkpointing)
         self.compiled = apply_compile(model) if ctx.compile else None
         self.sharded = None
         if dims.dp_shard > 1:
@@ -219,7 +221,7 @@ class ExpertParallelStrategy(TensorParallelStrategy):
             "fsdp_units": None if self.sharded is None else self.sharded.units,
             "experts_gradient": (f"FSDP2 mean over {self.dims.dp_shard // self.ep} efsdp rank(s), then divided by "
                                  f"ep {self.ep} after backward" if self.ep > 1 else None),
-            "activation_checkpointing": self.options.activation_checkpointing, "compile": self.compiled,
+            "activation_checkpointing": describe_ac(self.options.activation_checkpointing), "compile": self.compiled,
             "mp_policy": None if self.sharded is None else self.sharded.mp_record(),
             "backend": self.ctx.backend,
         }

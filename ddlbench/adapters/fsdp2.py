@@ -20,6 +20,8 @@ from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import AnalyticComm
+from ddlbench.models.checkpointing import Policy
+from ddlbench.models.checkpointing import describe as describe_ac
 from ddlbench.topology import hosts_of, node_groups
 
 
@@ -31,7 +33,7 @@ class FSDP2Options(BaseModel):
     cpu_offload: bool = False                   # CPUOffloadPolicy: params/grads/optimizer on host
     reduce_dtype: Literal["fp32", "param"] = "fp32"  # gradient reduction dtype under bf16
     wrap: Literal["blocks", "root"] = "blocks"  # per-block (recommended) or one unit
-    activation_checkpointing: bool = False      # recompute each block's forward in backward
+    activation_checkpointing: Policy = "none"   # none | full | selective_layer:K | selective_op (models/checkpointing.py)
     # at bf16, BatchNorms stay fp32 (cuDNN): all in one fully_shard unit, or one unit per layer (FSDP1's way)
     batch_norm_units: Literal["one", "per_layer"] = "one"
 
@@ -150,8 +152,8 @@ class FSDP2Strategy(Strategy):
         self.float8 = apply_float8(model) if self.ctx.float8 else None   # before compile and fully_shard
         self.params = sum(p.numel() for p in model.parameters())
         self.mesh = self._mesh()
-        if o.activation_checkpointing:   # before sharding, as torchtitan applies it
-            apply_checkpointing(model)
+        if o.activation_checkpointing != "none":   # before sharding, as torchtitan applies it
+            apply_checkpointing(model, o.activation_checkpointing)
         self.compiled = apply_compile(model) if self.ctx.compile else None
         self.sharded = apply_fully_shard(model, self.mesh, self.ctx.precision, reduce_dtype=o.reduce_dtype,
                                          reshard_after_forward=o.reshard_after_forward, wrap=o.wrap,
@@ -181,7 +183,7 @@ class FSDP2Strategy(Strategy):
             "fp32_batch_norm_units": self.sharded.fp32_units,
             "fp32_batch_norm_layers": self.sharded.fp32_layers,
             "params_made_contiguous": self.sharded.made_contiguous,
-            "activation_checkpointing": "non-reentrant checkpoint_wrapper per block" if o.activation_checkpointing else None,
+            "activation_checkpointing": describe_ac(o.activation_checkpointing),
             "mp_policy": self.sharded.mp_record(),
             "compile": self.compiled, "float8": self.float8,
             "offload_policy": ({"class": "CPUOffloadPolicy", "pin_memory": self.ctx.device.type == "cuda"}

@@ -32,10 +32,10 @@ def apply_expert_parallel(model: nn.Module, ep_mesh) -> int:
     return shard_experts(model, ep_mesh.get_group(), ep_mesh.size(), ep_mesh.get_local_rank())
 
 
-def apply_checkpointing(model: nn.Module) -> int:
-    """Non-reentrant activation checkpointing on every block (ddlbench/models/spec.py); the block count."""
-    from ddlbench.models.spec import checkpoint_blocks
-    return checkpoint_blocks(model)
+def apply_checkpointing(model: nn.Module, policy: str = "full") -> int:
+    """Activation checkpointing of the blocks under `policy` (ddlbench/models/checkpointing.py); how many."""
+    from ddlbench.models.checkpointing import apply
+    return apply(model, policy)
 
 
 def float8_eligible(fqn: str, in_features: int, out_features: int) -> bool:

@@ -23,13 +23,15 @@ from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.variant import Variant, taxonomy_labels
 from ddlbench.dims import MESH_ORDER, ParallelSize, model_fit_errors
 from ddlbench.errors import ConfigError
+from ddlbench.models.checkpointing import Policy
+from ddlbench.models.checkpointing import describe as describe_ac
 
 
 class TPOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     tp: ParallelSize = -1           # tensor-parallel ranks; -1 = world / dp_shard
     dp_shard: ParallelSize = 1      # FSDP2 shard ranks (2-D); -1 = world / tp
-    activation_checkpointing: bool = False
+    activation_checkpointing: Policy = "none"   # none | full | selective_layer:K | selective_op (models/checkpointing.py)
 
 
 class TensorParallel(Variant):
@@ -101,8 +103,8 @@ class TensorParallelStrategy(Strategy):
         from ddlbench.models.tensor_parallel import plan_description
         self.plan = plan_description(model)
         self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"])
-        if self.options.activation_checkpointing:
-            apply_checkpointing(model)
+        if self.options.activation_checkpointing != "none":
+            apply_checkpointing(model, self.options.activation_checkpointing)
         self.sharded = None
         if dims.dp_shard > 1:
             self.sharded = apply_fully_shard(model, self.mesh["dp_shard"], ctx.precision)
@@ -133,7 +135,7 @@ class TensorParallelStrategy(Strategy):
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
             "plan": self.plan, "tp_blocks": self.tp_blocks,
             "order": "tensor parallel -> activation checkpointing -> FSDP2",
-            "activation_checkpointing": self.options.activation_checkpointing,
+            "activation_checkpointing": describe_ac(self.options.activation_checkpointing),
             "mp_policy": None if self.sharded is None else self.sharded.mp_record(),
             "backend": self.ctx.backend,
         }

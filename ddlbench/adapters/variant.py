@@ -134,9 +134,11 @@ class Variant:
         at bf16 DeepSpeed reduces in bf16 by default, DDP/FSDP2/Horovod in fp32)."""
         return "fp32"
 
-    def recomputes_blocks(self) -> bool:
-        """Whether a run recomputes each block's forward in backward (activation checkpointing)."""
-        return bool(getattr(self.options, "activation_checkpointing", False))
+    def ac_policy(self) -> str:
+        """The run's activation checkpointing policy (ddlbench/models/checkpointing.py): none, full,
+        selective_layer:K or selective_op."""
+        from ddlbench.models.checkpointing import normalize
+        return normalize(getattr(self.options, "activation_checkpointing", False))
 
     def launch_env(self) -> dict:
         """Environment variables the framework reads at start-up (set by the launcher)."""

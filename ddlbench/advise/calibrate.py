@@ -38,8 +38,8 @@ def calibration_plan(cell: dict, opts: dict, extra: list[str], threads: int | No
     most) becomes FSDP2 full shard over every device, whose compute is the step it measures less
     the communication the network model prices (rank_candidates); any other 1-rank cell that does
     not fit is skipped. Raises ConfigError with the reason."""
-    from ddlbench.estimate.memcheck import cost_of_plan, estimate_plan
     from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.memcheck import cost_of_plan, estimate_plan
 
     for ranks in ([1, opts["devices"]] if cell["framework"] == "ddp" and opts["devices"] > 1 else [1]):
         fw = cell["framework"] if ranks == 1 else SHARDED_CALIBRATION

@@ -30,9 +30,9 @@ from ddlbench.results import atomic_write_json
 
 
 def start(args: list[str]) -> int:
-    from ddlbench.estimate.profile import profile
     from ddlbench.config import compose_raw
     from ddlbench.device import auto_global_batch, launcher_device
+    from ddlbench.estimate.profile import profile
     from ddlbench.gpus import visible_gpus
     from ddlbench.network.model import load
 

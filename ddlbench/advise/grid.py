@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ddlbench.estimate.memory import Layout
 from ddlbench.errors import ConfigError
+from ddlbench.estimate.memory import Layout
 
 DEFAULT_FRAMEWORKS = ("ddp", "fsdp_full", "fsdp_grad_op", "fsdp_hybrid", "deepspeed_zero1", "deepspeed_zero2",
                       "deepspeed_zero3",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from ddlbench.advise.conclude import device_seconds
 from ddlbench.advise.grid import Candidate
-from ddlbench.estimate.memory import Layout, estimate
 from ddlbench.advise.options import GiB
 from ddlbench.advise.state import Advice
 from ddlbench.errors import ConfigError
+from ddlbench.estimate.memory import Layout, estimate
 
 
 def attach_cost(c: Candidate, prof, per_node: int) -> None:

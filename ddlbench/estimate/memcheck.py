@@ -17,7 +17,7 @@ UNSEEN = {"fusion buffer": "Horovod allocates it from its background thread"}
 
 def layout_of(plan, shard_ranks: int) -> Layout:
     d = plan.dims
-    ckpt = bool(getattr(plan.options, "activation_checkpointing", False))
+    ckpt = plan.variant.ac_policy()
     return Layout(plan.cfg.framework.name, dp=d.dp, tp=d.tp, pp=d.pp, micro_batch=d.micro_batch,
                   grad_accum=d.grad_accum, checkpointing=ckpt, shard=shard_ranks if shard_ranks < d.dp else 0)
 

@@ -40,18 +40,33 @@ class Layout:
     pp: int = 1
     micro_batch: int = 1
     grad_accum: int = 1
-    checkpointing: bool = False
+    checkpointing: bool | str = False    # a policy (ddlbench/models/checkpointing.py); true = full
     shard: int = 0          # ranks that shard the model state when fewer than dp (FSDP hybrid); 0 = dp
     ep: int = 1             # expert-parallel ranks (MoE models under expert_parallel)
 
 
 def activation_bytes(layout: Layout, model: ModelProfile, cost: CostModel) -> float:
+    """Saved per sample under the layout's checkpointing policy, plus what backward recomputes at
+    once (one block's activations) where a policy recomputes:
+        none                full
+        full                checkpointed (every block's input) + one block's full activations
+        selective_layer:K   full - (blocks // K) x (full - checkpointed) / blocks, + one block's
+        selective_op        its measured saved bytes + one block's recomputed rest
+    """
+    from ddlbench.models.checkpointing import checkpointed_blocks, normalize
     full, ckpt = model.activation_bytes_per_sample, model.checkpointed_bytes_per_sample
+    sel = model.selective_op_bytes_per_sample
     if cost.autocast and model.autocast_activation_bytes_per_sample:   # mixed: bounded by the fp32 figures
         full, ckpt = model.autocast_activation_bytes_per_sample, model.autocast_checkpointed_bytes_per_sample
+        sel = model.autocast_selective_op_bytes_per_sample or sel
+    blocks = max(model.blocks, 1)
+    policy = normalize(layout.checkpointing)
     per_sample = full
-    if layout.checkpointing:
-        per_sample = ckpt + full / max(model.blocks, 1)
+    if policy == "selective_op" and sel:
+        per_sample = sel + (full - sel) / blocks
+    elif policy != "none":
+        n = checkpointed_blocks(policy, blocks) if policy != "selective_op" else blocks
+        per_sample = full - n * (full - ckpt) / blocks + (full / blocks if n else 0.0)
     return per_sample * layout.micro_batch * cost.in_flight * cost.activation_share
 
 
@@ -81,7 +96,9 @@ def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activa
     tied weight's extra copies or the optimizer's temporaries (`step`), whichever is larger, + a
     copy of the gradients that the framework makes for its step (`cost.step_grad_copy_bytes`)."""
     made = cost.backward_grad_bytes or cost.grad_bytes
-    first = max(2 * model.output_bytes_per_sample * layout.micro_batch, model.largest_weight_params * made)
+    # eager attention's backward makes a (T x T) gradient of the scores while most activations live
+    scores = model.attention_scores_bytes_per_sample * layout.micro_batch / layout.tp
+    first = max(2 * model.output_bytes_per_sample * layout.micro_batch, model.largest_weight_params * made) + scores
     tied = model.tied_pair_params(layout.pp, layout.tp) * made
     held = cost.grads_preallocated or layout.grad_accum > 1
     start = activations + first + (grads if held else max(0.0, grads - tied))

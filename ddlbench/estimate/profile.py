@@ -28,15 +28,19 @@ def attention_scores(shape, seq_len: int | None) -> bool:
     return seq_len is not None and len(shape) == 4 and shape[-1] == shape[-2] == seq_len
 
 
-def _saver(params: set, saved: dict, seen: set = frozenset(), fused_attention_len: int | None = None):
+def _saver(params: set, saved: dict, seen: set = frozenset(), fused_attention_len: int | None = None,
+           scores: list | None = None, seq_len: int | None = None):
     """A saved_tensors_hooks pack function recording {storage id: bytes} of what autograd saves,
     parameters (not activations), storages in `seen` and, with `fused_attention_len` = T, the
-    (T x T) attention tensors a fused kernel does not save, left out."""
+    (T x T) attention tensors a fused kernel does not save, left out. `scores` (with `seq_len`)
+    collects the bytes of each (T x T) attention tensor eager attention saves."""
     def pack(t: torch.Tensor):
         base = t._base if t._base is not None else t
         if (id(t) not in params and id(base) not in params and id(base) not in seen
                 and not attention_scores(base.shape, fused_attention_len)):
             saved[id(base)] = base.numel() * base.element_size()
+            if scores is not None and attention_scores(base.shape, seq_len):
+                scores.append(base.numel() * base.element_size())
         return t
     return pack
 
@@ -51,15 +55,17 @@ def _fused_len(spec) -> int | None:
     return spec.tokens_per_sample if spec.count_factory is not None else None
 
 
-def _saved_bytes(spec, batch_size: int, checkpointed: bool, dtype=torch.float32) -> tuple[int, int]:
+def _saved_bytes(spec, batch_size: int, checkpointed: bool | str, dtype=torch.float32,
+                 scores: list | None = None) -> tuple[int, int]:
     """(bytes saved for backward by one forward, bytes of one block's output) on meta, with the
-    model's floating-point parameters in `dtype`."""
-    from ddlbench.models.spec import checkpoint_blocks, example_batch
+    model's floating-point parameters in `dtype`, under an activation checkpointing policy (true:
+    full; selective_op's saved outputs are counted too: they pass the saved-tensor hooks)."""
+    from ddlbench.models import checkpointing
+    from ddlbench.models.spec import example_batch
 
     with torch.device("meta"):
         model = _meta_model(spec).to(dtype)
-    if checkpointed:
-        checkpoint_blocks(model)
+    checkpointing.apply(model, checkpointing.normalize(checkpointed))
     params = {id(p) for p in model.parameters()}
     saved: dict[int, int] = {}
     boundary = []
@@ -67,8 +73,8 @@ def _saved_bytes(spec, batch_size: int, checkpointed: bool, dtype=torch.float32)
     hook = blocks[0].register_forward_hook(
         lambda m, i, o: boundary.append((o[0] if isinstance(o, tuple) else o).numel() * 4)) if blocks else None
     batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in example_batch(spec, batch_size, "meta").items()}
-    with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved, fused_attention_len=_fused_len(spec)),
-                                                  lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved, fused_attention_len=_fused_len(spec),
+                                                         scores=scores, seq_len=spec.tokens_per_sample), lambda t: t):
         model(**batch)
     if hook is not None:
         hook.remove()
@@ -212,8 +218,8 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
         model = _meta_model(spec)
     blocks = model.blocks()
     dtype = DTYPES[precision]
-    full, ckpt, out2 = _activation_slopes(spec, dtype, bool(blocks))
-    autocast = _activation_slopes(spec, torch.float32, bool(blocks))[:2] if dtype != torch.float32 else (0, 0)
+    full, ckpt, out2, sel, scores = _activation_slopes(spec, dtype, bool(blocks))
+    autocast = _activation_slopes(spec, torch.float32, bool(blocks)) if dtype != torch.float32 else (0,) * 5
     pieces, output = pieces_profile(spec, dtype)
     moe = {}
     if spec.top_k:
@@ -233,14 +239,19 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
         output_bytes_per_sample=output,
         largest_weight_params=max((p.numel() for p in model.parameters()), default=0),
         autocast_activation_bytes_per_sample=autocast[0],
-        autocast_checkpointed_bytes_per_sample=autocast[1], **moe)
+        autocast_checkpointed_bytes_per_sample=autocast[1], selective_op_bytes_per_sample=sel,
+        autocast_selective_op_bytes_per_sample=autocast[3], attention_scores_bytes_per_sample=scores, **moe)
 
 
-def _activation_slopes(spec, dtype, has_blocks: bool) -> tuple[int, int, int]:
-    """Bytes saved per sample without and with checkpointing (slopes between batch 2 and 4), and
-    one block's output at batch 2."""
+def _activation_slopes(spec, dtype, has_blocks: bool) -> tuple[int, int, int, int]:
+    """Bytes saved per sample without checkpointing, with every block checkpointed and under
+    selective_op (slopes between batch 2 and 4), one block's output at batch 2, and the largest
+    (T x T) attention tensor eager attention saves, per sample (0 with a fused kernel)."""
     full2, out2 = _saved_bytes(spec, 2, False, dtype)
-    full4, _ = _saved_bytes(spec, 4, False, dtype)
+    scores: list[int] = []
+    full4, _ = _saved_bytes(spec, 4, False, dtype, scores)
     ck2, _ = _saved_bytes(spec, 2, True, dtype) if has_blocks else (full2, 0)
     ck4, _ = _saved_bytes(spec, 4, True, dtype) if has_blocks else (full4, 0)
-    return (full4 - full2) // 2, (ck4 - ck2) // 2, out2
+    op2, _ = _saved_bytes(spec, 2, "selective_op", dtype) if has_blocks else (full2, 0)
+    op4, _ = _saved_bytes(spec, 4, "selective_op", dtype) if has_blocks else (full4, 0)
+    return (full4 - full2) // 2, (ck4 - ck2) // 2, out2, (op4 - op2) // 2, max(scores, default=0) // 4

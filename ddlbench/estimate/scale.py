@@ -10,8 +10,9 @@ estimator's (ddlbench/estimate/memory.py) for the planned layout.
 
 Compute per piece (embedding, each block, the head with the loss) per micro-batch:
     forward  = FLOPs(piece, tp-split) x micro_batch / (peak x efficiency)
-    backward = 2 x forward + recompute x forward (blocks; ac: none 0, full 1, selective_op 0.5 —
-               torchtitan's per-op policy recomputes every other matmul)
+    backward = 2 x forward + recompute x forward (blocks; ac: none 0, full 1, selective_layer:K 1
+               on every K-th block, selective_op 0.5 — torchtitan's per-op policy recomputes every
+               other matmul)
 Not priced: the optimizer's step (memory-bound; its time folds into the efficiency when
 calibrated), kernel launch gaps, stragglers, congestion.
 """
@@ -27,7 +28,17 @@ from ddlbench.estimate.schedule import simulate
 from ddlbench.estimate.step import pipeline_step, spans
 from ddlbench.network.model import Network, collective_time, kind_spans
 
-RECOMPUTE = {"none": 0.0, "full": 1.0, "selective_op": 0.5}
+
+def recompute(policy: str, block: int) -> float:
+    """Forwards of block `block` (from 0) run again in backward under an activation checkpointing
+    policy: full 1, selective_layer:K 1 on every K-th block, selective_op 0.5 (torchtitan's
+    per-op policy recomputes every second matmul and keeps attention), none 0."""
+    from ddlbench.models.checkpointing import layer_every, normalize
+    policy = normalize(policy)
+    if policy == "selective_op":
+        return 0.5
+    k = layer_every(policy)
+    return 1.0 if k and (block + 1) % k == 0 else 0.0
 DDP_BUCKET = 25 * 2**20            # torch DDP's bucket_cap_mb
 ZERO_BUCKET = 5e8                  # DeepSpeed's reduce_bucket_size default (elements)
 SUPPORTED = ("ddp", "fsdp2", "tensor_parallel", "deepspeed", "pipeline")
@@ -57,7 +68,7 @@ def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str) ->
     for i, p in enumerate(prof.pieces):
         f = p.kept_flops(tp) * micro_batch / flops_per_s
         block = 0 < i < n - 1
-        out.append((f, 2 * f + (RECOMPUTE[ac] * f if block else 0.0)))
+        out.append((f, 2 * f + (recompute(ac, i - 1) * f if block else 0.0)))
     return out
 
 

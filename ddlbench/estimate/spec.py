@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddlbench.errors import ConfigError
-from ddlbench.estimate.scale import RECOMPUTE, Pricing, step_of
+from ddlbench.estimate.scale import Pricing, step_of
 
 
 @dataclass(frozen=True)
@@ -25,15 +25,15 @@ def plan_at(spec: Spec, world: int):
     world, largest first (the first that plans with that dp is the one)."""
     from ddlbench.config import plan_from_overrides
     base = [*spec.overrides, f"launcher.nproc={world}"]
-    if spec.ac == "full":
-        base.append("framework.options.activation_checkpointing=true")
+    if spec.ac != "none":
+        base.append(f"framework.options.activation_checkpointing={spec.ac}")
     first = None
     for dp in sorted((d for d in range(1, world + 1) if world % d == 0), reverse=True):
         try:
             plan = plan_from_overrides([*base, f"run.global_batch={dp * spec.local_batch}"])
         except ConfigError as exc:
             if "activation_checkpointing" in str(exc):
-                raise ConfigError(f"ac=full: this framework has no activation_checkpointing option ({exc})") from None
+                raise ConfigError(f"ac={spec.ac}: this framework has no activation_checkpointing option ({exc})") from None
             first = first or exc
             continue
         if plan.dims.dp == dp:
@@ -74,8 +74,6 @@ def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: i
 
 def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float) -> list[dict]:
     from ddlbench.estimate.memcheck import predicted
-    if spec.ac not in RECOMPUTE:
-        raise ConfigError(f"ac must be one of {', '.join(RECOMPUTE)}, got {spec.ac!r}")
     out = []
     for w in world_sizes:
         plan = plan_at(spec, w)
@@ -95,10 +93,7 @@ def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float
                "mfu": model_flops / s["step_s"] / w / spec.peak_flops,
                "memory_per_rank_bytes": mem["total"] if mem else None,
                "memory_parts_bytes": {k: v for k, v in mem.items() if k not in ("total",)} if mem else None}
-        if spec.ac == "selective_op":     # the estimator prices none and full: none's bytes bound it from above
-            row["memory_note"] = "activations without checkpointing: an upper bound for selective_op"
         if mem and spec.device_memory_bytes:
-            fits = mem["total"] <= spec.device_memory_bytes
-            row["fits"] = fits if fits or spec.ac != "selective_op" else None
+            row["fits"] = mem["total"] <= spec.device_memory_bytes
         out.append(row)
     return out

@@ -16,14 +16,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddlbench.models.moe import param_counts as moe_param_counts
-from ddlbench.models.spec import ModelSpec, checkpoint_blocks, count_params, example_batch
+from ddlbench.models.spec import ModelSpec, count_params, example_batch
 
 
-def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
+def _count(spec: ModelSpec, device: str, recompute_blocks: bool | str = False) -> int:
+    from ddlbench.models import checkpointing
     with torch.device(device):
         model = (spec.count_factory or spec.factory)()
-    if recompute_blocks:  # the run's activation checkpointing: backward re-runs each block's forward
-        checkpoint_blocks(model)
+    # the run's activation checkpointing (a policy, or true = full): backward re-runs what it dropped
+    checkpointing.apply(model, checkpointing.normalize(recompute_blocks))
     # vision: two samples, as BatchNorm in training mode needs more than one value per channel;
     n = 2
     batch = example_batch(spec, n, device)
@@ -33,7 +34,7 @@ def _count(spec: ModelSpec, device: str, recompute_blocks: bool = False) -> int:
     return int(counter.get_total_flops()) // n
 
 
-def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool = False) -> dict:
+def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool | str = False) -> dict:
     """{'flops': model FLOPs, 'hardware_flops': FLOPs executed (with the recomputed forward of
     checkpointed blocks), 'method': str, 'palm_flops': int | None, 'analytic': the family's analytic
     count per sample | None, 'params': {'total', 'active'} | None}. For a Mixture-of-Experts model
@@ -43,7 +44,7 @@ def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool = False) -> d
     method = "flop_counter(meta)" + (", eager attention (the same matmuls)" if spec.count_factory else "")
     if spec.top_k:
         method += ", experts on uniform routing (each token through its top-k experts: the active FLOPs)"
-    hardware = _count(spec, "meta", recompute_blocks=True) if recompute_blocks else flops
+    hardware = _count(spec, "meta", recompute_blocks) if recompute_blocks not in (False, "none") else flops
     palm = params = analytic = None
     if spec.kind == "language":
         c = spec.config     # the transformers config's names (a value equal to its default is left out)

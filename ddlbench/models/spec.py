@@ -42,15 +42,3 @@ def example_batch(spec: ModelSpec, n: int, device: str) -> dict:
         # an explicit all-ones mask skips HF's packed-sequence check, which calls .item()
         batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     return batch
-
-
-def checkpoint_blocks(model: nn.Module) -> int:
-    """Activation checkpointing (torch's non-reentrant checkpoint wrapper) on every block of
-    `model.blocks()`: their activations are dropped after forward and recomputed in backward.
-    The adapters apply it to the run's model and ddlbench/models/flops.py to the model it counts, so the
-    hardware FLOPs (flops.hfu) are those of the same checkpointing. Returns the block count."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-
-    ids = {id(b) for b in model.blocks()}
-    apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
-    return len(ids)

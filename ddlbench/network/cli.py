@@ -50,10 +50,8 @@ def _record(path: Path) -> dict:
 
 
 def run(args: list[str]) -> int:
-    from ddlbench.network import model, workload
+    from ddlbench.network import model, spec_command, workload
     from ddlbench.network import project as proj
-
-    from ddlbench.network import spec_command
     if spec_command.is_spec(args):          # no RESULT: a layout from its specification
         return spec_command.run(args)
     path, o, sizes = parse(args)

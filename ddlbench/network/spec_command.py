@@ -14,7 +14,7 @@ KEYS = {"network", "world_sizes", "hardware", "peak_tflops", "local_batch", "ac"
 DEFAULT_WORLD_SIZES = [8, 128, 1024]
 DEFAULT_MFU = 0.4
 USAGE = ("usage: bench project model=NAME framework=NAME network=NAME hardware=H100 [world_sizes=[8,128,1024]] "
-         "[local_batch=N] [ac=none|full|selective_op] [mfu=0.4 | calibrate=TOKENS_PER_S@DEVICES] "
+         "[local_batch=N] [ac=none|full|selective_layer:K|selective_op] [mfu=0.4 | calibrate=TOKENS_PER_S@DEVICES] "
          "[device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical] [out=DIR] [any run override]")
 
 
@@ -60,8 +60,9 @@ def calibration(text: str) -> tuple[float, int]:
 
 
 def run(args: list[str]) -> int:
-    from ddlbench.estimate.scale import RECOMPUTE, Pricing
+    from ddlbench.estimate.scale import Pricing
     from ddlbench.estimate.spec import Spec, rows, solve_efficiency
+    from ddlbench.models.checkpointing import normalize
     from ddlbench.network import model
 
     kv = parse(args)
@@ -70,7 +71,10 @@ def run(args: list[str]) -> int:
     too_big = [n for n in sizes if n > net.max_devices]
     if too_big:
         raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
-    ac = kv.choice("ac", tuple(RECOMPUTE), "none")
+    try:
+        ac = normalize(kv.text("ac", "none"))
+    except ValueError as exc:
+        raise ConfigError(f"bench project: ac: {exc}") from None
     algorithm = kv.choice("algorithm", ("best", *model.ALGORITHMS), "best")
     precision = next((a.split("=", 1)[1] for a in kv.passed if a.startswith("run.precision=")), "fp32")
     if kv.text("peak_tflops"):
@@ -130,8 +134,7 @@ def _print(doc: dict, out: Path) -> None:
         if r["memory_per_rank_bytes"] is None:
             return "-"
         fits = {True: " fits", False: " DOES NOT FIT"}.get(r.get("fits"), "")
-        bound = "<=" if r.get("memory_note") else ""
-        return f"{bound}{r['memory_per_rank_bytes'] / 2**30:.1f}{fits}"
+        return f"{r['memory_per_rank_bytes'] / 2**30:.1f}{fits}"
 
     def top(r):
         items = sorted(r["exposed_by_kind_s"].items(), key=lambda kv: -kv[1])[:2]
@@ -141,9 +144,6 @@ def _print(doc: dict, out: Path) -> None:
                      [[str(r["devices"]), "x".join(str(r["layout"][k]) for k in ("dp_replicate", "dp_shard", "tp", "pp")),
                        f"{r['step_s'] * 1e3:.1f}", f"{r['exposed_comm_s'] * 1e3:.1f}",
                        f"{r['tokens_per_s_per_device']:,.0f}", f"{r['mfu']:.1%}", mem(r), top(r)] for r in doc["rows"]]))
-    notes = {r["memory_note"] for r in doc["rows"] if r.get("memory_note")}
-    if notes:
-        print(f"memory: {'; '.join(sorted(notes))} (<=)")
     print(f"not priced: {doc['not_priced']}")
     for name in ("projection.json", "projection.csv"):
         print(f"  {out / name}")
