@@ -86,3 +86,25 @@ def test_each_policy_runs_is_recorded_keeps_the_losses_and_is_estimated(framewor
     assert losses == pytest.approx(want, rel=1e-4)
     got = compare(rec, validate(rec["config"]))
     assert abs(got["error"]) <= 0.10, (got["error"], got["estimate"], got["measured"]["peak_bytes"])
+
+
+def test_the_policy_is_a_parity_field(tmp_path):
+    """Runs alike but for their checkpointing: the report's parity table flags the odd one (a user's
+    setting, equalised by an override); a framework without the option (a pipeline) is not compared."""
+    from reportdata import make_record, write
+
+    from ddlbench import report
+    root = tmp_path / "runs"
+    for name, fw, policy in (("a", "ddp", False), ("b", "fsdp2", False), ("c", "ddp", "selective_op")):
+        rec = make_record(name, framework=fw, sps=100.0)
+        rec["config"]["framework"]["options"] = {"activation_checkpointing": policy}
+        write(root, rec)
+    pipe = make_record("p", framework="pipeline", variant="1f1b")
+    pipe["config"]["framework"]["options"] = {"schedule": "1f1b"}
+    write(root, pipe)
+    rep = report.build([str(root)], tmp_path / "out", progress=False)
+    flagged = {r.run_id: r.differs for r in rep.parity.itertuples() if r.differs}
+    assert flagged == {"c": ["activation_checkpointing"]}
+    got = {r: (v if isinstance(v, str) else None)       # pandas keeps a missing value as NaN
+           for r, v in zip(rep.summary["run_id"], rep.summary["activation_checkpointing"])}
+    assert got == {"a": "none", "b": "none", "c": "selective_op", "p": None}

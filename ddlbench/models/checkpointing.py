@@ -19,7 +19,6 @@ from collections import defaultdict
 from functools import partial
 
 from pydantic import BeforeValidator
-from torch import nn
 from typing_extensions import Annotated
 
 POLICIES = ("none", "full", "selective_layer:K", "selective_op")
@@ -89,8 +88,8 @@ def selective_op_context():
     return create_selective_checkpoint_contexts(op_policy(defaultdict(int), _save_list()))
 
 
-def apply(model: nn.Module, policy: str) -> int:
-    """Wrap the blocks the policy checkpoints (model.blocks(), in place); how many."""
+def apply(model, policy: str) -> int:
+    """Wrap the blocks of `model` (an nn.Module with blocks()) the policy checkpoints (model.blocks(), in place); how many."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,
         checkpoint_wrapper,

@@ -19,6 +19,18 @@ SCALING_FREE = {("launcher", "nproc"), ("run", "global_batch"), ("run", "micro_b
                 ("launcher", "threads_per_rank")}
 
 
+def ac_policy(cfg: dict) -> str | None:
+    """The run's activation checkpointing policy (ddlbench/models/checkpointing.py); None where its
+    framework has no such option (a pipeline, Horovod)."""
+    from ddlbench.models.checkpointing import normalize
+    options = (cfg.get("framework") or {}).get("options") or {}
+    if "activation_checkpointing" not in options:
+        return None
+    try:
+        return normalize(options["activation_checkpointing"])
+    except ValueError:
+        return None
+
 def _strip(config: dict, drop: set) -> dict:
     out = {}
     for group, value in config.items():
@@ -163,6 +175,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         "float8": bool(run.get("float8", False)),
         "optimizer_impl": (record.get("framework") or {}).get("optimizer_impl"),
         "attention": ((record.get("model") or {}).get("native_config") or {}).get("attn_implementation"),
+        "activation_checkpointing": ac_policy(cfg),
         "seed": record.get("seed"),
         "repeat": run.get("repeat", 0), "optimizer": optim.get("name"), "lr": optim.get("lr"),
         "weight_decay": optim.get("weight_decay"), "epochs": run.get("epochs"),

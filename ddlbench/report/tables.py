@@ -9,10 +9,11 @@ from ddlbench.report.fmt import missing
 
 # What must be equal between compared runs (docs/design.md §7). Compared = same model, same world size.
 PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_decay", "precision", "grad_reduce_dtype",
-                 "precision_recipe", "compile", "float8", "optimizer_impl", "attention", "epochs"]
+                 "precision_recipe", "compile", "float8", "optimizer_impl", "attention", "activation_checkpointing",
+                 "epochs"]
 # Fields records before they existed do not carry (and vision models have no attention kernel):
 # unknown there, compared where known.
-PARITY_OPTIONAL = {"grad_reduce_dtype", "precision_recipe", "optimizer_impl", "attention"}
+PARITY_OPTIONAL = {"grad_reduce_dtype", "precision_recipe", "optimizer_impl", "attention", "activation_checkpointing"}
 # What each framework does by design, its recommended recipe (DeepSpeed reduces gradients in the
 # training dtype, FSDP2 casts parameters while gathered): between frameworks shown, not flagged;
 # between configurations of one framework a user's override, flagged (it can be equalised).
