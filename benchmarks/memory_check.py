@@ -4,7 +4,8 @@ tokens and 768 wide, 2 blocks, 128 tokens: the embedding and head are most of th
 issue asks), 2 ranks on this machine's CPU.
 
     .venv/bin/python benchmarks/memory_check.py OUT_DIR [--resume] [--only ddp,fsdp_full]
-        [--layers 2] [--seq-len 128] [--global-batch 4] [--precision fp32|bf16]
+        [--layers 2] [--seq-len 128] [--global-batch 4] [--precision fp32|bf16] [--model gpt2_small]
+        [--ac none,full,selective_layer:2,selective_op]
 
 Each configuration runs `bench run ... run.memory_tracker=true` (ddlbench/memtrack.py: every tensor
 storage on the rank from before setup to the end of the loop); the busiest rank's peak after the
@@ -35,10 +36,10 @@ CASES = {
 LIMIT = 0.10
 
 
-def run_one(out: Path, name: str, extra: list[str], resume: bool) -> dict:
+def run_one(out: Path, name: str, extra: list[str], resume: bool, framework: str | None = None) -> dict:
     run_dir = out / name
     if not reuse(run_dir, resume):
-        subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", f"framework={name}", *extra,
+        subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", f"framework={framework or name}", *extra,
                         f"run.dir={run_dir}"], check=False, timeout=900)
     return json.loads((run_dir / "result.json").read_text())
 
@@ -78,13 +79,25 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--global-batch", type=int, default=4, help="over 2 ranks")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--model", default="gpt2_small")
+    ap.add_argument("--ac", default="", help="activation checkpointing policies, e.g. none,full,selective_layer:2,"
+                    "selective_op: each framework of --only under each (DeepSpeed with 1M-element buckets, whose "
+                    "500M default would hide the activations)")
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(CASES)
-    common = ["model=gpt2_small", f"model.n_layer={a.layers}", f"model.seq_len={a.seq_len}",
+    common = [f"model={a.model}", f"model.n_layer={a.layers}", f"model.seq_len={a.seq_len}",
               f"run.global_batch={a.global_batch}", f"run.precision={a.precision}", *RUN]
+    extra = {name: CASES.get(name, []) for name in names}
+    if a.ac:
+        small = ["framework.options.reduce_bucket_size=1000000", "framework.options.allgather_bucket_size=1000000"]
+        extra = {f"{name}@{pol}": [*CASES.get(name, []), f"framework.options.activation_checkpointing={pol}",
+                                   *(small if name.startswith("deepspeed") else [])]
+                 for name in names for pol in a.ac.split(",")}
     rows = []
-    for name in names:
-        rows.append(check(name, run_one(a.out, name, [*common, *CASES.get(name, [])], a.resume)))
+    for name, more in extra.items():
+        fw = name.split("@")[0]
+        rows.append(check(fw, run_one(a.out, name.replace(":", "_").replace("@", "-"), [*common, *more], a.resume, fw)))
+        rows[-1]["framework"] = name
         r = rows[-1]
         print(f"{name:26s} " + (f"{r['error']:+.1%}" if r["status"] == "ok" else r["status"]), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)

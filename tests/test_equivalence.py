@@ -36,7 +36,7 @@ GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            "expert_parallel": (4, ()), "expert_parallel_tp": (4, ())}
 # where each GATE_AT case runs (the first also validates the variant); the rest: gpt2_tiny
 GATE_MODELS = {"expert_parallel": ("moe_tiny", "moe_shared_tiny"), "expert_parallel_tp": ("moe_tiny",),
-               "deepspeed_moe": ("moe_tiny",)}
+               "deepspeed_moe": ("moe_tiny",), "tensor_parallel_sp": ("llama_tiny",)}
 # The router's load-balancing loss is computed over each data-parallel rank's micro-batch (as
 # transformers and every framework compute it): a layout with fewer data-parallel ranks than DDP's
 # (tensor parallelism) averages it over other token sets, a different loss by design (1e-4 after 10
@@ -46,8 +46,8 @@ MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", 
 # llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny, moe_tiny
 # and moe_shared_tiny (a shared expert beside the routed ones): what their families change
 MODEL_VARIANTS = {"llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b",
-                                 "tensor_parallel"},
-                  "qwen3_tiny": {"tensor_parallel"},
+                                 "tensor_parallel", "tensor_parallel_sp"},
+                  "qwen3_tiny": {"tensor_parallel", "tensor_parallel_sp"},
                   "moe_tiny": {"fsdp_full", "deepspeed_zero2", "expert_parallel", "expert_parallel_tp"},
                   "moe_shared_tiny": {"expert_parallel"}}
 # Equivalent strategies whose native optimizer is a different implementation of the same
@@ -88,7 +88,8 @@ def _fits(model: str, framework: str) -> bool:
                              f"launcher.nproc={GATE_AT.get(framework, (2,))[0]}"])
         return True
     except ConfigError as exc:
-        assert "has no tensor-parallel plan" in str(exc) or "needs a Mixture-of-Experts" in str(exc), exc
+        assert any(why in str(exc) for why in ("has no tensor-parallel plan", "needs a Mixture-of-Experts",
+                                               "sequence parallelism has no plan")), exc
         return False
 
 

@@ -80,6 +80,7 @@ class ModelProfile:
     # one layer's (T x T) attention scores per sample where eager attention makes them (backward makes
     # their gradient beside them); 0 under a fused kernel
     attention_scores_bytes_per_sample: int = 0
+    hidden_size: int = 0                    # a norm's weight (sequence parallelism sums its gradient over tp)
 
     @property
     def root_params(self) -> int:

@@ -32,6 +32,7 @@ class TPOptions(BaseModel):
     tp: ParallelSize = -1           # tensor-parallel ranks; -1 = world / dp_shard
     dp_shard: ParallelSize = 1      # FSDP2 shard ranks (2-D); -1 = world / tp
     activation_checkpointing: Policy = "none"   # none | full | selective_layer:K | selective_op (models/checkpointing.py)
+    sequence_parallel: bool = False   # Megatron's SP: norms on sequence parts, all-gather + reduce-scatter
 
 
 class TensorParallel(Variant):
@@ -50,7 +51,8 @@ class TensorParallel(Variant):
 
     def cost_model(self, dims, model, precision, per_node=None):
         """Megatron-style blocks: a block's output all-reduced twice in forward and twice in
-        backward per micro-batch among the tp ranks (adjacent), in the activations' dtype. With
+        backward per micro-batch among the tp ranks (adjacent), in the activations' dtype (with
+        sequence parallelism each an all-gather and a reduce-scatter of the same size). With
         dp_shard > 1, FSDP2 over each tp slice: all-gathers in forward and backward per micro-batch
         (bf16 param_dtype), one reduce-scatter in fp32, tp ranks apart; two units gathered. Pure TP
         at bf16 runs under autocast (its cached weight copies). Only the blocks are split (the
@@ -61,8 +63,22 @@ class TensorParallel(Variant):
         piece = mine.params
         gather = DTYPE_BYTES[precision]
         act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * gather
-        traffic = (split("all_reduce", act, 1, tp, per_step=4 * model.blocks * m, what="block outputs",
-                         data_parallel=False)
+        if self.options.sequence_parallel:
+            # each all-reduce an all-gather + a reduce-scatter (forward and backward mirror each
+            # other); and the head's input gathered in forward, the first block's input gradient
+            # in backward (the head's input gradient is the same on every rank: cut, not reduced)
+            # the norms' weights see parts of the sequence: their gradients summed over tp once a step
+            # (two a block and the final norm's; sum_partial_grads, or FSDP2's reduction)
+            model_parallel = (split("all_gather", act, 1, tp, per_step=(4 * model.blocks + 2) * m,
+                                    what="sequence parts", data_parallel=False)
+                              + split("reduce_scatter", act, 1, tp, per_step=4 * model.blocks * m,
+                                      what="sequence parts", data_parallel=False)
+                              + split("all_reduce", 4.0 * model.hidden_size, 1, tp, per_step=2 * model.blocks + 1,
+                                      what="norm gradients", data_parallel=False))
+        else:
+            model_parallel = split("all_reduce", act, 1, tp, per_step=4 * model.blocks * m, what="block outputs",
+                                   data_parallel=False)
+        traffic = (model_parallel
                    + split("all_gather", gather * piece, model.units, shard, stride=tp, per_step=2 * m,
                            what="parameters")
                    + split("reduce_scatter", 4.0 * piece, model.units, shard, stride=tp, what="gradients"))
@@ -79,6 +95,8 @@ class TensorParallel(Variant):
 
     def check_config(self, cfg, dims) -> None:
         errors = model_fit_errors(dims, cfg.model, 1)
+        if self.options.sequence_parallel:
+            errors += sequence_parallel_errors(cfg.model, dims.tp)
         if errors:
             raise ConfigError("; ".join(errors))
 
@@ -86,6 +104,38 @@ class TensorParallel(Variant):
         if cfg.run.precision == "fp16":
             return "tensor-parallel adapter runs fp32 and bf16 (fp16 needs a sharded GradScaler, not wired)"
         return super().unsupported_reason(cfg, device_type)
+
+
+def sequence_parallel_errors(mc, tp: int) -> list[str]:
+    """Why sequence parallelism cannot run as asked (empty: it can)."""
+    from ddlbench.models import family
+    if tp < 2:
+        return [f"framework.options.sequence_parallel needs tensor parallelism (tp > 1), got tp = {tp}"]
+    plan = family.of_config(mc).tensor_parallel
+    if plan is None or plan.sequence_parallel is None:
+        have = [n for n in family.names() if family.get(n).tensor_parallel is not None
+                and family.get(n).tensor_parallel.sequence_parallel is not None]
+        return [f"sequence parallelism has no plan for model family {getattr(mc, 'family', mc.kind)!r} "
+                f"(families with one: {', '.join(have)})"]
+    seq = getattr(mc, "seq_len", None)
+    if seq and seq % tp:
+        return [f"model.seq_len = {seq} is not divisible by tp = {tp} (sequence parallelism splits the sequence)"]
+    return []
+
+
+def sum_partial_grads(model) -> int:
+    """Under sequence parallelism a norm's weight sees this rank's part of the sequence: its
+    gradient is a partial sum (DTensor Partial). Summed over tp once, after backward, as Megatron
+    does (left Partial, every optimizer op that reads it would all-reduce it again: three times for
+    AdamW); FSDP2 over dp_shard has reduced them already. How many were summed."""
+    from torch.distributed.tensor import DTensor, Replicate
+    n = 0
+    for p in model.parameters():
+        g = p.grad
+        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+            p.grad = g.redistribute(placements=[Replicate() if pl.is_partial() else pl for pl in g.placements])
+            n += 1
+    return n
 
 
 class TensorParallelStrategy(Strategy):
@@ -102,7 +152,10 @@ class TensorParallelStrategy(Strategy):
         self.params = count_params(model)
         from ddlbench.models.tensor_parallel import plan_description
         self.plan = plan_description(model)
-        self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"])
+        from ddlbench.models.tensor_parallel import sequence_parallel_description
+        sp = self.options.sequence_parallel
+        self.sp_plan = sequence_parallel_description(model) if sp else None
+        self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"], sequence_parallel=sp)
         if self.options.activation_checkpointing != "none":
             apply_checkpointing(model, self.options.activation_checkpointing)
         self.sharded = None
@@ -120,6 +173,8 @@ class TensorParallelStrategy(Strategy):
 
     def train_step(self, batch: dict) -> StepOut:
         loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self._no_sync)
+        if self.options.sequence_parallel:
+            sum_partial_grads(self.model)
         self.precision.step(self.optimizer)
         return StepOut(loss=loss)
 
@@ -134,6 +189,8 @@ class TensorParallelStrategy(Strategy):
                    + (" + torch.distributed.fsdp.fully_shard over dp_shard" if self.dims.dp_shard > 1 else ""),
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
             "plan": self.plan, "tp_blocks": self.tp_blocks,
+            "sequence_parallel": None if self.sp_plan is None else {
+                **self.sp_plan, "norm weight gradients": "summed over tp once after backward (Megatron's SP)"},
             "order": "tensor parallel -> activation checkpointing -> FSDP2",
             "activation_checkpointing": describe_ac(self.options.activation_checkpointing),
             "mp_policy": None if self.sharded is None else self.sharded.mp_record(),

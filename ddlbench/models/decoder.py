@@ -96,16 +96,57 @@ class HeadNorm(nn.Module):
 
 HEAD_NORMS = ("q_norm", "k_norm")
 
+SP_DESCRIPTION = {"input_layernorm/post_attention_layernorm": "SequenceParallel (sequence parts)",
+                  "self_attn, mlp": "PrepareModuleInput: all-gather the sequence",
+                  "self_attn.o_proj, mlp.down_proj": "RowwiseParallel(output_layouts=Shard(1)): reduce-scatter",
+                  "first block's input": "the replicated sequence cut to this rank's part (no communication)",
+                  "model.norm": "SequenceParallel", "lm_head": "PrepareModuleInput: all-gather the sequence"}
 
-def tp_plan(split: dict[str, bool]):
+
+def sp_model(net: nn.Module, layers: list[nn.Module], mesh) -> dict:
+    """The model around sequence-parallel blocks (`layers`, the transformers decoder layers in
+    order): the embeddings' output, replicated on every tp rank, is cut to this rank's part of the
+    sequence at the first layer's input (a local slice); the final norm runs on the parts; the
+    head's input is all-gathered. Positions, rotary embeddings and the causal mask are made from the
+    whole sequence as before (the attention sees it whole). The record's description."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel, parallelize_module
+    parallelize_module(layers[0], mesh, PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                                           use_local_output=True))
+    parallelize_module(net.model.norm, mesh, SequenceParallel())
+    parallelize_module(net.lm_head, mesh, PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                             use_local_output=True))
+    return SP_DESCRIPTION
+
+
+def tp_plan(split: dict[str, bool], sequence_parallel: bool = False):
     """A block plan: q, k, v column-wise (rank r keeps query heads r*H/tp.. and key/value heads
     r*KV/tp..: the same GQA groups), o row-wise; a dense SwiGLU MLP's gate and up column-wise, down
     row-wise. The attention reshapes with -1 heads, so it runs on its local heads as it is
-    (torchtitan's plan for Llama); per-head q/k norms (Qwen3) become HeadNorm."""
+    (torchtitan's plan for Llama); per-head q/k norms (Qwen3) become HeadNorm. With
+    `sequence_parallel` (Megatron's SP, torchtitan's plan): the block's input and output are this
+    rank's part of the sequence; the two norms run on it (SequenceParallel), the sequence is
+    all-gathered before attention and before the MLP, and the row-wise layers reduce-scatter their
+    output back to sequence parts instead of all-reducing it."""
     def apply(block: nn.Module, mesh) -> None:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-        parallelize_module(block, mesh, {name: ColwiseParallel() if col else RowwiseParallel()
-                                         for name, col in split.items()})
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            PrepareModuleInput,
+            RowwiseParallel,
+            SequenceParallel,
+            parallelize_module,
+        )
+        if not sequence_parallel:
+            plan = {name: ColwiseParallel() if col else RowwiseParallel() for name, col in split.items()}
+        else:
+            plan = {name: ColwiseParallel() if col else RowwiseParallel(output_layouts=Shard(1))
+                    for name, col in split.items()}
+            plan |= {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                     "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                     desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+                     "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))}
+        parallelize_module(block, mesh, plan)
         attn = block.self_attn
         for name in HEAD_NORMS:
             if hasattr(attn, name):

@@ -27,6 +27,11 @@ class TensorParallelPlan:
     apply: Callable[[nn.Module, object], None]   # (block, 1-D tp DeviceMesh): parallelised in place
     split_layers: dict[str, bool]                # layers it shards (as built) -> bias sharded too
     description: dict[str, str]                  # for the record: layer -> ParallelStyle
+    # Megatron-style sequence parallelism (tensor_parallel's sequence_parallel option), where the
+    # family has it: the block plan with it, and (model, its blocks in order, mesh) -> description
+    # for the model around them (where the sequence is cut and gathered); None: not offered
+    sequence_parallel: Optional[Callable[[nn.Module, object], None]] = None
+    sp_model: Optional[Callable[[nn.Module, list, object], dict]] = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ Per block: attention QKV column-wise (each rank computes its own heads), attenti
 row-wise (one all-reduce in forward), MLP fc column-wise, MLP projection row-wise (one
 all-reduce). Embeddings, layer norms and the LM/classifier head stay replicated (the GPT-2
 lm_head/wte tie is untouched; vocabulary parallelism is not implemented). Sequence parallelism
-is not implemented: norms and dropout run replicated.
+(Megatron's, an option of the tensor-parallel variants, for the Llama-like dense families:
+ddlbench/models/decoder.py's tp_plan and sp_model) runs the norms on parts of the sequence and
+replaces each all-reduce by an all-gather before and a reduce-scatter after; without it the norms
+run replicated.
 
 Two conversions make the plans apply, both exact (same outputs, same parameter count and
 order, same values up to a permutation within a tensor):
@@ -89,16 +92,29 @@ def tp_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(type(m).__name__, m) for m in module.modules() if type(m).__name__ in known]
 
 
-def apply_tensor_parallel(module: nn.Module, mesh) -> int:
-    """Convert and parallelize every planned block inside `module`; returns how many."""
+def apply_tensor_parallel(module: nn.Module, mesh, sequence_parallel: bool = False) -> int:
+    """Convert and parallelize every planned block inside `module`; returns how many. With
+    `sequence_parallel` (a whole model: its family's SP plan, and the model around the blocks)."""
     blocks = tp_blocks(module)
     if not blocks:
         raise ValueError("tensor parallelism has no plan for this model's blocks (a family without "
                          "Family.tensor_parallel)")
     known = plans()
     for kind, block in blocks:
-        known[kind].apply(block, mesh)
+        plan = known[kind]
+        if sequence_parallel and plan.sequence_parallel is None:
+            raise ValueError(f"sequence parallelism has no plan for {kind}")
+        (plan.sequence_parallel if sequence_parallel else plan.apply)(block, mesh)
+    if sequence_parallel:
+        known[blocks[0][0]].sp_model(module.net, [b for _, b in blocks], mesh)
     return len(blocks)
+
+
+def sequence_parallel_description(module: nn.Module) -> dict | None:
+    """What the family's sequence-parallel plan does, for the record; None where it has none."""
+    from ddlbench.models.decoder import SP_DESCRIPTION
+    blocks = tp_blocks(module)
+    return SP_DESCRIPTION if blocks and plans()[blocks[0][0]].sequence_parallel is not None else None
 
 
 def split_param_count(module: nn.Module) -> int:

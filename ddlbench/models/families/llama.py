@@ -33,6 +33,7 @@ FAMILY = Family(
     optional_keys=("rms_norm_eps", "tie_embeddings", "head_dim"),
     check=decoder.gqa_errors,
     tensor_parallel=TensorParallelPlan("LlamaDecoderLayer", decoder.tp_plan(SPLIT), SPLIT,
-                                       {**decoder.ATTENTION_DESCRIPTION, **decoder.MLP_DESCRIPTION}),
+                                       {**decoder.ATTENTION_DESCRIPTION, **decoder.MLP_DESCRIPTION},
+                                       decoder.tp_plan(SPLIT, sequence_parallel=True), decoder.sp_model),
     tp_widths=decoder.tp_widths, linear_layers=True, analytic_flops=analytic_flops,
 )

@@ -31,6 +31,7 @@ FAMILY = Family(
     check=decoder.gqa_errors,
     tensor_parallel=TensorParallelPlan("Qwen3DecoderLayer", decoder.tp_plan(SPLIT), SPLIT,
                                        {**decoder.ATTENTION_DESCRIPTION, **decoder.MLP_DESCRIPTION,
-                                        "self_attn.q_norm/k_norm": "replicated, gradient summed over tp (HeadNorm: each rank sees its own heads)"}),
+                                        "self_attn.q_norm/k_norm": "replicated, gradient summed over tp (HeadNorm: each rank sees its own heads)"},
+                                       decoder.tp_plan(SPLIT, sequence_parallel=True), decoder.sp_model),
     tp_widths=decoder.tp_widths, linear_layers=True, analytic_flops=analytic_flops,
 )
