@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
                                             "`project RESULT network=NAME [world_sizes=[...]] [allocate=...]`, or a layout "
                                             "from its specification: `project model=M framework=F network=N hardware=H100 ...`")
     p_proj.add_argument("args", nargs="+")
+    p_ctx = sub.add_parser("context", help="the longest sequence a layout fits on the device: estimated, then the "
+                                           "boundary measured: `context model=M framework=F run.device_memory_gb=X "
+                                           "[seq_lens=[...]] [measure=true|false] [out=DIR]`")
+    p_ctx.add_argument("args", nargs="+")
     p_cb = sub.add_parser("commbench", help="bus bandwidth per collective and message size on this machine's "
                                             "backend: `commbench launcher.nproc=N [sizes=[...]] [out=DIR]`")
     p_cb.add_argument("args", nargs="*")
@@ -153,6 +157,9 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         if args.command == "project":
             from ddlbench.network.cli import run as project
             return project(args.args)
+        if args.command == "context":
+            from ddlbench.estimate.longest import run as context
+            return context(args.args)
         if args.command == "advise":
             from ddlbench.advise.command import run as advise
             return advise(args.args)

@@ -15,6 +15,10 @@ are slow: the run's step times say nothing then (the record warns).
 
 The peak is the largest live total of the steps after the first one (the first step creates the
 optimizer's state lazily; from the second on the run is in its steady state).
+
+On a CPU, `run.device_memory_gb` is enforced here (a GPU caps its allocator, ddlbench/device.py):
+an op that takes the live tensors above it raises torch.OutOfMemoryError, and the run ends `oom`
+as on a GPU of that size. The cap turns the tracker on.
 """
 from __future__ import annotations
 
@@ -57,6 +61,17 @@ def _tracker_class():
                 self._restore_resize()
             TorchDispatchMode.__exit__(self, *args)
 
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            cap = getattr(self, "cap_bytes", None)
+            if cap is not None and out is not NotImplemented:
+                for dev, snap in self._curr_mem_snap.items():
+                    if torch.device(dev).type == "cpu" and snap.get("Total", 0) > cap:
+                        raise torch.OutOfMemoryError(
+                            f"CPU out of memory on the emulated device: {snap['Total'] / 2**30:.3f} GiB of tensors "
+                            f"live, above run.device_memory_gb = {cap / 2**30:.3f} GiB (counted by the tracker)")
+            return out
+
     return StorageTracker
 
 
@@ -64,9 +79,12 @@ class RunTracker:
     """with RunTracker(device) as t: ...; t.reset_peak() at the start of the steady state;
     t.result() after the loop."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, cap_bytes: int | None = None):
+        """cap_bytes (CPU): an allocation that takes the live tensors above it raises
+        torch.OutOfMemoryError, as a GPU of that size would (run.device_memory_gb on a CPU)."""
         self.device = device
         self.tracker = _tracker_class()()
+        self.tracker.cap_bytes = cap_bytes if device.type == "cpu" else None
 
     def __enter__(self) -> "RunTracker":
         self.tracker.__enter__()

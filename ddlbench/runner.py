@@ -162,7 +162,8 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
     commthreads.policy()     # a bad $DDLBENCH_COMM_THREADS fails here, not after the first step
     torch.manual_seed(cfg.run.seed)
     spec = models.build(cfg.model, ctx.device.type)
-    tracking = RunTracker(ctx.device) if cfg.run.memory_tracker else contextlib.nullcontext()
+    cap = int(cfg.run.device_memory_gb * 2**30) if cfg.run.device_memory_gb and ctx.device.type == "cpu" else None
+    tracking = RunTracker(ctx.device, cap) if cfg.run.memory_tracker or cap else contextlib.nullcontext()
     with tracking:   # run.memory_tracker: every storage from before setup to the end of the loop
         setup = set_up(plan, ctx, run_dir, spec, tracking)
         window = train(plan, ctx, run_dir, setup, tracking)
@@ -190,7 +191,7 @@ def set_up(plan: Plan, ctx: RankContext, run_dir: Path, spec, tracking) -> Setup
     strategy = plan.variant.strategy_class()(plan.variant, ctx, dims)
     strategy.setup(spec.build, build_optimizer_factory(cfg.optim, ctx.device.type))
     peaks = setup_peaks(ctx.device)
-    if cfg.run.memory_tracker:
+    if isinstance(tracking, RunTracker):
         tracking.label(strategy.model, strategy.optimizer)
     events.mark(run_dir, "model_ready", ctx.rank)
     dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
@@ -230,7 +231,7 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
         if fault.active:
             fault.at_step(step)
         batch = next(setup.batches)
-        if step == 1 and cfg.run.memory_tracker:
+        if step == 1 and isinstance(tracking, RunTracker):
             tracking.reset_peak()          # the steady state: the optimizer's state exists
         t_issue = time.perf_counter()
         w.host_s.append(t_issue - t_prev)
@@ -279,9 +280,10 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
     time, run.trace's profiled step). Returns (this rank's series and facts to gather, rank-local results rank 0 records)."""
     cfg, strategy = plan.cfg, setup.strategy
     memory = loop_peaks(ctx.device, setup.peaks)  # peaks of the training loop, before the probe step
-    if cfg.run.memory_tracker:
+    if isinstance(tracking, RunTracker):
         memory["tracker"] = {**tracking.result(), "steps": max(len(w.step_s) - 1, 0)}
-        warnings.append("run.memory_tracker: every step ran under torch's MemTracker (a Python dispatch "
+        why = "run.memory_tracker" if cfg.run.memory_tracker else "run.device_memory_gb on a CPU (the cap is enforced by it)"
+        warnings.append(f"{why}: every step ran under torch's MemTracker (a Python dispatch "
                         "mode): its step times and throughput are not comparable with other runs")
     objective = (final_objective(strategy, setup.dataset, plan.dims, strategy.dp_rank, ctx.device, cfg.optim,
                                  len(w.losses)) if cfg.run.final_objective else None)

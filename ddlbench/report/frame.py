@@ -108,6 +108,14 @@ def _peak_memory(record: dict):
     return max(peaks) if peaks else None
 
 
+def _tracker_peak(record: dict):
+    """The busiest rank's tensor peak counted by torch's MemTracker (run.memory_tracker, or
+    run.device_memory_gb on a CPU); None where it did not run."""
+    peaks = [(m.get("tracker") or {}).get("peak_bytes") for m in (record.get("memory") or {}).get("per_rank") or []]
+    peaks = [p for p in peaks if p]
+    return max(peaks) if peaks else None
+
+
 def _rss_above_baseline(record: dict):
     """CPU runs: max over ranks of peak RSS minus the post-import baseline (what the run added)."""
     deltas = [m["peak_rss_bytes"] - m["baseline_rss_bytes"]
@@ -156,6 +164,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         "samples_per_s": tp.get("samples_per_s"), "tokens_per_s": tp.get("tokens_per_s"),
         "step_time_median_s": st.get("median"),
         "peak_memory_bytes": _peak_memory(record), "mfu": record.get("mfu"),
+        "tracker_peak_bytes": _tracker_peak(record),
         "scaling_efficiency": None, "scaling_kind": None,
         "time_to_target_s": conv.get("time_to_target_s"),
         # ---- beyond the contract ----
@@ -176,6 +185,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         "optimizer_impl": (record.get("framework") or {}).get("optimizer_impl"),
         "attention": ((record.get("model") or {}).get("native_config") or {}).get("attn_implementation"),
         "activation_checkpointing": ac_policy(cfg),
+        "seq_len": (cfg.get("model") or {}).get("seq_len"),
         "seed": record.get("seed"),
         "repeat": run.get("repeat", 0), "optimizer": optim.get("name"), "lr": optim.get("lr"),
         "weight_decay": optim.get("weight_decay"), "epochs": run.get("epochs"),

@@ -25,7 +25,7 @@ def draw_all(cells: pd.DataFrame, conv_jobs: list[tuple], out: Path) -> dict[str
 
     jobs = [("throughput", throughput, (cells, out)), ("scaling", scaling, (cells, out)),
             ("memory", memory, (cells, out)), ("communication", communication, (cells, out)),
-            ("mfu", mfu, (cells, out)), ("best", best_heatmap, (cells, out))]
+            ("mfu", mfu, (cells, out)), ("best", best_heatmap, (cells, out)), ("context", context, (cells, out))]
     jobs += [(name, convergence, args) for name, *args in conv_jobs]
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = [(name, pool.submit(fn, *args)) for name, fn, args in jobs]
@@ -115,6 +115,44 @@ def scaling(cells: pd.DataFrame, out: Path) -> Optional[Path]:
         _legend_beside(ax)
     fig.suptitle("Scaling efficiency (X_N/N)/(X_N0/N0); weak or strong in the legend")
     return _save(fig, out / "scaling.png")
+
+
+def context(cells: pd.DataFrame, out: Path) -> Optional[Path]:
+    """tokens/s and peak memory per rank against model.seq_len, per model, for each configuration
+    (label, world size, precision) run at two or more lengths; a length that ran out of memory
+    is an x on the length axis."""
+    if "seq_len" not in cells or cells["seq_len"].dropna().empty:
+        return None
+    c = cells.dropna(subset=["seq_len"])
+    keys = ["model", "label", "world_size", "precision"]
+    groups = [(k, g) for k, g in c.groupby(keys, dropna=False) if g["seq_len"].nunique() > 1]
+    if not groups:
+        return None
+    models = sorted({k[0] for k, _ in groups})
+    fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 7), squeeze=False)
+    colors = _colors(len(groups))
+    for i, ((model, label, world, precision), g) in enumerate(groups):
+        col = models.index(model)
+        g = g.sort_values("seq_len")
+        ok = g[g["ok"] > 0]
+        name = f"{label} n={world}" + (f" {precision}" if isinstance(precision, str) else "")
+        axes[0][col].plot(ok["seq_len"], ok["tokens_per_s"], "o-", color=colors[i], label=name)
+        # tensors' peak where the memory tracker ran (a CPU's RSS counts the runtime too)
+        mem = ok["tracker_peak_bytes"].fillna(ok["peak_memory_bytes"]) if "tracker_peak_bytes" in ok else ok["peak_memory_bytes"]
+        axes[1][col].plot(ok["seq_len"], mem / GiB, "o-", color=colors[i], label=name)
+        oom = g[(g["ok"] == 0) & (g["oom"] > 0)]
+        for ax in (axes[0][col], axes[1][col]):
+            ax.plot(oom["seq_len"], [0] * len(oom), "x", color=colors[i], ms=10, mew=2)
+    for col, model in enumerate(models):
+        for row, ylabel in ((0, "tokens/s (median of repeats)"), (1, "peak memory per rank (GiB; tracker's where run)")):
+            ax = axes[row][col]
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequence length (model.seq_len)")
+            ax.set_ylabel(ylabel)
+            _legend_beside(ax)
+        axes[0][col].set_title(model)
+    fig.suptitle("Throughput and memory against sequence length (x: out of memory)")
+    return _save(fig, out / "context.png")
 
 
 def convergence_jobs(df: pd.DataFrame, records: dict, out: Path) -> list[tuple]:

@@ -14,6 +14,9 @@ CAPTIONS = {
     "memory": "Peak memory per rank (GPU: allocated; CPU: host RSS, which includes the Python/torch runtime, and the part above the post-import baseline) next to the theoretical model-state bytes per rank.",
     "communication": "Bytes communicated per training step, counted where the collectives are issued, next to the ring wire volume and the textbook formula.",
     "mfu": "Model FLOPs utilisation: counted FLOPs x samples/s / (devices x peak FLOP/s).",
+    "context": "Sequence length: median tokens/s and peak memory per rank of each configuration run at several "
+               "model.seq_len values (bench run -m model.seq_len=..., or bench context's runs); x: a length that "
+               "ended out of memory.",
     "best": "The fastest configuration per model and device count (the Ultra-Scale Playbook's heatmap): "
             "colour = MFU where every cell has one, else samples/s relative to the model's best; text = the configuration.",
 }
