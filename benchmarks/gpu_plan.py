@@ -12,6 +12,9 @@ Steps, in the order to run them (the step a session cannot reach waits for the n
      its 48; Mixtral 8x7B's, 2 of 32): transformers' grouped_mm against the per-expert loop under
      DDP, FSDP2 and DeepSpeed ZeRO-2 over the whole MoE model, the expert-parallel adapter at ep=1
      (its code path without the all-to-all) and DeepSpeed-MoE at ep_size=1; never run on a GPU
+  L  long context on one GPU: llama_1b at 8k -> 32k tokens under activation checkpointing none,
+     selective_op and full (what fits, tokens/s; the estimator's saved bytes per policy against the
+     device); never run on a GPU
   A  the harness: the bf16 matmul peak (CUDA events, three shapes); the reference loop against the
      runner on gpt2_small at micro-batch 32, eager and compiled, and on llama_1b at 8; the fast-path
      cells, one of them with a profiled step (run.trace: a Chrome trace per rank); forward /
@@ -25,7 +28,7 @@ Steps, in the order to run them (the step a session cannot reach waits for the n
      llama_1b at micro-batch 2 (4 accumulated) with `sdpa` (a host sync per forward) and
      `sdpa_causal` (none)
 Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
-(reports/gpu-h200/2026-11-26/); C and M never: the next session starts with M, then C, then A.
+(reports/gpu-h200/2026-11-26/); C, M and L never: the next session starts with M, then L, then C, then A.
 Run here, it validates each cell's configuration (`bench run ... run.dry_run=true run.device=cpu`,
 in-process) and prints the device commands; the suite runs it (tests/test_gpu_plan.py).
 """
@@ -42,6 +45,7 @@ LLAMA = "llama_1b bf16 run.micro_batch=auto"
 GPT2 = "gpt2_small bf16 run.global_batch=32 run.micro_batch=auto"
 # Qwen3-30B-A3B's layer shapes (128 experts of 768, top-8, hidden 2048), 4 layers: ~3.1B parameters
 QMOE = "qwen3_moe_30b_a3b bf16 model.n_layer=4 model.seq_len=2048 run.global_batch=4 run.micro_batch=2"
+LONG = "llama_1b bf16 run.global_batch=1 run.micro_batch=1 framework.options.activation_checkpointing"
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,13 @@ STEPS = {
         f"deepspeed_zero2 {QMOE}",
         f"deepspeed_moe {QMOE} framework.options.ep_size=1",
         "ddp mixtral_8x7b bf16 model.n_layer=2 model.seq_len=2048 run.global_batch=2 run.micro_batch=1"),
+        deadline_s=350),
+    "L": Step("long context on one GPU: llama_1b at 8k, 16k and 32k tokens under activation checkpointing "
+              "none, selective_op (torchtitan's per-op policy) and full; what fits and its tokens/s", (
+        f"fsdp_full {LONG}=none model.seq_len=8192", f"fsdp_full {LONG}=selective_op model.seq_len=8192",
+        f"fsdp_full {LONG}=full model.seq_len=8192", f"fsdp_full {LONG}=none model.seq_len=16384",
+        f"fsdp_full {LONG}=selective_op model.seq_len=16384", f"fsdp_full {LONG}=full model.seq_len=16384",
+        f"fsdp_full {LONG}=selective_op model.seq_len=32768", f"fsdp_full {LONG}=full model.seq_len=32768"),
         deadline_s=350),
     "A": Step("the harness against a reference loop; the fast path against the old one; where a step's time goes", (
         "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach",

@@ -88,6 +88,14 @@ def selective_op_context():
     return create_selective_checkpoint_contexts(op_policy(defaultdict(int), _save_list()))
 
 
+def _respect_hooks() -> dict:
+    import inspect
+
+    from torch.utils.checkpoint import checkpoint
+    return ({"respect_saved_tensors_hooks": True}
+            if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters else {})
+
+
 def apply(model, policy: str) -> int:
     """Wrap the blocks of `model` (an nn.Module with blocks()) the policy checkpoints (model.blocks(), in place); how many."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -101,9 +109,10 @@ def apply(model, policy: str) -> int:
         return 0
     if policy == "selective_op":
         chosen = {id(b) for b in blocks}
-        # what SAC saves goes through saved_tensors_hooks like any saved tensor (the profile counts it there)
+        # what SAC saves goes through saved_tensors_hooks like any saved tensor (the profile counts it
+        # there), where torch has the choice (2.14; older ones bypass the hooks, the default there)
         wrapper = partial(checkpoint_wrapper, context_fn=selective_op_context, preserve_rng_state=False,
-                          respect_saved_tensors_hooks=True)
+                          **_respect_hooks())
     else:
         k = layer_every(policy)
         chosen = {id(b) for i, b in enumerate(blocks) if (i + 1) % k == 0}
