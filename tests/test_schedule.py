@@ -166,3 +166,37 @@ def test_a_specification_without_a_model_is_refused():
     with pytest.raises(ConfigError, match="needs model= and framework="):
         from ddlbench.network.spec_command import parse
         parse(["framework=ddp", "network=dgx_h100"])
+
+
+@pytest.mark.parametrize("framework,extra,keep", [
+    ("tensor_parallel", (), {"tp": 2}),
+    ("pipeline_1f1b", ("run.global_batch=4",), {"pp": 2}),
+])
+def test_a_model_parallel_run_is_projected_through_its_schedule(framework, extra, keep, tmp_path):
+    """`bench project RUN` on a TP or PP run (refused before: data-parallel records only): its
+    configuration re-planned with its tp / pp kept and data parallelism over the rest, the compute's
+    efficiency solved so the simulated step on the network it ran on gives its measured throughput."""
+    from conftest import run_record
+
+    from ddlbench.estimate.scale import Pricing
+    from ddlbench.estimate.spec import Spec, rows, solve_efficiency
+    from ddlbench.network import model
+    _, rec = run_record(tmp_path / "run", f"framework={framework}", "model=llama_tiny", "launcher.nproc=2",
+                        "run.warmup_steps=1", "run.measure_steps=3", *extra, timeout=240)
+    assert rec["status"] == "ok", rec.get("error")
+    proc = bench("project", str(tmp_path / "run"), "network=dgx_h100", "world_sizes=[2,8,64]", f"out={tmp_path / 'p'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "p" / "projection.json").read_text())
+    assert [r["devices"] for r in doc["rows"]] == [2, 8, 64]
+    for r in doc["rows"]:
+        assert all(r["layout"][k] == v for k, v in keep.items()) and r["step_s"] >= r["compute_s"] > 0
+    assert "reproduced on local_gloo" in doc["efficiency_source"]
+    # the calibration by hand: at the run's own size, on its own network, the measured throughput
+    par = rec["parallel"]
+    spec = Spec((), par["global_batch"] // par["dp"], rec["flops"]["peak_per_device"], config=rec["config"],
+                device="cpu", extra={"keep": keep})
+    local = Pricing(model.load("local_gloo"), "gloo")
+    measured = rec["throughput"]["tokens_per_s"] / 2
+    eff = solve_efficiency(spec, local, measured, 2)
+    assert eff == pytest.approx(doc["efficiency"], rel=1e-6)
+    assert rows(spec, local, [2], eff)[0]["tokens_per_s_per_device"] == pytest.approx(measured, rel=1e-3)

@@ -13,9 +13,11 @@ class Spec:
     overrides: tuple[str, ...]      # what `bench run` would take: framework=, model=, run.precision=, ...
     local_batch: int                # samples per data-parallel rank per step
     peak_flops: float               # per device, at the run's precision
-    ac: str = "none"
+    ac: str = "none"                # added to the overrides (a configuration keeps its own)
     per_node: int = 8
     device_memory_bytes: float | None = None
+    config: dict | None = None      # a run's whole configuration (its result.json) instead of overrides
+    device: str = "cuda"            # the device type the model is profiled for
     extra: dict = field(default_factory=dict)
 
 
@@ -24,6 +26,8 @@ def plan_at(spec: Spec, world: int):
     scaling): the data-parallel degree the framework plans is found by planning each divisor of the
     world, largest first (the first that plans with that dp is the one)."""
     from ddlbench.config import plan_from_overrides
+    if spec.config is not None:
+        return _config_at(spec, world)
     base = [*spec.overrides, f"launcher.nproc={world}"]
     if spec.ac != "none":
         base.append(f"framework.options.activation_checkpointing={spec.ac}")
@@ -41,14 +45,43 @@ def plan_at(spec: Spec, world: int):
     raise first or ConfigError(f"no data-parallel degree plans {world} ranks with local_batch={spec.local_batch}")
 
 
+def _config_at(spec: Spec, world: int):
+    """A run's configuration re-planned for `world` ranks on one launcher (planning only), the
+    global batch dp x local_batch as plan_at. The model-parallel sizes the run had (spec.extra
+    'keep': {'tp', 'pp'}) are kept and data parallelism takes the rest (tensor parallelism: FSDP2
+    over dp_shard; a pipeline: replicas)."""
+    import copy
+
+    from ddlbench.config import validate
+    first = None
+    for dp in sorted((d for d in range(1, world + 1) if world % d == 0), reverse=True):
+        raw = copy.deepcopy(spec.config)
+        raw["launcher"].update(nproc=world, nodes=1, name="local")
+        opts = raw["framework"].setdefault("options", {})
+        for size, rest in (("tp", "dp_shard"), ("pp", "dp")):
+            if size in opts and (spec.extra.get("keep") or {}).get(size, 1) > 1:
+                opts[size] = spec.extra["keep"][size]
+                if rest in opts:
+                    opts[rest] = -1
+        raw["run"]["global_batch"] = dp * spec.local_batch
+        try:
+            plan = validate(raw)
+        except ConfigError as exc:
+            first = first or exc
+            continue
+        if plan.dims.dp == dp:
+            return plan
+    raise first or ConfigError(f"no data-parallel degree plans {world} ranks with local_batch={spec.local_batch}")
+
+
 def tokens_per_sample(plan) -> int:
     """A language model's sequence; an image model's sample counts as one."""
     return int(getattr(plan.cfg.model, "seq_len", 0) or 1)
 
 
-def _profile(plan):
+def _profile(plan, device: str):
     from ddlbench.estimate.profile import cached_profile
-    return cached_profile(plan.cfg.model, plan.cfg.run.precision, "cuda")[0]
+    return cached_profile(plan.cfg.model, plan.cfg.run.precision, device)[0]
 
 
 def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: int) -> float:
@@ -56,11 +89,11 @@ def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: i
     device (bisection: the step only shortens as compute speeds up). ConfigError where even the
     peak cannot reach it."""
     plan = plan_at(spec, world)
-    prof = _profile(plan)
+    prof = _profile(plan, spec.device)
     tokens = plan.dims.global_batch * tokens_per_sample(plan)
 
     def rate(eff: float) -> float:
-        s = step_of(plan, prof, pricing, spec.peak_flops * eff, spec.ac, spec.per_node)
+        s = step_of(plan, prof, pricing, spec.peak_flops * eff, plan.variant.ac_policy(), spec.per_node)
         return tokens / s["step_s"] / world
     if rate(1.0) < tokens_per_s:
         raise ConfigError(f"calibrate: {tokens_per_s:g} tokens/s per device at {world} devices is faster than this "
@@ -77,13 +110,13 @@ def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float
     out = []
     for w in world_sizes:
         plan = plan_at(spec, w)
-        prof = _profile(plan)
+        prof = _profile(plan, spec.device)
         d = plan.dims
-        s = step_of(plan, prof, pricing, spec.peak_flops * efficiency, spec.ac, spec.per_node)
+        s = step_of(plan, prof, pricing, spec.peak_flops * efficiency, plan.variant.ac_policy(), spec.per_node)
         tokens = d.global_batch * tokens_per_sample(plan)
         model_flops = 3 * sum(p.flops for p in prof.pieces) * d.global_batch   # per step, no recompute
         try:
-            mem = predicted(plan, prof, spec.per_node, "cuda")
+            mem = predicted(plan, prof, spec.per_node, spec.device)
         except ValueError:
             mem = None
         row = {"devices": w, "layout": s["layout"],

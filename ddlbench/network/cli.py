@@ -56,6 +56,9 @@ def run(args: list[str]) -> int:
         return spec_command.run(args)
     path, o, sizes = parse(args)
     rec = _record(path)
+    par = rec.get("parallel") or {}
+    if (par.get("tp") or 1) > 1 or (par.get("pp") or 1) > 1:     # a model-parallel layout: its schedule
+        return spec_command.project_record(rec, path, o, sizes)
     work = workload.from_record(rec)
     net = model.load(o.text("network"))
     too_big = [n for n in sizes if n > net.max_devices]

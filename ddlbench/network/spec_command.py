@@ -112,23 +112,29 @@ def run(args: list[str]) -> int:
                "priced on the network, the step simulated with the framework's rules (ddlbench/estimate/rules.py)"),
            "not_priced": "the optimizer step, launch gaps, compute slowed by overlapped communication, stragglers, congestion",
            "rows": table}
+    write(doc, out)
+    return 0
+
+
+def write(doc: dict, out: Path) -> None:
+    """projection.json and projection.csv, then the table on the terminal."""
     atomic_write_json(out / "projection.json", doc)
     with open(out / "projection.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["devices", "dp_replicate", "dp_shard", "tp", "pp", "step_s", "exposed_comm_s",
                     "tokens_per_s_per_device", "mfu", "memory_per_rank_bytes"])
-        for r in table:
+        for r in doc["rows"]:
             lay = r["layout"]
             w.writerow([r["devices"], lay["dp_replicate"], lay["dp_shard"], lay["tp"], lay["pp"], r["step_s"],
                         r["exposed_comm_s"], r["tokens_per_s_per_device"], r["mfu"], r["memory_per_rank_bytes"]])
     _print(doc, out)
-    return 0
 
 
 def _print(doc: dict, out: Path) -> None:
     from ddlbench.table import text_table
     print(f"{' '.join(doc['specification'])} on {doc['network']}: compute at {doc['efficiency']:.1%} of "
-          f"{doc['peak_flops'] / 1e12:,.1f} TFLOP/s ({doc['efficiency_source']}; peak: {doc['peak_source']}), ac={doc['ac']}")
+          f"{doc['peak_flops'] / 1e12:,.1f} TFLOP/s ({doc['efficiency_source']}; peak: {doc['peak_source']})"
+          + (f", ac={doc['ac']}" if doc['ac'] else ""))
 
     def mem(r):
         if r["memory_per_rank_bytes"] is None:
@@ -147,3 +153,62 @@ def _print(doc: dict, out: Path) -> None:
     print(f"not priced: {doc['not_priced']}")
     for name in ("projection.json", "projection.csv"):
         print(f"  {out / name}")
+
+
+def project_record(rec: dict, path: Path, o, sizes: list[int]) -> int:
+    """A run of a model-parallel layout (tp or pp > 1) at other world sizes: its configuration
+    re-planned at each (ddlbench/estimate/spec.py), the step simulated with the framework's rules,
+    the compute's efficiency solved so that the simulated step on the network the run ran on
+    (`measured_on`, else the one it recorded, else local_gloo) gives the run's measured throughput."""
+    from ddlbench.estimate.scale import Pricing
+    from ddlbench.estimate.spec import Spec, rows, solve_efficiency
+    from ddlbench.network import model
+    if rec.get("status") != "ok":
+        raise ConfigError(f"run {rec.get('run_id')} is {rec.get('status')}: only ok runs can be projected")
+    for key in ("allocate", "compute_from", "overlap"):
+        if o.text(key):
+            raise ConfigError(f"bench project: {key}= is for data-parallel runs; this run is model-parallel "
+                              "(its step is simulated with its framework's rules)")
+    if o.text("scaling", "weak") != "weak":
+        raise ConfigError("bench project: a model-parallel run projects at its per-device batch (scaling=weak)")
+    net = model.load(o.text("network"))
+    too_big = [n for n in sizes if n > net.max_devices]
+    if too_big:
+        raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
+    par, env = rec["parallel"], rec.get("env") or {}
+    measured_on = (model.load(o.text("measured_on")) if o.text("measured_on")
+                   else model.recorded_network(rec) or model.load("local_gloo"))
+    algorithm = o.text("algorithm", "auto")
+    measured_alg = model.backend_algorithm(env.get("backend")) if algorithm == "auto" else algorithm
+    target_alg = "best" if algorithm in ("auto", model.GLOO) else algorithm
+    peak = (rec.get("flops") or {}).get("peak_per_device")
+    if not peak:
+        raise ConfigError("bench project: the run recorded no peak FLOP/s (flops.peak_per_device) for the roofline")
+    world = int(par["world_size"])
+    spec = Spec((), int(par["global_batch"]) // int(par["dp"]), float(peak), per_node=net.dims[0].size,
+                config=rec["config"], device="cuda" if env.get("backend") == "nccl" else "cpu",
+                extra={"keep": {"tp": int(par.get("tp") or 1), "pp": int(par.get("pp") or 1)}})
+    tp = rec.get("throughput") or {}
+    measured = (tp.get("tokens_per_s") or tp.get("samples_per_s")) / world
+    try:
+        eff = solve_efficiency(spec, Pricing(measured_on, measured_alg), measured, world)
+        table = rows(spec, Pricing(net, target_alg), sizes, eff)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"bench project: {exc}") from None
+    out = Path(o.text("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}"))
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"run_id": rec.get("run_id"), "specification": [f"run {rec.get('run_id')}"], "network": net.name,
+           "network_file": net.source, "algorithm": target_alg, "peak_flops": float(peak),
+           "peak_source": "the run's flops.peak_per_device", "efficiency": eff,
+           "efficiency_source": (f"calibrated: the run's {measured:,.1f} per device at {world} devices reproduced on "
+                                 f"{measured_on.name} ({measured_alg})"),
+           "ac": None, "local_batch": spec.local_batch, "per_node": spec.per_node,
+           "method": (f"the run's configuration re-planned per world size, tp {par.get('tp')} and pp {par.get('pp')} "
+                      "kept and data parallelism over the rest (TP: FSDP2 over dp_shard; a pipeline: replicas), its "
+                      "step simulated (ddlbench/estimate/rules.py)"),
+           "not_priced": "the optimizer step, launch gaps, compute slowed by overlapped communication, stragglers, congestion",
+           "rows": table}
+    write(doc, out)
+    return 0
