@@ -116,6 +116,19 @@ FUNCTIONAL_GROUP_ARG = {"all_reduce": 2, "all_reduce_": 2, "all_reduce_coalesced
                         "broadcast_": 2}
 
 
+def _deepspeed_op(name: str, args):
+    """DeepSpeed-Ulysses's all-to-all is a custom op (deepspeed::dim_zero_all_to_all(input,
+    group_name)) whose all_to_all_single runs where a dispatch mode does not see it: counted as
+    that all_to_all_single over its group."""
+    if name != "dim_zero_all_to_all":
+        return None
+    from deepspeed.sequence.layer import _all_to_all_groups
+    return "all_to_all_single", [args[0], args[0], _all_to_all_groups[args[1]]]
+
+
+OPAQUE = {"deepspeed": _deepspeed_op}   # namespace -> (op name, args) -> (the collective's name, its args) | None
+
+
 # torch.distributed functions a framework may call from a future's callback, on the backend's
 # worker thread, where the (thread-local) dispatch mode does not see them: PowerSGD all-reduces
 # its Q matrices in `.then(compute_qs)`. Found by comparing counts with the bytes gloo wrote.
@@ -170,6 +183,10 @@ class CollectiveCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace in NAMESPACES:
             self._add(func._schema.name.split("::")[-1], args)
+        elif func.namespace in OPAQUE:        # a library's custom op around a collective: the mode
+            seen = OPAQUE[func.namespace](func._schema.name.split("::")[-1], args)   # cannot see inside it
+            if seen:
+                self._add(*seen)
         return func(*args, **(kwargs or {}))
 
     def take(self) -> dict:

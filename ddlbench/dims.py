@@ -1,9 +1,10 @@
 """Parallel dimensions of a run: validated, pure, testable without a process group.
 
-The world is a 4-D grid of sizes (pp, dp_replicate, dp_shard, tp), laid out in that order
-(MESH_ORDER: pp outermost, tp innermost). Any one size may be -1 = "whatever is left of the world size". `dp` =
-dp_replicate x dp_shard is the number of data-parallel replicas of the model; each takes
-global_batch / dp samples per optimizer step.
+The world is a 5-D grid of sizes (pp, dp_replicate, dp_shard, cp, tp), laid out in that order
+(MESH_ORDER: pp outermost, tp innermost; torchtitan's order). Any one size may be -1 = "whatever is left of
+the world size". `dp` = dp_replicate x dp_shard is the number of data-parallel replicas of the model;
+each takes global_batch / dp samples per optimizer step. `cp` ranks (context / sequence parallelism:
+DeepSpeed-Ulysses) share one replica's samples, each holding its part of every sequence.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ddlbench.errors import ConfigError
 
 # Mesh dimension names, outermost first (rank = ((pp * R + r) * S + s) * T + t): tensor
 # parallel ranks are adjacent (same node, fastest link), pipeline stages furthest apart.
-MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 def _size(value: int) -> int:
@@ -40,6 +41,7 @@ class ParallelDims:
     nodes: int = 1
     dp_replicate: int = 0  # 0 = dp (no separate shard dimension)
     dp_shard: int = 1
+    cp: int = 1            # ranks that split each sequence (context / sequence parallelism)
 
     def __post_init__(self):
         if self.dp_replicate == 0:
@@ -51,8 +53,10 @@ class ParallelDims:
         return self.micro_batch * self.grad_accum
 
     def mesh_shape(self) -> dict[str, int]:
-        sizes = {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp}
-        return {name: sizes[name] for name in MESH_ORDER}
+        """Size per mesh dimension, outermost first; `cp` only where the run splits sequences."""
+        sizes = {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "cp": self.cp,
+                 "tp": self.tp}
+        return {name: sizes[name] for name in MESH_ORDER if name != "cp" or self.cp != 1}
 
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's coordinate on every mesh dimension (row-major over MESH_ORDER)."""
@@ -60,7 +64,7 @@ class ParallelDims:
         for name, size in reversed(list(self.mesh_shape().items())):
             out[name] = rank % size
             rank //= size
-        return {name: out[name] for name in MESH_ORDER}
+        return {name: out[name] for name in MESH_ORDER if name in out}
 
     def dp_rank(self, rank: int) -> int:
         c = self.coords(rank)
@@ -68,7 +72,7 @@ class ParallelDims:
 
     def as_dict(self) -> dict:
         return {"world_size": self.world_size, "nodes": self.nodes, "dp": self.dp,
-                "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp,
+                "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "cp": self.cp, "tp": self.tp,
                 "pp": self.pp, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
                 "global_batch": self.global_batch}
 
@@ -100,15 +104,16 @@ def infer_sizes(world_size: int, sizes: dict[str, int]) -> dict[str, int]:
 
 def resolve_dims(world_size: int, global_batch: int, micro_batch: Optional[int],
                  tp: int = 1, pp: int = 1, nodes: int = 1, dp_shard: int = 1,
-                 dp_replicate: int = -1, n_microbatches: Optional[int] = None) -> ParallelDims:
+                 dp_replicate: int = -1, n_microbatches: Optional[int] = None, cp: int = 1) -> ParallelDims:
     """Derive the mesh sizes, dp and grad_accum; raise ConfigError naming the keys when they
     cannot fit. `n_microbatches` (pipelines) fixes grad_accum when run.micro_batch is unset."""
     if world_size < 1:
         raise ConfigError(f"launcher.nproc: world size must be >= 1, got {world_size}")
-    if tp > 0 and pp > 0 and dp_shard > 0 and dp_replicate == -1 and world_size % (tp * pp * dp_shard):
+    if tp > 0 and pp > 0 and dp_shard > 0 and cp > 0 and dp_replicate == -1 and world_size % (tp * pp * dp_shard * cp):
         raise ConfigError(f"world size {world_size} is not divisible by tp*pp = {tp}*{pp}"
-                          + (f" * dp_shard {dp_shard}" if dp_shard != 1 else ""))
-    sizes = infer_sizes(world_size, {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp})
+                          + (f" * dp_shard {dp_shard}" if dp_shard != 1 else "") + (f" * cp {cp}" if cp != 1 else ""))
+    shape = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp}
+    sizes = infer_sizes(world_size, {**shape, "cp": cp} if cp != 1 else shape)
     dp = sizes["dp_replicate"] * sizes["dp_shard"]
     if global_batch % dp:
         raise ConfigError(f"run.global_batch {global_batch} is not divisible by dp={dp} ranks "
@@ -127,7 +132,7 @@ def resolve_dims(world_size: int, global_batch: int, micro_batch: Optional[int],
     return ParallelDims(world_size=world_size, dp=dp, tp=sizes["tp"], pp=sizes["pp"],
                         micro_batch=micro_batch, grad_accum=local // micro_batch,
                         global_batch=global_batch, nodes=nodes,
-                        dp_replicate=sizes["dp_replicate"], dp_shard=sizes["dp_shard"])
+                        dp_replicate=sizes["dp_replicate"], dp_shard=sizes["dp_shard"], cp=sizes.get("cp", 1))
 
 
 def model_fit_errors(dims: ParallelDims, model_cfg, stages: int, schedule: str | None = None) -> list[str]:

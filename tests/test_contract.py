@@ -102,9 +102,13 @@ from ddlbench.errors import ConfigError
 for name in group_options("framework"):
     try:
         plan = plan_from_overrides([f"framework={name}", "launcher.nproc=2"])
-    except ConfigError as exc:      # expert parallelism: a Mixture-of-Experts model (tp=2 takes 4 ranks)
-        assert "needs a Mixture-of-Experts" in str(exc), exc
-        plan = plan_from_overrides([f"framework={name}", "launcher.nproc=4", "model=moe_tiny"])
+    except ConfigError as exc:
+        if "needs a Mixture-of-Experts" in str(exc):   # expert parallelism (tp=2 takes 4 ranks)
+            plan = plan_from_overrides([f"framework={name}", "launcher.nproc=4", "model=moe_tiny"])
+        else:                                         # sequence parallelism: a Llama-like model, SDPA
+            assert "sequence parallelism" in str(exc) or "Ulysses" in str(exc), exc
+            plan = plan_from_overrides([f"framework={name}", "launcher.nproc=2", "model=llama_tiny",
+                                        "model.attention=sdpa"])
     plan.variant.taxonomy(); plan.variant.advise_options(2); plan.variant.unsupported_reason(plan.cfg, "cpu")
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("deepspeed", "horovod", "fairscale"))))
 """

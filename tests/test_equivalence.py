@@ -33,10 +33,13 @@ STEPS = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8",
 GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            "tensor_parallel_fsdp": (4, ()),
            "fsdp_hybrid": (4, ("framework.options.hybrid_shard_size=2",)),
-           "expert_parallel": (4, ()), "expert_parallel_tp": (4, ())}
+           "expert_parallel": (4, ()), "expert_parallel_tp": (4, ()),
+           # DeepSpeed-Ulysses wraps SDPA (the DDP reference runs eager attention: the same math)
+           "deepspeed_ulysses": (2, ("model.attention=sdpa",))}
 # where each GATE_AT case runs (the first also validates the variant); the rest: gpt2_tiny
 GATE_MODELS = {"expert_parallel": ("moe_tiny", "moe_shared_tiny"), "expert_parallel_tp": ("moe_tiny",),
-               "deepspeed_moe": ("moe_tiny",), "tensor_parallel_sp": ("llama_tiny",)}
+               "deepspeed_moe": ("moe_tiny",), "tensor_parallel_sp": ("llama_tiny",),
+               "deepspeed_ulysses": ("llama_tiny",)}
 # The router's load-balancing loss is computed over each data-parallel rank's micro-batch (as
 # transformers and every framework compute it): a layout with fewer data-parallel ranks than DDP's
 # (tensor parallelism) averages it over other token sets, a different loss by design (1e-4 after 10
@@ -46,7 +49,7 @@ MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", 
 # llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny, moe_tiny
 # and moe_shared_tiny (a shared expert beside the routed ones): what their families change
 MODEL_VARIANTS = {"llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b",
-                                 "tensor_parallel", "tensor_parallel_sp"},
+                                 "tensor_parallel", "tensor_parallel_sp", "deepspeed_ulysses"},
                   "qwen3_tiny": {"tensor_parallel", "tensor_parallel_sp"},
                   "moe_tiny": {"fsdp_full", "deepspeed_zero2", "expert_parallel", "expert_parallel_tp"},
                   "moe_shared_tiny": {"expert_parallel"}}
@@ -64,7 +67,7 @@ def _variants():
         if name == "ddp":
             continue
         plan = plan_from_overrides([f"framework={name}", f"launcher.nproc={GATE_AT.get(name, (2,))[0]}",
-                                    f"model={GATE_MODELS.get(name, ('gpt2_tiny',))[0]}"])
+                                    f"model={GATE_MODELS.get(name, ('gpt2_tiny',))[0]}", *GATE_AT.get(name, (2, ()))[1]])
         reason = plan.variant.unsupported_reason(plan.cfg, DEVICE)
         if reason:
             unrunnable[name] = reason
@@ -85,11 +88,11 @@ def _fits(model: str, framework: str) -> bool:
     tests/test_moe.py check those messages)."""
     try:
         plan_from_overrides([f"framework={framework}", f"model={model}",
-                             f"launcher.nproc={GATE_AT.get(framework, (2,))[0]}"])
+                             f"launcher.nproc={GATE_AT.get(framework, (2,))[0]}", *GATE_AT.get(framework, (2, ()))[1]])
         return True
     except ConfigError as exc:
         assert any(why in str(exc) for why in ("has no tensor-parallel plan", "needs a Mixture-of-Experts",
-                                               "sequence parallelism has no plan")), exc
+                                               "sequence parallelism has no plan", "DeepSpeed-Ulysses")), exc
         return False
 
 

@@ -268,7 +268,7 @@ class DeepSpeedStrategy(Strategy):
         optimizer = None if self._offload else build_optimizer(groups)
         self.model, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config,
-            model_parameters=groups if optimizer is None else None)
+            model_parameters=groups if optimizer is None else None, **self.initialize_kwargs())
         self.version = deepspeed.__version__
         self.compiled = None
         if self.ctx.compile:     # DeepSpeed's own API: the engine compiles its module
@@ -285,6 +285,10 @@ class DeepSpeedStrategy(Strategy):
     def prepare_model(self, model):
         """The model as the engine takes it (DeepSpeed-MoE swaps in its MoE layers here)."""
         return model
+
+    def initialize_kwargs(self) -> dict:
+        """More keywords for deepspeed.initialize (Ulysses: its mpu, the sequence-parallel groups)."""
+        return {}
 
     def optimizer_groups(self, groups: list[dict]) -> list[dict]:
         """The optimizer's parameter groups (DeepSpeed-MoE keeps experts in groups of their own)."""

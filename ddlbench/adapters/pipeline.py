@@ -31,7 +31,7 @@ from ddlbench.adapters.base import ModelParallel, StepOut, Strategy
 from ddlbench.adapters.common import canonical_parameters, full_tensor, local_tensor, param_row, recv_any, send_any
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, Share, autocast_copies, split
 from ddlbench.adapters.variant import Variant, taxonomy_labels
-from ddlbench.dims import MESH_ORDER, ParallelSize, model_fit_errors
+from ddlbench.dims import ParallelSize, model_fit_errors
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import optimizer_state_bytes_per_param
 from ddlbench.metrics.pipeline import analytic_bubble, measured_idle
@@ -188,7 +188,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         o, dims, ctx = self.options, self.dims, self.ctx
         v = self.variant.stages_per_rank()
         shape = dims.mesh_shape()
-        self.mesh = init_device_mesh(ctx.device.type, tuple(shape.values()), mesh_dim_names=MESH_ORDER)
+        self.mesh = init_device_mesh(ctx.device.type, tuple(shape.values()), mesh_dim_names=tuple(shape))
         coords = dims.coords(ctx.rank)
         self.pp_rank, self.tp_rank, self.dp_rank = coords["pp"], coords["tp"], dims.dp_rank(ctx.rank)
         self.pp_group = self.mesh["pp"].get_group()

@@ -21,7 +21,7 @@ from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, spli
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard, apply_tensor_parallel
 from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.variant import Variant, taxonomy_labels
-from ddlbench.dims import MESH_ORDER, ParallelSize, model_fit_errors
+from ddlbench.dims import ParallelSize, model_fit_errors
 from ddlbench.errors import ConfigError
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
@@ -145,7 +145,8 @@ class TensorParallelStrategy(Strategy):
         from ddlbench.models.spec import count_params
 
         dims, ctx = self.dims, self.ctx
-        self.mesh = init_device_mesh(ctx.device.type, tuple(dims.mesh_shape().values()), mesh_dim_names=MESH_ORDER)
+        shape = dims.mesh_shape()
+        self.mesh = init_device_mesh(ctx.device.type, tuple(shape.values()), mesh_dim_names=tuple(shape))
         coords = dims.coords(ctx.rank)
         self.tp_rank, self.dp_rank = coords["tp"], dims.dp_rank(ctx.rank)
         model = build_on(build_model, ctx.device)

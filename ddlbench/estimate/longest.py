@@ -71,7 +71,8 @@ def measure(overrides: list[str], seq: int, out: Path) -> dict:
     subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", *overrides, f"model.seq_len={seq}",
                     f"run.dir={run_dir}", "logger=none", "run.progress=false"], check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    path = run_dir / "result.json"
+    from ddlbench.rundir import RunDir
+    path = RunDir(run_dir).result
     if not path.is_file():
         return {"seq_len": seq, "status": "no result", "run_dir": str(run_dir)}
     rec = json.loads(path.read_text())

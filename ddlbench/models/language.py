@@ -49,11 +49,19 @@ class CausalLM(nn.Module):
             from ddlbench.models.moe import RouterStats
             self.router_stats = RouterStats(self)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
-                eval_weight: torch.Tensor | None = None) -> torch.Tensor:
+                eval_weight: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                shift_labels: torch.Tensor | None = None, loss_denominator=None) -> torch.Tensor:
         """Mean next-token loss; with `eval_weight` (one weight per sequence) the weighted sums
-        [loss, correct predictions, predictions] instead (evaluation, through any wrapper)."""
+        [loss, correct predictions, predictions] instead (evaluation, through any wrapper). With
+        `shift_labels` (a part of the sequence: sequence parallelism) the targets are given already
+        shifted for these positions (`position_ids`), and the loss is their summed cross-entropy /
+        `loss_denominator` (the whole sequence's target count: the parts' losses add up to the mean)."""
+        if shift_labels is not None:
+            out = self.net(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            return F.cross_entropy(out.logits.flatten(0, 1).float(), shift_labels.flatten(), ignore_index=IGNORE,
+                                   reduction="sum") / loss_denominator
         # The same loss as HF's ForCausalLM (mean over all shifted tokens), computed here so it
         # also runs on the meta device (HF's loss calls .item()) and under any wrapper.
         if attention_mask is not None and self.net.config._attn_implementation == SDPA_CAUSAL:
