@@ -78,8 +78,7 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
     cfg, d = plan.cfg, plan.dims
     fw, o = cfg.framework.name, plan.options
     if fw not in SUPPORTED:
-        raise ConfigError(f"bench project: no schedule rules for {fw} yet (have {', '.join(SUPPORTED)}); "
-                          "project a run of it instead")
+        raise ConfigError(f"bench project: no schedule rules for {fw} yet (have {', '.join(SUPPORTED)})")
     cost = cost_of_plan(plan, prof, per_node)
     precision = cfg.run.precision
     gather_b = DTYPE_BYTES[precision] if fw != "ddp" else 4

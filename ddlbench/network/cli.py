@@ -57,7 +57,7 @@ def run(args: list[str]) -> int:
     path, o, sizes = parse(args)
     rec = _record(path)
     par = rec.get("parallel") or {}
-    if (par.get("tp") or 1) > 1 or (par.get("pp") or 1) > 1:     # a model-parallel layout: its schedule
+    if any((par.get(k) or 1) > 1 for k in ("tp", "pp", "cp")):     # a model-parallel layout: its schedule
         return spec_command.project_record(rec, path, o, sizes)
     work = workload.from_record(rec)
     net = model.load(o.text("network"))

@@ -156,7 +156,7 @@ def _print(doc: dict, out: Path) -> None:
 
 
 def project_record(rec: dict, path: Path, o, sizes: list[int]) -> int:
-    """A run of a model-parallel layout (tp or pp > 1) at other world sizes: its configuration
+    """A run of a model-parallel layout (tp, pp or cp > 1) at other world sizes: its configuration
     re-planned at each (ddlbench/estimate/spec.py), the step simulated with the framework's rules,
     the compute's efficiency solved so that the simulated step on the network the run ran on
     (`measured_on`, else the one it recorded, else local_gloo) gives the run's measured throughput."""
