@@ -14,9 +14,7 @@ from ddlbench.config import group_options
 
 NO_COST_MODEL = {"ddp_powersgd": "PowerSGD's payload depends on every matrix's shape",
                  "deepspeed_moe": "not written yet: DeepSpeed's capacity-padded all-to-all and expert-data-parallel "
-                                  "reductions",
-                 "deepspeed_ulysses": "not written yet: four all-to-alls per layer among the sequence-parallel ranks "
-                                      "beside ZeRO's reductions"}
+                                  "reductions"}
 
 
 def first_layout(framework: str, devices: int = 4) -> dict:

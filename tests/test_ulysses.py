@@ -29,6 +29,14 @@ def test_ulysses_times_zero2_at_four_ranks_trains_like_one_process(tmp_path):
     layers, micro = 2, 2
     assert calls == {"2@1": 8 * layers * micro}
     assert "sequence (Ulysses)" in rec["framework"]["taxonomy"]["parallelism"]
+    # its cost model's all-to-alls are the run's, message for message and byte for byte
+    from ddlbench.config import validate
+    from ddlbench.estimate.profile import profile
+    plan = validate(rec["config"])
+    cost = plan.variant.cost_model(plan.dims, profile(plan.cfg.model), "fp32")
+    a2a = [t for t in cost.traffic if t.kind == "all_to_all"]
+    assert sum(t.count for t in a2a) == 8 * layers * micro and all(t.ranks == 2 for t in a2a)
+    assert sum(t.bytes * t.count for t in a2a) == pytest.approx(rec["comm"]["per_step_bytes"]["all_to_all"])
 
 
 @pytest.mark.parametrize("overrides,message", [

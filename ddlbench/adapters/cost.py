@@ -81,6 +81,8 @@ class ModelProfile:
     # their gradient beside them); 0 under a fused kernel
     attention_scores_bytes_per_sample: int = 0
     hidden_size: int = 0                    # a norm's weight (sequence parallelism sums its gradient over tp)
+    attention_heads: int = 0                # query heads and key/value heads (0: unknown; Ulysses' all-to-alls)
+    kv_heads: int = 0
 
     @property
     def root_params(self) -> int:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ddlbench.adapters.base import StepOut
 from ddlbench.adapters.common import split_micro
+from ddlbench.adapters.cost import DTYPE_BYTES
 from ddlbench.adapters.deepspeed import DeepSpeed, DeepSpeedOptions, DeepSpeedStrategy
 from ddlbench.adapters.variant import taxonomy_labels
 from ddlbench.dims import ParallelSize
@@ -79,9 +80,26 @@ class DeepSpeedUlysses(DeepSpeed):
                                "all-to-all (attention) + " + base["communication"], base["sharding"], base["compression"])
 
     def cost_model(self, dims, model, precision, per_node=None):
-        """Not modelled yet: four all-to-alls per layer (q, k, v in, the output back) among the sp
-        ranks, beside ZeRO's reductions over the data-parallel ones."""
-        return None
+        """ZeRO as DeepSpeed runs it with the sequence-parallel groups: over every rank (its
+        seq_data_parallel group: the sp ranks of a replica and the replicas), so the state is
+        sharded world-wide; each rank computes and keeps the activations of 1/sp of the sequence;
+        per layer and micro-batch four all-to-alls in forward (q, k, v: the part's heads; the
+        output back) and four in backward, among the sp ranks (adjacent), each the rank's part of
+        that tensor in the activations' dtype (measured: tests/test_ulysses.py)."""
+        from dataclasses import replace
+
+        from ddlbench.adapters.cost import split
+        world = dims.world_size
+        zero = super().cost_model(replace(dims, dp=world, dp_replicate=world // dims.dp_shard), model, precision, per_node)
+        sp, m = dims.cp, dims.grad_accum
+        act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / sp   # the part's q / output
+        kv = model.kv_heads / model.attention_heads if model.attention_heads else 1.0
+        traffic = (split("all_to_all", act, 1, sp, per_step=4 * model.blocks * m, what="q and the output (sequence parts)",
+                         data_parallel=False)
+                   + split("all_to_all", act * kv, 1, sp, per_step=4 * model.blocks * m, what="k and v (sequence parts)",
+                           data_parallel=False))
+        return replace(zero, source=zero.source + f" + DeepSpeed-Ulysses (sp {sp})", traffic=zero.traffic + tuple(traffic),
+                       activation_share=zero.activation_share / sp, compute_share=zero.compute_share / sp)
 
     def analytic_comm(self, dims, precision, params, per_node=None):
         return None

@@ -241,7 +241,8 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
         autocast_activation_bytes_per_sample=autocast[0],
         autocast_checkpointed_bytes_per_sample=autocast[1], selective_op_bytes_per_sample=sel,
         autocast_selective_op_bytes_per_sample=autocast[3], attention_scores_bytes_per_sample=scores,
-        hidden_size=int(getattr(model_cfg, "n_embd", 0) or 0), **moe)
+        hidden_size=int(getattr(model_cfg, "n_embd", 0) or 0), attention_heads=int(getattr(model_cfg, "n_head", 0) or 0),
+        kv_heads=int(getattr(model_cfg, "n_kv_head", 0) or getattr(model_cfg, "n_head", 0) or 0), **moe)
 
 
 def _activation_slopes(spec, dtype, has_blocks: bool) -> tuple[int, int, int, int]:
