@@ -107,6 +107,7 @@ def spec_rows(overrides, local_batch=2, ac="none", sizes=(8, 128, 1024), eff=0.5
       "run.micro_batch=1"), (64, 1, 1, 2)),
     (("framework=ddp",), (128, 1, 1, 1)),
     (("framework=deepspeed_zero2",), (1, 128, 1, 1)),
+    (("framework=deepspeed_ulysses", "framework.options.sp=2", "model.attention=sdpa"), (1, 64, 1, 1)),
 ])
 def test_every_layout_family_is_projected_at_8_128_and_1024(overrides, layout128):
     out = spec_rows(overrides)
@@ -171,6 +172,7 @@ def test_a_specification_without_a_model_is_refused():
 @pytest.mark.parametrize("framework,extra,keep", [
     ("tensor_parallel", (), {"tp": 2}),
     ("pipeline_1f1b", ("run.global_batch=4",), {"pp": 2}),
+    ("deepspeed_ulysses", ("model.attention=sdpa",), {"cp": 2}),
 ])
 def test_a_model_parallel_run_is_projected_through_its_schedule(framework, extra, keep, tmp_path):
     """`bench project RUN` on a TP or PP run (refused before: data-parallel records only): its

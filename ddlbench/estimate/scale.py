@@ -41,7 +41,7 @@ def recompute(policy: str, block: int) -> float:
     return 1.0 if k and (block + 1) % k == 0 else 0.0
 DDP_BUCKET = 25 * 2**20            # torch DDP's bucket_cap_mb
 ZERO_BUCKET = 5e8                  # DeepSpeed's reduce_bucket_size default (elements)
-SUPPORTED = ("ddp", "fsdp2", "tensor_parallel", "deepspeed", "pipeline")
+SUPPORTED = ("ddp", "fsdp2", "tensor_parallel", "deepspeed", "pipeline", "deepspeed_ulysses")
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,17 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
     precision = cfg.run.precision
     gather_b = DTYPE_BYTES[precision] if fw != "ddp" else 4
     grad_b = DTYPE_BYTES[plan.variant.grad_reduce_dtype(precision)]
-    tp, mb, m = d.tp, d.micro_batch, d.grad_accum
-    times = piece_times(prof, tp, mb, flops_per_s, ac)
+    tp, mb, m, sp = d.tp, d.micro_batch, d.grad_accum, d.cp
+    # Ulysses: each rank computes 1/sp of every sequence (its attention: the whole sequence, 1/sp of the heads)
+    times = [(f / sp, b / sp) for f, b in piece_times(prof, tp, mb, flops_per_s, ac)]
     nb = len(prof.pieces)
     tp_s = 2 * pricing.seconds("all_reduce", prof.boundary_bytes_per_sample * mb, tp, 1) if tp > 1 else 0.0
     tp_kind = pricing.label("all_reduce", tp, 1) if tp > 1 else "tp"
+    if sp > 1:      # four all-to-alls a block each way (q, k, v in; the output back), exposed like TP's
+        part = prof.boundary_bytes_per_sample * mb / 4 * DTYPE_BYTES[precision] / sp
+        kv = prof.kv_heads / prof.attention_heads if prof.attention_heads else 1.0
+        tp_s = 2 * (pricing.seconds("all_to_all", part, sp, tp) + pricing.seconds("all_to_all", part * kv, sp, tp))
+        tp_kind = pricing.label("all_to_all", sp, tp)
     names = ["embedding"] + [f"block{i}" for i in range(nb - 2)] + ["head"]
     comm: dict[str, float] = {}
 
@@ -103,10 +109,11 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
     if fw == "pipeline":
         return _pipeline(plan, prof, pricing, times, cost, grad_b, comm)
     pieces = [piece(i) for i in range(nb)]
-    if tp > 1:
+    if tp > 1 or sp > 1:
         add(tp_kind, 2 * tp_s * (nb - 2) * m)
-    dp_ranks, stride = d.dp, tp
-    if fw in ("fsdp2", "tensor_parallel") or (fw == "deepspeed" and cost.shard_params):
+    # DeepSpeed with the sequence-parallel groups reduces over every rank of the replica and the replicas
+    dp_ranks, stride = (d.world_size, 1) if fw == "deepspeed_ulysses" else (d.dp, tp)
+    if fw in ("fsdp2", "tensor_parallel") or (fw.startswith("deepspeed") and cost.shard_params):
         shard = cost.shard_ranks
         reshard = bool(getattr(o, "reshard_after_forward", True))
         kinds = {"gather": pricing.label("all_gather", shard, stride),
@@ -123,14 +130,14 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
             add(kinds["gather"], g, m * (2 if reshard and not root else 1) if shard > 1 else 0)
             add(kinds["scatter"], rs), add(kinds["reduce"], ar)
         tasks = rules.fsdp(pieces, units, m, 0.0, kinds, tp_kind)
-    elif fw == "ddp" or fw == "deepspeed":
+    elif fw in ("ddp", "deepspeed", "deepspeed_ulysses"):
         kind = "all_reduce" if fw == "ddp" else "reduce_scatter"
         label = pricing.label(kind, dp_ranks, stride)
         bucket = DDP_BUCKET if fw == "ddp" else ZERO_BUCKET * grad_b
         bs = [(name, pricing.seconds(kind, b, dp_ranks, stride)) for name, b in rules.buckets(pieces, grad_b, bucket)]
         add(label, sum(s for _, s in bs))
         after = None
-        if fw == "deepspeed" and dp_ranks > 1 and cost.shard_optimizer:
+        if fw != "ddp" and dp_ranks > 1 and cost.shard_optimizer:
             ag_label = pricing.label("all_gather", dp_ranks, stride)
             ag = pricing.seconds("all_gather", DTYPE_BYTES[precision] * sum(p.params for p in pieces), dp_ranks, stride)
             after = (ag, ag_label)
@@ -147,7 +154,8 @@ def layout(d, cost) -> dict:
     """What each mesh dimension does, in the specification's vocabulary: a sharding strategy's
     shard group is dp_shard (HSDP: its shard groups; the rest replicate)."""
     shard = cost.shard_ranks if (cost.shard_params or cost.shard_grads or cost.shard_optimizer) else 1
-    return {"dp_replicate": d.dp // shard, "dp_shard": shard, "tp": d.tp, "pp": d.pp,
+    shard = max(1, shard // d.cp)   # Ulysses' ZeRO shards over the sequence-parallel ranks too (cp folded in)
+    return {"dp_replicate": d.dp // shard, "dp_shard": shard, "cp": d.cp, "tp": d.tp, "pp": d.pp,
             "micro_batch": d.micro_batch, "grad_accum": d.grad_accum}
 
 

@@ -48,8 +48,8 @@ def plan_at(spec: Spec, world: int):
 def _config_at(spec: Spec, world: int):
     """A run's configuration re-planned for `world` ranks on one launcher (planning only), the
     global batch dp x local_batch as plan_at. The model-parallel sizes the run had (spec.extra
-    'keep': {'tp', 'pp'}) are kept and data parallelism takes the rest (tensor parallelism: FSDP2
-    over dp_shard; a pipeline: replicas)."""
+    'keep': {'tp', 'pp', 'cp'}) are kept and data parallelism takes the rest (tensor parallelism:
+    FSDP2 over dp_shard; a pipeline, Ulysses: replicas)."""
     import copy
 
     from ddlbench.config import validate
@@ -58,9 +58,9 @@ def _config_at(spec: Spec, world: int):
         raw = copy.deepcopy(spec.config)
         raw["launcher"].update(nproc=world, nodes=1, name="local")
         opts = raw["framework"].setdefault("options", {})
-        for size, rest in (("tp", "dp_shard"), ("pp", "dp")):
-            if size in opts and (spec.extra.get("keep") or {}).get(size, 1) > 1:
-                opts[size] = spec.extra["keep"][size]
+        for option, size, rest in (("tp", "tp", "dp_shard"), ("pp", "pp", "dp"), ("sp", "cp", None)):
+            if option in opts and (spec.extra.get("keep") or {}).get(size, 1) > 1:
+                opts[option] = spec.extra["keep"][size]
                 if rest in opts:
                     opts[rest] = -1
         raw["run"]["global_batch"] = dp * spec.local_batch

@@ -121,11 +121,11 @@ def write(doc: dict, out: Path) -> None:
     atomic_write_json(out / "projection.json", doc)
     with open(out / "projection.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["devices", "dp_replicate", "dp_shard", "tp", "pp", "step_s", "exposed_comm_s",
+        w.writerow(["devices", "dp_replicate", "dp_shard", "cp", "tp", "pp", "step_s", "exposed_comm_s",
                     "tokens_per_s_per_device", "mfu", "memory_per_rank_bytes"])
         for r in doc["rows"]:
             lay = r["layout"]
-            w.writerow([r["devices"], lay["dp_replicate"], lay["dp_shard"], lay["tp"], lay["pp"], r["step_s"],
+            w.writerow([r["devices"], lay["dp_replicate"], lay["dp_shard"], lay.get("cp", 1), lay["tp"], lay["pp"], r["step_s"],
                         r["exposed_comm_s"], r["tokens_per_s_per_device"], r["mfu"], r["memory_per_rank_bytes"]])
     _print(doc, out)
 
@@ -145,9 +145,9 @@ def _print(doc: dict, out: Path) -> None:
     def top(r):
         items = sorted(r["exposed_by_kind_s"].items(), key=lambda kv: -kv[1])[:2]
         return ", ".join(f"{k} {v * 1e3:.1f}" for k, v in items) or "-"
-    print(text_table(["devices", "dp_rep x dp_shard x tp x pp", "step ms", "exposed comm ms", "tokens/s/device", "MFU",
+    print(text_table(["devices", "dp_rep x dp_shard x cp x tp x pp", "step ms", "exposed comm ms", "tokens/s/device", "MFU",
                       "memory/rank GiB", "largest exposed (ms)"],
-                     [[str(r["devices"]), "x".join(str(r["layout"][k]) for k in ("dp_replicate", "dp_shard", "tp", "pp")),
+                     [[str(r["devices"]), "x".join(str(r["layout"].get(k, 1)) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")),
                        f"{r['step_s'] * 1e3:.1f}", f"{r['exposed_comm_s'] * 1e3:.1f}",
                        f"{r['tokens_per_s_per_device']:,.0f}", f"{r['mfu']:.1%}", mem(r), top(r)] for r in doc["rows"]]))
     print(f"not priced: {doc['not_priced']}")
@@ -187,7 +187,7 @@ def project_record(rec: dict, path: Path, o, sizes: list[int]) -> int:
     world = int(par["world_size"])
     spec = Spec((), int(par["global_batch"]) // int(par["dp"]), float(peak), per_node=net.dims[0].size,
                 config=rec["config"], device="cuda" if env.get("backend") == "nccl" else "cpu",
-                extra={"keep": {"tp": int(par.get("tp") or 1), "pp": int(par.get("pp") or 1)}})
+                extra={"keep": {k: int(par.get(k) or 1) for k in ("tp", "pp", "cp")}})
     tp = rec.get("throughput") or {}
     measured = (tp.get("tokens_per_s") or tp.get("samples_per_s")) / world
     try:
@@ -205,9 +205,9 @@ def project_record(rec: dict, path: Path, o, sizes: list[int]) -> int:
            "efficiency_source": (f"calibrated: the run's {measured:,.1f} per device at {world} devices reproduced on "
                                  f"{measured_on.name} ({measured_alg})"),
            "ac": None, "local_batch": spec.local_batch, "per_node": spec.per_node,
-           "method": (f"the run's configuration re-planned per world size, tp {par.get('tp')} and pp {par.get('pp')} "
-                      "kept and data parallelism over the rest (TP: FSDP2 over dp_shard; a pipeline: replicas), its "
-                      "step simulated (ddlbench/estimate/rules.py)"),
+           "method": (f"the run's configuration re-planned per world size, tp {par.get('tp')}, pp {par.get('pp')} and "
+                      f"cp {par.get('cp') or 1} kept and data parallelism over the rest (TP: FSDP2 over dp_shard; a "
+                      "pipeline, Ulysses: replicas), its step simulated (ddlbench/estimate/rules.py)"),
            "not_priced": "the optimizer step, launch gaps, compute slowed by overlapped communication, stragglers, congestion",
            "rows": table}
     write(doc, out)
