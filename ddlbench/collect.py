@@ -31,6 +31,19 @@ def _global_losses(gathered: list) -> list[float]:
     return [mean_ignoring_missing([g["loss"][i] for g in gathered]) for i in range(steps)]
 
 
+def causal_mfu(flops: dict, mfu_value) -> dict:
+    """Both attention conventions (long context: attention dominates): `mfu` counts every T x T
+    score (non-causal: torch's flop counter, PaLM's 12 L H Q T); `mfu_causal` the about half a
+    causal kernel computes, scaled by the analytic count's causal / full ratio."""
+    a = flops.get("analytic") or {}
+    out = {"attention_convention": "mfu: full T x T attention scores (non-causal); mfu_causal: half of them (causal)"}
+    if a.get("causal_train_per_sample") and a.get("train_per_sample"):
+        ratio = a["causal_train_per_sample"] / a["train_per_sample"]
+        out.update(causal_train_per_sample=flops["flops"] * ratio,
+                   mfu_causal=mfu_value * ratio if mfu_value is not None else None)
+    return out
+
+
 def _comm(gathered: list, world: int, params: int | None, analytic, backend: str) -> dict | None:
     per_rank = [g["comm"]["counts"] for g in gathered]
     if any(c is None for c in per_rank):
@@ -255,7 +268,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
                        "mfu_median_step": (mfu_value * window_step / stats["median"]
                                            if mfu_value is not None and stats["median"] > 0 else None),
                        "note": "mfu = train_per_sample x samples/s / (devices x peak); hfu the same with "
-                               "hardware_train_per_sample (recomputed forwards included)"}
+                               "hardware_train_per_sample (recomputed forwards included)",
+                       **causal_mfu(flops, mfu_value)}
     f8 = (native or {}).get("float8") if isinstance(native, dict) else None
     if isinstance(f8, dict) and f8.get("converted_params") and mfu_value is not None and spec.tokens_per_sample:
         share = float8_share(f8["converted_params"], spec.tokens_per_sample, flops["flops"])

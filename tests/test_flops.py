@@ -137,3 +137,22 @@ def test_cpu_probe_is_cached_per_thread_count_and_dtype(tmp_path, monkeypatch):
     assert cpu_peak(1, "fp32", cache)[0] == 1e9
     assert calls == [(2, torch.float32), (2, torch.bfloat16), (1, torch.float32)]
     assert "threads=2" in cpu_peak(2, "fp32", cache)[1]
+
+
+def test_both_attention_conventions_by_hand():
+    """llama_tiny at 512 tokens: the T x T scores are 2 x 2 x T x (heads x head_dim) FLOPs per token
+    and layer in forward (QK^T and AV), x 3 for training, x 2 layers = 1,572,864 per token; a causal
+    kernel computes half: 402,653,184 fewer per sample. mfu_causal scales mfu by the same ratio."""
+    from ddlbench.collect import causal_mfu
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.models.flops import train_flops_per_sample
+    from ddlbench.models.registry import build
+    plan = plan_from_overrides(["model=llama_tiny", "model.seq_len=512"])
+    got = train_flops_per_sample(build(plan.cfg.model, "cpu"))
+    a = got["analytic"]
+    assert a["train_per_sample"] - a["causal_train_per_sample"] == 3 * 2 * 2 * 2 * 512 * 128 * 512 // 2 == 402_653_184
+    assert got["flops"] == a["train_per_sample"] == 1_811_939_328
+    out = causal_mfu(got, 0.5)
+    assert out["causal_train_per_sample"] == 1_409_286_144
+    assert out["mfu_causal"] == pytest.approx(0.5 * 1_409_286_144 / 1_811_939_328)
+    assert causal_mfu({"flops": 1, "analytic": None}, 0.5) == {"attention_convention": out["attention_convention"]}
