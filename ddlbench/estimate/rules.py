@@ -11,7 +11,8 @@ resharded after forward. With gradient accumulation, the all-gathers repeat ever
 and the reduction comes once, after the last. The optimizer waits for every reduction.
 DDP: gradients all-reduced in buckets (bucket_bytes, 25 MiB) in backward order, each once its last
 piece's backward is done, on the last micro-batch only (no_sync on the others).
-ZeRO-1/2: gradients reduce-scattered in buckets the same way; after the optimizer the updated
+ZeRO-1/2: gradients all-reduced in buckets the same way (DeepSpeed 0.19's
+use_multi_rank_bucket_allreduce; stage 2 on every micro-batch); after the optimizer the updated
 parameters are all-gathered (nothing left to hide them behind).
 Tensor parallelism: a block's forward waits on its activations' all-reduces (two a block, Megatron's
 f/g), and so does its backward: exposed, on a stream of their own so the schedule names them.
@@ -148,18 +149,19 @@ def buckets(pieces: list[Piece], grad_bytes: float, bucket_bytes: float) -> list
 
 def bucketed(pieces: list[Piece], bucket_s: list[tuple[str, float]], grad_accum: int, optimizer_s: float,
              kind: str, stream: str, after_optimizer: tuple[float, str] | None = None,
-             tp_kind: str = "tp") -> list[Task]:
-    """DDP (all-reduce buckets) or ZeRO-1/2 (reduce-scatter buckets, then the parameters'
-    all-gather after the optimizer: `after_optimizer` = (seconds, kind)). bucket_s: [(piece whose
-    backward closes the bucket, seconds of its collective)]."""
-    tasks, none = [], (lambda p: ())
+             tp_kind: str = "tp", every_micro_batch: bool = False) -> list[Task]:
+    """DDP (all-reduce buckets on the last micro-batch) or ZeRO-1/2 (DeepSpeed 0.19 all-reduces its
+    buckets: at the accumulation boundary for stage 1, `every_micro_batch` for stage 2; then the
+    parameters' all-gather after the optimizer: `after_optimizer` = (seconds, kind)). bucket_s:
+    [(piece whose backward closes the bucket, seconds of its collective)]."""
+    tasks, none, waits = [], (lambda p: ()), []
     for mb in range(grad_accum):
         compute, back = _forward_backward(pieces, mb, none, none, tp_kind)
         tasks += compute
-    waits = []
-    for i, (piece, seconds) in enumerate(bucket_s):
-        tasks.append(Task(f"{stream}{i}", stream, seconds, (back[piece],), kind))
-        waits.append(f"{stream}{i}")
+        if every_micro_batch or mb == grad_accum - 1:
+            for i, (piece, seconds) in enumerate(bucket_s):
+                tasks.append(Task(f"{stream}{mb}.{i}", stream, seconds, (back[piece],), kind))
+                waits.append(f"{stream}{mb}.{i}")
     tasks.append(Task("optimizer", COMPUTE, optimizer_s, tuple(waits)))
     if after_optimizer:
         tasks.append(Task("AG:parameters", "all_gather", after_optimizer[0], ("optimizer",), after_optimizer[1]))

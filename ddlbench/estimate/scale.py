@@ -131,7 +131,7 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
             add(kinds["scatter"], rs), add(kinds["reduce"], ar)
         tasks = rules.fsdp(pieces, units, m, 0.0, kinds, tp_kind)
     elif fw in ("ddp", "deepspeed", "deepspeed_ulysses"):
-        kind = "all_reduce" if fw == "ddp" else "reduce_scatter"
+        kind = "all_reduce"        # DDP's buckets; DeepSpeed 0.19's ZeRO-1/2 all-reduce theirs too (its cost model)
         label = pricing.label(kind, dp_ranks, stride)
         bucket = DDP_BUCKET if fw == "ddp" else ZERO_BUCKET * grad_b
         bs = [(name, pricing.seconds(kind, b, dp_ranks, stride)) for name, b in rules.buckets(pieces, grad_b, bucket)]
@@ -142,7 +142,10 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
             ag = pricing.seconds("all_gather", DTYPE_BYTES[precision] * sum(p.params for p in pieces), dp_ranks, stride)
             after = (ag, ag_label)
             add(ag_label, ag)
-        tasks = rules.bucketed(pieces, bs, m, 0.0, label, "grad", after, tp_kind)
+        every = fw != "ddp" and getattr(o, "stage", 0) == 2          # ZeRO-2 reduces on every micro-step
+        if every:
+            add(label, sum(s for _, s in bs) * (m - 1))
+        tasks = rules.bucketed(pieces, bs, m, 0.0, label, "grad", after, tp_kind, every_micro_batch=every)
     else:
         raise ConfigError(f"bench project: no schedule rules for {fw}")
     s = simulate(tasks)
