@@ -18,7 +18,7 @@ def test_tp_with_sequence_parallel_times_fsdp2_at_four_ranks_trains_like_one_pro
     _, one = run_record(tmp_path / "one", "framework=ddp", "launcher.nproc=1", *STEPS, timeout=240)
     _, rec = run_record(tmp_path / "sp", "framework=tensor_parallel_fsdp", "framework.options.tp=2",
                         "framework.options.dp_shard=2", "framework.options.sequence_parallel=true",
-                        "launcher.nproc=4", *STEPS, timeout=300)
+                        "launcher.nproc=4", *STEPS, timeout=270)
     assert one["status"] == "ok" and rec["status"] == "ok", rec.get("error")
     assert [x for _, x in rec["convergence"]["train_loss"]] == pytest.approx(
         [x for _, x in one["convergence"]["train_loss"]], rel=1e-5)

@@ -17,7 +17,7 @@ STEPS = ["model=llama_tiny", "model.attention=sdpa", "run.global_batch=8", "run.
 def test_ulysses_times_zero2_at_four_ranks_trains_like_one_process(tmp_path):
     _, one = run_record(tmp_path / "one", "framework=ddp", "launcher.nproc=1", *STEPS, timeout=240)
     _, rec = run_record(tmp_path / "sp", "framework=deepspeed_ulysses", "framework.options.sp=2",
-                        "launcher.nproc=4", *STEPS, timeout=300)
+                        "launcher.nproc=4", *STEPS, timeout=270)
     assert one["status"] == "ok" and rec["status"] == "ok", rec.get("error")
     assert [x for _, x in rec["convergence"]["train_loss"]] == pytest.approx(
         [x for _, x in one["convergence"]["train_loss"]], rel=1e-5)
