@@ -196,7 +196,7 @@ def test_a_model_parallel_run_is_projected_through_its_schedule(framework, extra
     # the calibration by hand: at the run's own size, on its own network, the measured throughput
     par = rec["parallel"]
     spec = Spec((), par["global_batch"] // par["dp"], rec["flops"]["peak_per_device"], config=rec["config"],
-                device="cpu", extra={"keep": keep})
+                device="cpu", keep=keep)
     local = Pricing(model.load("local_gloo"), "gloo")
     measured = rec["throughput"]["tokens_per_s"] / 2
     eff = solve_efficiency(spec, local, measured, 2)

@@ -18,60 +18,65 @@ class Spec:
     device_memory_bytes: float | None = None
     config: dict | None = None      # a run's whole configuration (its result.json) instead of overrides
     device: str = "cuda"            # the device type the model is profiled for
-    extra: dict = field(default_factory=dict)
+    keep: dict = field(default_factory=dict)   # with `config`: the run's model-parallel sizes {tp, pp, cp}
 
 
 def plan_at(spec: Spec, world: int):
     """The configuration planned for `world` ranks with global batch dp x local_batch (weak
     scaling): the data-parallel degree the framework plans is found by planning each divisor of the
     world, largest first (the first that plans with that dp is the one)."""
+    from ddlbench.microbatch import divisors_descending
+    plan_for = _config_planner(spec, world) if spec.config is not None else _override_planner(spec, world)
+    first = None
+    for dp in divisors_descending(world):
+        try:
+            plan = plan_for(dp * spec.local_batch)
+        except ConfigError as exc:
+            first = first or exc
+            continue
+        if plan.dims.dp == dp:
+            return plan
+    raise first or ConfigError(f"no data-parallel degree plans {world} ranks with local_batch={spec.local_batch}")
+
+
+def _override_planner(spec: Spec, world: int):
+    """global batch -> the plan of the specification's overrides at `world` ranks."""
     from ddlbench.config import plan_from_overrides
-    if spec.config is not None:
-        return _config_at(spec, world)
     base = [*spec.overrides, f"launcher.nproc={world}"]
     if spec.ac != "none":
         base.append(f"framework.options.activation_checkpointing={spec.ac}")
-    first = None
-    for dp in sorted((d for d in range(1, world + 1) if world % d == 0), reverse=True):
+
+    def plan_for(global_batch: int):
         try:
-            plan = plan_from_overrides([*base, f"run.global_batch={dp * spec.local_batch}"])
+            return plan_from_overrides([*base, f"run.global_batch={global_batch}"])
         except ConfigError as exc:
             if "activation_checkpointing" in str(exc):
                 raise ConfigError(f"ac={spec.ac}: this framework has no activation_checkpointing option ({exc})") from None
-            first = first or exc
-            continue
-        if plan.dims.dp == dp:
-            return plan
-    raise first or ConfigError(f"no data-parallel degree plans {world} ranks with local_batch={spec.local_batch}")
+            raise
+    return plan_for
 
 
-def _config_at(spec: Spec, world: int):
-    """A run's configuration re-planned for `world` ranks on one launcher (planning only), the
-    global batch dp x local_batch as plan_at. The model-parallel sizes the run had (spec.extra
-    'keep': {'tp', 'pp', 'cp'}) are kept and data parallelism takes the rest (tensor parallelism:
-    FSDP2 over dp_shard; a pipeline, Ulysses: replicas)."""
+def _config_planner(spec: Spec, world: int):
+    """global batch -> a run's configuration re-planned for `world` ranks on one launcher (planning
+    only). The model-parallel sizes the run had (`spec.keep`: tp, pp, cp) are kept and data
+    parallelism takes the rest (tensor parallelism: FSDP2 over dp_shard; a pipeline, Ulysses:
+    replicas)."""
     import copy
 
     from ddlbench.config import validate
-    first = None
-    for dp in sorted((d for d in range(1, world + 1) if world % d == 0), reverse=True):
-        raw = copy.deepcopy(spec.config)
-        raw["launcher"].update(nproc=world, nodes=1, name="local")
-        opts = raw["framework"].setdefault("options", {})
-        for option, size, rest in (("tp", "tp", "dp_shard"), ("pp", "pp", "dp"), ("sp", "cp", None)):
-            if option in opts and (spec.extra.get("keep") or {}).get(size, 1) > 1:
-                opts[option] = spec.extra["keep"][size]
-                if rest in opts:
-                    opts[rest] = -1
-        raw["run"]["global_batch"] = dp * spec.local_batch
-        try:
-            plan = validate(raw)
-        except ConfigError as exc:
-            first = first or exc
-            continue
-        if plan.dims.dp == dp:
-            return plan
-    raise first or ConfigError(f"no data-parallel degree plans {world} ranks with local_batch={spec.local_batch}")
+    raw = copy.deepcopy(spec.config)
+    raw["launcher"].update(nproc=world, nodes=1, name="local")
+    opts = raw["framework"].setdefault("options", {})
+    for option, size, rest in (("tp", "tp", "dp_shard"), ("pp", "pp", "dp"), ("sp", "cp", None)):
+        if option in opts and spec.keep.get(size, 1) > 1:
+            opts[option] = spec.keep[size]
+            if rest in opts:
+                opts[rest] = -1
+
+    def plan_for(global_batch: int):
+        raw["run"]["global_batch"] = global_batch
+        return validate(copy.deepcopy(raw))
+    return plan_for
 
 
 def tokens_per_sample(plan) -> int:

@@ -16,7 +16,7 @@ non-reentrant checkpoint_wrapper).
 from __future__ import annotations
 
 from collections import defaultdict
-from functools import partial
+from functools import cache, partial
 
 from pydantic import BeforeValidator
 from typing_extensions import Annotated
@@ -58,6 +58,7 @@ def checkpointed_blocks(policy: str, blocks: int) -> int:
     return blocks // k if k else 0
 
 
+@cache        # made once: every checkpointed block's forward asks for a context
 def _save_list():
     import torch
     ops = [torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_efficient_attention.default,

@@ -60,10 +60,7 @@ def run(args: list[str]) -> int:
     if any((par.get(k) or 1) > 1 for k in ("tp", "pp", "cp")):     # a model-parallel layout: its schedule
         return spec_command.project_record(rec, path, o, sizes)
     work = workload.from_record(rec)
-    net = model.load(o.text("network"))
-    too_big = [n for n in sizes if n > net.max_devices]
-    if too_big:
-        raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
+    net = model.for_world_sizes(o.text("network"), sizes)
     algorithm = o.text("algorithm", "auto")
     if algorithm not in ("auto", "best", *model.ALGORITHMS, model.GLOO):
         raise ConfigError(f"algorithm must be auto, best, ring, tree, hierarchical or gloo, got {algorithm!r}")

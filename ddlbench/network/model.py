@@ -76,6 +76,16 @@ def load(name_or_path: str, conf_dir: Path | None = None) -> Network:
     return from_dict(yaml.safe_load(path.read_text()) or {}, path)
 
 
+def for_world_sizes(name_or_path: str, sizes: list[int]) -> "Network":
+    """The network, ConfigError where a world size exceeds it."""
+    from ddlbench.errors import ConfigError
+    net = load(name_or_path)
+    too_big = [n for n in sizes if n > net.max_devices]
+    if too_big:
+        raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
+    return net
+
+
 def recorded_network(rec: dict) -> "Network | None":
     """The network a run recorded in result.json (env.network: inside `bench cluster`, its link
     rates; ddlbench.envinfo.network_ran_on), or None."""

@@ -67,10 +67,7 @@ def run(args: list[str]) -> int:
 
     kv = parse(args)
     sizes = kv.integers("world_sizes", DEFAULT_WORLD_SIZES)
-    net = model.load(kv.text("network"))
-    too_big = [n for n in sizes if n > net.max_devices]
-    if too_big:
-        raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
+    net = model.for_world_sizes(kv.text("network"), sizes)
     try:
         ac = normalize(kv.text("ac", "none"))
     except ValueError as exc:
@@ -171,10 +168,7 @@ def project_record(rec: dict, path: Path, o, sizes: list[int]) -> int:
                               "(its step is simulated with its framework's rules)")
     if o.text("scaling", "weak") != "weak":
         raise ConfigError("bench project: a model-parallel run projects at its per-device batch (scaling=weak)")
-    net = model.load(o.text("network"))
-    too_big = [n for n in sizes if n > net.max_devices]
-    if too_big:
-        raise ConfigError(f"world sizes {too_big} exceed network {net.name} ({net.max_devices:,} devices)")
+    net = model.for_world_sizes(o.text("network"), sizes)
     par, env = rec["parallel"], rec.get("env") or {}
     measured_on = (model.load(o.text("measured_on")) if o.text("measured_on")
                    else model.recorded_network(rec) or model.load("local_gloo"))
@@ -187,7 +181,7 @@ def project_record(rec: dict, path: Path, o, sizes: list[int]) -> int:
     world = int(par["world_size"])
     spec = Spec((), int(par["global_batch"]) // int(par["dp"]), float(peak), per_node=net.dims[0].size,
                 config=rec["config"], device="cuda" if env.get("backend") == "nccl" else "cpu",
-                extra={"keep": {k: int(par.get(k) or 1) for k in ("tp", "pp", "cp")}})
+                keep={k: int(par.get(k) or 1) for k in ("tp", "pp", "cp")})
     tp = rec.get("throughput") or {}
     measured = (tp.get("tokens_per_s") or tp.get("samples_per_s")) / world
     try:
