@@ -7,14 +7,15 @@ and reference-loop runs; on the lent machine (no network, the wheels carried):
     run(carry=[".whl"], command="bash scripts/device_gpu_matrix.sh A --plan A")   # one step, into $OUT
     python benchmarks/gpu_plan.py                                # here: every cell validated on CPU
 
-Steps, in the order to run them (the step a session cannot reach waits for the next GPU session):
+Steps (the order the next session runs them is at the end; a step a session cannot reach waits for the next):
   M  Mixture of Experts on one GPU, a reduced-depth published shape (Qwen3-30B-A3B's layers, 4 of
      its 48; Mixtral 8x7B's, 2 of 32): transformers' grouped_mm against the per-expert loop under
      DDP, FSDP2 and DeepSpeed ZeRO-2 over the whole MoE model, the expert-parallel adapter at ep=1
-     (its code path without the all-to-all) and DeepSpeed-MoE at ep_size=1; never run on a GPU
+     (its code path without the all-to-all) and DeepSpeed-MoE at ep_size=1; ran on one H200
+     (reports/gpu-h200/2026-11-27/)
   L  long context on one GPU: llama_1b at 8k -> 32k tokens under activation checkpointing none,
      selective_op and full (what fits, tokens/s; the estimator's saved bytes per policy against the
-     device); never run on a GPU
+     device); ran on one H200 (reports/gpu-h200/2026-11-27/)
   A  the harness: the bf16 matmul peak (CUDA events, three shapes); the reference loop against the
      runner on gpt2_small at micro-batch 32, eager and compiled, and on llama_1b at 8; the fast-path
      cells, one of them with a profiled step (run.trace: a Chrome trace per rank); forward /
@@ -28,7 +29,8 @@ Steps, in the order to run them (the step a session cannot reach waits for the n
      llama_1b at micro-batch 2 (4 accumulated) with `sdpa` (a host sync per forward) and
      `sdpa_causal` (none)
 Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
-(reports/gpu-h200/2026-11-26/); C, M and L never: the next session starts with M, then L, then C, then A.
+(reports/gpu-h200/2026-11-26/); M and L on one H200 (reports/gpu-h200/2026-11-27/); C never: the
+next session starts with C, then A.
 Run here, it validates each cell's configuration (`bench run ... run.dry_run=true run.device=cpu`,
 in-process) and prints the device commands; the suite runs it (tests/test_gpu_plan.py).
 """

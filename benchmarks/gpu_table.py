@@ -1,0 +1,96 @@
+"""One GPU plan step's records as a Markdown table, each run beside what the memory estimator says for
+it (the same `ddlbench.estimate.memcheck.predicted` that `run.micro_batch=auto` and advise use,
+profiled here on the meta device for a CUDA rank).
+
+    .venv/bin/python benchmarks/gpu_table.py reports/gpu-h200/2026-11-27/L [more step dirs]
+
+Columns: tokens/s, MFU on the datasheet peak (full T x T attention; the causal convention beside it),
+the rank's peak allocated memory, the estimate and its signed error, the estimator's activation
+bytes, seconds from the command to the first step, and the MoE load imbalance where the model has
+experts. Nothing here is timed: it reads records.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+GIB = 2 ** 30
+
+
+def setting(record: dict) -> str:
+    """What distinguishes a cell: the options a plan cell overrides, in short (the experts'
+    kernel as it ran, not as configured: `auto` resolves per device)."""
+    cfg = record["config"]
+    o = cfg["framework"]["options"]
+    m = cfg["model"]
+    bits = [f"T={m['seq_len']}", f"mb {cfg['run']['micro_batch']}/{cfg['run']['global_batch']}"]
+    if "activation_checkpointing" in o:
+        bits.append(f"ac={o['activation_checkpointing']}")
+    if m.get("moe"):
+        ran = (record.get("moe") or {}).get("experts_implementation", m["moe"].get("experts_implementation"))
+        bits.append(f"experts={'loop' if ran.startswith('DeepSpeed') else ran}")
+    for k in ("ep", "ep_size"):
+        if k in o:
+            bits.append(f"{k}={o[k]}")
+    if m.get("n_layer"):
+        bits.append(f"{m['n_layer']} layers")
+    return ", ".join(bits)
+
+
+def row(record: dict) -> dict:
+    from ddlbench.config import validate
+    from ddlbench.estimate.memcheck import error, predicted
+    peak = record["memory"]["per_rank"][0]["peak_allocated_bytes"]
+    try:
+        est = predicted(validate(record["config"]), device="cuda")
+    except ValueError as e:                    # a variant without a cost model (deepspeed_moe)
+        print(f"{record['run_id']}: no estimate: {e}", file=sys.stderr)
+        est = None
+    moe = record.get("moe") or {}
+    fl = record.get("flops") or {}
+    return {"run": record["run_id"], "framework": record["config"]["framework"]["name"] + ":" +
+            record["config"]["framework"]["variant"], "setting": setting(record),
+            "status": record["status"], "tokens_per_s": record["throughput"]["tokens_per_s"],
+            "mfu": record["mfu"], "mfu_causal": fl.get("mfu_causal"), "peak_gib": peak / GIB,
+            "estimate_gib": est and est["total"] / GIB, "error": est and error(est["total"], peak),
+            "activations_gib": est and est.get("activations", 0) / GIB,
+            "startup_s": (record.get("startup_s") or {}).get("total_to_first_step"),
+            "imbalance": moe.get("imbalance_experts_max")}
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| framework | setting | tokens/s | MFU (causal) | peak alloc GiB | estimate GiB (error) | "
+           "est. activations GiB | start-up s | expert imbalance |", "|" + "---|" * 9]
+    for r in rows:
+        causal = f" ({100 * r['mfu_causal']:.1f}%)" if r["mfu_causal"] is not None else ""
+        imb = f"{r['imbalance']:.2f}" if r["imbalance"] is not None else "-"
+        est = (f"{r['estimate_gib']:.1f} ({100 * r['error']:+.0f}%) | {r['activations_gib']:.1f}"
+               if r["estimate_gib"] is not None else "no cost model | -")
+        out.append(f"| {r['framework']} | {r['setting']} | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}%{causal} | "
+                   f"{r['peak_gib']:.1f} | {est} | {r['startup_s']:.1f} | {imb} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("steps", nargs="+", type=Path, help="a gpu_matrix output dir (with runs/)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    a = ap.parse_args(argv)
+    rows = []
+    for step in a.steps:
+        for f in sorted(step.glob("runs/*/result.json"), key=lambda p: p.stat().st_mtime):
+            record = json.loads(f.read_text())
+            if record.get("status") != "ok":
+                print(f"{record.get('run_id')}: {record.get('status')}: {record.get('error')}", file=sys.stderr)
+                continue
+            rows.append(row(record))
+    print(markdown(rows))
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
