@@ -215,6 +215,11 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
         record.timing["issue_time_s_median"] = issue
         record.timing["launch_bound"] = launch_bound(issue, stats["median"], ctx.device.type,
                                                      least_busy_pct([g.get("gpu") for g in gathered]))
+    if all(g.get("host_events") for g in gathered):
+        from ddlbench.hostevents import slowest_step
+        per_rank = [g["host_events"] for g in gathered]
+        record.timing["host_events"] = {"per_rank": per_rank,
+                                        "slowest_step": slowest_step(step_times, stats["median"], per_rank)}
     if cfg.run.step_split:
         record.timing["step_split"] = gather_split([g.get("step_split") for g in gathered])
     if all("host_time_s" in g for g in gathered):

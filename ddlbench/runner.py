@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddlbench import commthreads, models
+from ddlbench import commthreads, hostevents, models
 from ddlbench.adapters.base import CountsOwnCollectives, ModelParallel, Periodic, RankContext, param_fingerprint
 from ddlbench.adapters.common import loop_peaks, setup_peaks
 from ddlbench.cluster import device_task
@@ -154,6 +154,7 @@ class Window:
     comm_threads: dict | None = None      # what commthreads.apply did after step 0
     gpu: dict = field(default_factory=dict)   # NVML's telemetry over the loop
     step_split: dict | None = None        # run.step_split: forward / backward / optimizer (metrics/step_split.py)
+    host_events: dict | None = None       # GC and allocator retries in the window (ddlbench/hostevents.py)
 
 
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
@@ -223,6 +224,8 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     gpu = for_device(ctx.device)       # NVML sampler thread (CUDA only): outside every step
     split = StepSplit(strategy.model, ctx.device) if cfg.run.step_split else None
     _sync(ctx.device)
+    retries0 = hostevents.alloc_retries(ctx.device)
+    collections = hostevents.GcClock().start()
     wall0 = time.perf_counter()
     if evaluate:
         w.evals.append({**evaluate(0), "wall_s": 0.0})
@@ -264,6 +267,9 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
                 break
             t_prev = time.perf_counter()  # evaluation is not part of any step
     w.wall_s = time.perf_counter() - wall0
+    retries = hostevents.alloc_retries(ctx.device)
+    w.host_events = hostevents.summary(collections.stop(), None if cfg.run.epochs else w.start, w.step_s[warmup:],
+                                       None if retries is None else retries - retries0)
     progress.close()
     w.gpu = (gpu.stop(window=(w.start, w.end)) if gpu is not None
              else {"available": False, "reason": f"{ctx.device.type} run"})
@@ -320,6 +326,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "comm_threads": w.comm_threads if w.step_s else commthreads.apply(p2p=plan.dims.pp > 1),
         "trace": traced,
         "moe": _router_stats(strategy),
+        "host_events": w.host_events,
     }
     return local, {"objective": objective, "fingerprint": fingerprint, "comm_steps": comm["steps"],
                    "comm_profiled": "time" in comm}

@@ -35,6 +35,11 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     assert rec["flops"]["mfu_median_step"] == pytest.approx(rec["mfu"] * steady["window_step_s"] / steady["median_step_s"])
     t = rec["timing"]
     assert t["measured_steps"] == 3 and len(t["series_s"]) == 3
+    # the host's own events in the window, per rank (ddlbench/hostevents.py): GC seconds per step, no CUDA allocator
+    events = t["host_events"]
+    assert [len(r["gc"]["per_step_s"]) for r in events["per_rank"]] == [3] * nproc
+    assert all(r["cuda_alloc_retries_in_loop"] is None for r in events["per_rank"])
+    assert events["slowest_step"]["step_s"] == max(t["series_s"])
     assert t["step_time_s"]["p10"] <= t["step_time_s"]["median"] <= t["step_time_s"]["p90"]
     tp = rec["throughput"]
     assert t["window_step_s"] == pytest.approx(max(t["per_rank_window_s"]) / 3)

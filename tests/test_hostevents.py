@@ -1,0 +1,51 @@
+"""ddlbench/hostevents.py: which step a host event fell in, a window's summary and whether the
+collector explains its slowest step, by hand; the GC clock against a real full collection."""
+import gc
+
+from ddlbench.hostevents import GcClock, alloc_retries, slowest_step, step_of, summary
+
+
+def test_step_of_places_an_instant_in_the_contiguous_window():
+    steps = [0.5, 0.25, 1.0]          # the window starts at 10.0: steps end at 10.5, 10.75, 11.75
+    assert step_of(9.99, 10.0, steps) is None
+    assert step_of(10.0, 10.0, steps) == 0
+    assert step_of(10.5, 10.0, steps) == 1        # a step's end is the next one's start
+    assert step_of(11.7, 10.0, steps) == 2
+    assert step_of(11.75, 10.0, steps) is None    # after the window
+
+
+def test_summary_counts_in_window_collections_and_lists_the_long_ones():
+    events = [(9.0, 2, 0.3),            # before the window (warm-up): not counted
+              (10.1, 0, 0.0002),        # step 0, too short to list
+              (10.6, 2, 0.25),          # step 1
+              (10.7, 1, 0.002)]         # step 1 again
+    out = summary(events, 10.0, [0.5, 0.25, 1.0], retries=3)
+    assert out["gc"]["collections"] == {"0": 1, "1": 1, "2": 1}
+    assert out["gc"]["per_step_s"] == [0.0002, 0.252, 0.0]
+    assert out["gc"]["seconds"] == 0.0002 + 0.252
+    assert out["gc"]["listed"] == [{"step": 1, "generation": 2, "s": 0.25}, {"step": 1, "generation": 1, "s": 0.002}]
+    assert out["cuda_alloc_retries_in_loop"] == 3
+    assert summary(events, None, [0.5], None)["gc"]["seconds"] == 0      # no window (epochs): nothing placed
+
+
+def test_slowest_step_says_whether_the_collector_explains_it():
+    steps = [0.2, 0.2, 0.45, 0.2]       # median 0.2: step 2 is 0.25 s over
+    rank = {"gc": {"per_step_s": [0.0, 0.0, 0.2, 0.0]}}
+    quiet = {"gc": {"per_step_s": [0.0, 0.0, 0.01, 0.0]}}
+    out = slowest_step(steps, 0.2, [quiet, rank])
+    assert out["measured_step"] == 2 and abs(out["over_median_s"] - 0.25) < 1e-12
+    assert out["gc_s"] == 0.2 and out["gc_explains"] is True        # 0.2 >= 0.25 / 2, on the rank that collected
+    assert slowest_step(steps, 0.2, [quiet])["gc_explains"] is False
+    assert slowest_step(steps, 0.2, [quiet, None]) is None          # a rank without events: no claim
+
+
+def test_the_clock_sees_a_real_full_collection_and_lets_go():
+    clock = GcClock().start()
+    a = []
+    a.append(a)                                   # a cycle only the cyclic collector frees
+    del a
+    gc.collect(2)
+    events = clock.stop()
+    assert clock._callback not in gc.callbacks
+    assert any(gen == 2 and secs >= 0 for _, gen, secs in events)
+    assert alloc_retries("cpu") is None
