@@ -15,7 +15,10 @@ CASES = [("ddp", "gpt2_tiny", ()), ("fsdp_full", "gpt2_tiny", ()), ("fsdp_grad_o
          ("fsdp_hybrid", "gpt2_tiny", ("framework.options.hybrid_shard_size=4",)),
          ("deepspeed_zero1", "gpt2_tiny", ()), ("deepspeed_zero2", "gpt2_tiny", ()), ("deepspeed_zero3", "gpt2_tiny", ()),
          ("fairscale_oss", "gpt2_tiny", ()), ("tensor_parallel_fsdp", "gpt2_tiny", ()),
-         ("expert_parallel", "moe_tiny", ("model.moe.aux_loss_coef=0",))]
+         ("tensor_parallel_fsdp", "llama_tiny", ()),     # q, k, v, gate, up: five input gradients a block
+         ("expert_parallel", "moe_tiny", ("model.moe.aux_loss_coef=0",)),
+         ("expert_parallel_tp", "moe_tiny", ("model.moe.aux_loss_coef=0",))]
+IDS = [f"{c[0]}:{c[1]}" for c in CASES]
 
 
 def _overrides(fw, model, more):
@@ -24,15 +27,15 @@ def _overrides(fw, model, more):
 
 @pytest.fixture(scope="module")
 def traced():
-    return dict(zip([c[0] for c in CASES], trace_all([(_overrides(*c), WORLD) for c in CASES])))
+    return dict(zip(IDS, trace_all([(_overrides(*c), WORLD) for c in CASES])))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework,model,more", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("framework,model,more", CASES, ids=IDS)
 def test_traced_step_matches_the_cost_model(traced, framework, model, more):
     from ddlbench.config import plan_from_overrides
     from ddlbench.estimate.profile import profile
-    got = traced[framework]
+    got = traced[f"{framework}:{model}"]
     assert "error" not in got, got
     plan = plan_from_overrides([*_overrides(framework, model, more), f"launcher.nproc={WORLD}"])
     prof = profile(plan.cfg.model)

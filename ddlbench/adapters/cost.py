@@ -83,6 +83,11 @@ class ModelProfile:
     hidden_size: int = 0                    # a norm's weight (sequence parallelism sums its gradient over tp)
     attention_heads: int = 0                # query heads and key/value heads (0: unknown; Ulysses' all-to-alls)
     kv_heads: int = 0
+    # a tensor-parallel block's layers (its family's plan): each row-wise layer's output is
+    # all-reduced in forward, each column-wise layer's input gradient in backward (GPT-2: 2 and 2;
+    # Llama's q, k, v, gate and up: 2 and 5); 0 = unknown (2 and 2)
+    tp_row_layers: int = 0
+    tp_column_layers: int = 0
 
     @property
     def root_params(self) -> int:
@@ -96,6 +101,10 @@ class ModelProfile:
         if pp > 1 or len(tied) < 2:
             return 0.0
         return max(p.tied_params * p.kept_params(tp) / p.params for p in tied)
+
+    def tp_all_reduces(self) -> tuple[int, int]:
+        """A tensor-parallel block's all-reduces without sequence parallelism: (forward, backward)."""
+        return (self.tp_row_layers or 2, self.tp_column_layers or 2)
 
     @property
     def units(self) -> int:

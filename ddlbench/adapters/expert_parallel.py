@@ -96,7 +96,8 @@ class ExpertParallel(Variant):
         act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * gather
         routed = model.routed_bytes_per_sample * dims.micro_batch
         layer_experts = experts / max(model.moe_layers, 1) / ep
-        traffic = (split("all_reduce", act, 1, tp, per_step=2 * model.blocks * m, what="attention outputs",
+        traffic = (split("all_reduce", act, 1, tp, per_step=sum(model.tp_all_reduces()) * model.blocks * m,
+                         what="attention outputs and input gradients (its plan's row- and column-wise layers)",
                          data_parallel=False)
                    + split("all_to_all", routed, 1, ep, stride=tp, per_step=4 * model.moe_layers * m,
                            what="routed tokens", data_parallel=False)

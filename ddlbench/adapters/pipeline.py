@@ -125,7 +125,7 @@ class Pipeline(Variant):
         act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / tp
         traffic = (split("send", act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
                          what="activations and their gradients", data_parallel=False)
-                   + split("all_reduce", act * tp, 1, tp, per_step=4 * (model.blocks // pp) * m,
+                   + split("all_reduce", act * tp, 1, tp, per_step=sum(model.tp_all_reduces()) * (model.blocks // pp) * m,
                            what="block outputs (tensor parallel)", data_parallel=False)
                    + split("all_reduce", 4.0 * piece, 1, dp, stride=tp, what="gradients"))
         buffers = autocast_copies(piece, precision)

@@ -50,8 +50,10 @@ class TensorParallel(Variant):
         return {"tp": self.options.tp, "dp_shard": self.options.dp_shard, "dp_replicate": 1}
 
     def cost_model(self, dims, model, precision, per_node=None):
-        """Megatron-style blocks: a block's output all-reduced twice in forward and twice in
-        backward per micro-batch among the tp ranks (adjacent), in the activations' dtype (with
+        """Megatron-style blocks: each row-wise layer's output all-reduced in forward and each
+        column-wise layer's input gradient in backward (DTensor reduces each layer's Partial gradient
+        on its own: GPT-2's fused c_attn and c_fc 2, Llama's q, k, v, gate, up 5; ModelProfile
+        .tp_all_reduces), per micro-batch among the tp ranks (adjacent), in the activations' dtype (with
         sequence parallelism each an all-gather and a reduce-scatter of the same size). With
         dp_shard > 1, FSDP2 over each tp slice: all-gathers in forward and backward per micro-batch
         (bf16 param_dtype), one reduce-scatter in fp32, tp ranks apart; two units gathered. Pure TP
@@ -76,8 +78,8 @@ class TensorParallel(Variant):
                               + split("all_reduce", 4.0 * model.hidden_size, 1, tp, per_step=2 * model.blocks + 1,
                                       what="norm gradients", data_parallel=False))
         else:
-            model_parallel = split("all_reduce", act, 1, tp, per_step=4 * model.blocks * m, what="block outputs",
-                                   data_parallel=False)
+            model_parallel = split("all_reduce", act, 1, tp, per_step=sum(model.tp_all_reduces()) * model.blocks * m,
+                                   what="block outputs and input gradients", data_parallel=False)
         traffic = (model_parallel
                    + split("all_gather", gather * piece, model.units, shard, stride=tp, per_step=2 * m,
                            what="parameters")

@@ -242,7 +242,17 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
         autocast_checkpointed_bytes_per_sample=autocast[1], selective_op_bytes_per_sample=sel,
         autocast_selective_op_bytes_per_sample=autocast[3], attention_scores_bytes_per_sample=scores,
         hidden_size=int(getattr(model_cfg, "n_embd", 0) or 0), attention_heads=int(getattr(model_cfg, "n_head", 0) or 0),
-        kv_heads=int(getattr(model_cfg, "n_kv_head", 0) or getattr(model_cfg, "n_head", 0) or 0), **moe)
+        kv_heads=int(getattr(model_cfg, "n_kv_head", 0) or getattr(model_cfg, "n_head", 0) or 0),
+        **_tp_layers(spec), **moe)
+
+
+def _tp_layers(spec) -> dict:
+    """The family's tensor-parallel block plan, counted: row-wise and column-wise layers."""
+    plan = spec.family.tensor_parallel if spec.family is not None else None
+    if plan is None:
+        return {}
+    cols = sum(1 for col in plan.split_layers.values() if col)
+    return {"tp_row_layers": len(plan.split_layers) - cols, "tp_column_layers": cols}
 
 
 def _activation_slopes(spec, dtype, has_blocks: bool) -> tuple[int, int, int, int]:

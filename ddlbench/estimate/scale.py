@@ -87,12 +87,14 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
     # Ulysses: each rank computes 1/sp of every sequence (its attention: the whole sequence, 1/sp of the heads)
     times = [(f / sp, b / sp) for f, b in piece_times(prof, tp, mb, flops_per_s, ac)]
     nb = len(prof.pieces)
-    tp_s = 2 * pricing.seconds("all_reduce", prof.boundary_bytes_per_sample * mb, tp, 1) if tp > 1 else 0.0
+    # a block's all-reduces among the tp ranks: its row-wise outputs in forward, column-wise inputs' gradients in backward
+    one_ar = pricing.seconds("all_reduce", prof.boundary_bytes_per_sample * mb, tp, 1) if tp > 1 else 0.0
+    tp_f, tp_b = (n * one_ar for n in prof.tp_all_reduces())
     tp_kind = pricing.label("all_reduce", tp, 1) if tp > 1 else "tp"
     if sp > 1:      # four all-to-alls a block each way (q, k, v in; the output back), exposed like TP's
         part = prof.boundary_bytes_per_sample * mb / 4 * DTYPE_BYTES[precision] / sp
         kv = prof.kv_heads / prof.attention_heads if prof.attention_heads else 1.0
-        tp_s = 2 * (pricing.seconds("all_to_all", part, sp, tp) + pricing.seconds("all_to_all", part * kv, sp, tp))
+        tp_f = tp_b = 2 * (pricing.seconds("all_to_all", part, sp, tp) + pricing.seconds("all_to_all", part * kv, sp, tp))
         tp_kind = pricing.label("all_to_all", sp, tp)
     names = ["embedding"] + [f"block{i}" for i in range(nb - 2)] + ["head"]
     comm: dict[str, float] = {}
@@ -101,7 +103,7 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
         unit = names[i] if 0 < i < nb - 1 else "root"
         block = 0 < i < nb - 1
         return rules.Piece(names[i], unit, *times[i], params=prof.pieces[i].kept_params(tp),
-                           tp_forward_s=tp_s if block else 0.0, tp_backward_s=tp_s if block else 0.0)
+                           tp_forward_s=tp_f if block else 0.0, tp_backward_s=tp_b if block else 0.0)
 
     def add(kind, s, count=1):
         comm[kind] = comm.get(kind, 0.0) + s * count
@@ -110,7 +112,7 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
         return _pipeline(plan, prof, pricing, times, cost, grad_b, comm)
     pieces = [piece(i) for i in range(nb)]
     if tp > 1 or sp > 1:
-        add(tp_kind, 2 * tp_s * (nb - 2) * m)
+        add(tp_kind, (tp_f + tp_b) * (nb - 2) * m)
     # DeepSpeed with the sequence-parallel groups reduces over every rank of the replica and the replicas
     dp_ranks, stride = (d.world_size, 1) if fw == "deepspeed_ulysses" else (d.dp, tp)
     if fw in ("fsdp2", "tensor_parallel") or (fw.startswith("deepspeed") and cost.shard_params):

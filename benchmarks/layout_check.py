@@ -1,0 +1,195 @@
+"""The projector's schedule held against measurement on `bench cluster` (2 nodes x 2 devices, shaped
+links), every layout family it prices: each layout's step predicted from a ONE-device calibration
+(a 1-rank run on one device of the same cluster) and the cluster's network description, beside the
+step measured at 4 ranks.
+
+    .venv/bin/python benchmarks/layout_check.py OUT_DIR [--link 100mbit] [--dev-link 200mbit]
+        [--model llama_tiny] [--layouts ddp,fsdp_full,...] [--repeats 2] [--resume]
+
+For each layout (LAYOUTS): `srun -N2 --ntasks-per-node=2 bench run launcher=slurm ...` (4 ranks, the
+global batch 4 x PER_RANK samples over the data-parallel ranks), and a 1-rank run of its calibration
+framework (the layout's own where it plans at one rank, else the one named) on one device
+(`srun -N1 -n1`). The prediction is `ddlbench/estimate/spec.py` as `bench project` runs it: the
+roofline's efficiency solved so that the 1-rank step is reproduced, divided by the CPU
+oversubscription of the 4-rank run (ddlbench/network/validate.py: the 2 devices of a node share its
+one core here), the layout planned at 4 ranks, its collectives priced on the network the run
+recorded (the cluster's link rates, gloo's flat rings), the step simulated with the framework's
+rules (ddlbench/estimate/rules.py). Root and Slurm as `bench cluster` needs; on a 2-core machine
+keep the rates low enough that the links set the pace. Writes OUT_DIR/layout_check.{json,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from runs import reuse
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = str(Path(sys.executable).parent / "bench")
+NAME = "ddlblayout"
+NODES, DEVICES = 2, 2
+PER_RANK = 4
+# layout -> (its overrides, the framework its 1-device calibration runs)
+LAYOUTS = {
+    "ddp": (["framework=ddp"], "ddp"),
+    "fsdp_full": (["framework=fsdp_full"], "fsdp_full"),
+    "fsdp_hybrid": (["framework=fsdp_hybrid"], "fsdp_full"),
+    "tp2_fsdp2": (["framework=tensor_parallel_fsdp"], "tensor_parallel"),   # DTensor at tp 1: its per-op cost
+    "pp2_dp2": (["framework=pipeline_1f1b", "framework.options.pp=2", "framework.options.dp=2"], "ddp"),
+    "zero2": (["framework=deepspeed_zero2"], "deepspeed_zero2"),
+}
+STEPS = ["run.warmup_steps=3", "run.measure_steps=15", "run.progress=false", "logger=none", "run.timeout_s=600"]
+
+
+def cluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([BENCH, "cluster", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          stdin=subprocess.DEVNULL)
+
+
+def login(*cmd: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return cluster("exec", f"name={NAME}", "--", *cmd, timeout=timeout)
+
+
+def srun(run_dir: Path, nodes: int, per_node: int, overrides: list[str], resume: bool) -> dict:
+    if not reuse(run_dir, resume):
+        login("srun", f"-N{nodes}", f"--ntasks-per-node={per_node}", "--overcommit", "--kill-on-bad-exit=1", BENCH,
+              "run", "launcher=slurm", f"launcher.nproc={nodes * per_node}", f"run.dir={run_dir}", *overrides)
+    path = run_dir / "result.json"
+    return json.loads(path.read_text()) if path.exists() else {"status": "no result", "error": {"message": str(run_dir)}}
+
+
+def median_run(out: Path, nodes: int, per_node: int, overrides: list[str], a) -> dict:
+    """a.repeats runs; the one whose window step is the median stands for the point."""
+    recs = [srun(out / f"rep{k}", nodes, per_node, overrides, a.resume) for k in range(a.repeats)]
+    bad = [r for r in recs if r.get("status") != "ok"]
+    if bad:
+        return bad[0]
+    recs.sort(key=lambda r: r["timing"]["window_step_s"])
+    rec = recs[(len(recs) - 1) // 2]
+    rec["_repeats_step_s"] = [r["timing"]["window_step_s"] for r in recs]
+    return rec
+
+
+def local_batch(layout: list[str], model: str) -> int:
+    """Samples per data-parallel rank of the layout at 4 ranks and PER_RANK x 4 samples."""
+    from ddlbench.config import plan_from_overrides
+    plan = plan_from_overrides([*layout, f"model={model}", f"launcher.nproc={NODES * DEVICES}",
+                                f"run.global_batch={PER_RANK * NODES * DEVICES}"])
+    return plan.dims.global_batch // plan.dims.dp
+
+
+def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: str) -> dict:
+    """The layout's step at 4 ranks from the 1-rank run: efficiency solved on the 1-rank step,
+    scaled by the oversubscription, the layout planned and simulated on the recorded network."""
+    from ddlbench.estimate.scale import Pricing
+    from ddlbench.estimate.spec import Spec, rows, solve_efficiency
+    from ddlbench.network import model as net_model
+    from ddlbench.network.validate import oversubscription
+
+    network = net_model.recorded_network(layout_rec)
+    algorithm = net_model.backend_algorithm(layout_rec["env"]["backend"])
+    pricing = Pricing(network, algorithm)
+    peak = float(one["flops"]["peak_per_device"])
+    par = layout_rec["parallel"]
+    local = int(par["global_batch"]) // int(par["dp"])
+    common = [f"model={model}", "run.device=cpu", "run.precision=fp32"]
+    spec1 = Spec((f"framework={calib}", *common), local, peak, per_node=DEVICES, device="cpu")
+    rate1 = one["throughput"]["tokens_per_s"]
+    eff1 = solve_efficiency(spec1, pricing, rate1, 1)
+    factor = oversubscription(layout_rec) / oversubscription(one)
+    spec = Spec((*layout, *common), local, peak, per_node=DEVICES, device="cpu")
+    row = rows(spec, pricing, [NODES * DEVICES], eff1 / factor)[0]
+    measured = layout_rec["timing"]["window_step_s"]
+    return {"predicted_step_s": row["step_s"], "measured_step_s": measured,
+            "error": (row["step_s"] - measured) / measured, "compute_s": row["compute_s"],
+            "exposed_comm_s": row["exposed_comm_s"], "exposed_by_kind_s": row["exposed_by_kind_s"],
+            "comm_by_kind_s": row["comm_by_kind_s"], "layout": row["layout"], "efficiency_1rank": eff1,
+            "oversubscription": factor, "network": network.name, "algorithm": algorithm,
+            "one_rank_step_s": one["timing"]["window_step_s"]}
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"links: device {doc['dev_link']}, node {doc['link']}; model {doc['model']}, {PER_RANK} samples per "
+             f"rank-equivalent; {doc['repeats']} repeats (the median run stands)", "",
+             "| layout | planned | measured step ms (repeats) | predicted ms | error | compute ms | exposed comm ms "
+             "(by kind) | 1-rank step ms |", "|" + "---|" * 8]
+    for r in doc["rows"]:
+        if "error_message" in r:
+            lines.append(f"| {r['layout']} | - | {r['error_message'][:120]} | | | | | |")
+            continue
+        p = r["prediction"]
+        kinds = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in p["exposed_by_kind_s"].items() if v > 5e-4)
+        reps = ", ".join(f"{s * 1e3:.0f}" for s in r["repeats_step_s"])
+        lay = p["layout"]
+        planned = (" x ".join(f"{k} {lay[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp") if lay.get(k, 1) > 1)
+                   + f", micro-batch {lay['micro_batch']} x {lay['grad_accum']}")
+        lines.append(f"| {r['layout']} | {planned} | {p['measured_step_s'] * 1e3:.0f} ({reps}) | "
+                     f"{p['predicted_step_s'] * 1e3:.0f} | {100 * p['error']:+.1f}% | {p['compute_s'] * 1e3:.0f} | "
+                     f"{p['exposed_comm_s'] * 1e3:.0f} ({kinds}) | {p['one_rank_step_s'] * 1e3:.0f} |")
+    errs = [abs(r["prediction"]["error"]) for r in doc["rows"] if "prediction" in r]
+    if errs:
+        lines += ["", f"{sum(e <= 0.10 for e in errs)} of {len(errs)} within 10%; mean |error| "
+                      f"{100 * statistics.mean(errs):.1f}%, max {100 * max(errs):.1f}%"]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--link", default="100mbit")
+    ap.add_argument("--dev-link", default="200mbit")
+    ap.add_argument("--model", default="llama_tiny")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--resume", action="store_true")
+    a = ap.parse_args()
+    out = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in a.layouts.split(",") if n]
+    unknown = set(names) - set(LAYOUTS)
+    if unknown:
+        raise SystemExit(f"unknown layouts {sorted(unknown)}; known: {', '.join(LAYOUTS)}")
+    cluster("down", f"name={NAME}")
+    up = cluster("up", f"nodes={NODES}", f"devices_per_node={DEVICES}", f"link={a.link}", f"dev_link={a.dev_link}",
+                 f"name={NAME}")
+    if up.returncode:
+        raise SystemExit(f"bench cluster up failed: {up.stderr[-1500:]}")
+    doc = {"link": a.link, "dev_link": a.dev_link, "model": a.model, "repeats": a.repeats, "rows": []}
+    try:
+        ones: dict[str, dict] = {}
+        for name in names:
+            layout, calib = LAYOUTS[name]
+            base = [f"model={a.model}", *STEPS]
+            local = local_batch(layout, a.model)      # the 1-device run computes one data-parallel rank's batch
+            key = f"{calib}_b{local}"
+            if key not in ones:
+                ones[key] = median_run(out / "one_rank" / key, 1, 1,
+                                       [f"framework={calib}", *base, f"run.global_batch={local}"], a)
+            one = ones[key]
+            rec = median_run(out / name, NODES, DEVICES, [*layout, *base, f"run.global_batch={PER_RANK * 4}"], a)
+            row = {"layout": name, "overrides": layout, "calibration": key, "run_dir": str(out / name)}
+            if rec.get("status") != "ok" or one.get("status") != "ok":
+                bad = rec if rec.get("status") != "ok" else one
+                row["error_message"] = f"{bad.get('status')}: {(bad.get('error') or {}).get('message')}"
+            else:
+                try:
+                    row["prediction"] = predict(rec, one, layout, calib, a.model)
+                    row["repeats_step_s"] = rec["_repeats_step_s"]
+                except Exception as exc:        # a layout the projector refuses: said, not hidden
+                    row["error_message"] = f"not predicted: {exc}"
+            doc["rows"].append(row)
+            print(markdown({**doc, "rows": [row]}).splitlines()[-1], flush=True)
+    finally:
+        cluster("down", f"name={NAME}")
+    (out / "layout_check.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out / "layout_check.md").write_text(markdown(doc) + "\n")
+    print(markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
