@@ -4,7 +4,11 @@ links), every layout family it prices: each layout's step predicted from a ONE-d
 step measured at 4 ranks.
 
     .venv/bin/python benchmarks/layout_check.py OUT_DIR [--link 100mbit] [--dev-link 200mbit]
-        [--model llama_tiny] [--layouts ddp,fsdp_full,...] [--repeats 2] [--resume]
+        [--model llama_tiny] [--layouts ddp,fsdp_full,...] [--repeats 2] [--resume] [--devices-per-node 1]
+
+With --devices-per-node 1 the cluster is 2 nodes x 1 device (world 2, every rank on a core of its
+own; LAYOUTS_ONE_PER_NODE: DDP, FSDP2, TP 2, PP 2). At 2 x 2 a commbench between a node's two devices
+also prices the node dimension by its fit, a second prediction beside the first.
 
 For each layout (LAYOUTS): `srun -N2 --ntasks-per-node=2 bench run launcher=slurm ...` (4 ranks, the
 global batch 4 x PER_RANK samples over the data-parallel ranks), and a 1-rank run of its calibration
@@ -31,7 +35,8 @@ from runs import reuse
 REPO = Path(__file__).resolve().parents[1]
 BENCH = str(Path(sys.executable).parent / "bench")
 NAME = "ddlblayout"
-NODES, DEVICES = 2, 2
+NODES = 2
+DEVICES = 2           # per node; --devices-per-node 1: one device (one core) per node, world 2
 PER_RANK = 4
 # layout -> (its overrides, the framework its 1-device calibration runs)
 LAYOUTS = {
@@ -41,6 +46,13 @@ LAYOUTS = {
     "tp2_fsdp2": (["framework=tensor_parallel_fsdp"], "tensor_parallel"),   # DTensor at tp 1: its per-op cost
     "pp2_dp2": (["framework=pipeline_1f1b", "framework.options.pp=2", "framework.options.dp=2"], "ddp"),
     "zero2": (["framework=deepspeed_zero2"], "deepspeed_zero2"),
+}
+# one device per node (world 2): the model-parallel layouts across the node link, each rank on a core of its own
+LAYOUTS_ONE_PER_NODE = {
+    "ddp": (["framework=ddp"], "ddp"),
+    "fsdp_full": (["framework=fsdp_full"], "fsdp_full"),
+    "tp2": (["framework=tensor_parallel"], "tensor_parallel"),
+    "pp2": (["framework=pipeline_1f1b", "framework.options.pp=2"], "ddp"),
 }
 STEPS = ["run.warmup_steps=3", "run.measure_steps=15", "run.progress=false", "logger=none", "run.timeout_s=600"]
 
@@ -82,15 +94,37 @@ def local_batch(layout: list[str], model: str) -> int:
     return plan.dims.global_batch // plan.dims.dp
 
 
-def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: str) -> dict:
+def node_commbench(out: Path, resume: bool) -> dict:
+    """gloo's collectives between the two devices of one node (`srun -N1 --ntasks-per-node=2`,
+    each op after 50 ms idle): what a tensor-parallel group's messages cross."""
+    if not (resume and (out / "commbench.json").exists()):
+        proc = login("srun", "-N1", f"--ntasks-per-node={DEVICES}", "--overcommit", BENCH, "commbench",
+                     "launcher=slurm", "kinds=[all_reduce,all_gather,reduce_scatter]",
+                     "sizes=[131072,524288,2097152]", "iters=10", "warmup=2", "gap_ms=50", f"out={out}")
+        if proc.returncode:
+            raise SystemExit(f"commbench failed: {proc.stderr[-1500:]}")
+    return json.loads((out / "commbench.json").read_text())
+
+
+def node_fitted(base: dict, bench: dict) -> dict:
+    """The cluster's description with its node dimension (a device's link into its node's switch)
+    priced by the commbench fits, each kind by its own (ddlbench/network/fit.py)."""
+    from ddlbench.network.fit import fits, fitted_network
+    got = fits(bench["rows"], bench["world_size"], bench["backend"])
+    main = next(f for f in got if f["kind"] == "all_reduce")
+    return fitted_network(base, main, bench["world_size"], got)
+
+
+def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: str, network=None) -> dict:
     """The layout's step at 4 ranks from the 1-rank run: efficiency solved on the 1-rank step,
-    scaled by the oversubscription, the layout planned and simulated on the recorded network."""
+    scaled by the oversubscription, the layout planned and simulated on `network` (default: the
+    one the run recorded, the cluster's configured rates)."""
     from ddlbench.estimate.scale import Pricing
     from ddlbench.estimate.spec import Spec, rows, solve_efficiency
     from ddlbench.network import model as net_model
     from ddlbench.network.validate import oversubscription
 
-    network = net_model.recorded_network(layout_rec)
+    network = network or net_model.recorded_network(layout_rec)
     algorithm = net_model.backend_algorithm(layout_rec["env"]["backend"])
     pricing = Pricing(network, algorithm)
     peak = float(one["flops"]["peak_per_device"])
@@ -113,10 +147,11 @@ def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: s
 
 
 def markdown(doc: dict) -> str:
-    lines = [f"links: device {doc['dev_link']}, node {doc['link']}; model {doc['model']}, {PER_RANK} samples per "
+    lines = [f"{NODES} nodes x {doc.get('devices_per_node', 2)} devices; links: device {doc['dev_link']}, node "
+             f"{doc['link']}; model {doc['model']}, {PER_RANK} samples per "
              f"rank-equivalent; {doc['repeats']} repeats (the median run stands)", "",
              "| layout | planned | measured step ms (repeats) | predicted ms | error | compute ms | exposed comm ms "
-             "(by kind) | 1-rank step ms |", "|" + "---|" * 8]
+             "(by kind) | 1-rank step ms | node link fitted: predicted ms (error) |", "|" + "---|" * 9]
     for r in doc["rows"]:
         if "error_message" in r:
             lines.append(f"| {r['layout']} | - | {r['error_message'][:120]} | | | | | |")
@@ -129,11 +164,14 @@ def markdown(doc: dict) -> str:
                    + f", micro-batch {lay['micro_batch']} x {lay['grad_accum']}")
         lines.append(f"| {r['layout']} | {planned} | {p['measured_step_s'] * 1e3:.0f} ({reps}) | "
                      f"{p['predicted_step_s'] * 1e3:.0f} | {100 * p['error']:+.1f}% | {p['compute_s'] * 1e3:.0f} | "
-                     f"{p['exposed_comm_s'] * 1e3:.0f} ({kinds}) | {p['one_rank_step_s'] * 1e3:.0f} |")
-    errs = [abs(r["prediction"]["error"]) for r in doc["rows"] if "prediction" in r]
-    if errs:
-        lines += ["", f"{sum(e <= 0.10 for e in errs)} of {len(errs)} within 10%; mean |error| "
-                      f"{100 * statistics.mean(errs):.1f}%, max {100 * max(errs):.1f}%"]
+                     f"{p['exposed_comm_s'] * 1e3:.0f} ({kinds}) | {p['one_rank_step_s'] * 1e3:.0f} | "
+                     + (f"{r['prediction_node_fitted']['predicted_step_s'] * 1e3:.0f} "
+                        f"({100 * r['prediction_node_fitted']['error']:+.1f}%) |" if "prediction_node_fitted" in r else "- |"))
+    for key, label in (("prediction", "configured rates"), ("prediction_node_fitted", "node link fitted")):
+        errs = [abs(r[key]["error"]) for r in doc["rows"] if key in r]
+        if errs:
+            lines += ["", f"{label}: {sum(e <= 0.10 for e in errs)} of {len(errs)} within 10%; mean |error| "
+                          f"{100 * statistics.mean(errs):.1f}%, max {100 * max(errs):.1f}%"]
     return "\n".join(lines)
 
 
@@ -143,26 +181,34 @@ def main() -> int:
     ap.add_argument("--link", default="100mbit")
     ap.add_argument("--dev-link", default="200mbit")
     ap.add_argument("--model", default="llama_tiny")
-    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--layouts", default=None, help="default: every layout of the cluster's shape")
+    ap.add_argument("--devices-per-node", type=int, default=2, choices=(1, 2))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    names = [n for n in a.layouts.split(",") if n]
-    unknown = set(names) - set(LAYOUTS)
+    global DEVICES
+    DEVICES = a.devices_per_node
+    known = LAYOUTS if DEVICES == 2 else LAYOUTS_ONE_PER_NODE
+    names = [n for n in (a.layouts or ",".join(known)).split(",") if n]
+    unknown = set(names) - set(known)
     if unknown:
-        raise SystemExit(f"unknown layouts {sorted(unknown)}; known: {', '.join(LAYOUTS)}")
+        raise SystemExit(f"unknown layouts {sorted(unknown)}; known: {', '.join(known)}")
     cluster("down", f"name={NAME}")
-    up = cluster("up", f"nodes={NODES}", f"devices_per_node={DEVICES}", f"link={a.link}", f"dev_link={a.dev_link}",
-                 f"name={NAME}")
+    shape = [f"devices_per_node={DEVICES}", f"dev_link={a.dev_link}"] if DEVICES > 1 else []
+    up = cluster("up", f"nodes={NODES}", f"link={a.link}", *shape, f"name={NAME}")
     if up.returncode:
         raise SystemExit(f"bench cluster up failed: {up.stderr[-1500:]}")
-    doc = {"link": a.link, "dev_link": a.dev_link, "model": a.model, "repeats": a.repeats, "rows": []}
+    doc = {"link": a.link, "dev_link": a.dev_link if DEVICES > 1 else None, "devices_per_node": DEVICES,
+           "model": a.model, "repeats": a.repeats, "rows": []}
     try:
+        node = node_commbench(out / "commbench_node", a.resume) if DEVICES > 1 else None
+        if node:
+            doc["commbench_node"] = str(out / "commbench_node" / "commbench.json")
         ones: dict[str, dict] = {}
         for name in names:
-            layout, calib = LAYOUTS[name]
+            layout, calib = known[name]
             base = [f"model={a.model}", *STEPS]
             local = local_batch(layout, a.model)      # the 1-device run computes one data-parallel rank's batch
             key = f"{calib}_b{local}"
@@ -170,7 +216,8 @@ def main() -> int:
                 ones[key] = median_run(out / "one_rank" / key, 1, 1,
                                        [f"framework={calib}", *base, f"run.global_batch={local}"], a)
             one = ones[key]
-            rec = median_run(out / name, NODES, DEVICES, [*layout, *base, f"run.global_batch={PER_RANK * 4}"], a)
+            rec = median_run(out / name, NODES, DEVICES, [*layout, *base, f"run.global_batch={PER_RANK * NODES * DEVICES}"],
+                             a)
             row = {"layout": name, "overrides": layout, "calibration": key, "run_dir": str(out / name)}
             if rec.get("status") != "ok" or one.get("status") != "ok":
                 bad = rec if rec.get("status") != "ok" else one
@@ -179,10 +226,14 @@ def main() -> int:
                 try:
                     row["prediction"] = predict(rec, one, layout, calib, a.model)
                     row["repeats_step_s"] = rec["_repeats_step_s"]
+                    if node:
+                        from ddlbench.network.model import from_dict
+                        fitted = from_dict(node_fitted(rec["env"]["network"]["description"], node))
+                        row["prediction_node_fitted"] = predict(rec, one, layout, calib, a.model, fitted)
                 except Exception as exc:        # a layout the projector refuses: said, not hidden
                     row["error_message"] = f"not predicted: {exc}"
             doc["rows"].append(row)
-            print(markdown({**doc, "rows": [row]}).splitlines()[-1], flush=True)
+            print(markdown({**doc, "rows": [row]}).splitlines()[4], flush=True)
     finally:
         cluster("down", f"name={NAME}")
     (out / "layout_check.json").write_text(json.dumps(doc, indent=1, default=str))
