@@ -33,6 +33,7 @@ def needs(group: str, option: str, data_dirs) -> list[str]:
             # sequence parallelism: tp > 1 and a Llama-like family
             ("framework", "tensor_parallel_sp"): ["model=llama_tiny", "launcher.nproc=2"],
             ("framework", "deepspeed_ulysses"): ["model=llama_tiny", "model.attention=sdpa", "launcher.nproc=2"],
+            ("framework", "context_parallel"): ["model=llama_tiny", "model.attention=sdpa_causal", "launcher.nproc=2"],
             # expert parallelism: a Mixture-of-Experts model (ep 2 x tp 2 takes 4 ranks)
             ("framework", "expert_parallel"): ["model=moe_tiny", "launcher.nproc=2"], ("framework", "deepspeed_moe"): ["model=moe_tiny", "launcher.nproc=2"],
             ("framework", "expert_parallel_tp"): ["model=moe_tiny", "launcher.nproc=4"],

@@ -105,6 +105,9 @@ for name in group_options("framework"):
     except ConfigError as exc:
         if "needs a Mixture-of-Experts" in str(exc):   # expert parallelism (tp=2 takes 4 ranks)
             plan = plan_from_overrides([f"framework={name}", "launcher.nproc=4", "model=moe_tiny"])
+        elif "context parallelism" in str(exc):       # ring attention: a Llama-like model, causal SDPA
+            plan = plan_from_overrides([f"framework={name}", "launcher.nproc=2", "model=llama_tiny",
+                                        "model.attention=sdpa_causal"])
         else:                                         # sequence parallelism: a Llama-like model, SDPA
             assert "sequence parallelism" in str(exc) or "Ulysses" in str(exc), exc
             plan = plan_from_overrides([f"framework={name}", "launcher.nproc=2", "model=llama_tiny",

@@ -35,11 +35,13 @@ GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            "fsdp_hybrid": (4, ("framework.options.hybrid_shard_size=2",)),
            "expert_parallel": (4, ()), "expert_parallel_tp": (4, ()),
            # DeepSpeed-Ulysses wraps SDPA (the DDP reference runs eager attention: the same math)
-           "deepspeed_ulysses": (2, ("model.attention=sdpa",))}
+           "deepspeed_ulysses": (2, ("model.attention=sdpa",)),
+           # ring attention runs SDPA with is_causal (no mask); the reference the same kernel's math on one rank
+           "context_parallel": (2, ("model.attention=sdpa_causal",))}
 # where each GATE_AT case runs (the first also validates the variant); the rest: gpt2_tiny
 GATE_MODELS = {"expert_parallel": ("moe_tiny", "moe_shared_tiny"), "expert_parallel_tp": ("moe_tiny",),
                "deepspeed_moe": ("moe_tiny",), "tensor_parallel_sp": ("llama_tiny",),
-               "deepspeed_ulysses": ("llama_tiny",)}
+               "deepspeed_ulysses": ("llama_tiny",), "context_parallel": ("llama_tiny",)}
 # The router's load-balancing loss is computed over each data-parallel rank's micro-batch (as
 # transformers and every framework compute it): a layout with fewer data-parallel ranks than DDP's
 # (tensor parallelism) averages it over other token sets, a different loss by design (1e-4 after 10
@@ -49,7 +51,7 @@ MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", 
 # llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny, moe_tiny
 # and moe_shared_tiny (a shared expert beside the routed ones): what their families change
 MODEL_VARIANTS = {"llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b",
-                                 "tensor_parallel", "tensor_parallel_sp", "deepspeed_ulysses"},
+                                 "tensor_parallel", "tensor_parallel_sp", "deepspeed_ulysses", "context_parallel"},
                   "qwen3_tiny": {"tensor_parallel", "tensor_parallel_sp"},
                   "moe_tiny": {"fsdp_full", "deepspeed_zero2", "expert_parallel", "expert_parallel_tp"},
                   "moe_shared_tiny": {"expert_parallel"}}

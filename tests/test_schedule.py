@@ -108,6 +108,7 @@ def spec_rows(overrides, local_batch=2, ac="none", sizes=(8, 128, 1024), eff=0.5
     (("framework=ddp",), (128, 1, 1, 1)),
     (("framework=deepspeed_zero2",), (1, 128, 1, 1)),
     (("framework=deepspeed_ulysses", "framework.options.sp=2", "model.attention=sdpa"), (1, 64, 1, 1)),
+    (("framework=context_parallel", "framework.options.cp=2", "model.attention=sdpa_causal"), (1, 64, 1, 1)),
 ])
 def test_every_layout_family_is_projected_at_8_128_and_1024(overrides, layout128):
     out = spec_rows(overrides)

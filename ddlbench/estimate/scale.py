@@ -41,7 +41,7 @@ def recompute(policy: str, block: int) -> float:
     return 1.0 if k and (block + 1) % k == 0 else 0.0
 DDP_BUCKET = 25 * 2**20            # torch DDP's bucket_cap_mb
 ZERO_BUCKET = 5e8                  # DeepSpeed's reduce_bucket_size default (elements)
-SUPPORTED = ("ddp", "fsdp2", "tensor_parallel", "deepspeed", "pipeline", "deepspeed_ulysses")
+SUPPORTED = ("ddp", "fsdp2", "tensor_parallel", "deepspeed", "pipeline", "deepspeed_ulysses", "context_parallel")
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,14 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
     one_ar = pricing.seconds("all_reduce", prof.boundary_bytes_per_sample * mb, tp, 1) if tp > 1 else 0.0
     tp_f, tp_b = (n * one_ar for n in prof.tp_all_reduces())
     tp_kind = pricing.label("all_reduce", tp, 1) if tp > 1 else "tp"
-    if sp > 1:      # four all-to-alls a block each way (q, k, v in; the output back), exposed like TP's
+    kv = prof.kv_heads / prof.attention_heads if prof.attention_heads else 1.0
+    if sp > 1 and fw == "context_parallel":   # ring attention: the cp ranks' k and v gathered in forward and
+        part = prof.boundary_bytes_per_sample * mb / 4 / sp * 2 * kv    # backward, their fp32 gradients passed cp times
+        gathered = pricing.seconds("all_gather", part * DTYPE_BYTES[precision] * sp, sp, tp)
+        tp_f, tp_b = gathered, gathered + sp * pricing.seconds("all_to_all", part * 4.0, sp, tp)
+        tp_kind = pricing.label("all_gather", sp, tp)
+    elif sp > 1:    # Ulysses: four all-to-alls a block each way (q, k, v in; the output back), exposed like TP's
         part = prof.boundary_bytes_per_sample * mb / 4 * DTYPE_BYTES[precision] / sp
-        kv = prof.kv_heads / prof.attention_heads if prof.attention_heads else 1.0
         tp_f = tp_b = 2 * (pricing.seconds("all_to_all", part, sp, tp) + pricing.seconds("all_to_all", part * kv, sp, tp))
         tp_kind = pricing.label("all_to_all", sp, tp)
     names = ["embedding"] + [f"block{i}" for i in range(nb - 2)] + ["head"]
@@ -113,9 +118,10 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
     pieces = [piece(i) for i in range(nb)]
     if tp > 1 or sp > 1:
         add(tp_kind, (tp_f + tp_b) * (nb - 2) * m)
-    # DeepSpeed with the sequence-parallel groups reduces over every rank of the replica and the replicas
-    dp_ranks, stride = (d.world_size, 1) if fw == "deepspeed_ulysses" else (d.dp, tp)
-    if fw in ("fsdp2", "tensor_parallel") or (fw.startswith("deepspeed") and cost.shard_params):
+    # DeepSpeed with the sequence-parallel groups reduces over every rank of the replica and the replicas;
+    # context parallelism's FSDP2 shards over dp_shard x cp
+    dp_ranks, stride = (d.world_size, 1) if fw in ("deepspeed_ulysses", "context_parallel") else (d.dp, tp)
+    if fw in ("fsdp2", "tensor_parallel", "context_parallel") or (fw.startswith("deepspeed") and cost.shard_params):
         shard = cost.shard_ranks
         reshard = bool(getattr(o, "reshard_after_forward", True))
         kinds = {"gather": pricing.label("all_gather", shard, stride),
