@@ -135,6 +135,21 @@ def resolve_dims(world_size: int, global_batch: int, micro_batch: Optional[int],
                         dp_replicate=sizes["dp_replicate"], dp_shard=sizes["dp_shard"], cp=sizes.get("cp", 1))
 
 
+# dense decoders with rotary positions: the position ids carry a sequence part's offsets
+SEQUENCE_SPLIT_FAMILIES = ("llama", "qwen3")
+
+
+def sequence_split_errors(mc, ranks: int, option: str, what: str, alone: str) -> list[str]:
+    """Why `what` cannot cut this model's sequences over `ranks` (framework.options.`option`):
+    fewer than 2 ranks (at 1 it is `alone`), or not a dense rotary decoder. Empty: it can."""
+    if ranks < 2:
+        return [f"framework.options.{option} = {ranks}: {what} needs 2 or more ranks per sequence (at 1 it is {alone})"]
+    if mc.kind != "language" or getattr(mc, "family", None) not in SEQUENCE_SPLIT_FAMILIES:
+        return [f"{what} here takes the dense rotary decoders ({', '.join(SEQUENCE_SPLIT_FAMILIES)}); "
+                f"{mc.name} is {getattr(mc, 'family', mc.kind)}"]
+    return []
+
+
 def model_fit_errors(dims: ParallelDims, model_cfg, stages: int, schedule: str | None = None) -> list[str]:
     """Why this model cannot be split as asked (empty list = it can): tp must divide the heads
     and widths that tensor parallelism shards; the pipeline needs one piece per stage; 1F1B-type

@@ -26,12 +26,10 @@ from ddlbench.adapters.cost import DTYPE_BYTES, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard
 from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.variant import Variant, taxonomy_labels
-from ddlbench.dims import ParallelSize
+from ddlbench.dims import ParallelSize, sequence_split_errors
 from ddlbench.errors import ConfigError
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
-
-FAMILIES = ("llama", "qwen3")     # dense decoders with rotary positions: the position ids carry each chunk's offsets
 
 
 class CPOptions(BaseModel):
@@ -43,13 +41,9 @@ class CPOptions(BaseModel):
 
 def context_errors(mc, cp: int, attention: str) -> list[str]:
     """Why ring attention cannot run this model at this cp (empty: it can)."""
-    if cp < 2:
-        return [f"framework.options.cp = {cp}: context parallelism needs 2 or more ranks per sequence "
-                "(at 1 it is fsdp_full)"]
-    if mc.kind != "language" or getattr(mc, "family", None) not in FAMILIES:
-        return [f"context parallelism here takes the dense rotary decoders ({', '.join(FAMILIES)}); "
-                f"{mc.name} is {getattr(mc, 'family', mc.kind)}"]
-    errors = []
+    errors = sequence_split_errors(mc, cp, "cp", "context parallelism", "fsdp_full")
+    if errors:
+        return errors
     if attention != "sdpa_causal":
         errors.append(f"ring attention runs SDPA with is_causal and no mask: model.attention=sdpa_causal "
                       f"(got {attention})")

@@ -24,10 +24,8 @@ from ddlbench.adapters.common import split_micro
 from ddlbench.adapters.cost import DTYPE_BYTES
 from ddlbench.adapters.deepspeed import DeepSpeed, DeepSpeedOptions, DeepSpeedStrategy
 from ddlbench.adapters.variant import taxonomy_labels
-from ddlbench.dims import ParallelSize
+from ddlbench.dims import ParallelSize, sequence_split_errors
 from ddlbench.errors import ConfigError
-
-FAMILIES = ("llama", "qwen3")     # dense decoders with rotary positions: position ids carry the parts' offsets
 
 
 class UlyssesOptions(DeepSpeedOptions):
@@ -37,13 +35,9 @@ class UlyssesOptions(DeepSpeedOptions):
 
 def sequence_errors(mc, sp: int, attention: str) -> list[str]:
     """Why DeepSpeed-Ulysses cannot run this model at this sp (empty: it can)."""
-    errors = []
-    if sp < 2:
-        return [f"framework.options.sp = {sp}: Ulysses needs 2 or more sequence-parallel ranks "
-                "(at 1 it is deepspeed_zero2)"]
-    if mc.kind != "language" or getattr(mc, "family", None) not in FAMILIES:
-        return [f"DeepSpeed-Ulysses here takes the dense rotary decoders ({', '.join(FAMILIES)}); "
-                f"{mc.name} is {getattr(mc, 'family', mc.kind)}"]
+    errors = sequence_split_errors(mc, sp, "sp", "DeepSpeed-Ulysses", "deepspeed_zero2")
+    if errors:
+        return errors
     if attention != "sdpa":
         errors.append(f"DeepSpeed-Ulysses wraps SDPA attention: model.attention=sdpa (got {attention}; eager "
                       "attention materialises the mask, which the sequence parts cannot share)")
