@@ -67,7 +67,7 @@ def summary(events: list[tuple[float, int, float]], start: float | None, step_s:
     """This rank's host events in its measured window: GC collections per generation, their
     seconds in all and per step, each one of at least LISTED_S with its step; the allocator's
     retries over the loop."""
-    gc_s = [0.0] * len(step_s)
+    gc_s = [0.0] * (len(step_s) if start is not None else 0)     # no window (epochs): nothing placed
     counts = {0: 0, 1: 0, 2: 0}
     listed = []
     for t, gen, secs in events:

@@ -25,7 +25,8 @@ def test_summary_counts_in_window_collections_and_lists_the_long_ones():
     assert out["gc"]["seconds"] == 0.0002 + 0.252
     assert out["gc"]["listed"] == [{"step": 1, "generation": 2, "s": 0.25}, {"step": 1, "generation": 1, "s": 0.002}]
     assert out["cuda_alloc_retries_in_loop"] == 3
-    assert summary(events, None, [0.5], None)["gc"]["seconds"] == 0      # no window (epochs): nothing placed
+    none = summary(events, None, [0.5], None)["gc"]                     # no window (epochs): nothing placed
+    assert none["seconds"] == 0 and none["per_step_s"] == [] and none["collections"] == {"0": 0, "1": 0, "2": 0}
 
 
 def test_slowest_step_says_whether_the_collector_explains_it():
