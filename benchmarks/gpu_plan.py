@@ -28,9 +28,12 @@ Steps (the order the next session runs them is at the end; a step a session cann
      128 GiB of host memory) and ResNet-50 at batch 128 with each batch-norm recipe; first,
      llama_1b at micro-batch 2 (4 accumulated) with `sdpa` (a host sync per forward) and
      `sdpa_causal` (none)
+  G  first next time: the garbage-collector fix on a GPU (the FSDP2 cells whose windows held a full
+     collection, now under run.gc=freeze, beside run.gc=python), C's two offload cells with fewer
+     steps (at 3 + 20 steps they ran past 120 s), A's fast-path cell the deadline left
 Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
-(reports/gpu-h200/2026-11-26/); M and L on one H200 (reports/gpu-h200/2026-11-27/); C never: the
-next session starts with C, then A.
+(reports/gpu-h200/2026-11-26/); M, L, C (its offload cells timed out) and A's llama_1b parts on one
+H200 (reports/gpu-h200/2026-11-27/). The next session starts with G, then A.
 Run here, it validates each cell's configuration (`bench run ... run.dry_run=true run.device=cpu`,
 in-process) and prints the device commands; the suite runs it (tests/test_gpu_plan.py).
 """
@@ -47,6 +50,9 @@ LLAMA = "llama_1b bf16 run.micro_batch=auto"
 GPT2 = "gpt2_small bf16 run.global_batch=32 run.micro_batch=auto"
 # Qwen3-30B-A3B's layer shapes (128 experts of 768, top-8, hidden 2048), 4 layers: ~3.1B parameters
 QMOE = "qwen3_moe_30b_a3b bf16 model.n_layer=4 model.seq_len=2048 run.global_batch=4 run.micro_batch=2"
+# llama_3b offloaded in a 40 GB cap: > 3.9 s a step (FSDP2) and DeepSpeed's CPU Adam compiled at first use
+OFFLOAD = ("llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_batch=1 run.warmup_steps=1 "
+           "run.measure_steps=4 run.timeout_s=170")
 LONG = "llama_1b bf16 run.global_batch=1 run.micro_batch=1 framework.options.activation_checkpointing"
 
 
@@ -108,6 +114,16 @@ STEPS = {
         "fsdp_full resnet50 bf16 run.global_batch=128",
         "fsdp_full resnet50 bf16 run.global_batch=128 framework.options.batch_norm_units=per_layer"),
         deadline_s=350),
+    "G": Step("the collector frozen (run.gc=freeze) against Python's thresholds in the FSDP2 windows that held a "
+              "full collection; llama_3b's offload variants in 40 GB, 1 + 4 steps; A's fast-path cell", (
+        "fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa",
+        "fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa run.gc=python",
+        "fsdp_full resnet50 bf16 run.global_batch=128",
+        "fsdp_full resnet50 bf16 run.global_batch=128 run.gc=python",
+        f"fsdp_offload {OFFLOAD}",
+        f"deepspeed_zero3_offload {OFFLOAD}",
+        "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach"),
+        deadline_s=300),
 }
 
 

@@ -12,6 +12,7 @@ experts. Nothing here is timed: it reads records.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -25,8 +26,14 @@ def setting(record: dict) -> str:
     cfg = record["config"]
     o = cfg["framework"]["options"]
     m = cfg["model"]
-    bits = [f"T={m['seq_len']}", f"mb {cfg['run']['micro_batch']}/{cfg['run']['global_batch']}"]
-    if "activation_checkpointing" in o:
+    bits = ([f"T={m['seq_len']}"] if m.get("seq_len") else []) + [f"mb {cfg['run']['micro_batch']}/{cfg['run']['global_batch']}"]
+    if m.get("attention") not in (None, "auto"):
+        bits.append(f"attention {m['attention']}")
+    if cfg["run"].get("device_memory_gb"):
+        bits.append(f"cap {cfg['run']['device_memory_gb']} GB")
+    if "batch_norm_units" in o and not m.get("seq_len"):
+        bits.append(f"batch norm {o['batch_norm_units']}")
+    if o.get("activation_checkpointing") not in (None, False, "none"):
         bits.append(f"ac={o['activation_checkpointing']}")
     if m.get("moe"):
         ran = (record.get("moe") or {}).get("experts_implementation", m["moe"].get("experts_implementation"))
@@ -42,9 +49,13 @@ def setting(record: dict) -> str:
 def row(record: dict) -> dict:
     from ddlbench.config import validate
     from ddlbench.estimate.memcheck import error, predicted
-    peak = record["memory"]["per_rank"][0]["peak_allocated_bytes"]
+    ok = record["status"] == "ok"
+    peak = record["memory"]["per_rank"][0]["peak_allocated_bytes"] if ok else None
     try:
-        est = predicted(validate(record["config"]), device="cuda")
+        cfg = copy.deepcopy(record["config"])
+        if cfg["run"]["micro_batch"] == "auto":   # what it chose, not what the estimate would choose now
+            cfg["run"]["micro_batch"] = record["parallel"]["micro_batch"]
+        est = predicted(validate(cfg), device="cuda")
     except ValueError as e:                    # a variant without a cost model (deepspeed_moe)
         print(f"{record['run_id']}: no estimate: {e}", file=sys.stderr)
         est = None
@@ -52,23 +63,29 @@ def row(record: dict) -> dict:
     fl = record.get("flops") or {}
     return {"run": record["run_id"], "framework": record["config"]["framework"]["name"] + ":" +
             record["config"]["framework"]["variant"], "setting": setting(record),
-            "status": record["status"], "tokens_per_s": record["throughput"]["tokens_per_s"],
-            "mfu": record["mfu"], "mfu_causal": fl.get("mfu_causal"), "peak_gib": peak / GIB,
-            "estimate_gib": est and est["total"] / GIB, "error": est and error(est["total"], peak),
+            "status": record["status"], "tokens_per_s": (record["throughput"] or {}).get("tokens_per_s"),
+            "samples_per_s": (record["throughput"] or {}).get("samples_per_s"),
+            "mfu": record["mfu"], "mfu_causal": fl.get("mfu_causal"), "peak_gib": peak and peak / GIB,
+            "estimate_gib": est and est["total"] / GIB, "error": est and peak and error(est["total"], peak),
             "activations_gib": est and est.get("activations", 0) / GIB,
             "startup_s": (record.get("startup_s") or {}).get("total_to_first_step"),
             "imbalance": moe.get("imbalance_experts_max")}
 
 
 def markdown(rows: list[dict]) -> str:
-    out = ["| framework | setting | tokens/s | MFU (causal) | peak alloc GiB | estimate GiB (error) | "
+    out = ["| framework | setting | tokens/s (samples/s) | MFU (causal) | peak alloc GiB | estimate GiB (error) | "
            "est. activations GiB | start-up s | expert imbalance |", "|" + "---|" * 9]
     for r in rows:
+        if r["status"] != "ok":   # what the estimator said of a cell that did not end ok
+            est = f"{r['estimate_gib']:.1f}" if r["estimate_gib"] is not None else "no cost model"
+            out.append(f"| {r['framework']} | {r['setting']} | **{r['status']}** | - | - | {est} | - | - | - |")
+            continue
         causal = f" ({100 * r['mfu_causal']:.1f}%)" if r["mfu_causal"] is not None else ""
         imb = f"{r['imbalance']:.2f}" if r["imbalance"] is not None else "-"
         est = (f"{r['estimate_gib']:.1f} ({100 * r['error']:+.0f}%) | {r['activations_gib']:.1f}"
                if r["estimate_gib"] is not None else "no cost model | -")
-        out.append(f"| {r['framework']} | {r['setting']} | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}%{causal} | "
+        rate = f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else f"({r['samples_per_s']:,.0f})"
+        out.append(f"| {r['framework']} | {r['setting']} | {rate} | {100 * r['mfu']:.1f}%{causal} | "
                    f"{r['peak_gib']:.1f} | {est} | {r['startup_s']:.1f} | {imb} |")
     return "\n".join(out)
 
@@ -83,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         for f in sorted(step.glob("runs/*/result.json"), key=lambda p: p.stat().st_mtime):
             record = json.loads(f.read_text())
             if record.get("status") != "ok":
-                print(f"{record.get('run_id')}: {record.get('status')}: {record.get('error')}", file=sys.stderr)
-                continue
+                print(f"{record.get('run_id')}: {record.get('status')}: "
+                      f"{((record.get('error') or {}).get('message') or '')[:200]}", file=sys.stderr)
             rows.append(row(record))
     print(markdown(rows))
     if a.json:

@@ -69,8 +69,12 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     times = []
+    from ddlbench.gcpolicy import GcPolicy  # the runner's collector policy (run.gc), the same calls
+    collector = GcPolicy(cfg.run.gc, cfg.run.gc_every)
+    collector.before_loop()
     t_prev = time.perf_counter()
     for step in range(warmup + steps):
+        collector.in_step(step)
         with torch.autocast(device_type, dtype=low, enabled=low is not None):
             loss = model(**data.batch(step))
         loss.backward()
@@ -82,6 +86,10 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
         if step >= warmup:
             times.append(t - t_prev)
         t_prev = t
+        if step == 0:
+            collector.after_first_step()
+            t_prev = time.perf_counter()
+    collector.after_loop()
     peak = None
     if cuda:   # the allocator's counters, then the driver's view of the device (not the allocator's)
         free, total = torch.cuda.mem_get_info(device)

@@ -218,7 +218,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     if all(g.get("host_events") for g in gathered):
         from ddlbench.hostevents import slowest_step
         per_rank = [g["host_events"] for g in gathered]
-        record.timing["host_events"] = {"per_rank": per_rank,
+        record.timing["host_events"] = {"per_rank": per_rank, "gc_policy": cfg.run.gc,   # ddlbench/gcpolicy.py
                                         "slowest_step": slowest_step(step_times, stats["median"], per_rank)}
     if cfg.run.step_split:
         record.timing["step_split"] = gather_split([g.get("step_split") for g in gathered])

@@ -1,9 +1,10 @@
 """Host events inside the timed loop that cost a step a fixed amount whatever its work: Python's
 cyclic garbage collector (each collection's generation and seconds, from `gc.callbacks`) and, on
 CUDA, the caching allocator's retries (`num_alloc_retries`: a cudaMalloc failed, so the allocator
-synchronised, freed every cached block and tried again). torchtitan turns automatic collection off
-and collects between steps for the first, and warns on the second; ddlbench changes neither and
-records both, so that a slow step in a window can be told from the training step's own work.
+synchronised, freed every cached block and tried again). Both are recorded so that a slow step in a
+window can be told from the training step's own work; the collector's policy in the loop is
+`run.gc` (ddlbench/gcpolicy.py: set-up's objects frozen by default, which is what made full
+collections cheap after these records found them in FSDP2's windows on an H200).
 
 The callback is the only thing this adds inside a step: a perf_counter read and a list append per
 collection. The allocator's counter is read before and after the loop (reading it inside would put

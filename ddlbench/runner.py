@@ -25,6 +25,7 @@ from ddlbench.cluster import device_task
 from ddlbench.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from ddlbench.config import Plan
 from ddlbench.faults import FaultInjector
+from ddlbench.gcpolicy import GcPolicy
 from ddlbench.launch import events, stop
 from ddlbench.memtrack import RunTracker
 from ddlbench.metrics.convergence import reached, resolve_target
@@ -225,6 +226,8 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     split = StepSplit(strategy.model, ctx.device) if cfg.run.step_split else None
     _sync(ctx.device)
     retries0 = hostevents.alloc_retries(ctx.device)
+    collector = GcPolicy(cfg.run.gc, cfg.run.gc_every)   # what the cyclic GC may do in a step (gcpolicy.py)
+    collector.before_loop()
     collections = hostevents.GcClock().start()
     wall0 = time.perf_counter()
     if evaluate:
@@ -236,6 +239,7 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
         batch = next(setup.batches)
         if step == 1 and isinstance(tracking, RunTracker):
             tracking.reset_peak()          # the steady state: the optimizer's state exists
+        collector.in_step(step)
         t_issue = time.perf_counter()
         w.host_s.append(t_issue - t_prev)
         if split and step >= warmup:
@@ -256,8 +260,11 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
         w.losses.append(out.loss)
         progress.update(step, out.loss, t - t_prev)
         t_prev = w.end = t
-        if step == 0:    # the first step made the threads its collectives use; not part of any step
-            w.comm_threads = commthreads.apply(p2p=plan.dims.pp > 1)
+        if step == 0:    # the first step made the threads its collectives use and the optimizer's
+            w.comm_threads = commthreads.apply(p2p=plan.dims.pp > 1)   # state; not part of any step
+            collections.stop()
+            collector.after_first_step()
+            collections.start()
             t_prev = time.perf_counter()
         if evaluate and evaluate.due(step + 1):
             w.evals.append({**evaluate(step + 1), "wall_s": time.perf_counter() - wall0})
@@ -270,6 +277,7 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     retries = hostevents.alloc_retries(ctx.device)
     w.host_events = hostevents.summary(collections.stop(), None if cfg.run.epochs else w.start, w.step_s[warmup:],
                                        None if retries is None else retries - retries0)
+    w.host_events["gc_policy"] = collector.after_loop()
     progress.close()
     w.gpu = (gpu.stop(window=(w.start, w.end)) if gpu is not None
              else {"available": False, "reason": f"{ctx.device.type} run"})

@@ -276,6 +276,8 @@ class RunCfg(Strict):
     param_fingerprint: bool = False   # record [sum, sum^2, sum |x|, position-weighted sum] per final parameter (gathers!)
     compile: bool = False             # torch.compile, applied as each framework recommends (adapters/parallelize.py)
     trace: bool = False               # one more step after the window under torch.profiler: trace-rank{r}.json/.txt
+    gc: Literal["freeze", "python", "torchtitan"] = "freeze"   # what the cyclic GC may do in a step (ddlbench/gcpolicy.py)
+    gc_every: PositiveInt = 50        # run.gc=torchtitan: steps between its generation-1 collections (its gc_freq)
     step_split: bool = False          # each measured step split into forward / backward / optimizer (hooks,
                                       # CUDA events on a GPU): timing.step_split (ddlbench/metrics/step_split.py)
     float8: bool = False              # float8 matmuls in the model's linear layers (torchao Float8Linear, tensorwise

@@ -2,6 +2,8 @@
 collector explains its slowest step, by hand; the GC clock against a real full collection."""
 import gc
 
+import pytest
+
 from ddlbench.hostevents import GcClock, alloc_retries, slowest_step, step_of, summary
 
 
@@ -50,3 +52,52 @@ def test_the_clock_sees_a_real_full_collection_and_lets_go():
     assert clock._callback not in gc.callbacks
     assert any(gen == 2 and secs >= 0 for _, gen, secs in events)
     assert alloc_retries("cpu") is None
+
+
+def test_freeze_takes_set_up_objects_out_of_every_collection_and_gives_them_back():
+    """run.gc=freeze: what exists before the loop is frozen (collections skip it), the loop's own
+    cycles are still collected automatically, and after the loop nothing stays frozen."""
+    from ddlbench.gcpolicy import GcPolicy
+    made = [[i] for i in range(1000)]                       # set-up's objects
+    policy = GcPolicy("freeze")
+    policy.before_loop()
+    try:
+        assert gc.isenabled() and gc.get_freeze_count() >= 1000
+        tracked = {id(o) for o in gc.get_objects()}
+        assert not any(id(o) in tracked for o in made)    # a full collection no longer walks them
+        later = [[]]
+        policy.after_first_step()                           # what the first step made stays, frozen too
+        assert id(later) not in {id(o) for o in gc.get_objects()}
+        assert policy.record["frozen_objects"] >= policy.record["frozen_objects_before_loop"]
+        assert not any(policy.in_step(s) for s in range(200))   # never collects inside a step itself
+    finally:
+        record = policy.after_loop()
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    assert record["policy"] == "freeze" and record["before_loop_s"] >= 0
+
+
+def test_torchtitan_collects_generation_1_every_n_steps_with_automatic_collection_off():
+    from ddlbench.gcpolicy import GcPolicy
+    policy = GcPolicy("torchtitan", every=50)
+    policy.before_loop()
+    try:
+        assert not gc.isenabled()
+        clock = GcClock().start()
+        ran = [s for s in range(151) if policy.in_step(s)]
+        events = clock.stop()
+    finally:
+        policy.after_loop()
+    assert ran == [50, 100, 150]                  # torchtitan: step > 1 and step % gc_freq == 0
+    assert [gen for _, gen, _ in events] == [1, 1, 1]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_python_policy_changes_nothing_and_a_wrong_name_is_refused():
+    from ddlbench.gcpolicy import GcPolicy
+    policy = GcPolicy("python")
+    policy.before_loop()
+    policy.after_first_step()
+    assert gc.isenabled() and gc.get_freeze_count() == 0 and not policy.in_step(50)
+    assert policy.after_loop() == {"policy": "python", "before_loop_s": policy.record["before_loop_s"]}
+    with pytest.raises(ValueError, match="run.gc='off'"):
+        GcPolicy("off")

@@ -39,6 +39,11 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     events = t["host_events"]
     assert [len(r["gc"]["per_step_s"]) for r in events["per_rank"]] == [3] * nproc
     assert all(r["cuda_alloc_retries_in_loop"] is None for r in events["per_rank"])
+    # run.gc=freeze (the default): set-up's objects frozen before the loop and after its first step
+    assert events["gc_policy"] == "freeze"
+    for r in events["per_rank"]:
+        assert r["gc_policy"]["policy"] == "freeze"
+        assert r["gc_policy"]["frozen_objects"] >= r["gc_policy"]["frozen_objects_before_loop"] > 10_000
     assert events["slowest_step"]["step_s"] == max(t["series_s"])
     assert t["step_time_s"]["p10"] <= t["step_time_s"]["median"] <= t["step_time_s"]["p90"]
     tp = rec["throughput"]

@@ -90,6 +90,18 @@ def test_a_timeout_names_the_ranks_work_not_its_beacon():
     assert where_each_rank_was({"1": dump}) == "rank 1: faults.py:30 hang"
     only_beacon = dump.split("\n\n")[0]
     assert where_each_rank_was({"0": only_beacon}) == "rank 0: socket.py:294 accept <- ddlbench/launch/liveness.py:32 _accept_forever"
+    # the NVML sampler's thread (ddlbench's code, started with threading) is not the rank's work
+    # either: seen on an H200, where a timeout named nvml.py's wait instead of the forward
+    sampler = ('Thread 0x00007f03 (most recent call first):\n'
+               '  File "/usr/lib/python3.12/threading.py", line 359 in wait\n'
+               '  File "/repo/ddlbench/nvml.py", line 131 in _loop\n'
+               '  File "/usr/lib/python3.12/threading.py", line 1073 in _bootstrap_inner\n'
+               '  File "/usr/lib/python3.12/threading.py", line 1030 in _bootstrap\n\n')
+    main = ('Current thread 0x00007f04 (most recent call first):\n'
+            '  File "/venv/torch/nn/modules/linear.py", line 134 in forward\n'
+            '  File "/repo/ddlbench/adapters/fsdp2.py", line 171 in train_step\n')
+    assert where_each_rank_was({"0": sampler + main}) == \
+        "rank 0: linear.py:134 forward <- ddlbench/adapters/fsdp2.py:171 train_step"
     # a library inside a checkout that happens to be called ddlbench is not the package
     from ddlbench.launch.records import _in_package
     assert _in_package("/home/u/ddlbench/.venv/lib/python3.11/site-packages/torch/nn/module.py") is None

@@ -80,10 +80,16 @@ def _in_package(path: str) -> str | None:
     return None if "-packages/" in inside else inside
 
 
+def _started_thread(frame: re.Match) -> bool:
+    """A frame of a thread started with `threading` (its outermost frames are threading.py's
+    `_bootstrap`): a helper such as the NVML sampler (ddlbench/nvml.py), not the rank's main thread."""
+    return frame["func"] == "_bootstrap_inner" and Path(frame["path"]).name == "threading.py"
+
+
 def where_each_rank_was(stacks: dict[str, str]) -> str:
     """One line per rank from its stack dump (innermost_frames): the innermost frame of the
     thread that runs the rank (the one through ddlbench's own code that is not one of its helper
-    threads, else the first), and the
+    threads nor any thread started with `threading`, else the first), and the
     innermost frame of ddlbench's code on it -- what a reader of a timeout needs first.
     "rank 1: faults.py:30 hang <- ddlbench/runner.py:120 run; rank 0: ..."."""
     parts = []
@@ -94,7 +100,7 @@ def where_each_rank_was(stacks: dict[str, str]) -> str:
         if not threads:
             continue
         ours = [t for t in threads if any(_in_package(m["path"]) for m in t)]
-        work = [t for t in ours if not any(m["func"] in HELPER_THREADS for m in t)]
+        work = [t for t in ours if not any(m["func"] in HELPER_THREADS or _started_thread(m) for m in t)]
         frames = (work or ours or threads)[0]
         where = f"{Path(frames[0]['path']).name}:{frames[0]['line']} {frames[0]['func']}"
         own = next((m for m in frames[1:] if _in_package(m["path"]) and not _in_package(frames[0]["path"])), None)
