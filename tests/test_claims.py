@@ -149,6 +149,51 @@ CLAIMS = [
      lambda: [mfu(llama("ddp_bf16_hook"))[:-1], mfu(llama("fsdp_grad_op")), mfu(_float8())]),
 ]
 
+# the second 2026-11-27 session (steps C and part of A): its README's table and prose, docs/gpu.md's status
+H200_27 = REPO / "reports" / "gpu-h200" / "2026-11-27"
+README_27 = "reports/gpu-h200/2026-11-27/README.md"
+SDPA = "C/runs/fsdp_full-llama_1b-bf16-micro_batch_2-attention_sdpa"
+RESNET = "CA/runs/fsdp_full-resnet50-bf16-global_batch_128"
+
+
+def rec27(path: str) -> dict:
+    return json.loads((H200_27 / path / "result.json").read_text())
+
+
+def _gc_row(path: str) -> list[str]:
+    """The window's slowest step, its excess over the median, the full collection in it, the young collections."""
+    h = rec27(path)["timing"]["host_events"]
+    slow, gc = h["slowest_step"], h["per_rank"][0]["gc"]
+    full = [e["s"] for e in gc["listed"] if e["generation"] == 2 and e["step"] == slow["measured_step"]]
+    return [str(slow["measured_step"]), f"{slow['over_median_s']:.3f}", f"{full[0]:.3f}",
+            str(gc["collections"]["0"]), str(gc["collections"]["1"])]
+
+
+def _gc_share() -> list[str]:
+    shares = [float(r[2]) / float(r[1]) for r in map(_gc_row, (SDPA, RESNET, RESNET + "-batch_norm_units_per_layer"))]
+    return [f"{100 * min(shares):.0f}", f"{100 * max(shares):.0f}"]
+
+
+CLAIMS += [
+    (README_27, "| fsdp_full llama_1b, micro-batch 2 x 4 accumulated, `attention=sdpa` | {} | {} s | {} s | {} / {} |",
+     lambda: _gc_row(SDPA)),
+    (README_27, "| fsdp_full resnet50, batch 128 | {} | {} s | {} s | {} / {} |", lambda: _gc_row(RESNET)),
+    (README_27, "| fsdp_full resnet50, batch 128, batch norm per layer | {} | {} s | {} s | {} / {} |",
+     lambda: _gc_row(RESNET + "-batch_norm_units_per_layer")),
+    (README_27, "took {}-{}% of the excess", _gc_share),
+    ("docs/gpu.md", "0.19-0.25 s, {}-{}% of each such step's excess", _gc_share),
+    (README_27, "`sdpa_causal` (no mask decided from tensor values, so no host read per forward) is {}x `sdpa`\n"
+                "  on the window and {}x on the median step",
+     lambda: [f"{tokens(rec27(SDPA + '_causal')) / tokens(rec27(SDPA)):.2f}",
+              f"{median_sps(rec27(SDPA + '_causal')) / median_sps(rec27(SDPA)):.2f}"]),
+    (README_27, "DDP {} samples/s; FSDP2 with its batch norms in one fp32 unit\n  {} ({} on the median step",
+     lambda: [f"{sps(rec27('CA/runs/ddp-resnet50-bf16-global_batch_128')):,.0f}", f"{sps(rec27(RESNET)):,.0f}",
+              f"{median_sps(rec27(RESNET)):,.0f}"]),
+    (README_27, "runner {} against the bare loop's {} samples/s,\n  **{}** ({} on the median step)",
+     lambda: [f"{o['runner_samples_per_s']:.2f}", f"{o['bare_samples_per_s']:.2f}", f"{o['ratio']:.3f}",
+              f"{o['ratio_median_step']:.3f}"] if (o := json.loads((H200_27 / "O" / "runner_overhead_0.json").read_text())) else []),
+]
+
 
 B_ROWS = {"fsdp_grad_op": "fsdp_grad_op (FSDP2, reshard_after_forward=False)", "fsdp_full": "fsdp_full (FSDP2)",
           "fsdp_hybrid": "fsdp_hybrid (FSDP2 HSDP)", "deepspeed_zero2": "deepspeed_zero2",
