@@ -203,3 +203,23 @@ def test_a_model_parallel_run_is_projected_through_its_schedule(framework, extra
     eff = solve_efficiency(spec, local, measured, 2)
     assert eff == pytest.approx(doc["efficiency"], rel=1e-6)
     assert rows(spec, local, [2], eff)[0]["tokens_per_s_per_device"] == pytest.approx(measured, rel=1e-3)
+
+
+def test_a_calibrated_compute_goes_through_the_schedule_unchanged():
+    """schedule_step (advise's calibration through the project's rules): the simulated compute
+    stream holds exactly the compute it was given; the step adds only exposed communication; a
+    pipeline has no rules here (its flow shop is step.py's)."""
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import profile
+    from ddlbench.estimate.scale import Pricing, schedule_step
+    from ddlbench.network import model
+    plan = plan_from_overrides(["model=llama_tiny", "framework=fsdp_full", "launcher.nproc=8", "run.global_batch=16",
+                                "run.device=cpu"])
+    prof = profile(plan.cfg.model, "fp32", "cpu")
+    pricing = Pricing(model.load("dgx_h100"))
+    out = schedule_step(plan, prof, pricing, 0.25, "none", 8)
+    assert out["compute_s"] == pytest.approx(0.25)
+    assert out["step_s"] == pytest.approx(0.25 + sum(out["exposed"].values()))
+    pipe = plan_from_overrides(["model=llama_tiny", "framework=pipeline_1f1b", "framework.options.pp=2",
+                                "launcher.nproc=2", "run.micro_batch=1", "run.device=cpu"])
+    assert schedule_step(pipe, prof, pricing, 0.25, "none", 8) is None

@@ -161,6 +161,18 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
             "layout": layout(d, cost)}
 
 
+def schedule_step(plan, prof, pricing: Pricing, compute_s: float, ac: str, per_node: int) -> dict | None:
+    """The planned step through the schedule with its compute given (a calibration's: advise's
+    1-rank runs) instead of the roofline's: the rate solved so that the simulated compute stream
+    holds `compute_s`. None for a family without rules here (pipelines keep step.py's flow shop)."""
+    if plan.cfg.framework.name not in SUPPORTED or plan.cfg.framework.name == "pipeline" or compute_s <= 0:
+        return None
+    probe = step_of(plan, prof, pricing, 1e12, ac, per_node)
+    if probe["compute_s"] <= 0:
+        return None
+    return step_of(plan, prof, pricing, 1e12 * probe["compute_s"] / compute_s, ac, per_node)
+
+
 def layout(d, cost) -> dict:
     """What each mesh dimension does, in the specification's vocabulary: a sharding strategy's
     shard group is dp_shard (HSDP: its shard groups; the rest replicate)."""
