@@ -52,6 +52,19 @@ def test_traced_step_matches_the_cost_model(traced, framework, model, more):
     # buffers and persistent parameters, EP's token counts
     assert sum(v for k, v in sent.items() if k not in predicted) < 0.01 * psi, (sent, predicted)
     assert got["dims"]["world_size"] == WORLD
+    # the model state rank 0 holds between steps, read from the framework's objects, against the estimator's
+    from ddlbench.estimate.memcheck import estimate_plan
+    est, held = estimate_plan(plan, prof, cost, "cpu"), got["state_bytes"]
+    if framework == "fairscale_oss":   # whole parameters to ranks: rank 0's share, not the mean the estimate takes
+        assert 0 < held["optimizer"] < 2 * est["optimizer"], (held, est)
+    else:
+        assert held["optimizer"] == pytest.approx(est["optimizer"], rel=0.02), (held, est)
+    if framework == "deepspeed_zero3":
+        # parameters under ZeRO-3's persistence threshold (1e5 elements: every one of a tiny model) stay
+        # whole on every rank, which the estimator does not count: whole model + the 1/8 partitions
+        assert held["params"] == pytest.approx(psi * (1 + 1 / WORLD), rel=0.02), (held, est)
+    else:
+        assert held["params"] == pytest.approx(est["params"], rel=0.05), (held, est)
 
 
 def test_what_cannot_be_traced_says_why():
@@ -81,6 +94,8 @@ def test_project_replans_a_one_rank_run_instead_of_pricing_no_communication(tmp_
     rows = {r["devices"]: r for r in doc["rows"]}
     assert rows[1]["comm_s"] == 0 and rows[8]["comm_s"] > 0 and rows[128]["scaling_efficiency"] < 1
     assert "re-planned" in proc.stdout
+    # FSDP2's state for one of 8 ranks, read from its objects: an eighth of the fp32 parameters and twice that for Adam
+    assert f"held {psi / 8 / 2**20:.1f} MiB of parameters and {psi / 4 / 2**20:.1f} MiB" in doc["collectives_source"]
     horovod = {**rec, "config": {**rec["config"], "framework": {**rec["config"]["framework"], "name": "horovod"}}}
     (tmp_path / "hvd").mkdir()
     (tmp_path / "hvd" / "result.json").write_text(json.dumps(horovod))

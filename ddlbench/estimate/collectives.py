@@ -160,6 +160,7 @@ def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
         with counter:
             strategy.train_step(batch)
         counts = counter.take()
+        state = state_bytes(strategy)
     finally:
         dist.destroy_process_group()
     return {"world": world, "framework": f"{cfg.framework.name}:{cfg.framework.variant}", "dims": plan.dims.as_dict(),
@@ -167,5 +168,35 @@ def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
             "per_step_calls": {k: v["calls"] for k, v in counts.items()},
             "by_group": {k: v.get("group_bytes", {}) for k, v in counts.items()},
             "calls_by_group": {k: v.get("group_calls", {}) for k, v in counts.items()},
+            "state_bytes": state,
             "method": "the framework's own step for rank 0 over torch's fake process group "
                       "(torch.testing._internal.distributed.fake_pg), counted by ddlbench/comm_probe.py"}
+
+
+def state_bytes(strategy) -> dict:
+    """The model state rank 0 holds between steps, read from the framework's own objects after a
+    step: {'params': bytes of its parameters' storage (a sharded parameter's local shard), 'optimizer':
+    bytes of its optimizer's state tensors}; each storage counted once."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    seen: set = set()
+
+    def nbytes(t) -> int:
+        if isinstance(t, DTensor):
+            t = t.to_local()
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return 0
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    model = getattr(strategy, "model", None)
+    # DeepSpeed ZeRO-3 keeps each parameter's partition in `ds_tensor` beside what it holds gathered
+    # (parameters under its persistence threshold stay whole)
+    params = sum(nbytes(p) + nbytes(getattr(p, "ds_tensor", None)) for p in model.parameters()) if model is not None else 0
+    opt = getattr(strategy, "optimizer", None)
+    opt = getattr(opt, "optim", opt)      # FairScale OSS: the rank's own optimizer over its shard
+    state = getattr(opt, "state", None) or {}
+    optim = sum(nbytes(v) for st in state.values() if isinstance(st, dict) for v in st.values())
+    return {"params": params, "optimizer": optim}

@@ -135,4 +135,8 @@ def replanned(rec: dict, work: Workload) -> tuple[Workload, str]:
                                       float((got["calls_by_group"].get(kind) or {}).get(key, 1.0)) or 1.0))
     how = (f"re-planned: the run's configuration set up for rank 0 of {REPLAN_WORLD} ranks over torch's fake process "
            f"group, one step of {got['framework']} traced ({got['method']})")
+    held = got.get("state_bytes")
+    if held:
+        how += (f"; rank 0 then held {held['params'] / 2**20:.1f} MiB of parameters and {held['optimizer'] / 2**20:.1f} MiB "
+                f"of optimizer state (read from the framework's objects)")
     return replace(work, collectives=tuple(out)), how
