@@ -81,3 +81,21 @@ def test_compile_pairs_loss_difference_by_hand():
     from compile_pairs import max_rel_diff
     assert max_rel_diff([2.0, 4.0], [2.0, 4.2]) == pytest.approx(0.05)
     assert max_rel_diff([1.0], [1.0, 1.0]) == float("inf") and max_rel_diff([], []) == float("inf")
+
+
+@pytest.mark.slow
+def test_gpu_matrix_cells_share_one_memory_profile(tmp_path):
+    """Each cell of benchmarks/gpu_matrix.py is its own `bench run`; they share one memory-profile cache
+    (as a sweep's cells do): the second run.micro_batch=auto cell of a model reads the first one's profile."""
+    import json
+    cell = "ddp gpt2_tiny fp32 run.micro_batch=auto run.global_batch=4 run.warmup_steps=1"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_matrix.py"), "--out", str(tmp_path),
+                           "--device", "cpu", "--parts", "cells", "--steps", "1", "--timeout", "120",
+                           "--cell", cell, "--cell", cell + " run.seed=1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = sorted((json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")),
+                     key=lambda r: r["config"]["run"]["seed"])
+    sources = [r["parallel"]["micro_batch_auto"]["profile_source"] for r in records]
+    assert sources[0].startswith("measured, cached in") and sources[1].startswith("cached "), sources
+    assert list((tmp_path / "profile-cache").glob("profile-*.json"))
