@@ -223,3 +223,24 @@ def test_a_calibrated_compute_goes_through_the_schedule_unchanged():
     pipe = plan_from_overrides(["model=llama_tiny", "framework=pipeline_1f1b", "framework.options.pp=2",
                                 "launcher.nproc=2", "run.micro_batch=1", "run.device=cpu"])
     assert schedule_step(pipe, prof, pricing, 0.25, "none", 8) is None
+
+
+def test_compute_per_piece_timed_on_the_device_at_hand(tmp_path):
+    """calibrate=pieces: the embedding, a block (the model at 5 blocks less 1, over 4) and the head with
+    the loss timed here; the schedule's compute at one device is exactly embedding + every block +
+    head, forward and backward, at the micro-batch timed; at 8 tensor-parallel ranks each block
+    takes its share of the FLOPs of that time."""
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import profile
+    out = tmp_path / "p"
+    proc = bench("project", "model=llama_tiny", "framework=fsdp_full", "network=dgx_h100", "peak_tflops=1",
+                 "calibrate=pieces", "local_batch=4", "run.micro_batch=4", "world_sizes=[1,8]", f"out={out}")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "projection.json").read_text())
+    assert doc["efficiency_source"].startswith("per piece, timed on this host's cpu at micro-batch 4")
+    t = doc["pieces_timed_s"]
+    assert set(t) == {"embedding", "block", "head"} and all(f > 0 and b > 0 for f, b in t.values())
+    blocks = len(profile(plan_from_overrides(["model=llama_tiny"]).cfg.model).pieces) - 2
+    one = {r["devices"]: r for r in doc["rows"]}[1]
+    assert one["compute_s"] == pytest.approx(sum(t["embedding"]) + blocks * sum(t["block"]) + sum(t["head"]), rel=1e-9)
+    assert one["exposed_comm_s"] == 0

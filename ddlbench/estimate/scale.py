@@ -61,18 +61,27 @@ class Pricing:
         return f"{kind}@{crossing[-1]}"
 
 
-def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str) -> list[tuple[float, float]]:
-    """(forward, backward) seconds per micro-batch of every piece (embedding, blocks, head)."""
+def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str,
+                measured: list[tuple[float, float]] | None = None) -> list[tuple[float, float]]:
+    """(forward, backward) seconds per micro-batch of every piece (embedding, blocks, head): by the
+    roofline (forward FLOPs / flops_per_s, backward twice that), or from `measured` seconds per
+    sample of each piece (ddlbench/estimate/piece_timer.py) times the layout's share of its FLOPs."""
     out = []
     n = len(prof.pieces)
     for i, p in enumerate(prof.pieces):
-        f = p.kept_flops(tp) * micro_batch / flops_per_s
         block = 0 < i < n - 1
-        out.append((f, 2 * f + (recompute(ac, i - 1) * f if block else 0.0)))
+        if measured:
+            share = p.kept_flops(tp) / p.flops if p.flops else 1.0
+            f, b = (t * micro_batch * share for t in measured[i])
+        else:
+            f = p.kept_flops(tp) * micro_batch / flops_per_s
+            b = 2 * f
+        out.append((f, b + (recompute(ac, i - 1) * f if block else 0.0)))
     return out
 
 
-def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int) -> dict:
+def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int,
+            measured: list[tuple[float, float]] | None = None) -> dict:
     """One step of the planned layout: {'step_s', 'compute_s', 'exposed': {kind: s}, 'comm_s': {kind: s}}."""
     from ddlbench.estimate.memcheck import cost_of_plan
     cfg, d = plan.cfg, plan.dims
@@ -85,7 +94,7 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
     grad_b = DTYPE_BYTES[plan.variant.grad_reduce_dtype(precision)]
     tp, mb, m, sp = d.tp, d.micro_batch, d.grad_accum, d.cp
     # Ulysses: each rank computes 1/sp of every sequence (its attention: the whole sequence, 1/sp of the heads)
-    times = [(f / sp, b / sp) for f, b in piece_times(prof, tp, mb, flops_per_s, ac)]
+    times = [(f / sp, b / sp) for f, b in piece_times(prof, tp, mb, flops_per_s, ac, measured)]
     nb = len(prof.pieces)
     # a block's all-reduces among the tp ranks: its row-wise outputs in forward, column-wise inputs' gradients in backward
     one_ar = pricing.seconds("all_reduce", prof.boundary_bytes_per_sample * mb, tp, 1) if tp > 1 else 0.0

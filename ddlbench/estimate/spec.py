@@ -110,14 +110,35 @@ def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: i
     return (lo + hi) / 2
 
 
-def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float) -> list[dict]:
+def timed_pieces(spec: Spec, world: int, repeats: int = 5) -> dict:
+    """calibrate=pieces: the pieces of the plan at `world` timed on this host's device at the plan's
+    micro-batch and precision (ddlbench/estimate/piece_timer.py): {'per_sample': [(f, b) per piece],
+    'timed': {piece: (f, b)}, 'device', 'micro_batch', 'efficiency': the model's FLOPs over the timed
+    seconds, as a fraction of the peak}."""
+    import torch
+
+    from ddlbench.estimate.piece_timer import per_sample, time_pieces
+    plan = plan_at(spec, world)
+    prof = _profile(plan, spec.device)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = "fp32" if plan.cfg.run.precision == "auto" else plan.cfg.run.precision
+    mb = plan.dims.micro_batch
+    timed = time_pieces(plan.cfg.model, precision, device, mb, repeats)
+    seconds = per_sample(prof, timed, mb)
+    flops = 3 * sum(p.flops for p in prof.pieces)
+    return {"per_sample": seconds, "timed": timed, "device": str(device), "micro_batch": mb, "precision": precision,
+            "efficiency": flops / sum(f + b for f, b in seconds) / spec.peak_flops}
+
+
+def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float,
+         measured: list[tuple[float, float]] | None = None) -> list[dict]:
     from ddlbench.estimate.memcheck import predicted
     out = []
     for w in world_sizes:
         plan = plan_at(spec, w)
         prof = _profile(plan, spec.device)
         d = plan.dims
-        s = step_of(plan, prof, pricing, spec.peak_flops * efficiency, plan.variant.ac_policy(), spec.per_node)
+        s = step_of(plan, prof, pricing, spec.peak_flops * efficiency, plan.variant.ac_policy(), spec.per_node, measured)
         tokens = d.global_batch * tokens_per_sample(plan)
         model_flops = 3 * sum(p.flops for p in prof.pieces) * d.global_batch   # per step, no recompute
         try:

@@ -14,7 +14,8 @@ KEYS = {"network", "world_sizes", "hardware", "peak_tflops", "local_batch", "ac"
 DEFAULT_WORLD_SIZES = [8, 128, 1024]
 DEFAULT_MFU = 0.4
 USAGE = ("usage: bench project model=NAME framework=NAME network=NAME hardware=H100 [world_sizes=[8,128,1024]] "
-         "[local_batch=N] [ac=none|full|selective_layer:K|selective_op] [mfu=0.4 | calibrate=TOKENS_PER_S@DEVICES] "
+         "[local_batch=N] [ac=none|full|selective_layer:K|selective_op] [mfu=0.4 | calibrate=TOKENS_PER_S@DEVICES | "
+         "calibrate=pieces] "
          "[device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical] [out=DIR] [any run override]")
 
 
@@ -61,7 +62,7 @@ def calibration(text: str) -> tuple[float, int]:
 
 def run(args: list[str]) -> int:
     from ddlbench.estimate.scale import Pricing
-    from ddlbench.estimate.spec import Spec, rows, solve_efficiency
+    from ddlbench.estimate.spec import Spec, rows, solve_efficiency, timed_pieces
     from ddlbench.models.checkpointing import normalize
     from ddlbench.network import model
 
@@ -84,8 +85,15 @@ def run(args: list[str]) -> int:
     spec = Spec(tuple(kv.passed), kv.integer("local_batch", 1), peak, ac,
                 kv.integer("per_node", net.dims[0].size), mem * 2**30 if mem else None)
     pricing = Pricing(net, algorithm)
+    measured = None
     try:
-        if kv.text("calibrate"):
+        if kv.text("calibrate") == "pieces":      # compute per piece timed on the device at hand
+            got = timed_pieces(spec, sizes[0])
+            measured, eff = got["per_sample"], got["efficiency"]
+            eff_src = ("per piece, timed on this host's " + got["device"] + f" at micro-batch {got['micro_batch']}, "
+                       f"{got['precision']}, a block as the model at 5 blocks less 1, over 4 (ms forward/backward: " + ", ".join(
+                           f"{k} {f * 1e3:.2f}/{b * 1e3:.2f}" for k, (f, b) in got["timed"].items()) + ")")
+        elif kv.text("calibrate"):
             rate, at = calibration(kv.text("calibrate"))
             if at > net.max_devices:
                 raise ConfigError(f"calibrate: {at} devices exceed network {net.name} ({net.max_devices:,})")
@@ -94,7 +102,7 @@ def run(args: list[str]) -> int:
         else:
             eff = kv.number("mfu", DEFAULT_MFU, low=1e-4, high=1.0)
             eff_src = "mfu= (an assumption)" if kv.text("mfu") else f"assumed {DEFAULT_MFU:g} of peak (no mfu= or calibrate=)"
-        table = rows(spec, pricing, sizes, eff)
+        table = rows(spec, pricing, sizes, eff, measured)
     except ConfigError:
         raise
     except ValueError as exc:        # the network model or the schedule refusing a layout
@@ -109,6 +117,9 @@ def run(args: list[str]) -> int:
                "priced on the network, the step simulated with the framework's rules (ddlbench/estimate/rules.py)"),
            "not_priced": "the optimizer step, launch gaps, compute slowed by overlapped communication, stragglers, congestion",
            "rows": table}
+    if measured:
+        doc["pieces_timed_s"] = {k: list(v) for k, v in got["timed"].items()}
+        doc["pieces_timed_at"] = {k: got[k] for k in ("device", "micro_batch", "precision")}
     write(doc, out)
     return 0
 

@@ -1,0 +1,94 @@
+"""Compute per piece measured on the device at hand (`bench project ... calibrate=pieces`): the
+model built at reduced depth (1 and 5 blocks: every block of a family has the same shapes), its
+embedding and its head with the loss timed as their pipeline pieces (ddlbench/models/pipeline.py),
+a block as what four more blocks add to the model's own step, forward and backward, at the run's
+micro-batch and precision, as a step runs them. What the roofline's single efficiency stood in
+for becomes one measured time per piece, which the schedule applies at every layout and world size
+(ddlbench/estimate/scale.py: piece_times), per sample at the micro-batch it was timed at.
+
+Stated assumptions: a tensor-parallel or sequence-split piece takes its share of the FLOPs of the
+time its whole shape took (smaller local matmuls are usually slower: optimistic there); recompute
+takes the forward's time.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+MORE = 4          # a block's time: (the model at 1 + MORE blocks - at 1 block) / MORE
+
+
+def _build(model_cfg, n_layer: int, precision: str, device: torch.device):
+    from ddlbench import models
+    cfg = model_cfg.model_copy(update={"n_layer": n_layer})
+    spec = models.build(cfg, device.type)
+    torch.manual_seed(0)
+    return spec, spec.build().to(device=device, dtype=DTYPES[precision])
+
+
+def _median_pair(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(f for f, _ in pairs), statistics.median(b for _, b in pairs)
+
+
+def _forward_backward(run, device: torch.device, repeats: int) -> list[tuple[float, float]]:
+    """(forward s, backward s) of `run()` (returns what to call backward on) `repeats` times after one warm-up."""
+    out = []
+    for r in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        target = run()
+        _sync(device)
+        t1 = time.perf_counter()
+        target.backward() if target.dim() == 0 else target.backward(torch.ones_like(target))
+        _sync(device)
+        if r:                         # the first pass warms up (allocator, kernels' autotuning)
+            out.append((t1 - t0, time.perf_counter() - t1))
+    return out
+
+
+def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: int, repeats: int = 5) -> dict:
+    """{'embedding', 'block', 'head': (forward s, backward s)}, medians over `repeats` after one
+    warm-up, at `micro_batch`, the parameters in the precision's dtype (the compute copies a
+    sharded framework trains with), on `device`. A block is the whole model's step at 1 + MORE
+    blocks less the same at one, over MORE (what a block adds inside the model's own forward: the causal mask and
+    rotary embedding the model builds once are not charged to every block, as a pipeline piece
+    would); the embedding and the head (with the loss) are timed as their pieces at one block."""
+    from ddlbench.models.pipeline import loss_function, pieces
+    from ddlbench.models.spec import example_batch
+    if not hasattr(model_cfg, "n_layer"):
+        raise ValueError(f"{getattr(model_cfg, 'name', 'the model')} has no n_layer: calibrate=pieces times "
+                         "decoder blocks")
+    whole = {}
+    for depth in (1 + MORE, 1):      # the shallow model last: its pieces are timed too
+        spec, model = _build(model_cfg, depth, precision, device)
+        batch = {k: v.to(device) for k, v in example_batch(spec, micro_batch, device.type).items()}
+        whole[depth] = _median_pair(_forward_backward(lambda m=model, b=batch: m(**b), device, repeats))
+    plist, loss = pieces(model), loss_function(model)
+    ids, labels = batch["input_ids"], batch["labels"]
+    hidden = plist[1](plist[0](ids)).detach()
+    emb = _median_pair(_forward_backward(lambda: plist[0](ids), device, repeats))
+    head = _median_pair(_forward_backward(lambda: loss(plist[-1](hidden.requires_grad_()), labels), device, repeats))
+    block = tuple((more - one) / MORE for more, one in zip(whole[1 + MORE], whole[1]))
+    if min(block) <= 0:
+        raise ValueError(f"calibrate=pieces: {MORE} more blocks did not take longer on this {device.type} "
+                         f"(forward/backward {whole[1]} s at 1 block, {whole[1 + MORE]} s at {1 + MORE}): the blocks "
+                         "are within its timing noise; give a larger local_batch= or calibrate=TOKENS_PER_S@DEVICES")
+    return {"embedding": emb, "block": block, "head": head}
+
+
+def per_sample(prof, timed: dict, micro_batch: int) -> list[tuple[float, float]]:
+    """Seconds per sample of each of the profile's pieces, forward and backward, every block at
+    the timed block's (what scale.piece_times multiplies by a layout's micro-batch and share)."""
+    n = len(prof.pieces)
+    return [tuple(t / micro_batch for t in timed["embedding" if i == 0 else "head" if i == n - 1 else "block"])
+            for i in range(n)]
