@@ -177,6 +177,9 @@ def main() -> int:
                     help="one cell with its own overrides (repeatable); replaces the frameworks x models grid")
     ap.add_argument("--overhead", action="append", default=[], metavar="'MODEL PRECISION BATCH [compile] [repeats=N]'",
                     help="a runner-vs-reference-loop comparison (repeatable); default: the first model, fp32")
+    ap.add_argument("--project", action="append", default=[], metavar="'KEY=VALUE ...'",
+                    help="a `bench project` specification run here, e.g. with calibrate=pieces: compute per piece "
+                         "timed on this GPU (repeatable; its projection.json under projections/)")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma list of {','.join(PARTS)} (the matmul peak is always measured)")
     ap.add_argument("--deadline", type=float, default=None,
@@ -282,6 +285,18 @@ def main() -> int:
                 checks["runner_overhead"].append({"spec": spec, "error": str(exc)})
             print("runner overhead:", checks["runner_overhead"][-1], flush=True)
             save(a.out, checks)
+    if a.project:    # after the cells: a projection times pieces on the GPU the cells were measured on
+        checks["projections"] = []
+        for i, spec in enumerate(a.project):
+            out = a.out / "projections" / str(i)
+            why = bench(["project", *shlex.split(spec), f"out={out}"], log, 3 * (a.timeout + 60))
+            doc = json.loads((out / "projection.json").read_text()) if (out / "projection.json").exists() else {}
+            checks["projections"].append({"spec": spec, "error": why, "efficiency_source": doc.get("efficiency_source"),
+                                          "rows": [{k: r.get(k) for k in ("devices", "step_s", "tokens_per_s_per_device",
+                                                                          "mfu", "memory_per_rank_bytes")}
+                                                   for r in doc.get("rows", [])]})
+            print("projection:", checks["projections"][-1], flush=True)
+            save(a.out, checks)
     report_error = ""
     if "report" in parts and runs.exists():
         report_error = bench(["report", str(runs), "--out", str(a.out / "report")], log, 600)
@@ -299,7 +314,8 @@ def main() -> int:
         ("cells", "cells", not bad), ("runner_overhead", "overhead", ratio is not None),
         ("report", "report", not report_error), ("sweep", "fork", checks.get("sweep_ok")),
         ("advise", "fork", checks.get("advise_ok")),
-        ("nproc2_on_one_gpu", "nproc2", a.device != "cuda" or (checks.get("nproc2_on_one_gpu") or {}).get("refused")))
+        ("nproc2_on_one_gpu", "nproc2", a.device != "cuda" or (checks.get("nproc2_on_one_gpu") or {}).get("refused")),
+        ("projections", "cells", not any(p["error"] for p in checks.get("projections") or [])))
         if part in parts and not ok]
     checks["failed_checks"] = failed
     save(a.out, checks)

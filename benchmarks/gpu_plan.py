@@ -30,7 +30,8 @@ Steps (the order the next session runs them is at the end; a step a session cann
      `sdpa_causal` (none)
   G  first next time: the garbage-collector fix on a GPU (the FSDP2 cells whose windows held a full
      collection, now under run.gc=freeze, beside run.gc=python), C's two offload cells with fewer
-     steps (at 3 + 20 steps they ran past 120 s), A's fast-path cell the deadline left
+     steps (at 3 + 20 steps they ran past 120 s), A's fast-path cell the deadline left, and
+     llama_8b's pieces timed on the GPU for `bench project calibrate=pieces` (issue 50)
 Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
 (reports/gpu-h200/2026-11-26/); M, L, C (its offload cells timed out) and A's llama_1b parts on one
 H200 (reports/gpu-h200/2026-11-27/). The next session starts with G, then A.
@@ -53,6 +54,11 @@ QMOE = "qwen3_moe_30b_a3b bf16 model.n_layer=4 model.seq_len=2048 run.global_bat
 # llama_3b offloaded in a 40 GB cap: > 3.9 s a step (FSDP2) and DeepSpeed's CPU Adam compiled at first use
 OFFLOAD = ("llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_batch=1 run.warmup_steps=1 "
            "run.measure_steps=4 run.timeout_s=170")
+# issue 50's per-piece compute: llama_8b's embedding, blocks (at 1 and 5 of its 32) and head timed on the GPU at
+# torchtitan's published setting (local batch 2, 8192 tokens, selective AC), projected to 8 / 128 / 1,024 H200s
+LLAMA8B_PIECES = ("model=llama_8b framework=fsdp_full network=dgx_h100 hardware=H200 run.precision=bf16 "
+                  "model.seq_len=8192 local_batch=2 run.micro_batch=2 ac=selective_op calibrate=pieces "
+                  "world_sizes=[8,128,1024] device_memory_gb=141")
 LONG = "llama_1b bf16 run.global_batch=1 run.micro_batch=1 framework.options.activation_checkpointing"
 
 
@@ -63,6 +69,7 @@ class Step:
     deadline_s: int                             # no cell starts after this (gpu_matrix --deadline)
     overhead: tuple[str, ...] = ()              # gpu_matrix --overhead specs: 'MODEL PRECISION BATCH [compile] [repeats=N]'
     args: tuple[str, ...] = field(default=())   # more gpu_matrix arguments
+    project: tuple[str, ...] = ()               # gpu_matrix --project specs: `bench project` key=value ...
 
     def matrix_args(self) -> list[str]:
         parts = "cells,overhead" if self.overhead else "cells"
@@ -71,6 +78,8 @@ class Step:
             out += ["--cell", c]
         for o in self.overhead:
             out += ["--overhead", o]
+        for p in self.project:
+            out += ["--project", p]
         return out
 
 
@@ -123,7 +132,7 @@ STEPS = {
         f"fsdp_offload {OFFLOAD}",
         f"deepspeed_zero3_offload {OFFLOAD}",
         "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach"),
-        deadline_s=300),
+        deadline_s=270, project=(LLAMA8B_PIECES,)),
 }
 
 
