@@ -92,7 +92,7 @@ def test_gpu_matrix_cells_share_one_memory_profile(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_matrix.py"), "--out", str(tmp_path),
                            "--device", "cpu", "--parts", "cells", "--steps", "1", "--timeout", "120",
                            "--cell", cell, "--cell", cell + " run.seed=1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+                          cwd=REPO, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = sorted((json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")),
                      key=lambda r: r["config"]["run"]["seed"])
