@@ -101,3 +101,27 @@ def test_python_policy_changes_nothing_and_a_wrong_name_is_refused():
     assert policy.after_loop() == {"policy": "python", "before_loop_s": policy.record["before_loop_s"]}
     with pytest.raises(ValueError, match="run.gc='off'"):
         GcPolicy("off")
+
+
+def test_the_collector_policy_is_a_parity_field(tmp_path):
+    """Configurations alike but for run.gc: the parity table flags the odd ones (the user's setting);
+    a record from before run.gc existed ran Python's thresholds and says so."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from reportdata import make_record, write
+
+    from ddlbench import report
+    root = tmp_path / "runs"
+    for name, fw, policy in (("a", "ddp", "freeze"), ("b", "fsdp2", "freeze"), ("d", "deepspeed", "freeze"),
+                             ("c", "horovod", "python"), ("old", "fairscale", None)):
+        rec = make_record(name, framework=fw, sps=100.0)
+        if policy:
+            rec["config"]["run"]["gc"] = policy
+        else:
+            rec["config"]["run"].pop("gc", None)
+        write(root, rec)
+    rep = report.build([str(root)], tmp_path / "out", progress=False)
+    assert {r.run_id: r.differs for r in rep.parity.itertuples() if r.differs} == {"c": ["gc"], "old": ["gc"]}
+    assert dict(zip(rep.summary["run_id"], rep.summary["gc"])) == {"a": "freeze", "b": "freeze", "d": "freeze",
+                                                                  "c": "python", "old": "python"}

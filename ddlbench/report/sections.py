@@ -80,6 +80,8 @@ PARITY_NOTES = {
                "set run.float8 the same for every run."),
     "optimizer_impl": ("The optimizer's implementation differs (fused, foreach, for-loop, or the framework's own): "
                        "the same update, different speed; set optim.impl the same for every run."),
+    "gc": ("The garbage collector's policy in the loop differs (run.gc: freeze, python or torchtitan; a full "
+           "collection under python costs an FSDP2 step ~0.2 s): set run.gc the same for every run."),
     "attention": ("The attention kernel differs (model.native_config.attn_implementation): set model.attention "
                   "the same for every run."),
 }

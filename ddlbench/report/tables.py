@@ -10,7 +10,7 @@ from ddlbench.report.fmt import missing
 # What must be equal between compared runs (docs/design.md §7). Compared = same model, same world size.
 PARITY_FIELDS = ["data", "seed", "global_batch", "optimizer", "lr", "weight_decay", "precision", "grad_reduce_dtype",
                  "precision_recipe", "compile", "float8", "optimizer_impl", "attention", "activation_checkpointing",
-                 "epochs"]
+                 "gc", "epochs"]
 # Fields records before they existed do not carry (and vision models have no attention kernel):
 # unknown there, compared where known.
 PARITY_OPTIONAL = {"grad_reduce_dtype", "precision_recipe", "optimizer_impl", "attention", "activation_checkpointing"}
