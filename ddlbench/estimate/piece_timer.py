@@ -17,7 +17,7 @@ import time
 
 import torch
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from ddlbench.estimate.profile import DTYPES
 
 
 def _sync(device: torch.device) -> None:
