@@ -29,7 +29,8 @@ Steps (the order the next session runs them is at the end; a step a session cann
      llama_1b at micro-batch 2 (4 accumulated) with `sdpa` (a host sync per forward) and
      `sdpa_causal` (none)
   G  first next time: the garbage-collector fix on a GPU (the FSDP2 cells whose windows held a full
-     collection, now under run.gc=freeze, beside run.gc=python), C's two offload cells with fewer
+     collection, now under run.gc=freeze, beside run.gc=python, in windows of at least 10 s:
+     run.min_window_s), C's two offload cells with fewer
      steps (at 3 + 20 steps they ran past 120 s), A's fast-path cell the deadline left, and
      llama_8b's pieces timed on the GPU for `bench project calibrate=pieces` (issue 50)
 Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
@@ -59,6 +60,9 @@ OFFLOAD = ("llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_b
 LLAMA8B_PIECES = ("model=llama_8b framework=fsdp_full network=dgx_h100 hardware=H200 run.precision=bf16 "
                   "model.seq_len=8192 local_batch=2 run.micro_batch=2 ac=selective_op calibrate=pieces "
                   "world_sizes=[8,128,1024] device_memory_gb=141")
+# step G's windows: at least 10 s of steps (about twice the 20 steps at these shapes), so each record's
+# timing.window_vs_median.slowest_step_moves says whether one outlier still moves the figure by 1% or more
+GC_WINDOW = "run.min_window_s=10"
 LONG = "llama_1b bf16 run.global_batch=1 run.micro_batch=1 framework.options.activation_checkpointing"
 
 
@@ -125,10 +129,10 @@ STEPS = {
         deadline_s=350),
     "G": Step("the collector frozen (run.gc=freeze) against Python's thresholds in the FSDP2 windows that held a "
               "full collection; llama_3b's offload variants in 40 GB, 1 + 4 steps; A's fast-path cell", (
-        "fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa",
-        "fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa run.gc=python",
-        "fsdp_full resnet50 bf16 run.global_batch=128",
-        "fsdp_full resnet50 bf16 run.global_batch=128 run.gc=python",
+        f"fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa {GC_WINDOW}",
+        f"fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa {GC_WINDOW} run.gc=python",
+        f"fsdp_full resnet50 bf16 run.global_batch=128 {GC_WINDOW}",
+        f"fsdp_full resnet50 bf16 run.global_batch=128 {GC_WINDOW} run.gc=python",
         f"fsdp_offload {OFFLOAD}",
         f"deepspeed_zero3_offload {OFFLOAD}",
         "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach"),

@@ -6,8 +6,8 @@ profiled here on the meta device for a CUDA rank).
 
 Columns: tokens/s, MFU on the datasheet peak (full T x T attention; the causal convention beside it),
 the rank's peak allocated memory, the estimate and its signed error, the estimator's activation
-bytes, seconds from the command to the first step, and the MoE load imbalance where the model has
-experts. Nothing here is timed: it reads records.
+bytes, seconds from the command to the first step, the MoE load imbalance where the model has
+experts, and how much the window's slowest step alone moved its figure (records from run.min_window_s on). Nothing here is timed: it reads records.
 """
 from __future__ import annotations
 
@@ -43,6 +43,10 @@ def setting(record: dict) -> str:
             bits.append(f"{k}={o[k]}")
     if m.get("n_layer"):
         bits.append(f"{m['n_layer']} layers")
+    if cfg["run"].get("gc", "freeze") != "freeze":
+        bits.append(f"gc={cfg['run']['gc']}")
+    if cfg["run"].get("min_window_s"):
+        bits.append(f"window >= {cfg['run']['min_window_s']:g} s")
     return ", ".join(bits)
 
 
@@ -69,24 +73,26 @@ def row(record: dict) -> dict:
             "estimate_gib": est and est["total"] / GIB, "error": est and peak and error(est["total"], peak),
             "activations_gib": est and est.get("activations", 0) / GIB,
             "startup_s": (record.get("startup_s") or {}).get("total_to_first_step"),
-            "imbalance": moe.get("imbalance_experts_max")}
+            "imbalance": moe.get("imbalance_experts_max"),
+            "slowest_step_moves": ((record.get("timing") or {}).get("window_vs_median") or {}).get("slowest_step_moves")}
 
 
 def markdown(rows: list[dict]) -> str:
     out = ["| framework | setting | tokens/s (samples/s) | MFU (causal) | peak alloc GiB | estimate GiB (error) | "
-           "est. activations GiB | start-up s | expert imbalance |", "|" + "---|" * 9]
+           "est. activations GiB | start-up s | expert imbalance | slowest step's share |", "|" + "---|" * 10]
     for r in rows:
         if r["status"] != "ok":   # what the estimator said of a cell that did not end ok
             est = f"{r['estimate_gib']:.1f}" if r["estimate_gib"] is not None else "no cost model"
-            out.append(f"| {r['framework']} | {r['setting']} | **{r['status']}** | - | - | {est} | - | - | - |")
+            out.append(f"| {r['framework']} | {r['setting']} | **{r['status']}** | - | - | {est} | - | - | - | - |")
             continue
         causal = f" ({100 * r['mfu_causal']:.1f}%)" if r["mfu_causal"] is not None else ""
         imb = f"{r['imbalance']:.2f}" if r["imbalance"] is not None else "-"
         est = (f"{r['estimate_gib']:.1f} ({100 * r['error']:+.0f}%) | {r['activations_gib']:.1f}"
                if r["estimate_gib"] is not None else "no cost model | -")
         rate = f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else f"({r['samples_per_s']:,.0f})"
+        moves = f"{100 * r['slowest_step_moves']:.1f}%" if r.get("slowest_step_moves") is not None else "-"
         out.append(f"| {r['framework']} | {r['setting']} | {rate} | {100 * r['mfu']:.1f}%{causal} | "
-                   f"{r['peak_gib']:.1f} | {est} | {r['startup_s']:.1f} | {imb} |")
+                   f"{r['peak_gib']:.1f} | {est} | {r['startup_s']:.1f} | {imb} | {moves} |")
     return "\n".join(out)
 
 

@@ -173,7 +173,7 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     else:
         record.warnings.append(f"mfu unavailable: {peak_source}")
 
-    steady = window_vs_median(window_step, stats)
+    steady = window_vs_median(window_step, stats, len(step_times))
     tp["samples_per_s_median_step"] = dims.global_batch / stats["median"] if stats["median"] > 0 else None
 
     record.model.update(params=params, tokens_per_sample=spec.tokens_per_sample,
@@ -220,6 +220,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
         per_rank = [g["host_events"] for g in gathered]
         record.timing["host_events"] = {"per_rank": per_rank, "gc_policy": cfg.run.gc,   # ddlbench/gcpolicy.py
                                         "slowest_step": slowest_step(step_times, stats["median"], per_rank)}
+    if gathered[0].get("window_rule"):     # run.min_window_s: agreed over ranks, so rank 0's is every rank's
+        record.timing["window_rule"] = gathered[0]["window_rule"]
     if cfg.run.step_split:
         record.timing["step_split"] = gather_split([g.get("step_split") for g in gathered])
     if all("host_time_s" in g for g in gathered):

@@ -30,6 +30,7 @@ from ddlbench.launch import events, stop
 from ddlbench.memtrack import RunTracker
 from ddlbench.metrics.convergence import reached, resolve_target
 from ddlbench.metrics.step_split import StepSplit
+from ddlbench.metrics.window import window_steps
 from ddlbench.models.datasets import build_dataset
 from ddlbench.optim import build_optimizer_factory
 from ddlbench.quality import Evaluator, batch_source, final_objective
@@ -75,6 +76,11 @@ class _Progress:
     def note(self, **values) -> None:
         if self.bar is not None:
             self.bar.write("  ".join(f"{k}={v:.4f}" for k, v in values.items()))
+
+    def resize(self, total: int) -> None:
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
 
     def close(self) -> None:
         if self.bar is not None:
@@ -156,6 +162,7 @@ class Window:
     gpu: dict = field(default_factory=dict)   # NVML's telemetry over the loop
     step_split: dict | None = None        # run.step_split: forward / backward / optimizer (metrics/step_split.py)
     host_events: dict | None = None       # GC and allocator retries in the window (ddlbench/hostevents.py)
+    window_rule: dict | None = None       # run.min_window_s: how the window's length was set (metrics/window.py)
 
 
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
@@ -233,7 +240,9 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     if evaluate:
         w.evals.append({**evaluate(0), "wall_s": 0.0})
     t_prev = time.perf_counter()
-    for step in range(setup.total):
+    step = -1
+    while step + 1 < setup.total:      # setup.total may grow after the warm-up (run.min_window_s)
+        step += 1
         if fault.active:
             fault.at_step(step)
         batch = next(setup.batches)
@@ -266,6 +275,10 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
             collector.after_first_step()
             collections.start()
             t_prev = time.perf_counter()
+        if step == warmup - 1 and cfg.run.min_window_s:   # after the warm-up, outside the window
+            w.window_rule = _size_window(setup, cfg, w.step_s[-1], ctx.world_size)
+            progress.resize(setup.total)
+            t_prev = time.perf_counter()
         if evaluate and evaluate.due(step + 1):
             w.evals.append({**evaluate(step + 1), "wall_s": time.perf_counter() - wall0})
             progress.note(val_loss=w.evals[-1]["loss"])
@@ -285,6 +298,22 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     w.gpu["measured_steps"] = max(len(w.losses) - warmup, 0) if w.start is not None else 0
     w.step_split = split.result() if split else None   # after the last step's sync: the events are done
     return w
+
+
+def _size_window(setup: Setup, cfg, last_warm_step_s: float, world_size: int) -> dict:
+    """run.min_window_s: the slowest rank's last warm-up step, agreed once over ranks, sets how many
+    steps fill the window (metrics/window.py); a strategy with phases is told the new total."""
+    paces: list = [None] * world_size
+    dist.all_gather_object(paces, last_warm_step_s)
+    pace = max(paces)
+    measure = window_steps(cfg.run.measure_steps, cfg.run.min_window_s, pace)
+    setup.total = cfg.run.warmup_steps + measure
+    if isinstance(setup.strategy, Periodic):
+        setup.strategy.plan_steps(setup.total, None)
+    return {"min_window_s": cfg.run.min_window_s, "warm_step_s": pace, "measure_steps": measure,
+            "requested_measure_steps": cfg.run.measure_steps,
+            "rule": "measured steps = max(run.measure_steps, ceil(run.min_window_s / the slowest rank's last "
+                    "warm-up step)), agreed over ranks after the warm-up"}
 
 
 def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: int, tracking,
@@ -335,6 +364,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "trace": traced,
         "moe": _router_stats(strategy),
         "host_events": w.host_events,
+        "window_rule": w.window_rule,
     }
     return local, {"objective": objective, "fingerprint": fingerprint, "comm_steps": comm["steps"],
                    "comm_profiled": "time" in comm}

@@ -247,6 +247,9 @@ class HardwareCfg(Strict):
 class RunCfg(Strict):
     warmup_steps: NonNegativeInt = 3
     measure_steps: PositiveInt = 10
+    # a time-based window: at least this many seconds of measured steps (more than measure_steps where
+    # the steps are short), from the last warm-up step's time agreed over ranks (ddlbench/metrics/window.py)
+    min_window_s: Optional[Annotated[float, Field(gt=0)]] = None
     global_batch: PositiveInt = 8
     # null: the framework's default (grad_accum 1, or the pipeline's micro-batches); auto: the largest
     # the memory estimator says fits the device (ddlbench/microbatch.py)
@@ -293,10 +296,16 @@ class RunCfg(Strict):
         return data
 
     @model_validator(mode="after")
-    def _compile_in_warm_up(self):
+    def _warm_up_needs(self):
         if self.compile and self.warmup_steps < 1:
             raise ValueError("run.compile needs run.warmup_steps >= 1: the first step compiles, and it must "
                              "not be measured")
+        if self.min_window_s is not None and self.epochs:
+            raise ValueError("run.min_window_s sizes the measured window of a throughput run; run.epochs (quality "
+                             "mode) trains whole epochs: set one of them")
+        if self.min_window_s is not None and self.warmup_steps < 1:
+            raise ValueError("run.min_window_s needs run.warmup_steps >= 1: the window's length is sized from the "
+                             "last warm-up step's time")
         return self
 
 

@@ -258,3 +258,34 @@ def test_window_against_median_step_by_hand():
     assert out["spread_s"] == pytest.approx((summarize(steps)["p90"] - 0.010) / 2) and out["outlier"] is True
     steady = [0.010, 0.011, 0.009, 0.010, 0.0105, 0.0095]
     assert window_vs_median(sum(steady) / len(steady), summarize(steady))["outlier"] is False
+    # with the step count: the slowest step alone moves the window's figure by (20 - 10) ms / 110 ms
+    moved = window_vs_median(sum(steps) / len(steps), summarize(steps), len(steps))
+    assert moved["window_s"] == pytest.approx(0.110) and moved["slowest_step_moves"] == pytest.approx(0.010 / 0.110)
+
+
+def test_window_sized_by_time_by_hand():
+    """run.min_window_s: 2 s of 0.15 s steps is ceil(13.33) = 14 steps; never fewer than
+    run.measure_steps (20 here with 0.5 s steps: 4 would fill it); an exact fit is not rounded up
+    by float error (1.0 s / 0.1 s = 10, not 11); a near-zero step is bounded. For one 0.25 s
+    outlier (a full collection) to move the figure by under 1%, the window needs 25 s."""
+    from ddlbench.metrics.window import MAX_STEPS, seconds_for_outlier, window_steps
+    assert window_steps(10, None, None) == 10
+    assert window_steps(10, 2.0, 0.15) == 14
+    assert window_steps(20, 2.0, 0.5) == 20
+    assert window_steps(3, 1.0, 0.1) == 10
+    assert window_steps(3, 10.0, 1e-12) == MAX_STEPS
+    with pytest.raises(ValueError, match="positive warm-up step"):
+        window_steps(3, 1.0, 0.0)
+    assert seconds_for_outlier(0.25) == pytest.approx(25.0)
+    assert seconds_for_outlier(0.25, moves=0.05) == pytest.approx(5.0)
+
+
+def test_a_window_sized_by_time_needs_a_warm_up_step_and_no_epochs():
+    from ddlbench.config import ConfigError, plan_from_overrides
+    with pytest.raises(ConfigError, match="min_window_s needs run.warmup_steps >= 1"):
+        plan_from_overrides(["run.min_window_s=5", "run.warmup_steps=0"])
+    with pytest.raises(ConfigError, match="run.epochs .quality mode"):
+        plan_from_overrides(["run.min_window_s=5", "run.epochs=1", "data=markov"])
+    with pytest.raises(ConfigError, match="min_window_s"):
+        plan_from_overrides(["run.min_window_s=0"])
+    assert plan_from_overrides(["run.min_window_s=2.5"]).cfg.run.min_window_s == 2.5

@@ -347,3 +347,24 @@ def test_parity_shows_each_frameworks_design_and_flags_what_the_user_set(tmp_pat
     assert design == {"fsdp": ["grad_reduce_dtype"]}
     md = (tmp_path / "out" / "report.md").read_text()
     assert "By design, not flagged: grad_reduce_dtype differ between frameworks" in md
+
+
+def test_a_flagged_window_says_how_much_its_slowest_step_moved_it_and_the_window_that_would_not():
+    """One 0.25 s collection in a 5 s window moves the figure 5%: 25 s of window keep one such step
+    under 1% (run.min_window_s=25); a record from before the field says nothing more."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from ddlbench.report.sections import steady_window_notes
+    rows = [{"label": "fsdp2", "run_id": "a", "samples_per_s": 90.0, "samples_per_s_median_step": 95.0,
+             "window_outlier": True, "window_s": 5.0, "slowest_step_moves": 0.05},
+            {"label": "ddp", "run_id": "b", "samples_per_s": 99.0, "samples_per_s_median_step": 99.5,
+             "window_outlier": False, "window_s": 5.0, "slowest_step_moves": 0.002},
+            {"label": "old", "run_id": "c", "samples_per_s": 80.0, "samples_per_s_median_step": 85.0,
+             "window_outlier": True, "window_s": float("nan"), "slowest_step_moves": float("nan")}]
+    (note,) = steady_window_notes(SimpleNamespace(summary=pd.DataFrame(rows)))
+    assert note.startswith("2 run(s) had outlying steps")
+    assert ("fsdp2 (a): window 90.0, median step 95.0 samples/s, its slowest step alone 5.0% of the window's "
+            "figure (run.min_window_s=25 keeps one such step under 1%)") in note
+    assert "old (c): window 80.0, median step 85.0 samples/s." in note and "ddp (b)" not in note

@@ -14,11 +14,12 @@ FAST = ("run.warmup_steps=1", "run.measure_steps=3")
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_ddp_writes_a_valid_result(run_dir, nproc):
-    trace = ("run.trace=true",) if nproc == 2 else ()   # one more step under torch.profiler, after everything
-    proc, rec = run_record(run_dir, "framework=ddp", "model=gpt2_tiny", f"launcher.nproc={nproc}", *FAST, *trace)
+    # at 2 ranks: one more step under torch.profiler after everything, and a window sized by time
+    more = ("run.trace=true", "run.min_window_s=1.5") if nproc == 2 else ()
+    proc, rec = run_record(run_dir, "framework=ddp", "model=gpt2_tiny", f"launcher.nproc={nproc}", *FAST, *more)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert check_record(rec) == []
-    if trace:
+    if nproc == 2:   # run.trace
         assert [t["trace"] for t in rec["trace"]["per_rank"]] == ["trace-rank0.json", "trace-rank1.json"]
         assert all(json.loads((run_dir / f"trace-rank{r}.json").read_text())["traceEvents"] for r in (0, 1))
         assert "aten::mm" in (run_dir / "trace-rank0.txt").read_text()
@@ -34,10 +35,20 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     assert rec["throughput"]["samples_per_s_median_step"] == pytest.approx(8 / steady["median_step_s"])
     assert rec["flops"]["mfu_median_step"] == pytest.approx(rec["mfu"] * steady["window_step_s"] / steady["median_step_s"])
     t = rec["timing"]
-    assert t["measured_steps"] == 3 and len(t["series_s"]) == 3
+    steps = 3
+    if nproc == 2:   # the slowest rank's warm-up step, agreed over ranks, sets the window's steps (>= 3)
+        from ddlbench.metrics.window import window_steps
+        rule = t["window_rule"]
+        steps = window_steps(3, 1.5, rule["warm_step_s"])
+        assert rule["measure_steps"] == steps and rule["requested_measure_steps"] == 3 and rule["min_window_s"] == 1.5
+        assert steady["window_s"] == pytest.approx(max(t["per_rank_window_s"]))
+        assert 0 <= steady["slowest_step_moves"] <= 1
+    else:
+        assert "window_rule" not in t
+    assert t["measured_steps"] == steps and len(t["series_s"]) == steps
     # the host's own events in the window, per rank (ddlbench/hostevents.py): GC seconds per step, no CUDA allocator
     events = t["host_events"]
-    assert [len(r["gc"]["per_step_s"]) for r in events["per_rank"]] == [3] * nproc
+    assert [len(r["gc"]["per_step_s"]) for r in events["per_rank"]] == [steps] * nproc
     assert all(r["cuda_alloc_retries_in_loop"] is None for r in events["per_rank"])
     # run.gc=freeze (the default): set-up's objects frozen before the loop and after its first step
     assert events["gc_policy"] == "freeze"
@@ -47,7 +58,7 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     assert events["slowest_step"]["step_s"] == max(t["series_s"])
     assert t["step_time_s"]["p10"] <= t["step_time_s"]["median"] <= t["step_time_s"]["p90"]
     tp = rec["throughput"]
-    assert t["window_step_s"] == pytest.approx(max(t["per_rank_window_s"]) / 3)
+    assert t["window_step_s"] == pytest.approx(max(t["per_rank_window_s"]) / steps)
     assert tp["samples_per_s"] == pytest.approx(8 / t["window_step_s"])
     assert tp["tokens_per_s"] == pytest.approx(tp["samples_per_s"] * 128)
     assert len(rec["memory"]["per_rank"]) == nproc
@@ -63,9 +74,9 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     assert all(m["setup_peak_rss_bytes"] <= m["peak_rss_bytes"] for m in rec["memory"]["per_rank"])
     assert rec["env"]["backend"] == "gloo" and rec["env"]["threads_per_rank"] >= 1
     assert rec["framework"]["native_config"]["gradient_as_bucket_view"] is True
-    assert len(rec["convergence"]["train_loss"]) == 4
+    assert len(rec["convergence"]["train_loss"]) == 1 + steps
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 4 and json.loads(lines[-1])["phase"] == "measure"
+    assert len(lines) == 1 + steps and json.loads(lines[-1])["phase"] == "measure"
     if nproc == 2:
         bucket_bytes = sum(rec["framework"]["native_config"]["bucket_sizes_bytes"])
         assert bucket_bytes == 4 * rec["model"]["params"]          # every fp32 grad, once

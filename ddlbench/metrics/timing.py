@@ -52,15 +52,21 @@ def mean_ignoring_missing(values: Sequence[float]) -> float:
     return sum(held) / len(held) if held else float("nan")
 
 
-def window_vs_median(window_step_s: float, stats: dict) -> dict:
+def window_vs_median(window_step_s: float, stats: dict, steps: int | None = None) -> dict:
     """The window's mean step (what throughput and MFU use) against the median step, and whether
     they differ by more than the run's own spread, half the p10-p90 range: one slow step in a short
     window (an allocator growing, a collection) moves the mean and not the median. Both figures
-    are kept; the flag says which to trust less."""
+    are kept; the flag says which to trust less. With the window's step count, also how much the
+    slowest step alone moves the window's figure: (its time - the median) / the window's seconds."""
     median = stats["median"]
     spread = (stats["p90"] - stats["p10"]) / 2
     differs = window_step_s - median
-    return {"window_step_s": window_step_s, "median_step_s": median,
-            "window_over_median": window_step_s / median if median > 0 else None,
-            "spread_s": spread, "outlier": abs(differs) > spread,
-            "rule": "outlier when |window mean step - median step| > (p90 - p10) / 2 of the measured steps"}
+    out = {"window_step_s": window_step_s, "median_step_s": median,
+           "window_over_median": window_step_s / median if median > 0 else None,
+           "spread_s": spread, "outlier": abs(differs) > spread,
+           "rule": "outlier when |window mean step - median step| > (p90 - p10) / 2 of the measured steps"}
+    if steps:
+        window_s = window_step_s * steps
+        out["window_s"] = window_s
+        out["slowest_step_moves"] = max(stats["max"] - median, 0.0) / window_s if window_s > 0 else None
+    return out

@@ -97,9 +97,21 @@ def steady_window_notes(rep) -> tuple[str, ...]:
     if not len(flagged):
         return ()
     runs = "; ".join(f"{r.label} ({r.run_id}): window {r.samples_per_s:.1f}, median step "
-                     f"{r.samples_per_s_median_step:.1f} samples/s" for r in flagged.itertuples())
+                     f"{r.samples_per_s_median_step:.1f} samples/s{_slowest_step(r)}" for r in flagged.itertuples())
     return (f"{len(flagged)} run(s) had outlying steps in their measured window (window mean step and median "
             f"step differ by more than half their p10-p90 range): {runs}.",)
+
+
+def _slowest_step(r) -> str:
+    """How much the run's slowest step alone moved its window's figure, and the window
+    (run.min_window_s) in which one such step would move it by under 1% (metrics/window.py)."""
+    moves, window_s = getattr(r, "slowest_step_moves", None), getattr(r, "window_s", None)
+    if moves is None or window_s is None or moves != moves or window_s != window_s:   # NaN: an older record
+        return ""
+    from ddlbench.metrics.window import seconds_for_outlier
+    need = seconds_for_outlier(moves * window_s)
+    return (f", its slowest step alone {100 * moves:.1f}% of the window's figure"
+            + (f" (run.min_window_s={need:.0f} keeps one such step under 1%)" if moves >= 0.01 else ""))
 
 
 def parity_flags(rep) -> int:
