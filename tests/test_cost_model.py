@@ -76,6 +76,19 @@ def test_zero3_past_max_live_parameters_gathers_per_micro_batch():
     assert cost.buffers["gathered parameters (kept from forward to backward)"] == 4 * 500
 
 
+def test_zero3_keeps_parameters_under_its_persistence_threshold_whole_on_every_rank():
+    """1,000 parameters in tensors of 600, 300 and 100 elements, threshold 300: the 400 in the two
+    small tensors stay whole on each of 4 ranks beside their partition (fp32: 4 x (1000 / 4 + 400) =
+    2,600 bytes); the gathered parameters are the other 600. Sizes unknown: nothing persists."""
+    import dataclasses
+    prof = dataclasses.replace(PROF, param_numels=(100, 300, 600))
+    assert prof.params_at_most(300) == 400 and PROF.params_at_most(300) == 0
+    cost = cost_of("deepspeed_zero3", dp=4, model=prof, stage3_param_persistence_threshold=300)
+    assert cost.state_bytes("adamw")["params"] == 4 * (1000 / 4 + 400)
+    assert cost.buffers["gathered parameters (kept from forward to backward)"] == 4 * 600
+    assert cost_of("deepspeed_zero3", dp=4, stage3_param_persistence_threshold=300).state_bytes("adamw")["params"] == 1000
+
+
 def test_buckets_by_hand():
     from ddlbench.adapters.cost import MiB, buckets
     assert buckets(0.5 * MiB, 25 * MiB) == 1 and buckets(61 * MiB, 25 * MiB) == 3 and buckets(61 * MiB, None) == 1

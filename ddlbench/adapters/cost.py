@@ -88,6 +88,13 @@ class ModelProfile:
     # Llama's q, k, v, gate and up: 2 and 5); 0 = unknown (2 and 2)
     tp_row_layers: int = 0
     tp_column_layers: int = 0
+    # every parameter tensor's elements, ascending (ZeRO-3 keeps those under its persistence
+    # threshold whole on every rank); () = unknown
+    param_numels: tuple = ()
+
+    def params_at_most(self, numel: int) -> int:
+        """Parameters in tensors of at most `numel` elements (0 where the sizes are unknown)."""
+        return sum(n for n in self.param_numels if n <= numel)
 
     @property
     def root_params(self) -> int:
@@ -113,7 +120,8 @@ class ModelProfile:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelProfile":
-        return cls(**{**d, "pieces": tuple(Piece(**p) for p in d.get("pieces", ()))})
+        return cls(**{**d, "pieces": tuple(Piece(**p) for p in d.get("pieces", ())),
+                      "param_numels": tuple(d.get("param_numels", ()))})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -154,6 +162,7 @@ class CostModel:
     shard_optimizer: bool = False
     shard_grads: bool = False
     shard_params: bool = False
+    persistent_params: float = 0.0   # sharded parameters also kept whole on every rank (ZeRO-3's persistence threshold)
     param_bytes: int = 4             # bytes per parameter the rank keeps (DeepSpeed's 2-byte engine: 2)
     grad_bytes: int = 4
     fp32_master_copy: bool = False   # the optimizer keeps fp32 master weights (+4 B/param)
@@ -181,7 +190,8 @@ class CostModel:
         from ddlbench.metrics.memory import optimizer_state_bytes_per_param
         n = max(self.shard_ranks, 1)
         k = optimizer_state_bytes_per_param(optimizer, momentum, fp32_master_copy=self.fp32_master_copy)
-        return {"params": self.param_bytes * self.piece / (n if self.shard_params else 1),
+        params = self.piece / n + self.persistent_params if self.shard_params else self.piece
+        return {"params": self.param_bytes * params,
                 "grads": self.grad_bytes * self.piece / (n if self.shard_grads else 1),
                 "optimizer": k * self.piece / (n if self.shard_optimizer else 1)}
 

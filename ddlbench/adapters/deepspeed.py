@@ -101,7 +101,9 @@ class DeepSpeed(Variant):
         3: reduce-scatter of gradients on every micro-step; parameters all-gathered per module, once per
            step while the model fits in stage3_max_live_parameters (forward's gathers survive backward
            and the next micro-batches), else in forward and backward of every micro-batch (upper bound).
-           The gathered parameters stay on the device: up to max_live_parameters of them. With
+           The gathered parameters stay on the device: up to max_live_parameters of them. Parameters
+           of at most stage3_param_persistence_threshold elements are kept whole on every rank (their
+           partition beside them) and not counted among the gathered. With
            contiguous_gradients one reduce bucket of reduce_bucket_size elements (stage3.py, at init).
         Stage 0 at bf16/fp16 (no grad_accum_dtype): the engine wraps the optimizer in FP16_Optimizer
         (engine._do_optimizer_sanity_check: DDP_BFLOAT16 / FP16; fused or unfused), whose step hands
@@ -116,12 +118,17 @@ class DeepSpeed(Variant):
         accum = dims.grad_accum
         reduce_msgs = buckets(grads, grad_wire * o.reduce_bucket_size)
         buffers: dict = {}
+        persistent = 0
         if s == 3:
             fits = p <= o.stage3_max_live_parameters
             traffic = (split("all_gather", params, model.units, dp, per_step=1 if fits else 2 * accum, what="parameters")
                        + split("reduce_scatter", grads, model.units, dp, per_step=accum, what="gradients"))
+            # parameters of at most stage3_param_persistence_threshold elements stay whole on every rank
+            # beside their partition (parameter_offload.py: mark_persistent_parameters)
+            persistent = model.params_at_most(o.stage3_param_persistence_threshold)
             if dp > 1:
-                buffers["gathered parameters (kept from forward to backward)"] = state * min(p, o.stage3_max_live_parameters)
+                buffers["gathered parameters (kept from forward to backward)"] = state * min(p - persistent,
+                                                                                             o.stage3_max_live_parameters)
                 buffers["one unit's gradients before reduce-scatter"] = state * model.largest_block_params
         else:
             traffic = split("all_reduce", grads, reduce_msgs, dp, per_step=accum if s == 2 else 1, what="gradients")
@@ -135,7 +142,7 @@ class DeepSpeed(Variant):
             buffers["reduce bucket (contiguous_gradients, full reduce_bucket_size)"] = copies * state * o.reduce_bucket_size
         return CostModel(
             f"DeepSpeed 0.19 ZeRO stage {s}", p, shard_ranks=dp, shard_optimizer=s >= 1, shard_grads=s >= 2,
-            shard_params=s >= 3, param_bytes=state, grad_bytes=state, fp32_master_copy=low(precision),
+            shard_params=s >= 3, persistent_params=persistent, param_bytes=state, grad_bytes=state, fp32_master_copy=low(precision),
             offload_optimizer=o.offload_optimizer != "none", offload_params=o.offload_param != "none",
             buffers=buffers, traffic=tuple(traffic), step_grad_copy_bytes=4 if s == 0 and low(precision) else 0)
 

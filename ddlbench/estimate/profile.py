@@ -238,6 +238,7 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
         pieces=pieces,
         output_bytes_per_sample=output,
         largest_weight_params=max((p.numel() for p in model.parameters()), default=0),
+        param_numels=tuple(sorted(p.numel() for p in model.parameters())),
         autocast_activation_bytes_per_sample=autocast[0],
         autocast_checkpointed_bytes_per_sample=autocast[1], selective_op_bytes_per_sample=sel,
         autocast_selective_op_bytes_per_sample=autocast[3], attention_scores_bytes_per_sample=scores,
