@@ -241,6 +241,16 @@ def test_compute_per_piece_timed_on_the_device_at_hand(tmp_path):
     t = doc["pieces_timed_s"]
     assert set(t) == {"embedding", "block", "head"} and all(f > 0 and b > 0 for f, b in t.values())
     blocks = len(profile(plan_from_overrides(["model=llama_tiny"]).cfg.model).pieces) - 2
-    one = {r["devices"]: r for r in doc["rows"]}[1]
-    assert one["compute_s"] == pytest.approx(sum(t["embedding"]) + blocks * sum(t["block"]) + sum(t["head"]), rel=1e-9)
+    rows = {r["devices"]: r for r in doc["rows"]}
+    one = rows[1]
+    # the run's optimizer timed too (AdamW, for-loop on CPU): per parameter stepped, after the schedule;
+    # FSDP2 steps an eighth of the parameters on each of 8 ranks
+    opt = doc["optimizer_timed"]
+    params = plan_from_overrides(["model=llama_tiny"])
+    n = profile(params.cfg.model).params
+    assert opt["s_per_param"] > 0 and "optimizer step" not in doc["not_priced"]
+    assert one["optimizer_s"] == pytest.approx(opt["s_per_param"] * n, rel=1e-9)
+    assert rows[8]["optimizer_s"] == pytest.approx(one["optimizer_s"] / 8, rel=1e-9)
+    assert one["compute_s"] == pytest.approx(sum(t["embedding"]) + blocks * sum(t["block"]) + sum(t["head"])
+                                             + one["optimizer_s"], rel=1e-9)
     assert one["exposed_comm_s"] == 0

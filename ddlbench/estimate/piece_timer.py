@@ -6,9 +6,14 @@ micro-batch and precision, as a step runs them. What the roofline's single effic
 for becomes one measured time per piece, which the schedule applies at every layout and world size
 (ddlbench/estimate/scale.py: piece_times), per sample at the micro-batch it was timed at.
 
+The optimizer's step is timed too (the run's optimizer over fp32 copies of the parameters at both
+depths): its time per parameter is the slope, and a layout's step adds it times the parameters its
+busiest rank steps (its shard where the framework shards optimizer state).
+
 Stated assumptions: a tensor-parallel or sequence-split piece takes its share of the FLOPs of the
 time its whole shape took (smaller local matmuls are usually slower: optimistic there); recompute
-takes the forward's time.
+takes the forward's time; the optimizer's time is linear in the parameters it steps (a shard's
+per-tensor launches cost what the whole tensor's did: optimistic at large shard counts on a GPU).
 """
 from __future__ import annotations
 
@@ -56,7 +61,28 @@ def _forward_backward(run, device: torch.device, repeats: int) -> list[tuple[flo
     return out
 
 
-def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: int, repeats: int = 5) -> dict:
+def _optimizer_step_s(model, device: torch.device, optim_cfg, repeats: int) -> float:
+    """Median seconds of the run's optimizer (ddlbench/optim.py: its implementation on this device)
+    stepping fp32 copies of the model's parameters with gradients, as a sharded framework steps its
+    fp32 shards, after one warm-up step (which makes the state)."""
+    from ddlbench.optim import build_optimizer_factory
+    params = [torch.zeros(p.shape, dtype=torch.float32, device=device, requires_grad=True) for p in model.parameters()]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer = build_optimizer_factory(optim_cfg, device.type)(params)
+    out = []
+    for r in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        optimizer.step()
+        _sync(device)
+        if r:
+            out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: int, repeats: int = 5,
+                optim_cfg=None) -> dict:
     """{'embedding', 'block', 'head': (forward s, backward s)}, medians over `repeats` after one
     warm-up, at `micro_batch`, the parameters in the precision's dtype (the compute copies a
     sharded framework trains with), on `device`. A block is the whole model's step at 1 + MORE
@@ -68,11 +94,14 @@ def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: in
     if not hasattr(model_cfg, "n_layer"):
         raise ValueError(f"{getattr(model_cfg, 'name', 'the model')} has no n_layer: calibrate=pieces times "
                          "decoder blocks")
-    whole = {}
+    whole, stepped = {}, {}
     for depth in (1 + MORE, 1):      # the shallow model last: its pieces are timed too
         spec, model = _build(model_cfg, depth, precision, device)
         batch = {k: v.to(device) for k, v in example_batch(spec, micro_batch, device.type).items()}
         whole[depth] = _median_pair(_forward_backward(lambda m=model, b=batch: m(**b), device, repeats))
+        if optim_cfg is not None:
+            stepped[depth] = (_optimizer_step_s(model, device, optim_cfg, repeats),
+                              sum(p.numel() for p in model.parameters()))
     plist, loss = pieces(model), loss_function(model)
     ids, labels = batch["input_ids"], batch["labels"]
     hidden = plist[1](plist[0](ids)).detach()
@@ -83,7 +112,12 @@ def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: in
         raise ValueError(f"calibrate=pieces: {MORE} more blocks did not take longer on this {device.type} "
                          f"(forward/backward {whole[1]} s at 1 block, {whole[1 + MORE]} s at {1 + MORE}): the blocks "
                          "are within its timing noise; give a larger local_batch= or calibrate=TOKENS_PER_S@DEVICES")
-    return {"embedding": emb, "block": block, "head": head}
+    out = {"embedding": emb, "block": block, "head": head}
+    if stepped:   # what one more parameter costs the optimizer's step: the slope over the MORE blocks
+        (t_more, n_more), (t_one, n_one) = stepped[1 + MORE], stepped[1]
+        out["optimizer_s_per_param"] = max(t_more - t_one, 0.0) / (n_more - n_one)
+        out["optimizer_step_s"] = {1 + MORE: t_more, 1: t_one}
+    return out
 
 
 def per_sample(prof, timed: dict, micro_batch: int) -> list[tuple[float, float]]:

@@ -13,8 +13,9 @@ Compute per piece (embedding, each block, the head with the loss) per micro-batc
     backward = 2 x forward + recompute x forward (blocks; ac: none 0, full 1, selective_layer:K 1
                on every K-th block, selective_op 0.5 — torchtitan's per-op policy recomputes every
                other matmul)
-Not priced: the optimizer's step (memory-bound; its time folds into the efficiency when
-calibrated), kernel launch gaps, stragglers, congestion.
+The optimizer's step: priced only where it was timed (calibrate=pieces: seconds per parameter x the
+parameters the busiest rank steps, after the schedule); with a roofline or a calibrated efficiency
+its time folds into the efficiency. Not priced: kernel launch gaps, stragglers, congestion.
 """
 from __future__ import annotations
 
@@ -81,8 +82,22 @@ def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str,
 
 
 def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int,
-            measured: list[tuple[float, float]] | None = None) -> dict:
-    """One step of the planned layout: {'step_s', 'compute_s', 'exposed': {kind: s}, 'comm_s': {kind: s}}."""
+            measured: list[tuple[float, float]] | None = None, optimizer_s_per_param: float | None = None) -> dict:
+    """One step of the planned layout: {'step_s', 'compute_s', 'exposed': {kind: s}, 'comm_s': {kind: s}}; with a
+    measured optimizer (seconds per parameter stepped: calibrate=pieces) its step after the schedule,
+    `optimizer_s`, in step_s and compute_s (it waits for every gradient; nothing overlaps it)."""
+    out = _step(plan, prof, pricing, flops_per_s, ac, per_node, measured)
+    if optimizer_s_per_param:
+        from ddlbench.estimate.memcheck import cost_of_plan
+        cost = cost_of_plan(plan, prof, per_node)
+        stepped = cost.piece / (max(cost.shard_ranks, 1) if cost.shard_optimizer else 1)
+        opt = optimizer_s_per_param * stepped
+        out = {**out, "step_s": out["step_s"] + opt, "compute_s": out["compute_s"] + opt, "optimizer_s": opt}
+    return out
+
+
+def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int,
+          measured: list[tuple[float, float]] | None = None) -> dict:
     from ddlbench.estimate.memcheck import cost_of_plan
     cfg, d = plan.cfg, plan.dims
     fw, o = cfg.framework.name, plan.options

@@ -113,7 +113,8 @@ def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: i
 def timed_pieces(spec: Spec, world: int, repeats: int = 5) -> dict:
     """calibrate=pieces: the pieces of the plan at `world` timed on this host's device at the plan's
     micro-batch and precision (ddlbench/estimate/piece_timer.py): {'per_sample': [(f, b) per piece],
-    'timed': {piece: (f, b)}, 'device', 'micro_batch', 'efficiency': the model's FLOPs over the timed
+    'timed': {piece: (f, b)}, 'optimizer': {'optimizer_s_per_param', 'optimizer_step_s': {depth: s}} (the
+    run's optimizer), 'device', 'micro_batch', 'efficiency': the model's FLOPs over the timed
     seconds, as a fraction of the peak}."""
     import torch
 
@@ -123,22 +124,25 @@ def timed_pieces(spec: Spec, world: int, repeats: int = 5) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = "fp32" if plan.cfg.run.precision == "auto" else plan.cfg.run.precision
     mb = plan.dims.micro_batch
-    timed = time_pieces(plan.cfg.model, precision, device, mb, repeats)
+    timed = time_pieces(plan.cfg.model, precision, device, mb, repeats, optim_cfg=plan.cfg.optim)
+    optimizer = {k: timed.pop(k) for k in ("optimizer_s_per_param", "optimizer_step_s")}
     seconds = per_sample(prof, timed, mb)
     flops = 3 * sum(p.flops for p in prof.pieces)
     return {"per_sample": seconds, "timed": timed, "device": str(device), "micro_batch": mb, "precision": precision,
+            "optimizer": optimizer,
             "efficiency": flops / sum(f + b for f, b in seconds) / spec.peak_flops}
 
 
 def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float,
-         measured: list[tuple[float, float]] | None = None) -> list[dict]:
+         measured: list[tuple[float, float]] | None = None, optimizer_s_per_param: float | None = None) -> list[dict]:
     from ddlbench.estimate.memcheck import predicted
     out = []
     for w in world_sizes:
         plan = plan_at(spec, w)
         prof = _profile(plan, spec.device)
         d = plan.dims
-        s = step_of(plan, prof, pricing, spec.peak_flops * efficiency, plan.variant.ac_policy(), spec.per_node, measured)
+        s = step_of(plan, prof, pricing, spec.peak_flops * efficiency, plan.variant.ac_policy(), spec.per_node, measured,
+                    optimizer_s_per_param)
         tokens = d.global_batch * tokens_per_sample(plan)
         model_flops = 3 * sum(p.flops for p in prof.pieces) * d.global_batch   # per step, no recompute
         try:
@@ -147,6 +151,7 @@ def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float
             mem = None
         row = {"devices": w, "layout": s["layout"],
                "global_batch": d.global_batch, "step_s": s["step_s"], "compute_s": s["compute_s"],
+               "optimizer_s": s.get("optimizer_s"),
                "exposed_comm_s": s["step_s"] - s["compute_s"], "exposed_by_kind_s": s["exposed"],
                "comm_by_kind_s": {k: v for k, v in s["comm_s"].items() if v > 0}, "tokens_per_s_per_device": tokens / s["step_s"] / w,
                "mfu": model_flops / s["step_s"] / w / spec.peak_flops,
