@@ -83,9 +83,18 @@ def trace_all(cases: list[tuple], timeout_s: float = 600, workers: int = 2) -> l
                                   chunksize=1).get(timeout_s)
 
 
-def _trace_case(overrides, world: int, max_tokens: int | None = None) -> dict:
+def time_step(config: dict, world: int, steps: int = 3, device: str = "cpu", timeout_s: float = 900) -> dict:
+    """The framework's own training step for rank 0 of `world` ranks over the fake process group,
+    timed (`steps` after two warm-up steps, device-synchronised): what rank 0 computes at that layout
+    with the framework's hooks, casts and its optimizer's share, and no communication (a fake
+    collective returns at once). {'step_s': median, 'steps_s': [...], ...} as `trace`, or {'error'}."""
+    return trace_all([(config, world, None, steps, device)], timeout_s)[0]
+
+
+def _trace_case(overrides, world: int, max_tokens: int | None = None, time_steps: int = 0,
+                device: str = "cpu") -> dict:
     try:
-        return _trace(overrides, world, max_tokens)
+        return _trace(overrides, world, max_tokens, time_steps, device)
     except Exception as exc:   # noqa: BLE001 - one case's failure is that case's answer
         return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -105,11 +114,15 @@ def _on_meta(build):
         return build()
 
 
-def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
+def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int = 0, device: str = "cpu") -> dict:
     """`overrides`: a list of `bench run` overrides, or a resolved config (a record's `config`,
     launcher.nproc and run.device set here). `max_tokens`: language batches cut to their first
-    max_tokens positions (data-parallel payloads follow the parameters, not the batch)."""
+    max_tokens positions (data-parallel payloads follow the parameters, not the batch). `time_steps`:
+    that many more steps timed on `device` (parameters a meta build left empty are filled first,
+    and on a CPU denormals flushed: what a fake gather leaves in its output is never read as data)."""
     import os
+    import statistics
+    import time
 
     import torch
     import torch.distributed as dist
@@ -126,9 +139,10 @@ def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
         from ddlbench.config import validate
         raw = {**overrides, "launcher": {**overrides["launcher"], "nproc": world, "nodes": 1},
                "run": {**overrides["run"], "device": "cpu"}}
+        raw["run"]["device"] = device
         plan = validate(raw)
     else:
-        plan = plan_from_overrides([*overrides, f"launcher.nproc={world}", "run.device=cpu"])
+        plan = plan_from_overrides([*overrides, f"launcher.nproc={world}", f"run.device={device}"])
     cfg = plan.cfg
     reason = traceable(cfg.framework.name, cfg.framework.variant)
     if reason:
@@ -139,19 +153,26 @@ def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
     try:
         torch.manual_seed(cfg.run.seed)
         precision = "fp32" if cfg.run.precision == "auto" else cfg.run.precision
-        ctx = RankContext(rank=0, local_rank=0, world_size=world, device=torch.device("cpu"), backend="fake",
+        where = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+        if where.type == "cuda":
+            torch.cuda.set_device(where)
+        ctx = RankContext(rank=0, local_rank=0, world_size=world, device=where, backend="fake",
                           precision=precision, hosts=("host",) * world)
         spec = models.build(cfg.model, "cpu")
         strategy = plan.variant.strategy_class()(plan.variant, ctx, plan.dims)
         meta = cfg.framework.name in META_BUILD and plan.dims.dp_shard > 1
         build = (lambda: _on_meta(spec.build)) if meta else spec.build
-        strategy.setup(build, build_optimizer_factory(cfg.optim, "cpu"))
+        strategy.setup(build, build_optimizer_factory(cfg.optim, where.type))
         if meta:      # FSDP2's sharded parameters (and the buffers) get storage; their values do not matter here
-            strategy.model.to_empty(device="cpu")
+            strategy.model.to_empty(device=where)
+            if time_steps:     # ... but a timed step should not compute on garbage
+                _fill(strategy.model)
+        if time_steps and where.type == "cpu":
+            torch.set_flush_denormal(True)
         from torch.nn.parallel import DistributedDataParallel
         if isinstance(strategy.model, DistributedDataParallel):
             strategy.model.register_comm_hook(None, _fake_allreduce_hook)
-        data = SyntheticData(spec, cfg.run.seed, plan.dims.global_batch, 0, plan.dims.local_batch, 1, ctx.device)
+        data = SyntheticData(spec, cfg.run.seed, plan.dims.global_batch, 0, plan.dims.local_batch, 1, where)
         batch = data.batch(0)
         if max_tokens and "input_ids" in batch:
             batch = {k: v[:, :max_tokens] for k, v in batch.items()}
@@ -161,6 +182,13 @@ def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
             strategy.train_step(batch)
         counts = counter.take()
         state = state_bytes(strategy)
+        timed = []
+        for _ in range(time_steps):
+            _device_sync(where)
+            t0 = time.perf_counter()
+            strategy.train_step(batch)
+            _device_sync(where)
+            timed.append(time.perf_counter() - t0)
     finally:
         dist.destroy_process_group()
     return {"world": world, "framework": f"{cfg.framework.name}:{cfg.framework.variant}", "dims": plan.dims.as_dict(),
@@ -169,8 +197,24 @@ def _trace(overrides, world: int, max_tokens: int | None = None) -> dict:
             "by_group": {k: v.get("group_bytes", {}) for k, v in counts.items()},
             "calls_by_group": {k: v.get("group_calls", {}) for k, v in counts.items()},
             "state_bytes": state,
+            **({"step_s": statistics.median(timed), "steps_s": timed, "device": str(where)} if timed else {}),
             "method": "the framework's own step for rank 0 over torch's fake process group "
                       "(torch.testing._internal.distributed.fake_pg), counted by ddlbench/comm_probe.py"}
+
+
+def _device_sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _fill(model) -> None:
+    """Small normal values in every parameter's local storage (a meta build's shards hold garbage)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    with torch.no_grad():
+        for p in model.parameters():
+            (p.to_local() if isinstance(p, DTensor) else p).normal_(0.0, 0.02)
 
 
 def state_bytes(strategy) -> dict:

@@ -112,12 +112,43 @@ def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: in
         raise ValueError(f"calibrate=pieces: {MORE} more blocks did not take longer on this {device.type} "
                          f"(forward/backward {whole[1]} s at 1 block, {whole[1 + MORE]} s at {1 + MORE}): the blocks "
                          "are within its timing noise; give a larger local_batch= or calibrate=TOKENS_PER_S@DEVICES")
-    out = {"embedding": emb, "block": block, "head": head}
+    out = {"embedding": emb, "block": block, "head": head, "model_s": dict(whole)}
     if stepped:   # what one more parameter costs the optimizer's step: the slope over the MORE blocks
         (t_more, n_more), (t_one, n_one) = stepped[1 + MORE], stepped[1]
         out["optimizer_s_per_param"] = max(t_more - t_one, 0.0) / (n_more - n_one)
         out["optimizer_step_s"] = {1 + MORE: t_more, 1: t_one}
     return out
+
+
+def framework_factor(plan, prof, timed: dict, optimizer: dict, device: str, steps: int = 3) -> dict:
+    """The framework's own step at the plan's layout against the bare model's: the plan at 1 + MORE
+    blocks set up for rank 0 of its world over the fake process group (ddlbench/estimate/collectives.py:
+    time_step; its hooks, casts, accumulation and optimizer share, no communication), over the model's
+    forward and backward at that depth x the micro-batches a step runs plus the optimizer's time for
+    the parameters that rank steps. {'factor', 'framework_step_s', 'bare_step_s', ...}, or {'error'}
+    where the framework cannot run so (the projection then prices the bare pieces, and says so)."""
+    import copy
+
+    from ddlbench.estimate.collectives import time_step, traceable
+    cfg = plan.cfg
+    reason = traceable(cfg.framework.name, cfg.framework.variant)
+    if reason:
+        return {"error": f"{cfg.framework.name} cannot run over a fake process group: {reason}"}
+    raw = copy.deepcopy(plan.raw)
+    raw["model"]["n_layer"] = 1 + MORE
+    got = time_step(raw, plan.dims.world_size, steps, device)
+    if "error" in got:
+        return {"error": got["error"]}
+    from ddlbench.estimate.memcheck import cost_of_plan
+    cost = cost_of_plan(plan, prof, plan.dims.world_size)     # who shards the optimizer: the layout's, not the depth's
+    shard = max(cost.shard_ranks, 1) if cost.shard_optimizer else 1
+    bare = sum(timed["model_s"][1 + MORE]) * plan.dims.grad_accum + optimizer["optimizer_step_s"][1 + MORE] / shard
+    return {"factor": got["step_s"] / bare, "framework_step_s": got["step_s"], "framework_steps_s": got["steps_s"],
+            "bare_step_s": bare, "world": plan.dims.world_size, "blocks": 1 + MORE, "device": got["device"],
+            "rule": f"factor = the framework's step for rank 0 of {plan.dims.world_size} over a fake process group "
+                    f"(model at {1 + MORE} blocks) / (the bare model's forward + backward at that depth x "
+                    f"{plan.dims.grad_accum} micro-batches + its optimizer over 1/{shard} of the parameters); "
+                    "every piece and the optimizer priced x factor"}
 
 
 def per_sample(prof, timed: dict, micro_batch: int) -> list[tuple[float, float]]:

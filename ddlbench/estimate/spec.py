@@ -110,15 +110,16 @@ def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: i
     return (lo + hi) / 2
 
 
-def timed_pieces(spec: Spec, world: int, repeats: int = 5) -> dict:
+def timed_pieces(spec: Spec, world: int, repeats: int = 5, with_framework: bool = True) -> dict:
     """calibrate=pieces: the pieces of the plan at `world` timed on this host's device at the plan's
     micro-batch and precision (ddlbench/estimate/piece_timer.py): {'per_sample': [(f, b) per piece],
     'timed': {piece: (f, b)}, 'optimizer': {'optimizer_s_per_param', 'optimizer_step_s': {depth: s}} (the
-    run's optimizer), 'device', 'micro_batch', 'efficiency': the model's FLOPs over the timed
+    run's optimizer), 'framework': piece_timer.framework_factor's (the framework's own step at the plan's
+    layout over a fake group against the bare model's; None without `with_framework`), 'device', 'micro_batch', 'efficiency': the model's FLOPs over the timed
     seconds, as a fraction of the peak}."""
     import torch
 
-    from ddlbench.estimate.piece_timer import per_sample, time_pieces
+    from ddlbench.estimate.piece_timer import framework_factor, per_sample, time_pieces
     plan = plan_at(spec, world)
     prof = _profile(plan, spec.device)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -126,10 +127,12 @@ def timed_pieces(spec: Spec, world: int, repeats: int = 5) -> dict:
     mb = plan.dims.micro_batch
     timed = time_pieces(plan.cfg.model, precision, device, mb, repeats, optim_cfg=plan.cfg.optim)
     optimizer = {k: timed.pop(k) for k in ("optimizer_s_per_param", "optimizer_step_s")}
+    framework = framework_factor(plan, prof, timed, optimizer, device.type) if with_framework else None
+    timed.pop("model_s")
     seconds = per_sample(prof, timed, mb)
     flops = 3 * sum(p.flops for p in prof.pieces)
     return {"per_sample": seconds, "timed": timed, "device": str(device), "micro_batch": mb, "precision": precision,
-            "optimizer": optimizer,
+            "optimizer": optimizer, "framework": framework,
             "efficiency": flops / sum(f + b for f, b in seconds) / spec.peak_flops}
 
 

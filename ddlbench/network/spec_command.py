@@ -85,16 +85,22 @@ def run(args: list[str]) -> int:
     spec = Spec(tuple(kv.passed), kv.integer("local_batch", 1), peak, ac,
                 kv.integer("per_node", net.dims[0].size), mem * 2**30 if mem else None)
     pricing = Pricing(net, algorithm)
-    measured = per_param = None
+    measured = per_param = factor = None
     try:
         if kv.text("calibrate") == "pieces":      # compute per piece timed on the device at hand
             got = timed_pieces(spec, sizes[0])
             measured, eff = got["per_sample"], got["efficiency"]
             per_param = got["optimizer"]["optimizer_s_per_param"]
+            fw = got["framework"] or {}
+            factor = fw.get("factor")
+            if factor:        # the framework's own per-step work (hooks, casts) at the layout, on every piece
+                measured = [(f * factor, b * factor) for f, b in measured]
             eff_src = ("per piece, timed on this host's " + got["device"] + f" at micro-batch {got['micro_batch']}, "
                        f"{got['precision']}, a block as the model at 5 blocks less 1, over 4 (ms forward/backward: " + ", ".join(
                            f"{k} {f * 1e3:.2f}/{b * 1e3:.2f}" for k, (f, b) in got["timed"].items())
-                       + f"); the optimizer's step {per_param * 1e9:.3f} ns per parameter stepped")
+                       + f"); the optimizer's step {per_param * 1e9:.3f} ns per parameter stepped; "
+                       + (f"x {factor:.3f} for the framework's own step at {fw['world']} ranks (over a fake group)"
+                          if factor else f"the framework's own step not timed ({fw.get('error', 'not asked')})"))
         elif kv.text("calibrate"):
             rate, at = calibration(kv.text("calibrate"))
             if at > net.max_devices:
@@ -104,7 +110,7 @@ def run(args: list[str]) -> int:
         else:
             eff = kv.number("mfu", DEFAULT_MFU, low=1e-4, high=1.0)
             eff_src = "mfu= (an assumption)" if kv.text("mfu") else f"assumed {DEFAULT_MFU:g} of peak (no mfu= or calibrate=)"
-        table = rows(spec, pricing, sizes, eff, measured, per_param)
+        table = rows(spec, pricing, sizes, eff, measured, per_param and per_param * (factor or 1.0))
     except ConfigError:
         raise
     except ValueError as exc:        # the network model or the schedule refusing a layout
@@ -123,6 +129,7 @@ def run(args: list[str]) -> int:
     if measured:
         doc["pieces_timed_s"] = {k: list(v) for k, v in got["timed"].items()}
         doc["pieces_timed_at"] = {k: got[k] for k in ("device", "micro_batch", "precision")}
+        doc["framework_timed"] = got["framework"]
         doc["optimizer_timed"] = {"s_per_param": per_param,
                                   "step_s_at_blocks": {str(k): v for k, v in got["optimizer"]["optimizer_step_s"].items()},
                                   "rule": "optimizer_s = s_per_param x the parameters the busiest rank steps (its "
