@@ -136,7 +136,7 @@ STEPS = {
         f"fsdp_offload {OFFLOAD}",
         f"deepspeed_zero3_offload {OFFLOAD}",
         "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach"),
-        deadline_s=270, project=(LLAMA8B_PIECES,)),
+        deadline_s=240, project=(LLAMA8B_PIECES,)),
 }
 
 

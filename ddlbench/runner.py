@@ -33,6 +33,7 @@ from ddlbench.metrics.step_split import StepSplit
 from ddlbench.metrics.window import window_steps
 from ddlbench.models.datasets import build_dataset
 from ddlbench.optim import build_optimizer_factory
+from ddlbench.progress import Progress
 from ddlbench.quality import Evaluator, batch_source, final_objective
 
 STEP_SYNC = {"cuda": "torch.cuda.current_stream().synchronize()", "cpu": None}
@@ -49,42 +50,6 @@ def step_sync(device_type: str):
 def _sync(device: torch.device) -> None:
     if step_sync(device.type):
         torch.cuda.current_stream(device).synchronize()
-
-
-class _Progress:
-    """tqdm on rank 0: step, loss, samples/s. Refreshes at most ~4 times a second."""
-
-    def __init__(self, enabled: bool, total: int, warmup: int, global_batch: int):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-            self.bar = tqdm(total=total, desc="train", unit="step", mininterval=0.25, leave=True,
-                            dynamic_ncols=True)
-        self.warmup, self.global_batch, self._last = warmup, global_batch, 0.0
-
-    def update(self, step: int, loss, step_s: float) -> None:
-        if self.bar is None:
-            return
-        self.bar.update(1)
-        now = time.monotonic()
-        if now - self._last > 0.25 and loss is not None:
-            self._last = now
-            phase = "warmup" if step < self.warmup else "measure"
-            self.bar.set_postfix(phase=phase, loss=f"{float(loss):.4f}",
-                                 samples_s=f"{self.global_batch / step_s:.1f}", refresh=False)
-
-    def note(self, **values) -> None:
-        if self.bar is not None:
-            self.bar.write("  ".join(f"{k}={v:.4f}" for k, v in values.items()))
-
-    def resize(self, total: int) -> None:
-        if self.bar is not None:
-            self.bar.total = total
-            self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _probe_comm(strategy, batches, ctx) -> dict:
@@ -226,7 +191,7 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     warmup = cfg.run.warmup_steps
     fault = FaultInjector(cfg.fault, ctx.rank, run_dir)
     w = Window()
-    progress = _Progress(cfg.run.progress and ctx.rank == 0, setup.total, warmup, plan.dims.global_batch)
+    progress = Progress(cfg.run.progress and ctx.rank == 0, setup.total, warmup, plan.dims.global_batch)
     stop.expose(w.step_s, w.losses, warmup)   # what a SIGUSR1 stop saves (ddlbench/launch/stop.py)
     from ddlbench.nvml import for_device
     gpu = for_device(ctx.device)       # NVML sampler thread (CUDA only): outside every step

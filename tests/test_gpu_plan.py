@@ -17,7 +17,9 @@ INSTALL_S = 60          # the carried wheels and DeepSpeed's build there: 18 s o
 # one reference-loop or runner run there, start-up included: gpt2_small ~22 s at batch 32 (step A,
 # reports/gpu-h200/2026-11-26); llama_1b as long as one of its cells (34-42 s in step B)
 RUN_S = {"gpt2_small": 25, "llama_1b": 40}
-PROJECT_S = 90          # a bench project with calibrate=pieces: the meta profile, llama_8b at 1 and 5 blocks timed (not yet run)
+# a bench project with calibrate=pieces: the meta profile, llama_8b at 1 and 5 blocks timed with its optimizer, and
+# FSDP2's own step at 8 ranks over a fake group (a spawned process) (not yet run)
+PROJECT_S = 120
 
 
 def test_the_plan_dry_run_validates_every_cell_here():

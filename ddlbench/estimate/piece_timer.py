@@ -120,7 +120,7 @@ def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: in
     return out
 
 
-def framework_factor(plan, prof, timed: dict, optimizer: dict, device: str, steps: int = 3) -> dict:
+def framework_factor(plan, prof, timed: dict, optimizer: dict, device: str, steps: int = 5) -> dict:
     """The framework's own step at the plan's layout against the bare model's: the plan at 1 + MORE
     blocks set up for rank 0 of its world over the fake process group (ddlbench/estimate/collectives.py:
     time_step; its hooks, casts, accumulation and optimizer share, no communication), over the model's
@@ -136,6 +136,9 @@ def framework_factor(plan, prof, timed: dict, optimizer: dict, device: str, step
         return {"error": f"{cfg.framework.name} cannot run over a fake process group: {reason}"}
     raw = copy.deepcopy(plan.raw)
     raw["model"]["n_layer"] = 1 + MORE
+    options = raw["framework"].get("options") or {}
+    if options.get("activation_checkpointing") not in (None, False, "none"):
+        options["activation_checkpointing"] = "none"    # the pieces are timed without it; the schedule adds recompute
     got = time_step(raw, plan.dims.world_size, steps, device)
     if "error" in got:
         return {"error": got["error"]}
@@ -147,8 +150,9 @@ def framework_factor(plan, prof, timed: dict, optimizer: dict, device: str, step
             "bare_step_s": bare, "world": plan.dims.world_size, "blocks": 1 + MORE, "device": got["device"],
             "rule": f"factor = the framework's step for rank 0 of {plan.dims.world_size} over a fake process group "
                     f"(model at {1 + MORE} blocks) / (the bare model's forward + backward at that depth x "
-                    f"{plan.dims.grad_accum} micro-batches + its optimizer over 1/{shard} of the parameters); "
-                    "every piece and the optimizer priced x factor"}
+                    f"{plan.dims.grad_accum} micro-batches + its optimizer over 1/{shard} of the parameters), both "
+                    "without activation checkpointing (the schedule adds recompute); every piece and the optimizer "
+                    "priced x factor"}
 
 
 def per_sample(prof, timed: dict, micro_batch: int) -> list[tuple[float, float]]:

@@ -1,0 +1,78 @@
+"""`bench project ... calibrate=pieces` held against a run on the same host, one rank: the compute it
+prices (the model's pieces timed, the run's optimizer timed, the framework's own step over a fake
+process group as a factor) against the step the runner measures with the same model, micro-batch
+and precision. Each framework's prediction and run in one invocation, alternating, so both see the
+same machine.
+
+    .venv/bin/python benchmarks/pieces_check.py OUT_DIR [--frameworks ddp,fsdp_full,deepspeed_zero2]
+        [--model llama_tiny] [--layers 8] [--batch 4] [--steps 20]
+
+Prints, per framework: the predicted step (and its parts: pieces x factor, optimizer), the factor, the
+measured median and window steps, and the error against the median. Writes OUT_DIR/pieces_check.json.
+Nothing here is asserted: it is a measurement (docs/projection.md keeps the table with this command).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = str(Path(sys.executable).parent / "bench")
+
+
+def project(fw: str, a, out: Path) -> dict:
+    cmd = [BENCH, "project", f"model={a.model}", f"model.n_layer={a.layers}", f"framework={fw}", "network=local_gloo",
+           "peak_tflops=1", "calibrate=pieces", f"local_batch={a.batch}", f"run.micro_batch={a.batch}",
+           "world_sizes=[1]", f"out={out}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    doc = json.loads((out / "projection.json").read_text())
+    row = doc["rows"][0]
+    return {"command": " ".join(cmd[1:]), "step_s": row["step_s"], "optimizer_s": row.get("optimizer_s"),
+            "factor": (doc.get("framework_timed") or {}).get("factor"),
+            "framework_error": (doc.get("framework_timed") or {}).get("error")}
+
+
+def measure(fw: str, a, out: Path) -> dict:
+    cmd = [BENCH, "run", f"framework={fw}", f"model={a.model}", f"model.n_layer={a.layers}", "launcher.nproc=1",
+           f"run.global_batch={a.batch}", f"run.micro_batch={a.batch}", "run.warmup_steps=3",
+           f"run.measure_steps={a.steps}", "run.progress=false", "logger=none", f"run.dir={out}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    rec = json.loads((out / "result.json").read_text()) if (out / "result.json").exists() else {}
+    if rec.get("status") != "ok":
+        raise SystemExit(f"{' '.join(cmd)}: {rec.get('status')} {proc.stderr[-2000:]}")
+    t = rec["timing"]
+    return {"command": " ".join(cmd[1:]), "median_step_s": t["step_time_s"]["median"], "window_step_s": t["window_step_s"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--frameworks", default="ddp,fsdp_full,deepspeed_zero2")
+    ap.add_argument("--model", default="llama_tiny")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    print("| framework | predicted step ms | of it optimizer ms | framework factor | measured median ms | window ms | error |")
+    print("|---|---|---|---|---|---|---|")
+    for fw in a.frameworks.split(","):
+        p = project(fw, a, a.out / f"project-{fw}")
+        m = measure(fw, a, a.out / f"run-{fw}")
+        err = p["step_s"] / m["median_step_s"] - 1
+        rows.append({"framework": fw, "predicted": p, "measured": m, "error_vs_median": err})
+        factor = f"{p['factor']:.3f}" if p["factor"] else f"- ({p['framework_error']})"
+        print(f"| {fw} | {1e3 * p['step_s']:.1f} | {1e3 * (p['optimizer_s'] or 0):.1f} | {factor} | "
+              f"{1e3 * m['median_step_s']:.1f} | {1e3 * m['window_step_s']:.1f} | {100 * err:+.1f}% |", flush=True)
+    (a.out / "pieces_check.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
