@@ -147,8 +147,6 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         warnings.append(f"run.warmup_steps {warmup} >= the {len(window.step_s)} steps trained; "
                         "timing statistics use the last step only")
         warmup = len(window.step_s) - 1
-    if window.step_s:
-        events.mark(run_dir, "first_step", ctx.rank, t=window.first_step_end)
     local, probes = after_window(plan, ctx, setup, window, warmup, tracking, warnings, run_dir)
     local["baseline_rss_bytes"] = baseline_rss
     gathered: list = [None] * ctx.world_size
@@ -228,7 +226,7 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
         t = time.perf_counter()
         w.step_s.append(t - t_prev)
         if step == 0:
-            w.first_step_end = time.time()   # start-up timeline; written after the loop
+            w.first_step_end = time.time()   # the start-up timeline's first_step (marked below, outside the step)
         if step == warmup:
             w.start = t_prev                 # the measured window: start of the first measured step
         w.losses.append(out.loss)
@@ -239,6 +237,7 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
             collections.stop()
             collector.after_first_step()
             collections.start()
+            events.mark(run_dir, "first_step", ctx.rank, t=w.first_step_end)
             t_prev = time.perf_counter()
         if step == warmup - 1 and cfg.run.min_window_s:   # after the warm-up, outside the window
             w.window_rule = _size_window(setup, cfg, w.step_s[-1], ctx.world_size)

@@ -212,14 +212,15 @@ def wait_for(done, timeout_s: float, what: str, poll_s: float = 0.2) -> None:
         time.sleep(poll_s)
 
 
-def wait_until_training(run_dir: Path, ranks: int, timeout_s: float = 120, steps_s: float = 2.0) -> None:
-    """Wait until every rank has its model ready (the start-up timeline), then `steps_s` more
-    for some training steps."""
+def wait_until_training(run_dir: Path, ranks: int, timeout_s: float = 120, steps_s: float = 2.0,
+                        event: str = "model_ready") -> None:
+    """Wait until every rank has marked `event` on the start-up timeline (model_ready: its model
+    built; first_step: its first training step done), then `steps_s` more for some training steps."""
     from ddlbench.launch import events
 
     def ready() -> bool:
-        return len({e["rank"] for e in events.read(run_dir) if e["event"] == "model_ready"}) >= ranks
-    wait_for(ready, timeout_s, f"{ranks} rank(s) of {run_dir} to build their model", 0.2)
+        return len({e["rank"] for e in events.read(run_dir) if e["event"] == event}) >= ranks
+    wait_for(ready, timeout_s, f"{ranks} rank(s) of {run_dir} to reach {event}", 0.2)
     time.sleep(steps_s)
 
 

@@ -27,9 +27,9 @@ def test_a_second_run_on_a_directory_in_use_is_refused_and_the_first_is_intact(t
     first = bench_background("run", "debug=fast", "framework=ddp", "launcher.nproc=1", "run.measure_steps=100000",
                              "run.timeout_s=200", f"run.dir={d}")
     try:
-        # 2 s: set-up after the model (the collector's freeze before the loop, ~0.3 s) and the warm-up step come
-        # before the first measured step, which the stop below must find (0.5 s was too short once in a loaded CI)
-        wait_until_training(d, ranks=1, steps_s=2.0)
+        # its first (warm-up) step done, then 1 s for measured ones, which the stop below must find (a fixed wait
+        # after the model was built was too short twice in a loaded CI)
+        wait_until_training(d, ranks=1, steps_s=1.0, event="first_step")
         owner = ownership.read_owner(d / "owner.lock")
         assert owner["pid"] == first.proc.pid and owner["command"] == "bench run"
         second = bench("run", "debug=fast", "framework=fsdp_full", "launcher.nproc=1", "logger=none", f"run.dir={d}")
