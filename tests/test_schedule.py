@@ -262,3 +262,11 @@ def test_compute_per_piece_timed_on_the_device_at_hand(tmp_path):
     assert one["compute_s"] == pytest.approx(k * (sum(t["embedding"]) + blocks * sum(t["block"]) + sum(t["head"]))
                                              + one["optimizer_s"], rel=1e-9)
     assert one["exposed_comm_s"] == 0
+
+
+def test_a_framework_that_cannot_run_over_a_fake_group_keeps_the_bare_pieces_and_says_why():
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.piece_timer import framework_factor
+    plan = plan_from_overrides(["framework=pipeline", "model=llama_tiny", "launcher.nproc=2"])
+    got = framework_factor(plan, None, {}, {}, "cpu")
+    assert set(got) == {"error"} and "point to point" in got["error"]

@@ -31,6 +31,7 @@ def _sync(device: torch.device) -> None:
 
 
 MORE = 4          # a block's time: (the model at 1 + MORE blocks - at 1 block) / MORE
+FRAMEWORK_TIMEOUT_S = 300   # the framework's own step over a fake group (a spawned process), set-up included
 
 
 def _build(model_cfg, n_layer: int, precision: str, device: torch.device):
@@ -139,7 +140,11 @@ def framework_factor(plan, prof, timed: dict, optimizer: dict, device: str, step
     options = raw["framework"].get("options") or {}
     if options.get("activation_checkpointing") not in (None, False, "none"):
         options["activation_checkpointing"] = "none"    # the pieces are timed without it; the schedule adds recompute
-    got = time_step(raw, plan.dims.world_size, steps, device)
+    import multiprocessing
+    try:
+        got = time_step(raw, plan.dims.world_size, steps, device, timeout_s=FRAMEWORK_TIMEOUT_S)
+    except multiprocessing.TimeoutError:
+        return {"error": f"the framework's step did not finish in {FRAMEWORK_TIMEOUT_S} s"}
     if "error" in got:
         return {"error": got["error"]}
     from ddlbench.estimate.memcheck import cost_of_plan

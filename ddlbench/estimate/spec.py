@@ -127,6 +127,8 @@ def timed_pieces(spec: Spec, world: int, repeats: int = 5, with_framework: bool 
     mb = plan.dims.micro_batch
     timed = time_pieces(plan.cfg.model, precision, device, mb, repeats, optim_cfg=plan.cfg.optim)
     optimizer = {k: timed.pop(k) for k in ("optimizer_s_per_param", "optimizer_step_s")}
+    if device.type == "cuda":
+        torch.cuda.empty_cache()      # the framework's step below runs in a process of its own on this GPU
     framework = framework_factor(plan, prof, timed, optimizer, device.type) if with_framework else None
     timed.pop("model_s")
     seconds = per_sample(prof, timed, mb)
