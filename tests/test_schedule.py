@@ -267,6 +267,6 @@ def test_compute_per_piece_timed_on_the_device_at_hand(tmp_path):
 def test_a_framework_that_cannot_run_over_a_fake_group_keeps_the_bare_pieces_and_says_why():
     from ddlbench.config import plan_from_overrides
     from ddlbench.estimate.piece_timer import framework_factor
-    plan = plan_from_overrides(["framework=pipeline", "model=llama_tiny", "launcher.nproc=2"])
+    plan = plan_from_overrides(["framework=pipeline_1f1b", "model=llama_tiny", "launcher.nproc=2"])
     got = framework_factor(plan, None, {}, {}, "cpu")
     assert set(got) == {"error"} and "point to point" in got["error"]
