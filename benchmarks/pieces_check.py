@@ -5,10 +5,12 @@ and precision. Each framework's prediction and run in one invocation, alternatin
 same machine.
 
     .venv/bin/python benchmarks/pieces_check.py OUT_DIR [--frameworks ddp,fsdp_full,deepspeed_zero2]
-        [--model llama_tiny] [--layers 8] [--batch 4] [--steps 20]
+        [--model llama_tiny] [--layers 8] [--batch 4] [--steps 20] [--fake-worlds 1,2,8,64]
 
 Prints, per framework: the predicted step (and its parts: pieces x factor, optimizer), the factor, the
-measured median and window steps, and the error against the median. Writes OUT_DIR/pieces_check.json.
+measured median and window steps, and the error against the median; with --fake-worlds, rank 0's step
+over the fake group at each world size (how the factor moves with the world). Writes
+OUT_DIR/pieces_check.json.
 Nothing here is asserted: it is a measurement (docs/projection.md keeps the table with this command).
 """
 from __future__ import annotations
@@ -49,6 +51,24 @@ def measure(fw: str, a, out: Path) -> dict:
     return {"command": " ".join(cmd[1:]), "median_step_s": t["step_time_s"]["median"], "window_step_s": t["window_step_s"]}
 
 
+def fake_worlds(fw: str, a, worlds: list[int]) -> dict:
+    """Rank 0's step of the framework over the fake process group at each world size (the model at the
+    5 blocks calibrate=pieces uses, the local batch kept): how the framework factor's numerator moves
+    with the world."""
+    import copy
+    import statistics
+
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.collectives import time_step
+    out = {}
+    for w in worlds:
+        plan = plan_from_overrides([f"model={a.model}", f"framework={fw}", f"launcher.nproc={w}", "model.n_layer=5",
+                                    f"run.global_batch={a.batch * w}", f"run.micro_batch={a.batch}"])
+        got = time_step(copy.deepcopy(plan.raw), w, 7)
+        out[w] = statistics.median(got["steps_s"]) if "steps_s" in got else got.get("error")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
@@ -57,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--fake-worlds", default="", help="e.g. 1,2,8,64: also rank 0's step over the fake group at each")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -70,6 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         factor = f"{p['factor']:.3f}" if p["factor"] else f"- ({p['framework_error']})"
         print(f"| {fw} | {1e3 * p['step_s']:.1f} | {1e3 * (p['optimizer_s'] or 0):.1f} | {factor} | "
               f"{1e3 * m['median_step_s']:.1f} | {1e3 * m['window_step_s']:.1f} | {100 * err:+.1f}% |", flush=True)
+    if a.fake_worlds:
+        worlds = [int(w) for w in a.fake_worlds.split(",")]
+        print("\n| framework | " + " | ".join(f"rank 0's step at {w} (ms)" for w in worlds) + " |")
+        print("|---|" + "---|" * len(worlds))
+        for row in rows:
+            row["fake_worlds_step_s"] = fake_worlds(row["framework"], a, worlds)
+            print(f"| {row['framework']} | " + " | ".join(
+                f"{1e3 * v:.1f}" if isinstance(v, float) else str(v) for v in row["fake_worlds_step_s"].values()) + " |",
+                flush=True)
     (a.out / "pieces_check.json").write_text(json.dumps(rows, indent=1))
     return 0
 

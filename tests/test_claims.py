@@ -201,15 +201,24 @@ PIECES = REPO / "reports" / "pieces-check" / "2026-11-27"
 def _pieces_row(framework: str) -> list[str]:
     """docs/projection.md's calibrate=pieces check: both invocations' row of one framework."""
     runs = [next(r for r in json.loads((PIECES / f"run{i}.json").read_text()) if r["framework"] == framework)
-            for i in (1, 2)]
+            for i in (1, 2, 3)]
     ms = [lambda r: f"{1e3 * r['predicted']['step_s']:.1f}", lambda r: f"{1e3 * r['predicted']['optimizer_s']:.1f}",
           lambda r: f"{r['predicted']['factor']:.3f}", lambda r: f"{1e3 * r['measured']['median_step_s']:.1f}",
           lambda r: f"{100 * r['error_vs_median']:+.1f}%"]
     return [framework] + [f(r) for f in ms for r in runs]
 
 
-CLAIMS += [("docs/projection.md", "| {} | {} / {} | {} / {} | {} / {} | {} / {} | {} / {} |",
+CLAIMS += [("docs/projection.md", "| {} | {} / {} / {} | {} / {} / {} | {} / {} / {} | {} / {} / {} | {} / {} / {} |",
             lambda fw=fw: _pieces_row(fw)) for fw in ("ddp", "fsdp_full", "deepspeed_zero2", "fsdp_grad_op")]
+
+
+def _fake_worlds() -> list[str]:
+    rows = {r["framework"]: r["fake_worlds_step_s"] for r in json.loads((PIECES / "run3.json").read_text())}
+    return [f"{1e3 * v:.1f}" for fw in ("fsdp_full", "fsdp_grad_op", "deepspeed_zero2", "ddp") for v in rows[fw].values()]
+
+
+CLAIMS += [("docs/projection.md", "ms at 1 / 2 / 8 / 64 ranks: FSDP2 {} / {} /\n{} / {}, grad-op {} / {} / {} / {}, "
+            "ZeRO-2 {} / {} / {} / {}, DDP {} / {} / {} /\n{}", _fake_worlds)]
 
 
 B_ROWS = {"fsdp_grad_op": "fsdp_grad_op (FSDP2, reshard_after_forward=False)", "fsdp_full": "fsdp_full (FSDP2)",

@@ -110,12 +110,14 @@ def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: i
     return (lo + hi) / 2
 
 
-def timed_pieces(spec: Spec, world: int, repeats: int = 5, with_framework: bool = True) -> dict:
+def timed_pieces(spec: Spec, world: int, repeats: int = 5, with_framework: bool = True,
+                 framework_world: int | None = None) -> dict:
     """calibrate=pieces: the pieces of the plan at `world` timed on this host's device at the plan's
     micro-batch and precision (ddlbench/estimate/piece_timer.py): {'per_sample': [(f, b) per piece],
     'timed': {piece: (f, b)}, 'optimizer': {'optimizer_s_per_param', 'optimizer_step_s': {depth: s}} (the
     run's optimizer), 'framework': piece_timer.framework_factor's (the framework's own step at the plan's
-    layout over a fake group against the bare model's; None without `with_framework`), 'device', 'micro_batch', 'efficiency': the model's FLOPs over the timed
+    layout at `framework_world` ranks, default `world`, over a fake group against the bare model's; None
+    without `with_framework`), 'device', 'micro_batch', 'efficiency': the model's FLOPs over the timed
     seconds, as a fraction of the peak}."""
     import torch
 
@@ -129,7 +131,8 @@ def timed_pieces(spec: Spec, world: int, repeats: int = 5, with_framework: bool 
     optimizer = {k: timed.pop(k) for k in ("optimizer_s_per_param", "optimizer_step_s")}
     if device.type == "cuda":
         torch.cuda.empty_cache()      # the framework's step below runs in a process of its own on this GPU
-    framework = framework_factor(plan, prof, timed, optimizer, device.type) if with_framework else None
+    at = plan if framework_world in (None, world) else plan_at(spec, framework_world)
+    framework = framework_factor(at, prof, timed, optimizer, device.type) if with_framework else None
     timed.pop("model_s")
     seconds = per_sample(prof, timed, mb)
     flops = 3 * sum(p.flops for p in prof.pieces)

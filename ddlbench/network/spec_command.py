@@ -88,7 +88,8 @@ def run(args: list[str]) -> int:
     measured = per_param = factor = None
     try:
         if kv.text("calibrate") == "pieces":      # compute per piece timed on the device at hand
-            got = timed_pieces(spec, sizes[0])
+            # the framework's own step where it shards and communicates: at the smallest world asked above one rank
+            got = timed_pieces(spec, sizes[0], framework_world=next((w for w in sizes if w > 1), sizes[0]))
             measured, eff = got["per_sample"], got["efficiency"]
             per_param = got["optimizer"]["optimizer_s_per_param"]
             fw = got["framework"] or {}
