@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 REPO = Path(__file__).resolve().parents[1]
 BENCH = str(Path(sys.executable).parent / "bench")
 
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fake-worlds", default="", help="e.g. 1,2,8,64: also rank 0's step over the fake group at each")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
+    from runs import reuse
+    for fw in a.frameworks.split(","):
+        reuse(a.out / f"run-{fw}", resume=False)      # an old result here is an error, never reused silently
     rows = []
     print("| framework | predicted step ms | of it optimizer ms | framework factor | measured median ms | window ms | error |")
     print("|---|---|---|---|---|---|---|")

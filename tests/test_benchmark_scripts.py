@@ -99,3 +99,22 @@ def test_gpu_matrix_cells_share_one_memory_profile(tmp_path):
     sources = [r["parallel"]["micro_batch_auto"]["profile_source"] for r in records]
     assert sources[0].startswith("measured, cached in") and sources[1].startswith("cached "), sources
     assert list((tmp_path / "profile-cache").glob("profile-*.json"))
+
+
+def test_pieces_check_predicts_and_measures_each_framework(tmp_path):
+    """benchmarks/pieces_check.py: for each framework a `bench project calibrate=pieces` at one rank and a
+    `bench run` beside it, the error between them, and rank 0's step over the fake group per world size;
+    a second invocation into the same directory is refused (old results are never reused)."""
+    import json
+    cmd = [sys.executable, "benchmarks/pieces_check.py", str(tmp_path / "out"), "--frameworks", "ddp", "--layers", "2",
+           "--steps", "3", "--fake-worlds", "1,2"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (row,) = json.loads((tmp_path / "out" / "pieces_check.json").read_text())
+    p, m = row["predicted"], row["measured"]
+    assert row["framework"] == "ddp" and p["step_s"] > p["optimizer_s"] > 0 and p["factor"] > 0
+    assert row["error_vs_median"] == pytest.approx(p["step_s"] / m["median_step_s"] - 1)
+    assert set(row["fake_worlds_step_s"]) == {"1", "2"} and all(v > 0 for v in row["fake_worlds_step_s"].values())
+    assert "| ddp |" in out.stdout and "rank 0's step at 2 (ms)" in out.stdout
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert again.returncode != 0 and "already holds a result.json" in again.stderr
