@@ -78,7 +78,11 @@ def trace_all(cases: list[tuple], timeout_s: float = 600, workers: int = 2) -> l
     groups in globals: DeepSpeed's outlive the fake group they were made on), `workers` at a time;
     a case that fails gives {'error': message}."""
     import multiprocessing
-    with multiprocessing.get_context("spawn").Pool(max(1, min(workers, len(cases))), maxtasksperchild=1) as pool:
+
+    from ddlbench import quiet
+    # a spawned process starts without the parent's quiet start: it filters the same library chatter
+    with multiprocessing.get_context("spawn").Pool(max(1, min(workers, len(cases))), maxtasksperchild=1,
+                                                   initializer=quiet.install) as pool:
         return pool.starmap_async(_trace_case, [(o if isinstance(o, dict) else list(o), *rest) for o, *rest in cases],
                                   chunksize=1).get(timeout_s)
 

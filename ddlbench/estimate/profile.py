@@ -202,7 +202,9 @@ def profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mod
     if device_type != "cuda":
         return _profile(model_cfg, precision, device_type)
     import multiprocessing
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+
+    from ddlbench import quiet
+    with multiprocessing.get_context("spawn").Pool(1, initializer=quiet.install) as pool:   # the parent's quiet start
         return pool.apply(_profile, (model_cfg, precision, device_type))
 
 
