@@ -32,7 +32,8 @@ Steps (the order the next session runs them is at the end; a step a session cann
      collection, now under run.gc=freeze, beside run.gc=python, in windows of at least 10 s:
      run.min_window_s), C's two offload cells with fewer
      steps (at 3 + 20 steps they ran past 120 s), A's fast-path cell the deadline left, and
-     llama_8b's pieces timed on the GPU for `bench project calibrate=pieces` (issue 50)
+     llama_8b's pieces and optimizer timed on the GPU, with FSDP2's own step at 8 ranks over a fake
+     process group, for `bench project calibrate=pieces` (issue 50)
 Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
 (reports/gpu-h200/2026-11-26/); M, L, C (its offload cells timed out) and A's llama_1b parts on one
 H200 (reports/gpu-h200/2026-11-27/). The next session starts with G, then A.
