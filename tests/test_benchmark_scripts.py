@@ -101,6 +101,30 @@ def test_gpu_matrix_cells_share_one_memory_profile(tmp_path):
     assert list((tmp_path / "profile-cache").glob("profile-*.json"))
 
 
+def _script(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """A benchmark script in a session of its own: past `timeout`, SIGTERM to the whole group (a `bench`
+    command stops its ranks on it), then SIGKILL, so a hung script leaves nothing behind."""
+    import os
+    import signal
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=20)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def test_pieces_check_predicts_and_measures_each_framework(tmp_path):
     """benchmarks/pieces_check.py: for each framework a `bench project calibrate=pieces` at one rank and a
     `bench run` beside it, the error between them, and rank 0's step over the fake group per world size;
@@ -108,7 +132,7 @@ def test_pieces_check_predicts_and_measures_each_framework(tmp_path):
     import json
     cmd = [sys.executable, "benchmarks/pieces_check.py", str(tmp_path / "out"), "--frameworks", "ddp", "--layers", "2",
            "--steps", "3", "--fake-worlds", "1,2"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    out = _script(cmd, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     (row,) = json.loads((tmp_path / "out" / "pieces_check.json").read_text())
     p, m = row["predicted"], row["measured"]
@@ -116,5 +140,5 @@ def test_pieces_check_predicts_and_measures_each_framework(tmp_path):
     assert row["error_vs_median"] == pytest.approx(p["step_s"] / m["median_step_s"] - 1)
     assert set(row["fake_worlds_step_s"]) == {"1", "2"} and all(v > 0 for v in row["fake_worlds_step_s"].values())
     assert "| ddp |" in out.stdout and "rank 0's step at 2 (ms)" in out.stdout
-    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    again = _script(cmd, timeout=240)
     assert again.returncode != 0 and "already holds a result.json" in again.stderr
