@@ -148,6 +148,7 @@ def summary_row(record: dict, path: str = "") -> dict:
     par = record.get("parallel") or {}
     tp = record.get("throughput") or {}
     st = (record.get("timing") or {}).get("step_time_s") or {}
+    steady = (record.get("timing") or {}).get("window_vs_median") or {}
     conv = record.get("convergence") or {}
     evals = conv.get("eval") or []
     comm = record.get("comm") or {}
@@ -196,10 +197,10 @@ def summary_row(record: dict, path: str = "") -> dict:
         "step_time_p10_s": st.get("p10"), "step_time_p90_s": st.get("p90"),
         # the median step's throughput beside the window's, and whether outlying steps set them apart
         "samples_per_s_median_step": tp.get("samples_per_s_median_step"),
-        "window_outlier": ((record.get("timing") or {}).get("window_vs_median") or {}).get("outlier"),
+        "window_outlier": steady.get("outlier"),
         # the measured window's seconds and how much its slowest step alone moves the window's figure
-        "window_s": ((record.get("timing") or {}).get("window_vs_median") or {}).get("window_s"),
-        "slowest_step_moves": ((record.get("timing") or {}).get("window_vs_median") or {}).get("slowest_step_moves"),
+        "window_s": steady.get("window_s"),
+        "slowest_step_moves": steady.get("slowest_step_moves"),
         "model_state_bytes_theory": (record.get("memory") or {}).get("model_state_bytes_per_rank_theory"),
         "rss_above_baseline_bytes": _rss_above_baseline(record),
         "comm_bytes_per_step": sum((comm.get("per_step_bytes") or {}).values()) if comm else None,
