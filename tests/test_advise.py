@@ -104,6 +104,35 @@ def test_step_compute_interpolates_and_adds_bubble_and_recompute():
     assert p["compute_s"] == pytest.approx(0.20) and p["comm_s"] == 0 and p["step_s"] == pytest.approx(0.20)
 
 
+def test_a_framework_with_its_own_collectives_is_calibrated_at_the_advices_world():
+    """Horovod's collectives bypass c10d: besides its 1-rank cell, one at the advice's devices (at most
+    a node's, at least 2) whose step less its compute, over the priced traffic, scales its collectives."""
+    from types import SimpleNamespace as NS
+
+    from ddlbench.advise.calibrate import calibration_cells, own_collectives_ranks
+    from ddlbench.advise.rank import comm_factor
+    cands = [NS(framework=fw, layout=NS(micro_batch=m)) for fw, m in
+             (("ddp", 1), ("ddp", 8), ("horovod", 2), ("horovod", 4), ("fsdp_full", 4))]
+    assert calibration_cells(cands, "frameworks", devices=4, per_node=8) == [
+        {"framework": "ddp", "micro_batch": 1}, {"framework": "ddp", "micro_batch": 8},
+        {"framework": "horovod", "micro_batch": 4},
+        {"framework": "horovod", "micro_batch": 4, "ranks": 4, "own_collectives": True},
+        {"framework": "fsdp_full", "micro_batch": 4}]
+    assert not any(c.get("own_collectives") for c in calibration_cells(cands, "frameworks", devices=1))
+    assert len(calibration_cells(cands, "ddp", devices=4)) == 2
+    assert [own_collectives_ranks(d, n) for d, n in ((2, 8), (1024, 8), (1, 8), (4, 1))] == [2, 8, 0, 2]
+    # 40 ms measured at 2 ranks, 25 of them compute: 15 ms of collectives priced at 5 -> x3
+    assert comm_factor(0.040, 0.025, 0.005) == pytest.approx(3.0)
+    assert comm_factor(0.020, 0.025, 0.005) == 0.0 and comm_factor(0.040, 0.025, 0.0) == 1.0
+    # the factor scales every collective of the prediction, parts too
+    net = Network("toy", (Dimension("host", 8, 1e9, 1e-3),))
+    calib = {1: 0.1}
+    base = predict(Layout("ddp", dp=2, micro_batch=1), cost_of("ddp", dp=2, mb=1), calib, net)
+    scaled = predict(Layout("ddp", dp=2, micro_batch=1), cost_of("ddp", dp=2, mb=1), calib, net, comm_scale=3.0)
+    assert scaled["comm_s"] == pytest.approx(3 * base["comm_s"]) and scaled["compute_s"] == base["compute_s"]
+    assert sum(scaled["comm_parts_s"].values()) == pytest.approx(scaled["comm_s"])
+
+
 def test_traffic_and_its_time_on_a_network():
     net = Network("toy", (Dimension("host", 8, 1e9, 1e-3),))
     # DDP at dp 2: one all-reduce of Psi = 4000 B (one 25 MiB bucket)
@@ -347,28 +376,47 @@ def test_advise_on_the_local_backend_fails_when_a_cell_left_no_result(tmp_path, 
 @pytest.mark.slow
 def test_advise_evaluate_all_measures_the_grid_and_judges_the_advice(tmp_path):
     """evaluate=all: every candidate measured; the advice (its top budget_runs by prediction) judged by
-    its regret against the true best, with what finding it cost against measuring the grid."""
+    its regret against the true best, with what finding it cost against measuring the grid. Horovod,
+    whose collectives bypass c10d, is calibrated once more at the advice's 2 ranks: its candidate of
+    that very shape is predicted at that run's measured step."""
     from conftest import bench
+
+    from ddlbench.advise.command import _results
     out = tmp_path / "ev"
     # the network given as a file (commbench's network.yaml is one), not a conf name: resume finds it
     mine = tmp_path / "fitted.yaml"
     mine.write_text((Path(__file__).parents[1] / "conf/network/local_gloo.yaml").read_text().replace(
         "name: local_gloo", "name: local_gloo_fitted"))
     proc = bench("advise", "model=gpt2_tiny", "devices=2", "global_batch=8", "micro_batches=[4]", f"network={mine}",
-                 "frameworks=ddp,fsdp_full", "budget_runs=1", "evaluate=all", "device_memory_gib=1000", f"dir={out}",
+                 "frameworks=ddp,horovod", "budget_runs=1", "evaluate=all", "device_memory_gib=1000", f"dir={out}",
                  "run.warmup_steps=1", "run.measure_steps=3", "run.progress=false", "logger=none", timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "horovod mb4 over 2 ranks (its own collectives)" in proc.stdout
+    assert "horovod's own collectives at 2 ranks: " in proc.stdout
     state = json.loads((out / "advice.json").read_text())
     assert state["network"] == "local_gloo_fitted" and state["network_source"] == str(mine)
     ranked = sorted((c for c in state["candidates"] if c.get("rank")), key=lambda c: c["rank"])
-    assert len(ranked) == 4 and all(c["measured"]["status"] == "ok" for c in ranked)     # ddp, fsdp x ckpt
+    # ddp with and without checkpointing, horovod (no checkpointing option)
+    assert len(ranked) == 3 and all(c["measured"]["status"] == "ok" for c in ranked)
+    # Horovod's own collectives: the 2-rank cell's step less its compute, over the network model's price
+    cal = state["calibration"]
+    own = [c for c in cal["cells"] if c.get("own_collectives")]
+    assert [(c["framework"], c["micro_batch"], c["ranks"]) for c in own] == [("horovod", 4, 2)]
+    cal_step = _results(out / "calibration")[cal["cells"].index(own[0])]["timing"]["step_time_s"]["median"]
+    assert own[0]["comm_priced_s"] > 0
+    assert cal["comm_factor"]["horovod"] == pytest.approx(max(own[0]["comm_measured_s"], 0) / own[0]["comm_priced_s"])
+    same = next(c for c in ranked if c["label"] == "horovod dp2 mb4x1")
+    p = same["predicted"]
+    assert p["comm_s"] == pytest.approx(own[0]["comm_priced_s"] * cal["comm_factor"]["horovod"])
+    if own[0]["comm_measured_s"] >= 0:
+        assert p["step_s"] == pytest.approx(cal_step)
     ev = state["evaluation"]
-    assert ev["candidates"] == ev["feasible"] == 4 and ev["budget"] == 1
+    assert ev["candidates"] == ev["feasible"] == 3 and ev["budget"] == 1
     steps = [c["measured"]["step_s"] for c in ranked]
     assert ev["best_measured"] == min(steps) and ev["regret"]["1"] == pytest.approx(steps[0] / min(steps))
     assert ev["best_in_top"]["5"] and ev["regret"]["5"] == 1.0
     assert ev["spread"] == pytest.approx(max(steps) / min(steps))
-    assert ev["cost"]["budget_fraction"] == 0.25 and ev["cost"]["grid_device_s"] > 0
+    assert ev["cost"]["budget_fraction"] == pytest.approx(1 / 3) and ev["cost"]["grid_device_s"] > 0
     # the recommendation is the advice's own (its budget), not the grid's best
     assert state["recommendation"]["id"] == ranked[0]["id"]
     assert "regret @1" in proc.stdout and "cost to find" in proc.stdout

@@ -221,6 +221,67 @@ CLAIMS += [("docs/projection.md", "ms at 1 / 2 / 8 / 64 ranks: FSDP2 {} / {} /\n
             "ZeRO-2 {} / {} / {} / {}, DDP {} / {} / {} /\n{}", _fake_worlds)]
 
 
+GRID = REPO / "reports" / "advise-eval" / "gpt2_tiny_default_grid"
+GRID_RUNS = ("before-own-collectives", "run1", "run2")
+
+
+def _advice(run: str) -> dict:
+    return json.loads((GRID / run / "advice.json").read_text())
+
+
+def _ranked(state: dict) -> list[dict]:
+    return sorted((c for c in state["candidates"] if c.get("rank")), key=lambda c: c["rank"])
+
+
+def _grid_row(what: str) -> list[str]:
+    """docs/advise-evaluation.md's default-grid table: one row, every invocation's value."""
+    out = []
+    for run in GRID_RUNS:
+        s = _advice(run)
+        ev, ranked = s["evaluation"], _ranked(s)
+        best = next(c for c in ranked if c["label"] == ev["best"])
+        hv = next(c for c in ranked if c["label"] == "horovod dp2 mb4x1")
+        own = [c for c in s["calibration"]["cells"] if c.get("own_collectives")]
+        ordinal = {1: "1st", 2: "2nd", 3: "3rd"}
+        if what == "regret":
+            out += [f"{ev['regret'][k]:.3f}" for k in ("1", "3", "5")]
+        elif what == "best":
+            out += [f"{1e3 * ev['best_measured']:.1f}", ordinal.get(best["rank"], f"{best['rank']}th")]
+        elif what == "tau":
+            out += [f"{ev['kendall_tau_b']:.2f}", *(f"{x:.2f}" for x in ev["kendall_tau_b_interval"])]
+        elif what == "spread":
+            out += [f"{ev['spread']:.2f}"]
+        elif what == "cost":
+            c = ev["cost"]
+            out += [f"{c['advice_device_s']:.0f}", f"{c['grid_device_s']:.0f}", f"{100 * c['advice_over_grid']:.0f}"]
+        elif what == "own" and own:
+            out += [f"{1e3 * own[0]['comm_measured_s']:.1f}", f"{1e3 * own[0]['comm_priced_s']:.1f}",
+                    f"{s['calibration']['comm_factor']['horovod']:.2f}"]
+        elif what == "horovod":
+            label = "1st predicted" if hv["rank"] == 1 else ordinal.get(hv["rank"], f"{hv['rank']}th")
+            out += [f"{1e3 * hv['predicted']['step_s']:.1f}", f"{1e3 * hv['measured']['step_s']:.1f}", label]
+    return out
+
+
+EVAL_DOC = "docs/advise-evaluation.md"
+CLAIMS += [
+    (EVAL_DOC, "| regret@1 / @3 / @5 | **{}** / {} / {} | **{}** / {} / {} | **{}** / {} / {} |", lambda: _grid_row("regret")),
+    (EVAL_DOC, "| the grid's best, measured | {} ms ({} predicted) | {} ms ({} predicted) | {} ms ({} predicted) |",
+     lambda: _grid_row("best")),
+    (EVAL_DOC, "| Kendall τ-b [95% bootstrap] | {} [{}, {}] | {} [{}, {}] | {} [{}, {}] |", lambda: _grid_row("tau")),
+    (EVAL_DOC, "| grid spread (slowest / fastest) | {} | {} | {} |", lambda: _grid_row("spread")),
+    (EVAL_DOC, "| cost to find | {} of {} device-s ({}%) | {} of {} device-s ({}%) | {} of {} device-s ({}%) |",
+     lambda: _grid_row("cost")),
+    (EVAL_DOC, "| Horovod's collectives: measured beyond compute / priced | - | {} / {} ms (x{}) | {} / {} ms (x{}) |",
+     lambda: _grid_row("own")),
+    (EVAL_DOC, "| horovod dp2 mb4x1: predicted / measured | {} / {} ms ({}) | {} / {} ms ({}) | {} / {} ms ({}) |",
+     lambda: _grid_row("horovod")),
+    (EVAL_DOC, "(mb1x4 {} / {}\npredicted, {} / {} measured)", lambda: [
+        f"{1e3 * next(c for c in _ranked(_advice(r)) if c['label'] == 'horovod dp2 mb1x4')[k]['step_s']:.1f}"
+        for k in ("predicted", "measured") for r in ("run1", "run2")]),
+]
+
+
 B_ROWS = {"fsdp_grad_op": "fsdp_grad_op (FSDP2, reshard_after_forward=False)", "fsdp_full": "fsdp_full (FSDP2)",
           "fsdp_hybrid": "fsdp_hybrid (FSDP2 HSDP)", "deepspeed_zero2": "deepspeed_zero2",
           "deepspeed_zero3": "deepspeed_zero3", "deepspeed_zero1": "deepspeed_zero1", "deepspeed_zero0": "deepspeed_zero0",

@@ -41,6 +41,12 @@ def calibration_plan(cell: dict, opts: dict, extra: list[str], threads: int | No
     from ddlbench.config import plan_from_overrides
     from ddlbench.estimate.memcheck import cost_of_plan, estimate_plan
 
+    if cell.get("own_collectives"):      # fixed size: the framework's collectives at `ranks`
+        over = calibration_overrides(cell["framework"], opts["model"], cell["micro_batch"], extra, threads,
+                                     cell["ranks"])
+        over += spread_overrides(cell["ranks"], per_node, opts["backend"])
+        plan = plan_from_overrides(over)
+        return over, plan, cost_of_plan(plan, prof, per_node)
     for ranks in ([1, opts["devices"]] if cell["framework"] == "ddp" and opts["devices"] > 1 else [1]):
         fw = cell["framework"] if ranks == 1 else SHARDED_CALIBRATION
         over = calibration_overrides(fw, opts["model"], cell["micro_batch"], extra, threads, ranks)
@@ -57,15 +63,30 @@ def calibration_plan(cell: dict, opts: dict, extra: list[str], threads: int | No
                       + (f", and {SHARDED_CALIBRATION} over {opts['devices']} devices neither" if ranks > 1 else ""))
 
 
-def calibration_cells(survivors: list[Candidate], calibrate: str) -> list[dict]:
+def own_collectives_ranks(devices: int, per_node: int) -> int:
+    """The world of the run that measures a framework's own collectives: the advice's devices, at
+    most one node's (the most a calibration should hold), never fewer than 2 (a collective needs a
+    peer); 0 when the advice is for one device (no collective to price)."""
+    return 0 if devices < 2 else min(devices, max(per_node, 2))
+
+
+def calibration_cells(survivors: list[Candidate], calibrate: str, devices: int = 1, per_node: int = 1) -> list[dict]:
     """DDP at the smallest and largest micro-batch (the compute line); with calibrate=frameworks
     also every other framework at 1 rank at its largest micro-batch (its own overhead on one
-    device: hooks, DTensor, engine, library memory)."""
+    device: hooks, DTensor, engine, library memory), and a framework whose collectives bypass c10d
+    (estimate/collectives.OWN_COLLECTIVES: Horovod) once more at the same micro-batch over
+    own_collectives_ranks devices: what its communication costs beyond the network model's price
+    of torch's (rank.comm_factors)."""
+    from ddlbench.estimate.collectives import OWN_COLLECTIVES
+
     mbs = sorted({c.layout.micro_batch for c in survivors}) or [1]
     cells = [{"framework": "ddp", "micro_batch": m} for m in sorted({mbs[0], mbs[-1]})]
     if calibrate == "frameworks":
+        ranks = own_collectives_ranks(devices, per_node)
         for fw in dict.fromkeys(c.framework for c in survivors):
             if fw != "ddp":
-                cells.append({"framework": fw, "micro_batch": max(c.layout.micro_batch for c in survivors
-                                                                  if c.framework == fw)})
+                m = max(c.layout.micro_batch for c in survivors if c.framework == fw)
+                cells.append({"framework": fw, "micro_batch": m})
+                if ranks and fw.split(":")[0] in OWN_COLLECTIVES:
+                    cells.append({"framework": fw, "micro_batch": m, "ranks": ranks, "own_collectives": True})
     return cells

@@ -86,7 +86,7 @@ def start(args: list[str]) -> int:
         state.oversubscription = (max(1.0, min(opts["devices"], per_node) * threads / usable_cores())
                                   / max(1.0, threads / usable_cores()))
     overrides, raws = [], []
-    for cell in calibration_cells(survivors, opts["calibrate"]):
+    for cell in calibration_cells(survivors, opts["calibrate"], opts["devices"], per_node):
         try:
             over, plan, cost = calibration_plan(cell, opts, extra, threads, prof, per_node, limit, device)
         except ConfigError as exc:     # this framework cannot run on one rank: DDP's compute stands in
@@ -108,11 +108,15 @@ def start(args: list[str]) -> int:
         pruned = sum(1 for c in grid if c.pruned)
         print(f"grid: {len(grid)} candidates, {pruned} pruned by validation; calibration: "
               + ", ".join(f"{c['framework']} mb{c['micro_batch']}"
-                          + (f" over {c['ranks']} ranks (DDP does not fit one device)" if c.get("ranks", 1) > 1 else "")
+                          + (f" over {c['ranks']} ranks ({_why_ranks(c)})" if c.get("ranks", 1) > 1 else "")
                           for c in state.calibration.cells)
               + " (1 rank unless said)", flush=True)
         _sweep(out / "calibration", overrides, opts["backend"], raws)
         return _resume(out)
+
+
+def _why_ranks(cell: dict) -> str:
+    return "its own collectives" if cell.get("own_collectives") else "DDP does not fit one device"
 
 
 def _sweep(sweep_dir: Path, overrides: list[list[str]], backend: str, raws: list[dict] | None = None) -> None:

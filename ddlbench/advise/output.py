@@ -34,6 +34,12 @@ def table(state: Advice, limit: int = 15) -> str:
 def print_ranking(state: Advice) -> None:
     n = sum(1 for c in state.candidates if c.get("rank"))
     k = sum(1 for c in state.candidates if c.get("measure"))
+    for cell in state.calibration.cells:
+        fw = cell["framework"]
+        if cell.get("own_collectives") and fw in (state.calibration.comm_factor or {}):
+            print(f"{fw}'s own collectives at {cell['ranks']} ranks: {1e3 * cell['comm_measured_s']:.1f} ms a step "
+                  f"measured beyond its compute, {1e3 * cell['comm_priced_s']:.1f} ms priced for torch's -> "
+                  f"its collectives priced x{state.calibration.comm_factor[fw]:.2f}")
     print(f"ranked {n} candidates by predicted step time; measuring {k}", flush=True)
 
 

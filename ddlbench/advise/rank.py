@@ -71,9 +71,10 @@ def rank_candidates(state: Advice, calibration: list[dict]) -> None:
     for cell, r in cells:
         fw, m = cell["framework"], cell["micro_batch"]
         if r["status"] != "ok":
-            state.calibration.skipped[fw] = f"{r['status']}: {(r.get('error') or {}).get('message')}"
+            key = f"{fw} over {cell['ranks']} ranks" if cell.get("own_collectives") else fw
+            state.calibration.skipped[key] = f"{r['status']}: {(r.get('error') or {}).get('message')}"
             continue
-        if cell.get("stands_in_for"):
+        if cell.get("stands_in_for") or cell.get("own_collectives"):
             continue
         # the framework's own compute on one device, relative to DDP's at the same micro-batch
         factor[fw] = float(r["timing"]["step_time_s"]["median"]) / compute_at(m, ddp)
@@ -84,7 +85,17 @@ def rank_candidates(state: Advice, calibration: list[dict]) -> None:
                            opt["name"], opt["momentum"], state.device)["total"]
             overhead[fw] = min(overhead.get(fw, measured - est), measured - est)
     overhead = {fw: max(0, v) for fw, v in overhead.items()}
+    comm_f = {}
+    for cell, r in cells:
+        fw = cell["framework"]
+        if not cell.get("own_collectives") or r["status"] != "ok" or fw not in factor:
+            continue
+        priced, _ = comm_seconds(CostModel.from_dict(cell["cost_model"]).traffic, network, algorithm)
+        compute = compute_at(cell["micro_batch"], ddp) * factor[fw] * state.oversubscription
+        comm_f[fw] = comm_factor(float(r["timing"]["step_time_s"]["median"]), compute, priced)
+        cell.update(comm_measured_s=float(r["timing"]["step_time_s"]["median"]) - compute, comm_priced_s=priced)
     cal = state.calibration
+    cal.comm_factor = comm_f
     cal.ddp_step_s, cal.compute_factor = {str(k): v for k, v in ddp.items()}, factor
     cal.runtime_overhead_bytes, cal.recompute = overhead, _recompute(state)
     limit = state.device_memory_bytes
@@ -99,7 +110,8 @@ def rank_candidates(state: Advice, calibration: list[dict]) -> None:
                            f"{limit / GiB:.2f} GiB per device")
             c["pruned_by_memory"] = True
         p = predict(lay, CostModel.from_dict(c["cost_model"]), ddp, network, state.calibration.recompute,
-                    algorithm, compute_scale=state.oversubscription * factor.get(fw, 1.0))
+                    algorithm, compute_scale=state.oversubscription * factor.get(fw, 1.0),
+                    comm_scale=comm_f.get(fw, 1.0))
         p["samples_per_s"] = state.options.get("global_batch") / p["step_s"] if p["step_s"] > 0 else None
         c["predicted"] = p
     ranked = sorted((c for c in state.candidates if c.get("predicted") and not c["pruned"]),
@@ -113,6 +125,17 @@ def rank_candidates(state: Advice, calibration: list[dict]) -> None:
     for c in over if everything else over[:state.options["verify_pruned"]]:
         c["measure"] = c["verify_pruned"] = True
     state.calibration.device_s = sum(device_seconds(r) for _, r in cells)
+
+
+def comm_factor(step_s: float, compute_s: float, priced_comm_s: float) -> float:
+    """A framework's collectives measured against the network model's price of them: its step at
+    the calibration's world less its compute there (its 1-rank step's factor over DDP's, x the
+    oversubscription), over what the network model prices its traffic at; 1 where nothing is
+    priced. Every byte of its traffic is then priced x this factor (one point: a per-step cost of
+    its runtime, e.g. Horovod's negotiation cycle, scales with the bytes too; stated)."""
+    if priced_comm_s <= 0:
+        return 1.0
+    return max(step_s - compute_s, 0.0) / priced_comm_s
 
 
 def _recompute(state: Advice) -> float:

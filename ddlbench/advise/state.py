@@ -14,14 +14,16 @@ PHASES = ("calibrate", "measure", "done")
 class Calibration:
     """Phase 1: the calibration cells (one per framework and micro-batch), the frameworks that
     could not calibrate and why; then, from their results (rank.py), DDP's step per micro-batch,
-    every framework's compute factor over DDP and runtime memory overhead, the recompute factor
-    and the device-seconds it cost."""
+    every framework's compute factor over DDP and runtime memory overhead, the recompute factor,
+    the communication factor of a framework whose collectives bypass c10d, and the device-seconds
+    it cost."""
     cells: list = field(default_factory=list)
     skipped: dict = field(default_factory=dict)
     ddp_step_s: Optional[dict] = None
     compute_factor: Optional[dict] = None
     runtime_overhead_bytes: Optional[dict] = None
     recompute: Optional[float] = None
+    comm_factor: Optional[dict] = None     # {framework: its collectives measured / priced} (own_collectives cells)
     device_s: float = 0.0
 
 

@@ -31,6 +31,11 @@ NOT_TRACEABLE = {
 }
 
 
+# frameworks whose collectives do not go through c10d: the network model prices torch's collectives, so
+# `bench advise` measures theirs in a run at the world size the host can hold (advise/calibrate.py)
+OWN_COLLECTIVES = ("horovod",)
+
+
 def traceable(framework_name: str, variant: str = "default") -> Optional[str]:
     """Why this framework variant's step cannot be traced over a fake group, or None."""
     return NOT_TRACEABLE.get(framework_name) or NOT_TRACEABLE.get(f"{framework_name}:{variant}")

@@ -88,18 +88,22 @@ def pipeline_step(slot_s: float, micro_batches: int, stages: int, send_s: float)
 
 
 def predict(layout: Layout, cost: CostModel, calibration: dict[int, float], network: Network,
-            recompute: float = 1.0, algorithm: str = "best", compute_scale: float = 1.0) -> dict:
+            recompute: float = 1.0, algorithm: str = "best", compute_scale: float = 1.0,
+            comm_scale: float = 1.0) -> dict:
     """compute_scale: the framework's own compute relative to DDP's (its 1-rank calibration run)
     x, on a CPU host whose ranks share cores, the oversubscription (rank threads per core).
+    comm_scale: the framework's own collectives relative to the network model's price of torch's
+    (1 unless measured: advise/rank.comm_factor).
     A pipeline whose cost model says its sends overlap compute (`pipeline_stages`) is priced by
     pipeline_step, its other collectives (the data-parallel all-reduce after the schedule) added."""
     compute = step_compute(layout, cost, calibration, recompute if layout.checkpointing else 1.0) * compute_scale
     comm, parts = comm_seconds(cost.traffic, network, algorithm)
+    comm, parts = comm * comm_scale, {k: v * comm_scale for k, v in parts.items()}
     sends = [t for t in cost.traffic if t.kind == "send" and t.count]
     if cost.pipeline_stages > 1 and sends:
         m = layout.grad_accum
         slot = compute / (m + cost.bubble_slots)
-        send_total, _ = comm_seconds(sends, network, algorithm)
+        send_total = comm_seconds(sends, network, algorithm)[0] * comm_scale
         per_send = send_total / sum(t.count for t in sends)
         step = pipeline_step(slot, m, cost.pipeline_stages, per_send) + (comm - send_total)
         return {"compute_s": compute, "comm_s": comm, "step_s": step, "comm_parts_s": parts,
