@@ -282,6 +282,28 @@ CLAIMS += [
 ]
 
 
+LAYOUT = REPO / "reports" / "network" / "layout-check"
+
+
+def _layout_errors() -> list[float]:
+    return [r["prediction"]["error"] for d in (LAYOUT / "one-per-node", LAYOUT)
+            for r in json.loads((d / "layout_check.json").read_text())["rows"]]
+
+
+CLAIMS += [
+    ("docs/projection.md", "HSDP +10.1%, PP x DP +14.7%, TP x FSDP2 -17.3%** — {} of 10, mean |error| {}%.", lambda: [
+        str(sum(abs(e) <= 0.10 for e in _layout_errors())), f"{100 * sum(map(abs, _layout_errors())) / 10:.1f}"]),
+]
+
+
+@pytest.mark.parametrize("report", ["layout_check.md", "one-per-node/layout_check.md"])
+def test_the_layout_check_tables_are_the_reports(report):
+    """docs/projection.md's emulated-cluster tables are benchmarks/layout_check.py's own rows."""
+    doc = (REPO / "docs" / "projection.md").read_text()
+    rows = [line for line in (LAYOUT / report).read_text().splitlines() if line.startswith("| ")]
+    assert rows and all(r in doc for r in rows), [r for r in rows if r not in doc]
+
+
 B_ROWS = {"fsdp_grad_op": "fsdp_grad_op (FSDP2, reshard_after_forward=False)", "fsdp_full": "fsdp_full (FSDP2)",
           "fsdp_hybrid": "fsdp_hybrid (FSDP2 HSDP)", "deepspeed_zero2": "deepspeed_zero2",
           "deepspeed_zero3": "deepspeed_zero3", "deepspeed_zero1": "deepspeed_zero1", "deepspeed_zero0": "deepspeed_zero0",

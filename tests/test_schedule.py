@@ -48,6 +48,28 @@ def test_fsdp_prefetches_one_unit_ahead_and_reduce_scatters_as_gradients_are_don
     assert s.exposed == {"ag": 3.5, "rs": 3.0}
 
 
+def test_fsdp_on_a_device_without_streams_blocks_on_every_collective():
+    """CPU: FSDP2's collectives run with async_op=False where its hooks issue them, so the step is
+    its compute plus every collective, in the order issued. By hand (the units above, HSDP's
+    all-reduce 0.25 on b0): gather root 3, F emb 0, gather b0 0.5, F b0 1, gather b1 0.5, F b1 1,
+    F head 1 (forward 7); backward: B head 2, gather b1 0.5, B b1 2, scatter b1 1, gather b0 0.5,
+    B b0 2, scatter b0 1 + all-reduce 0.25, B emb 0, scatter root 2 (backward 11.25): 18.25, of
+    which compute 9; each wait charged to its own kind (gathers 3 + 0.5 x 4, scatters 4, all-reduce
+    0.25)."""
+    units = [rules.Unit("root", 3, 2, resharded=False), rules.Unit("b0", 0.5, 1, 0.25), rules.Unit("b1", 0.5, 1)]
+    kinds = {"gather": "ag", "scatter": "rs", "reduce": "ar"}
+    s = simulate(rules.fsdp(PIECES, units, 1, 0.0, kinds, blocking=True))
+    assert s.step_s == 18.25 and s.busy["compute"] == 9
+    assert s.exposed == {"ag": 5.0, "rs": 4.0, "ar": 0.25}
+    assert s.start["RS:b1"] == s.end["B0:b1"] and s.start["AGb0:b0"] == s.end["RS:b1"]
+    # with streams (a GPU) the same step overlaps: shorter
+    assert simulate(rules.fsdp(PIECES, units, 1, 0.0, kinds)).step_s < 18.25
+    # two micro-batches: the blocks gathered twice each, the root once, the reduction once after
+    # the last: the first micro-batch 7 + 7 (its backward without reductions), the second 4 + 11.25
+    two = simulate(rules.fsdp(PIECES, units, 2, 0.0, kinds, blocking=True))
+    assert two.step_s == 29.25 and two.exposed == {"ag": 3 + 0.5 * 8, "rs": 4.0, "ar": 0.25}
+
+
 def test_fsdp_accumulates_then_reduces_once():
     """Two micro-batches: blocks gathered four times (twice each micro-batch), the root once, one
     reduce-scatter per unit; the step at least twice the compute of one."""
@@ -69,6 +91,30 @@ def test_ddp_buckets_close_in_backward_order():
     # ZeRO-2: the parameters gathered after the optimizer, with nothing left to hide behind
     z = simulate(rules.bucketed(PIECES, bs, 1, 0.0, "rs", "grad", after_optimizer=(2.0, "ag")))
     assert z.step_s == 12.5 and z.exposed == {"rs": 1.5, "ag": 2.0}
+
+
+def test_a_tied_weight_is_in_the_schedule_once():
+    """GPT-2's wte (a tied Llama's embed_tokens) is the embedding's and the head's: the profile
+    counts it in both pieces, the schedule once, in the embedding (its gradient is complete after
+    the embedding's backward, the last), so data-parallel payloads are the model's parameters
+    (llama_tiny's DDP run all-reduces 1,313,280 bytes a step, 4 x its 328,320 unique parameters;
+    counting the tie twice priced 1,444,352)."""
+    from ddlbench.adapters.cost import ModelProfile, Piece
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import profile
+    from ddlbench.estimate.scale import piece_params
+
+    prof = ModelProfile(params=32, largest_block_params=20, blocks=1, activation_bytes_per_sample=0,
+                        checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0, pieces=(Piece(10, tied_params=4), Piece(20, split_params=16), Piece(6, tied_params=4)))
+    assert piece_params(prof, 1) == [10, 20, 2]
+    assert piece_params(prof, 2) == [10, 12, 2]
+    untied = ModelProfile(params=36, largest_block_params=20, blocks=1, activation_bytes_per_sample=0,
+                          checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0, pieces=(Piece(10), Piece(20), Piece(6)))
+    assert piece_params(untied, 1) == [10, 20, 6]
+    for model in ("llama_tiny", "gpt2_tiny"):
+        p = profile(plan_from_overrides([f"model={model}"]).cfg.model)
+        assert sum(piece_params(p, 1)) == p.params
+    assert profile(plan_from_overrides(["model=llama_tiny"]).cfg.model).params == 328320
 
 
 def test_tensor_parallel_collectives_are_exposed():
@@ -223,6 +269,23 @@ def test_a_calibrated_compute_goes_through_the_schedule_unchanged():
     pipe = plan_from_overrides(["model=llama_tiny", "framework=pipeline_1f1b", "framework.options.pp=2",
                                 "launcher.nproc=2", "run.micro_batch=1", "run.device=cpu"])
     assert schedule_step(pipe, prof, pricing, 0.25, "none", 8) is None
+
+
+def test_fsdp2_planned_for_a_cpu_hides_nothing():
+    """The same FSDP2 plan on a CPU (run.device=cpu: blocking collectives) and on a device with
+    streams: the CPU's step is its compute plus every collective it prices; the other hides some."""
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import profile
+    from ddlbench.estimate.scale import Pricing, step_of
+    from ddlbench.network import model
+    pricing = Pricing(model.load("dgx_h100"))
+    base = ["model=llama_tiny", "framework=fsdp_full", "launcher.nproc=8", "run.global_batch=16"]
+    prof = profile(plan_from_overrides(base).cfg.model, "fp32", "cpu")
+    cpu = step_of(plan_from_overrides([*base, "run.device=cpu"]), prof, pricing, 1e9, "none", 8)
+    gpu = step_of(plan_from_overrides(base), prof, pricing, 1e9, "none", 8)
+    assert cpu["compute_s"] == pytest.approx(gpu["compute_s"])
+    assert cpu["step_s"] == pytest.approx(cpu["compute_s"] + sum(cpu["comm_s"].values()))
+    assert gpu["step_s"] < cpu["step_s"]
 
 
 def test_compute_per_piece_timed_on_the_device_at_hand(tmp_path):

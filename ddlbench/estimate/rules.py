@@ -14,6 +14,8 @@ piece's backward is done, on the last micro-batch only (no_sync on the others).
 ZeRO-1/2: gradients all-reduced in buckets the same way (DeepSpeed 0.19's
 use_multi_rank_bucket_allreduce; stage 2 on every micro-batch); after the optimizer the updated
 parameters are all-gathered (nothing left to hide them behind).
+On a device without streams (CPU), FSDP2 blocks on every collective where it issues it
+(fsdp_blocking): nothing overlaps.
 Tensor parallelism: a block's forward waits on its activations' all-reduces (two a block, Megatron's
 f/g), and so does its backward: exposed, on a stream of their own so the schedule names them.
 """
@@ -68,8 +70,11 @@ def _forward_backward(pieces: list[Piece], mb: int, gate_f, gate_b, tp_kind: str
 
 
 def fsdp(pieces: list[Piece], units: list[Unit], grad_accum: int, optimizer_s: float, kinds: dict,
-         tp_kind: str = "tp") -> list[Task]:
-    """kinds: {'gather', 'scatter', 'reduce'}: the names their exposed time is charged to."""
+         tp_kind: str = "tp", blocking: bool = False) -> list[Task]:
+    """kinds: {'gather', 'scatter', 'reduce'}: the names their exposed time is charged to.
+    blocking: a device without streams (CPU): see fsdp_blocking."""
+    if blocking:
+        return fsdp_blocking(pieces, units, grad_accum, optimizer_s, kinds, tp_kind)
     by_name = {u.name: u for u in units}
     order_f = list(dict.fromkeys(p.unit for p in pieces))             # first use in forward
     order_b = list(dict.fromkeys(p.unit for p in reversed(pieces)))   # first use in backward
@@ -120,6 +125,52 @@ def fsdp(pieces: list[Piece], units: list[Unit], grad_accum: int, optimizer_s: f
                         prev = f"AR:{u}"
                     waits.append(prev)
             tasks.append(Task("optimizer", COMPUTE, optimizer_s, tuple(waits)))
+    return tasks
+
+
+def fsdp_blocking(pieces: list[Piece], units: list[Unit], grad_accum: int, optimizer_s: float, kinds: dict,
+                  tp_kind: str = "tp") -> list[Task]:
+    """FSDP2 on a device without streams (CPU): its "streams" are the current one and every
+    collective is issued with async_op=False, so the host waits for each where FSDP2's hooks issue
+    it — a unit's all-gather just before its first piece runs (forward; backward again where it
+    was resharded), its reduce-scatter (then HSDP's all-reduce) right after its last piece's
+    backward on the last micro-batch — and nothing overlaps: one chain of tasks, each after the one
+    before (measured on `bench cluster`: FSDP2's step at 2 ranks is its compute plus every
+    collective's time, docs/projection.md)."""
+    by_name = {u.name: u for u in units}
+    backward = list(reversed(pieces))
+    first_f = {u: next(p.name for p in pieces if p.unit == u) for u in by_name}
+    first_b = {u: next(p.name for p in backward if p.unit == u) for u in by_name}
+    last_b = {u: next(p.name for p in pieces if p.unit == u) for u in by_name}
+    tasks: list[Task] = []
+
+    def then(name: str, stream: str, seconds: float, kind: str = "") -> None:
+        tasks.append(Task(name, stream, seconds, (tasks[-1].name,) if tasks else (), kind))
+        if stream != COMPUTE:    # the host resumes once it is done: its wait is charged to its own kind
+            tasks.append(Task(f"{name}.waited", COMPUTE, 0.0, (name,)))
+
+    for mb in range(grad_accum):
+        last = mb == grad_accum - 1
+        for p in pieces:
+            u = by_name.get(p.unit)
+            if u and u.gather_s and p.name == first_f[p.unit] and (mb == 0 or u.resharded):
+                then(f"AGf{mb}:{p.unit}", "all_gather", u.gather_s, kinds["gather"])
+            then(f"F{mb}:{p.name}", COMPUTE, p.forward_s)
+            if p.tp_forward_s:
+                then(f"TPf{mb}:{p.name}", "tp", p.tp_forward_s, tp_kind)
+        for p in backward:
+            u = by_name.get(p.unit)
+            if u and u.gather_s and u.resharded and p.name == first_b[p.unit]:
+                then(f"AGb{mb}:{p.unit}", "all_gather", u.gather_s, kinds["gather"])
+            then(f"B{mb}:{p.name}", COMPUTE, p.backward_s)
+            if p.tp_backward_s:
+                then(f"TPb{mb}:{p.name}", "tp", p.tp_backward_s, tp_kind)
+            if last and u and p.name == last_b[p.unit]:
+                if u.scatter_s:
+                    then(f"RS:{p.unit}", "reduce_scatter", u.scatter_s, kinds["scatter"])
+                if u.reduce_s:
+                    then(f"AR:{p.unit}", "reduce_scatter", u.reduce_s, kinds["reduce"])
+    then("optimizer", COMPUTE, optimizer_s)
     return tasks
 
 

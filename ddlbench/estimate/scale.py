@@ -81,6 +81,22 @@ def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str,
     return out
 
 
+def piece_params(prof, tp: int) -> list[float]:
+    """Each piece's parameters on a rank that holds every piece (no pipeline): a weight tied across
+    pieces (GPT-2's wte as embedding and head, a tied Llama's embed_tokens) counted once, in the first
+    piece that uses it — the embedding, whose backward comes last: DDP's reducer marks the weight
+    ready only then, FSDP2's root unit holds it once, and its gradient is all-reduced or
+    reduce-scattered once (the profile counts it in every piece that uses it)."""
+    out, seen = [], False
+    for p in prof.pieces:
+        kept = p.kept_params(tp)
+        if p.tied_params and seen:
+            kept -= p.tied_params * kept / p.params
+        seen = seen or bool(p.tied_params)
+        out.append(kept)
+    return out
+
+
 def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int,
             measured: list[tuple[float, float]] | None = None, optimizer_s_per_param: float | None = None) -> dict:
     """One step of the planned layout: {'step_s', 'compute_s', 'exposed': {kind: s}, 'comm_s': {kind: s}}; with a
@@ -128,10 +144,12 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     names = ["embedding"] + [f"block{i}" for i in range(nb - 2)] + ["head"]
     comm: dict[str, float] = {}
 
+    params = piece_params(prof, tp)
+
     def piece(i):
         unit = names[i] if 0 < i < nb - 1 else "root"
         block = 0 < i < nb - 1
-        return rules.Piece(names[i], unit, *times[i], params=prof.pieces[i].kept_params(tp),
+        return rules.Piece(names[i], unit, *times[i], params=params[i],
                            tp_forward_s=tp_f if block else 0.0, tp_backward_s=tp_b if block else 0.0)
 
     def add(kind, s, count=1):
@@ -161,7 +179,8 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
             units.append(rules.Unit(u, g, rs, ar, resharded=reshard and not root))
             add(kinds["gather"], g, m * (2 if reshard and not root else 1) if shard > 1 else 0)
             add(kinds["scatter"], rs), add(kinds["reduce"], ar)
-        tasks = rules.fsdp(pieces, units, m, 0.0, kinds, tp_kind)
+        # CPU: FSDP2's streams are the current one, its collectives block (rules.fsdp_blocking)
+        tasks = rules.fsdp(pieces, units, m, 0.0, kinds, tp_kind, blocking=cfg.run.device == "cpu")
     elif fw in ("ddp", "deepspeed", "deepspeed_ulysses"):
         kind = "all_reduce"        # DDP's buckets; DeepSpeed 0.19's ZeRO-1/2 all-reduce theirs too (its cost model)
         label = pricing.label(kind, dp_ranks, stride)
