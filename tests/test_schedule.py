@@ -115,6 +115,24 @@ def test_a_tied_weight_is_in_the_schedule_once():
         p = profile(plan_from_overrides([f"model={model}"]).cfg.model)
         assert sum(piece_params(p, 1)) == p.params
     assert profile(plan_from_overrides(["model=llama_tiny"]).cfg.model).params == 328320
+    # a pipeline's first and last stage each hold a copy and sum their gradients after the schedule:
+    # one all-reduce of the tied weight between them (llama_tiny's record: 131,072 bytes = 4 x 256 x 128)
+    assert prof.stage_tied_params(1) == 4 and untied.stage_tied_params(1) == 0
+    from ddlbench.estimate.memcheck import cost_of_plan
+    from ddlbench.estimate.scale import Pricing, step_of
+    from ddlbench.network import model
+    plan = plan_from_overrides(["model=llama_tiny", "framework=pipeline_1f1b", "framework.options.pp=2",
+                                "framework.options.dp=2", "launcher.nproc=4", "run.micro_batch=2"])
+    llama = profile(plan.cfg.model)
+    assert llama.stage_tied_params(1) == 256 * 128
+    tied = [t for t in cost_of_plan(plan, llama, 2).traffic if t.what.startswith("tied")]
+    assert [(t.kind, t.bytes, t.ranks, t.stride) for t in tied] == [("all_reduce", 131072.0, 2, 2)]
+    import dataclasses
+    pricing = Pricing(model.load("dgx_h100"))
+    step = step_of(plan, llama, pricing, 1e12, "none", 2)
+    no_tie = dataclasses.replace(llama, pieces=tuple(dataclasses.replace(q, tied_params=0) for q in llama.pieces))
+    without = step_of(plan, no_tie, pricing, 1e12, "none", 2)
+    assert step["step_s"] - without["step_s"] == pytest.approx(pricing.seconds("all_reduce", 131072.0, 2, 2))
 
 
 def test_tensor_parallel_collectives_are_exposed():

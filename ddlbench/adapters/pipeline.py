@@ -128,6 +128,10 @@ class Pipeline(Variant):
                    + split("all_reduce", act * tp, 1, tp, per_step=sum(model.tp_all_reduces()) * (model.blocks // pp) * m,
                            what="block outputs (tensor parallel)", data_parallel=False)
                    + split("all_reduce", 4.0 * piece, 1, dp, stride=tp, what="gradients"))
+        tied = model.stage_tied_params(tp) if pp > 1 else 0.0
+        if tied:     # the first and the last stage each hold a copy: their gradients summed (_sync_grads)
+            traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * tp,
+                             what="tied weight's gradient (first and last stage)", data_parallel=False)
         buffers = autocast_copies(piece, precision)
         if pp > 1:
             buffers["send and receive buffers"] = 2 * 2 * act

@@ -228,7 +228,8 @@ def layout(d, cost) -> dict:
 def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict) -> dict:
     """A one-stage-per-rank pipeline (GPipe, 1F1B): the busiest stage's slot (forward + backward of
     its pieces per micro-batch) through ddlbench.estimate.step.pipeline_step with the boundary's
-    send, then the stage's data-parallel all-reduce after the schedule (exposed)."""
+    send, then the stage's data-parallel all-reduce after the schedule (exposed), and a tied weight's
+    gradient summed between the first and the last stage (exposed too)."""
     d = plan.dims
     nb, pp = len(prof.pieces), d.pp
     blocks = nb - 2
@@ -251,5 +252,14 @@ def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict
     comm[send_label] = comm.get(send_label, 0.0) + 2 * send * d.grad_accum
     compute = slot * d.grad_accum
     exposed = {"pipeline bubble": (pp - 1) * slot, send_label: body - compute - (pp - 1) * slot, label: ar}
-    return {"step_s": body + ar, "compute_s": compute, "exposed": {k: v for k, v in exposed.items() if v > 1e-12},
+    tied = prof.stage_tied_params(d.tp) if pp > 1 else 0.0
+    tied_s = 0.0
+    if tied:        # the first and the last stage sum their copies' gradients, after the schedule
+        stride = (pp - 1) * d.dp * d.tp
+        tied_s = pricing.seconds("all_reduce", grad_b * tied, 2, stride)
+        tied_label = pricing.label("all_reduce", 2, stride)
+        comm[tied_label] = comm.get(tied_label, 0.0) + tied_s
+        exposed[tied_label] = exposed.get(tied_label, 0.0) + tied_s
+    return {"step_s": body + ar + tied_s, "compute_s": compute,
+            "exposed": {k: v for k, v in exposed.items() if v > 1e-12},
             "comm_s": comm, "layout": layout(d, cost)}
