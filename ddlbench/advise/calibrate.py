@@ -76,7 +76,7 @@ def calibration_cells(survivors: list[Candidate], calibrate: str, devices: int =
     device: hooks, DTensor, engine, library memory), and a framework whose collectives bypass c10d
     (estimate/collectives.OWN_COLLECTIVES: Horovod) once more at the same micro-batch over
     own_collectives_ranks devices: what its communication costs beyond the network model's price
-    of torch's (rank.comm_factors)."""
+    of torch's (rank.comm_factor)."""
     from ddlbench.estimate.collectives import OWN_COLLECTIVES
 
     mbs = sorted({c.layout.micro_batch for c in survivors}) or [1]
