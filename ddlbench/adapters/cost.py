@@ -112,8 +112,7 @@ class ModelProfile:
     def stage_tied_params(self, tp: int = 1) -> float:
         """A weight tied across pieces (GPT-2's wte, a tied Llama's embed_tokens), as one copy of it
         at tp (a pipeline's first and last stage each hold one and sum their gradients); 0 untied."""
-        tied = [p for p in self.pieces if p.tied_params]
-        return tied[0].tied_params * tied[0].kept_params(tp) / tied[0].params if len(tied) > 1 else 0.0
+        return self.tied_pair_params(1, tp)
 
     def tp_all_reduces(self) -> tuple[int, int]:
         """A tensor-parallel block's all-reduces without sequence parallelism: (forward, backward)."""

@@ -88,12 +88,13 @@ def rank_candidates(state: Advice, calibration: list[dict]) -> None:
     comm_f = {}
     for cell, r in cells:
         fw = cell["framework"]
-        if not cell.get("own_collectives") or r["status"] != "ok" or fw not in factor:
+        if not cell.get("own_collectives") or r["status"] != "ok" or fw not in factor or not cell.get("cost_model"):
             continue
         priced, _ = comm_seconds(CostModel.from_dict(cell["cost_model"]).traffic, network, algorithm)
         compute = compute_at(cell["micro_batch"], ddp) * factor[fw] * state.oversubscription
-        comm_f[fw] = comm_factor(float(r["timing"]["step_time_s"]["median"]), compute, priced)
-        cell.update(comm_measured_s=float(r["timing"]["step_time_s"]["median"]) - compute, comm_priced_s=priced)
+        step = float(r["timing"]["step_time_s"]["median"])
+        comm_f[fw] = comm_factor(step, compute, priced)
+        cell.update(comm_measured_s=step - compute, comm_priced_s=priced)
     cal = state.calibration
     cal.comm_factor = comm_f
     cal.ddp_step_s, cal.compute_factor = {str(k): v for k, v in ddp.items()}, factor
