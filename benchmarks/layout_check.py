@@ -96,14 +96,22 @@ def local_batch(layout: list[str], model: str) -> int:
 
 def node_commbench(out: Path, resume: bool) -> dict:
     """gloo's collectives between the two devices of one node (`srun -N1 --ntasks-per-node=2`,
-    each op after 50 ms idle): what a tensor-parallel group's messages cross."""
+    back to back: the line's own rate; tbf's bucket, which an op after an idle spell spends, is
+    the schedule's to price): what a tensor-parallel group's messages cross."""
     if not (resume and (out / "commbench.json").exists()):
         proc = login("srun", "-N1", f"--ntasks-per-node={DEVICES}", "--overcommit", BENCH, "commbench",
                      "launcher=slurm", "kinds=[all_reduce,all_gather,reduce_scatter]",
-                     "sizes=[131072,524288,2097152]", "iters=10", "warmup=2", "gap_ms=50", f"out={out}")
+                     "sizes=[131072,524288,2097152]", "iters=10", "warmup=2", "gap_ms=0", f"out={out}")
         if proc.returncode:
             raise SystemExit(f"commbench failed: {proc.stderr[-1500:]}")
     return json.loads((out / "commbench.json").read_text())
+
+
+def without_bucket(network):
+    """The same links without tbf's token bucket (burst_bytes 0): what the schedule priced before
+    it knew of the bucket, for comparison."""
+    import dataclasses
+    return dataclasses.replace(network, dims=tuple(dataclasses.replace(d, burst_bytes=0.0) for d in network.dims))
 
 
 def node_fitted(base: dict, bench: dict) -> dict:
@@ -151,10 +159,11 @@ def markdown(doc: dict) -> str:
              f"{doc['link']}; model {doc['model']}, {PER_RANK} samples per "
              f"rank-equivalent; {doc['repeats']} repeats (the median run stands)", "",
              "| layout | planned | measured step ms (repeats) | predicted ms | error | compute ms | exposed comm ms "
-             "(by kind) | 1-rank step ms | node link fitted: predicted ms (error) |", "|" + "---|" * 9]
+             "(by kind) | 1-rank step ms | without tbf's bucket: predicted ms (error) "
+             "| node link fitted: predicted ms (error) |", "|" + "---|" * 10]
     for r in doc["rows"]:
         if "error_message" in r:
-            lines.append(f"| {r['layout']} | - | {r['error_message'][:120]} | | | | | |")
+            lines.append(f"| {r['layout']} | - | {r['error_message'][:120]} | | | | | | |")
             continue
         p = r["prediction"]
         kinds = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in p["exposed_by_kind_s"].items() if v > 5e-4)
@@ -165,9 +174,10 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {r['layout']} | {planned} | {p['measured_step_s'] * 1e3:.0f} ({reps}) | "
                      f"{p['predicted_step_s'] * 1e3:.0f} | {100 * p['error']:+.1f}% | {p['compute_s'] * 1e3:.0f} | "
                      f"{p['exposed_comm_s'] * 1e3:.0f} ({kinds}) | {p['one_rank_step_s'] * 1e3:.0f} | "
-                     + (f"{r['prediction_node_fitted']['predicted_step_s'] * 1e3:.0f} "
-                        f"({100 * r['prediction_node_fitted']['error']:+.1f}%) |" if "prediction_node_fitted" in r else "- |"))
-    for key, label in (("prediction", "configured rates"), ("prediction_node_fitted", "node link fitted")):
+                     + " | ".join(f"{r[k]['predicted_step_s'] * 1e3:.0f} ({100 * r[k]['error']:+.1f}%)" if k in r else "-"
+                                  for k in ("prediction_no_bucket", "prediction_node_fitted")) + " |")
+    for key, label in (("prediction", "configured rates"), ("prediction_no_bucket", "without tbf's bucket"),
+                       ("prediction_node_fitted", "node link fitted")):
         errs = [abs(r[key]["error"]) for r in doc["rows"] if key in r]
         if errs:
             lines += ["", f"{label}: {sum(e <= 0.10 for e in errs)} of {len(errs)} within 10%; mean |error| "
@@ -186,6 +196,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
+    from ddlbench.network import model as net_model
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     global DEVICES
@@ -226,6 +237,8 @@ def main() -> int:
                 try:
                     row["prediction"] = predict(rec, one, layout, calib, a.model)
                     row["repeats_step_s"] = rec["_repeats_step_s"]
+                    row["prediction_no_bucket"] = predict(rec, one, layout, calib, a.model,
+                                                          without_bucket(net_model.recorded_network(rec)))
                     if node:
                         from ddlbench.network.model import from_dict
                         fitted = from_dict(node_fitted(rec["env"]["network"]["description"], node))

@@ -18,6 +18,7 @@ from ddlbench.cluster.plan import (
     hosts_file,
     make_plan,
     network_description,
+    payload_share,
     rate_bits,
     slurm_conf,
     split_cores,
@@ -54,8 +55,12 @@ def test_plan_files():
     assert "SlurmctldHost=head(10.88.0.254)" in conf and "NodeName=n2 NodeAddr=10.88.0.2 CPUs=1 RealMemory=4000" in conf
     assert "PartitionName=box Nodes=n1,n2 Default=YES" in conf and "AccountingStorageType=accounting_storage/slurmdbd" in conf
     net = network_description(p)
-    assert net["dimensions"][1] == {"name": "link", "size": 2, "bandwidth_GBps": 0.125, "latency_us": 100.0,
-                                    "cost_per_GBps": 1.0}
+    # the data a 1 Gbit/s link carries: 1448 of every 1514 bytes tbf meters (TCP over MTU 1500), and
+    # tbf's bucket (128 KiB at this rate) in the same bytes
+    assert payload_share(1500) == 1448 / 1514 and payload_share(9000) == 8948 / 9014
+    assert net["dimensions"][1] == {"name": "link", "size": 2, "bandwidth_GBps": pytest.approx(0.125 * 1448 / 1514),
+                                    "latency_us": 100.0, "cost_per_GBps": 1.0,
+                                    "burst_bytes": pytest.approx(131072 * 1448 / 1514)}
     # communication threads first unless asked otherwise (ddlbench/commthreads.py)
     assert p.comm_threads == "fifo" and p.to_dict()["comm_threads"] == "fifo"
     assert make_plan(2, "1gbit", [0, 1], "/st", comm_threads="fair").comm_threads == "fair"
@@ -128,8 +133,8 @@ def test_frameworks_across_two_nodes_under_slurm(box, tmp_path, framework):
     # `bench cluster`'s default: every rank's gloo threads SCHED_FIFO (ddlbench/commthreads.py)
     assert rec["env"]["comm_threads"]["policy"] == "fifo"
     assert all("gloo_tcp_loop" in names for names in rec["env"]["comm_threads"]["per_rank"])
-    # the network it ran on, as `bench cluster` described it: the link at 100 Mbit/s
-    assert rec["env"]["network"]["description"]["dimensions"][1]["bandwidth_GBps"] == 0.0125
+    # the network it ran on, as `bench cluster` described it: the link at 100 Mbit/s (its data: 1448 of 1514)
+    assert rec["env"]["network"]["description"]["dimensions"][1]["bandwidth_GBps"] == pytest.approx(0.0125 * 1448 / 1514)
     _records[framework] = rec
 
 
@@ -198,7 +203,7 @@ def test_a_slurm_sweep_whose_cells_span_two_nodes(box, tmp_path):
 def test_a_two_node_run_is_priced_on_the_link_it_ran_on(box, tmp_path):
     """The projection check (bench report, bench project) prices a run's collectives on the
     network it recorded: DDP's all-reduce over the 100 Mbit/s link between n1 and n2 (by hand:
-    2 alpha + bytes / 12.5 MB/s), its compute from a 1-rank run on one node, each node's one rank
+    2 alpha + bytes / 11.96 MB/s, the data of 12.5 MB/s of frames), its compute from a 1-rank run on one node, each node's one rank
     on its own core (no oversubscription)."""
     from ddlbench.network.model import recorded_network
     from ddlbench.network.validate import predict
@@ -206,10 +211,12 @@ def test_a_two_node_run_is_priced_on_the_link_it_ran_on(box, tmp_path):
     one = slurm_run(tmp_path / "one", 1, "framework=ddp", "run.global_batch=4")
     assert rec["status"] == one["status"] == "ok"
     net = recorded_network(rec)
-    assert [d.name for d in net.dims] == ["node", "link"] and net.dims[1].bandwidth == 12.5e6
+    data = 12.5e6 * 1448 / 1514        # the data 100 Mbit/s of frames carry (cluster.plan.payload_share)
+    assert [d.name for d in net.dims] == ["node", "link"] and net.dims[1].bandwidth == pytest.approx(data)
+    assert net.dims[1].burst_bytes == pytest.approx(131072 * 1448 / 1514)     # tbf's bucket, same bytes
     p = predict(rec, one, net)
     payload = rec["comm"]["per_step_bytes"]["all_reduce"]
-    assert p["comm_s"] == pytest.approx(2 * 100e-6 + payload / 12.5e6, rel=1e-9)
+    assert p["comm_s"] == pytest.approx(2 * 100e-6 + payload / data, rel=1e-9)
     assert p["oversubscription"] == 1.0 and p["compute_s"] == pytest.approx(one["timing"]["step_time_s"]["median"])
     print(f"DDP across 2 nodes at {LINK}: measured {p['measured_step_s'] * 1e3:.1f} ms, predicted "
           f"{p['predicted_step_s'] * 1e3:.1f} ms ({p['relative_error']:+.1%})")
@@ -348,7 +355,8 @@ def test_a_plan_with_devices_has_two_shaped_dimensions():
     assert "10.88.1.2 n1d1\n" in hosts_file(p) and "10.88.0.2 n2\n" in hosts_file(p)
     dims = network_description(p)["dimensions"]
     # per device, as the network model counts: the node's uplink shared by its two devices
-    assert [(d["name"], d["size"], d["bandwidth_GBps"]) for d in dims] == [("node", 2, 0.05), ("link", 2, 0.00625)]
+    assert [(d["name"], d["size"], d["bandwidth_GBps"] / payload_share(1500)) for d in dims] == [
+        ("node", 2, pytest.approx(0.05)), ("link", 2, pytest.approx(0.00625))]
     shared = make_plan(2, "100mbit", [0, 1], "/st", devices_per_node=2, dev_link="400mbit")
     assert [d.cores for d in shared.nodes[1].devices] == [(1,), (1,)]
     script = build_script(p)

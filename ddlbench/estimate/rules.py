@@ -18,6 +18,10 @@ On a device without streams (CPU), FSDP2 blocks on every collective where it iss
 (fsdp_blocking): nothing overlaps.
 Tensor parallelism: a block's forward waits on its activations' all-reduces (two a block, Megatron's
 f/g), and so does its backward: exposed, on a stream of their own so the schedule names them.
+Pipelines (GPipe, 1F1B; one stage a rank): each stage a compute stream running its micro-batches'
+forwards and backwards in the schedule's order, each stage boundary two links (activations forward,
+their gradients back), each send on its direction's stream; after the schedule the stages' tied
+copies summed (the first and the last stage), then each stage's data-parallel all-reduce.
 """
 from __future__ import annotations
 
@@ -216,4 +220,92 @@ def bucketed(pieces: list[Piece], bucket_s: list[tuple[str, float]], grad_accum:
     tasks.append(Task("optimizer", COMPUTE, optimizer_s, tuple(waits)))
     if after_optimizer:
         tasks.append(Task("AG:parameters", "all_gather", after_optimizer[0], ("optimizer",), after_optimizer[1]))
+    return tasks
+
+
+def pipeline(stage_s: list[tuple[float, float]], micro_batches: int, send_s: float, schedule: str,
+             send_kind: str, tied: tuple[float, str] | None = None,
+             reduce: list[tuple[float, str]] | None = None) -> list[Task]:
+    """A one-stage-per-rank pipeline as torch.distributed.pipelining runs it. stage_s: (forward,
+    backward) seconds per micro-batch of each stage; send_s: one boundary send (either way); tied:
+    (seconds, kind) of the tied weight's all-reduce between the first and the last stage; reduce:
+    each stage's data-parallel all-reduce (seconds, kind). Sends go on the links `>b` (activations
+    over boundary b) and `<b` (their gradients back), a stream each (one message at a time), and
+    count as done when delivered; a stage waits where torch's schedule waits (zero-second markers
+    on its stream):
+    - GPipe: each forward waits for its input, its output's send is issued and not waited on
+      until every forward is done; the backwards alike, every send waited on at the end.
+    - 1F1B (Schedule1F1B): min(m, pp - stage) forwards first, each waiting for the send before it;
+      the last of them is sent together with the first backward's receive and both are waited on;
+      then backward, and (while forwards are left) the backward's send waited on together with
+      the next forward's receive, then that forward; the backwards left each wait for their
+      gradient, and the send before theirs; the last send is waited on at the end."""
+    pp, m = len(stage_s), micro_batches
+    tasks: list[Task] = []
+    for s in range(pp):
+        f, b = stage_s[s]
+        stream, marks = f"stage{s}", iter(range(10 ** 9))
+        last = s == pp - 1
+
+        def recv_f(i, s=s):            # the activations this stage's forward i needs
+            return (f"S>{s - 1}.{i}",) if s else ()
+
+        def recv_b(i, s=s, last=last):      # the gradient its backward i needs
+            return () if last else (f"S<{s}.{i}",)
+
+        def sent_f(i, s=s, last=last):
+            return () if last or i < 0 else (f"S>{s}.{i}",)
+
+        def sent_b(i, s=s):
+            return (f"S<{s - 1}.{i}",) if s and i >= 0 else ()
+
+        def wait(on, stream=stream, marks=marks):
+            if on:
+                tasks.append(Task(f"{stream}.wait{next(marks)}", stream, 0.0, tuple(on)))
+
+        def forward(i, s=s, f=f, stream=stream, last=last):
+            tasks.append(Task(f"F{s}.{i}", stream, f, recv_f(i)))
+            if not last:
+                tasks.append(Task(f"S>{s}.{i}", f">{s}", send_s, (f"F{s}.{i}",), send_kind, (f">{s}",)))
+
+        def backward(i, s=s, b=b, stream=stream):
+            tasks.append(Task(f"B{s}.{i}", stream, b, recv_b(i) or (f"F{s}.{i}",)))
+            if s:
+                tasks.append(Task(f"S<{s - 1}.{i}", f"<{s - 1}", send_s, (f"B{s}.{i}",), send_kind, (f"<{s - 1}",)))
+
+        if schedule == "gpipe":
+            for i in range(m):
+                forward(i)
+            wait([x for i in range(m) for x in sent_f(i)])
+            for i in range(m):
+                backward(i)
+            wait([x for i in range(m) for x in sent_b(i)])
+            continue
+        warm, fwd, bwd = min(m, pp - s), 0, 0
+        for fwd in range(warm):
+            forward(fwd)
+            wait(sent_f(fwd - 1))
+        fwd = warm
+        while True:
+            wait(sent_f(fwd - 1) + recv_b(bwd))
+            backward(bwd)
+            bwd += 1
+            if fwd == m:
+                break
+            wait(sent_b(bwd - 1) + recv_f(fwd))
+            forward(fwd)
+            fwd += 1
+        while bwd < m:
+            backward(bwd)
+            wait(sent_b(bwd - 1))
+            bwd += 1
+        wait(sent_b(m - 1))
+    done = {s: next(t.name for t in reversed(tasks) if t.stream == f"stage{s}") for s in range(pp)}
+    if tied and pp > 1:     # one all-reduce between the first and the last stage, on both directions' links
+        links = (">0", "<0") if pp == 2 else ()
+        tasks.append(Task("tied", "tied", tied[0], (done[0], done[pp - 1]), tied[1], links))
+        done[0] = done[pp - 1] = "tied"
+    for s, (seconds, kind) in enumerate(reduce or []):
+        if seconds > 0:
+            tasks.append(Task(f"AR{s}", f"reduce{s}", seconds, (done[s],), kind, (f"{kind.partition('@')[2]}:{s}",)))
     return tasks

@@ -56,6 +56,17 @@ class Pricing:
         s = spans(self.network, ranks, stride)
         return collective_time(kind, nbytes, kind_spans(self.network, kind, s, nbytes), self.algorithm)[0]
 
+    def buckets(self) -> dict[str, float]:
+        """{dimension: its links' token bucket in seconds} for the shaped dimensions (burst_bytes > 0:
+        `bench cluster`'s tbf; none on a real network): the burst over the link's whole rate (a shared
+        link's `bandwidth` is each device's share of it)."""
+        out, below = {}, 1
+        for d in self.network.dims:
+            if d.burst_bytes > 0:
+                out[d.name] = d.burst_bytes / (d.bandwidth * (below if d.shared else 1))
+            below *= d.size
+        return out
+
     def label(self, kind: str, ranks: int, stride: int) -> str:
         """'all_gather@leaf': the kind and the outermost network dimension its group spans."""
         crossing = [d.name for n, d in spans(self.network, ranks, stride) if n > 1] or [self.network.dims[0].name]
@@ -199,9 +210,19 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
         tasks = rules.bucketed(pieces, bs, m, 0.0, label, "grad", after, tp_kind, every_micro_batch=every)
     else:
         raise ConfigError(f"bench project: no schedule rules for {fw}")
-    s = simulate(tasks)
+    s = simulate(on_links(tasks), pricing.buckets())
     return {"step_s": s.step_s, "compute_s": s.busy["compute"], "exposed": s.exposed, "comm_s": comm,
             "layout": layout(d, cost)}
+
+
+def on_links(tasks: list) -> list:
+    """Each communication task on the links of the dimension its kind names ('all_gather@link':
+    the links of `link`), whose token bucket (if shaped) it draws on; the schedule's view is one
+    rank's, and its collectives use both directions of its links alike, so one bucket a dimension;
+    an all-gather sends one message each way at once (schedule.Task.both_ways)."""
+    from dataclasses import replace
+    return [replace(t, links=(t.kind.partition("@")[2],), both_ways=t.kind.startswith("all_gather"))
+            if "@" in t.kind and not t.links else t for t in tasks]
 
 
 def schedule_step(plan, prof, pricing: Pricing, compute_s: float, ac: str, per_node: int) -> dict | None:
@@ -226,40 +247,59 @@ def layout(d, cost) -> dict:
 
 
 def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict) -> dict:
-    """A one-stage-per-rank pipeline (GPipe, 1F1B): the busiest stage's slot (forward + backward of
-    its pieces per micro-batch) through ddlbench.estimate.step.pipeline_step with the boundary's
-    send, then the stage's data-parallel all-reduce after the schedule (exposed), and a tied weight's
-    gradient summed between the first and the last stage (exposed too)."""
-    d = plan.dims
+    """A one-stage-per-rank pipeline (GPipe, 1F1B): each stage's forward and backward per micro-batch
+    and the boundary's sends simulated in the schedule's order (rules.pipeline; other schedules: the
+    busiest stage's slot through ddlbench.estimate.step.pipeline_step's flow shop), then a tied
+    weight's gradient summed between the first and the last stage, then each stage's data-parallel
+    all-reduce (both exposed)."""
+    d, o = plan.dims, plan.options
     nb, pp = len(prof.pieces), d.pp
     blocks = nb - 2
     per = math.ceil(blocks / pp)
     stages = [list(range(1 + s * per, 1 + min(blocks, (s + 1) * per))) for s in range(pp)]
     stages[0].insert(0, 0)
     stages[-1].append(nb - 1)
-    slot = max(sum(times[i][0] + times[i][1] for i in st) for st in stages)
+    stage_s = [(sum(times[i][0] for i in st), sum(times[i][1] for i in st)) for st in stages]
+    slot = max(f + b for f, b in stage_s)
     send = 0.0
     if pp > 1:      # to the next stage: dp x tp ranks further on (pp outermost)
         send = collective_time("send", prof.boundary_bytes_per_sample * d.micro_batch,
                                kind_spans(pricing.network, "send", spans(pricing.network, pp, d.tp * d.dp)),
                                pricing.algorithm)[0]
-    body = pipeline_step(slot, d.grad_accum, pp, send)
-    params = max(sum(prof.pieces[i].kept_params(d.tp) for i in st) for st in stages)
-    ar = pricing.seconds("all_reduce", grad_b * params, d.dp, d.tp)
+    stage_params = [sum(prof.pieces[i].kept_params(d.tp) for i in st) for st in stages]
+    ar = [pricing.seconds("all_reduce", grad_b * n, d.dp, d.tp) for n in stage_params]
     label = pricing.label("all_reduce", d.dp, d.tp)
     send_label = pricing.label("send", pp, d.tp * d.dp) if pp > 1 else "send"
-    comm[label] = comm.get(label, 0.0) + ar
+    comm[label] = comm.get(label, 0.0) + max(ar)
     comm[send_label] = comm.get(send_label, 0.0) + 2 * send * d.grad_accum
     compute = slot * d.grad_accum
-    exposed = {"pipeline bubble": (pp - 1) * slot, send_label: body - compute - (pp - 1) * slot, label: ar}
     tied = prof.stage_tied_params(d.tp) if pp > 1 else 0.0
-    tied_s = 0.0
+    tied_s, tied_label = 0.0, None
     if tied:        # the first and the last stage sum their copies' gradients, after the schedule
         stride = (pp - 1) * d.dp * d.tp
         tied_s = pricing.seconds("all_reduce", grad_b * tied, 2, stride)
         tied_label = pricing.label("all_reduce", 2, stride)
         comm[tied_label] = comm.get(tied_label, 0.0) + tied_s
-        exposed[tied_label] = exposed.get(tied_label, 0.0) + tied_s
-    return {"step_s": body + ar + tied_s, "compute_s": compute,
+    schedule = getattr(o, "schedule", "1f1b")
+    if schedule in ("gpipe", "1f1b") and getattr(o, "stages_per_rank", 1) == 1:
+        tasks = rules.pipeline(stage_s, d.grad_accum, send, schedule, send_label,
+                               (tied_s, tied_label) if tied_s else None, [(a, label) for a in ar])
+        dims = pricing.buckets()
+
+        def bucket(key: str) -> float:     # '>0' / '<0': a boundary's links; 'node:1': stage 1's dp links
+            return dims.get(send_label.partition("@")[2] if key[0] in "<>" else key.split(":")[0], 0.0)
+        sched = simulate(tasks, {k: bucket(k) for t in tasks for k in t.links})
+        body = max(sched.end[t.name] for t in tasks if t.stream.startswith("stage"))
+        after_tied = max((sched.end[t.name] for t in tasks if t.name == "tied"), default=body)
+        step = sched.step_s
+    else:
+        body = pipeline_step(slot, d.grad_accum, pp, send)
+        after_tied = body + tied_s
+        step = after_tied + max(ar)
+    exposed = {"pipeline bubble": (pp - 1) * slot, send_label: max(0.0, body - compute - (pp - 1) * slot)}
+    if tied_label:
+        exposed[tied_label] = exposed.get(tied_label, 0.0) + after_tied - body
+    exposed[label] = exposed.get(label, 0.0) + step - after_tied
+    return {"step_s": step, "compute_s": compute,
             "exposed": {k: v for k, v in exposed.items() if v > 1e-12},
             "comm_s": comm, "layout": layout(d, cost)}

@@ -43,6 +43,9 @@ class Dimension:
     # one link per unit of the dimension below, shared by the devices beneath it (`bench cluster`'s
     # node uplink): `bandwidth` is each device's share; one flow alone gets the whole link
     shared: bool = False
+    # a shaped link's token bucket (`bench cluster`'s tbf): bytes a link idle long enough sends at
+    # once; 0 for a real network (ddlbench/estimate/schedule.py prices it)
+    burst_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def from_dict(raw: dict, path: Path | str = "<inline>") -> Network:
                               _real(d["bandwidth_GBps"], f"{where} bandwidth_GBps", positive=True) * GB,
                               _real(d["latency_us"], f"{where} latency_us") * 1e-6,
                               _real(d.get("cost_per_GBps", 0.0), f"{where} cost_per_GBps"),
-                              bool(d.get("shared", False))))
+                              bool(d.get("shared", False)),
+                              _real(d.get("burst_bytes", 0.0), f"{where} burst_bytes")))
     dims = tuple(dims)
     return Network(str(raw.get("name", path.stem)), dims, str(raw.get("description", "")), str(path),
                    {k: v for k, v in raw.items() if k not in ("name", "dimensions", "description")})
