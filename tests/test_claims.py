@@ -212,6 +212,18 @@ CLAIMS += [("docs/projection.md", "| {} | {} / {} / {} | {} / {} / {} | {} / {} 
             lambda fw=fw: _pieces_row(fw)) for fw in ("ddp", "fsdp_full", "deepspeed_zero2", "fsdp_grad_op")]
 
 
+def _pieces_row_at_2(framework: str) -> list[str]:
+    """docs/projection.md's calibrate=pieces check at 2 ranks: the framework's row."""
+    r = next(r for r in json.loads((PIECES / "ranks2.json").read_text()) if r["framework"] == framework)
+    p, m = r["predicted"], r["measured"]
+    return [framework, f"{1e3 * p['step_s']:.1f}", f"{1e3 * p['optimizer_s']:.1f}", f"{1e3 * p['exposed_comm_s']:.1f}",
+            f"{p['factor']:.3f}", f"{1e3 * m['median_step_s']:.1f}", f"{100 * r['error_vs_median']:+.1f}%"]
+
+
+CLAIMS += [("docs/projection.md", "| {} | {} | {} | {} | {} | {} | {} |", lambda fw=fw: _pieces_row_at_2(fw))
+           for fw in ("ddp", "fsdp_full", "deepspeed_zero2", "fsdp_grad_op")]
+
+
 def _fake_worlds() -> list[str]:
     rows = {r["framework"]: r["fake_worlds_step_s"] for r in json.loads((PIECES / "run3.json").read_text())}
     return [f"{1e3 * v:.1f}" for fw in ("fsdp_full", "fsdp_grad_op", "deepspeed_zero2", "ddp") for v in rows[fw].values()]

@@ -213,6 +213,25 @@ def test_a_pipeline_waits_where_torchs_schedules_wait():
     assert s.end["S>0.0"] - s.start["S>0.0"] < 3 and s.step_s < 18
 
 
+def test_cpu_pieces_are_timed_with_the_threads_a_rank_gets():
+    """On a CPU a device is a rank with its share of the host's cores: the pieces and the framework's
+    step (a spawned process: OMP_NUM_THREADS) are timed with launch.local.threads_per_rank's count,
+    and the caller's settings come back after."""
+    import os
+
+    import torch
+
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.spec import cpu_threads
+    plan = plan_from_overrides(["model=llama_tiny", "framework=ddp", "launcher.nproc=2", "launcher.threads_per_rank=1"])
+    before, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    with cpu_threads(plan) as threads:
+        assert threads == 1 and torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+    assert torch.get_num_threads() == before and os.environ.get("OMP_NUM_THREADS") == env
+    with cpu_threads(None) as threads:          # a GPU: nothing changed
+        assert threads is None and torch.get_num_threads() == before
+
+
 def test_tensor_parallel_collectives_are_exposed():
     tp = [rules.Piece("b0", "b0", 1, 2, params=1, tp_forward_s=0.25, tp_backward_s=0.5)]
     s = simulate(rules.bucketed(tp, [], 1, 0.0, "ar", "grad", tp_kind="tp@nvlink"))

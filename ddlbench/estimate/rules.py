@@ -26,6 +26,7 @@ copies summed (the first and the last stage), then each stage's data-parallel al
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import count
 
 from ddlbench.estimate.schedule import COMPUTE, Task
 
@@ -241,65 +242,7 @@ def pipeline(stage_s: list[tuple[float, float]], micro_batches: int, send_s: flo
       the next forward's receive, then that forward; the backwards left each wait for their
       gradient, and the send before theirs; the last send is waited on at the end."""
     pp, m = len(stage_s), micro_batches
-    tasks: list[Task] = []
-    for s in range(pp):
-        f, b = stage_s[s]
-        stream, marks = f"stage{s}", iter(range(10 ** 9))
-        last = s == pp - 1
-
-        def recv_f(i, s=s):            # the activations this stage's forward i needs
-            return (f"S>{s - 1}.{i}",) if s else ()
-
-        def recv_b(i, s=s, last=last):      # the gradient its backward i needs
-            return () if last else (f"S<{s}.{i}",)
-
-        def sent_f(i, s=s, last=last):
-            return () if last or i < 0 else (f"S>{s}.{i}",)
-
-        def sent_b(i, s=s):
-            return (f"S<{s - 1}.{i}",) if s and i >= 0 else ()
-
-        def wait(on, stream=stream, marks=marks):
-            if on:
-                tasks.append(Task(f"{stream}.wait{next(marks)}", stream, 0.0, tuple(on)))
-
-        def forward(i, s=s, f=f, stream=stream, last=last):
-            tasks.append(Task(f"F{s}.{i}", stream, f, recv_f(i)))
-            if not last:
-                tasks.append(Task(f"S>{s}.{i}", f">{s}", send_s, (f"F{s}.{i}",), send_kind, (f">{s}",)))
-
-        def backward(i, s=s, b=b, stream=stream):
-            tasks.append(Task(f"B{s}.{i}", stream, b, recv_b(i) or (f"F{s}.{i}",)))
-            if s:
-                tasks.append(Task(f"S<{s - 1}.{i}", f"<{s - 1}", send_s, (f"B{s}.{i}",), send_kind, (f"<{s - 1}",)))
-
-        if schedule == "gpipe":
-            for i in range(m):
-                forward(i)
-            wait([x for i in range(m) for x in sent_f(i)])
-            for i in range(m):
-                backward(i)
-            wait([x for i in range(m) for x in sent_b(i)])
-            continue
-        warm, fwd, bwd = min(m, pp - s), 0, 0
-        for fwd in range(warm):
-            forward(fwd)
-            wait(sent_f(fwd - 1))
-        fwd = warm
-        while True:
-            wait(sent_f(fwd - 1) + recv_b(bwd))
-            backward(bwd)
-            bwd += 1
-            if fwd == m:
-                break
-            wait(sent_b(bwd - 1) + recv_f(fwd))
-            forward(fwd)
-            fwd += 1
-        while bwd < m:
-            backward(bwd)
-            wait(sent_b(bwd - 1))
-            bwd += 1
-        wait(sent_b(m - 1))
+    tasks = [t for s in range(pp) for t in _stage(s, pp, m, *stage_s[s], send_s, send_kind, schedule)]
     done = {s: next(t.name for t in reversed(tasks) if t.stream == f"stage{s}") for s in range(pp)}
     if tied and pp > 1:     # one all-reduce between the first and the last stage, on both directions' links
         links = (">0", "<0") if pp == 2 else ()
@@ -308,4 +251,65 @@ def pipeline(stage_s: list[tuple[float, float]], micro_batches: int, send_s: flo
     for s, (seconds, kind) in enumerate(reduce or []):
         if seconds > 0:
             tasks.append(Task(f"AR{s}", f"reduce{s}", seconds, (done[s],), kind, (f"{kind.partition('@')[2]}:{s}",)))
+    return tasks
+
+
+def _stage(s: int, pp: int, m: int, f: float, b: float, send_s: float, send_kind: str, schedule: str) -> list[Task]:
+    """Stage s's tasks (see pipeline): its compute and wait markers on `stage{s}`, its sends on the links."""
+    tasks: list[Task] = []
+    stream, marks, last = f"stage{s}", count(), s == pp - 1
+
+    def recv_f(i):              # the activations its forward i needs
+        return (f"S>{s - 1}.{i}",) if s else ()
+
+    def recv_b(i):              # the gradient its backward i needs
+        return () if last else (f"S<{s}.{i}",)
+
+    def sent_f(i):              # its forward i's send
+        return () if last or i < 0 else (f"S>{s}.{i}",)
+
+    def sent_b(i):              # its backward i's send
+        return (f"S<{s - 1}.{i}",) if s and i >= 0 else ()
+
+    def wait(on):
+        if on:
+            tasks.append(Task(f"{stream}.wait{next(marks)}", stream, 0.0, tuple(on)))
+
+    def forward(i):
+        tasks.append(Task(f"F{s}.{i}", stream, f, recv_f(i)))
+        if not last:
+            tasks.append(Task(f"S>{s}.{i}", f">{s}", send_s, (f"F{s}.{i}",), send_kind, (f">{s}",)))
+
+    def backward(i):
+        tasks.append(Task(f"B{s}.{i}", stream, b, recv_b(i) or (f"F{s}.{i}",)))
+        if s:
+            tasks.append(Task(f"S<{s - 1}.{i}", f"<{s - 1}", send_s, (f"B{s}.{i}",), send_kind, (f"<{s - 1}",)))
+
+    if schedule == "gpipe":
+        for i in range(m):
+            forward(i)
+        wait([x for i in range(m) for x in sent_f(i)])
+        for i in range(m):
+            backward(i)
+        wait([x for i in range(m) for x in sent_b(i)])
+        return tasks
+    warm, bwd = min(m, pp - s), 0
+    for fwd in range(warm):
+        forward(fwd)
+        wait(sent_f(fwd - 1))
+    fwd = warm
+    while True:
+        wait(sent_f(fwd - 1) + recv_b(bwd))
+        backward(bwd)
+        bwd += 1
+        if fwd == m:
+            break
+        wait(sent_b(bwd - 1) + recv_f(fwd))
+        forward(fwd)
+        fwd += 1
+    while bwd < m:
+        backward(bwd)
+        wait(sent_b(bwd - 1))
+        bwd += 1
+    wait(sent_b(m - 1))
     return tasks

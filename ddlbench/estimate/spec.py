@@ -2,6 +2,7 @@
 size, with the efficiency stated or calibrated on a measured point (see scale.py's docstring)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ddlbench.errors import ConfigError
@@ -110,6 +111,33 @@ def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: i
     return (lo + hi) / 2
 
 
+@contextmanager
+def cpu_threads(plan):
+    """On a CPU, the pieces and the framework's step timed with the threads one rank of `plan` gets
+    on this host, as a run of it here would (launch.local.threads_per_rank: the usable cores over its
+    ranks, or launcher.threads_per_rank): a 2-rank plan on 2 cores, 1 each. Yields that number (None
+    on a GPU: `plan` None); the framework's step, in a process of its own, takes it from
+    OMP_NUM_THREADS."""
+    import os
+
+    import torch
+    if plan is None:
+        yield None
+        return
+    from ddlbench.launch.local import threads_per_rank
+    threads, before, env = threads_per_rank(plan), torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(before)
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+
+
 def timed_pieces(spec: Spec, world: int, repeats: int = 5, with_framework: bool = True,
                  framework_world: int | None = None) -> dict:
     """calibrate=pieces: the pieces of the plan at `world` timed on this host's device at the plan's
@@ -127,16 +155,18 @@ def timed_pieces(spec: Spec, world: int, repeats: int = 5, with_framework: bool 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = "fp32" if plan.cfg.run.precision == "auto" else plan.cfg.run.precision
     mb = plan.dims.micro_batch
-    timed = time_pieces(plan.cfg.model, precision, device, mb, repeats, optim_cfg=plan.cfg.optim)
-    optimizer = {k: timed.pop(k) for k in ("optimizer_s_per_param", "optimizer_step_s")}
-    if device.type == "cuda":
-        torch.cuda.empty_cache()      # the framework's step below runs in a process of its own on this GPU
     at = plan if framework_world in (None, world) else plan_at(spec, framework_world)
-    framework = framework_factor(at, prof, timed, optimizer, device.type) if with_framework else None
+    with cpu_threads(at if device.type == "cpu" else None) as threads:
+        timed = time_pieces(plan.cfg.model, precision, device, mb, repeats, optim_cfg=plan.cfg.optim)
+        optimizer = {k: timed.pop(k) for k in ("optimizer_s_per_param", "optimizer_step_s")}
+        if device.type == "cuda":
+            torch.cuda.empty_cache()      # the framework's step below runs in a process of its own on this GPU
+        framework = framework_factor(at, prof, timed, optimizer, device.type) if with_framework else None
     timed.pop("model_s")
     seconds = per_sample(prof, timed, mb)
     flops = 3 * sum(p.flops for p in prof.pieces)
-    return {"per_sample": seconds, "timed": timed, "device": str(device), "micro_batch": mb, "precision": precision,
+    return {"per_sample": seconds, "timed": timed, "device": str(device), "cpu_threads": threads, "micro_batch": mb,
+            "precision": precision,
             "optimizer": optimizer, "framework": framework,
             "efficiency": flops / sum(f + b for f, b in seconds) / spec.peak_flops}
 

@@ -16,7 +16,7 @@ DEFAULT_MFU = 0.4
 USAGE = ("usage: bench project model=NAME framework=NAME network=NAME hardware=H100 [world_sizes=[8,128,1024]] "
          "[local_batch=N] [ac=none|full|selective_layer:K|selective_op] [mfu=0.4 | calibrate=TOKENS_PER_S@DEVICES | "
          "calibrate=pieces] "
-         "[device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical] [out=DIR] [any run override]")
+         "[device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical|gloo] [out=DIR] [any run override]")
 
 
 def is_spec(args: list[str]) -> bool:
@@ -73,7 +73,7 @@ def run(args: list[str]) -> int:
         ac = normalize(kv.text("ac", "none"))
     except ValueError as exc:
         raise ConfigError(f"bench project: ac: {exc}") from None
-    algorithm = kv.choice("algorithm", ("best", *model.ALGORITHMS), "best")
+    algorithm = kv.choice("algorithm", ("best", *model.ALGORITHMS, model.GLOO), "best")   # gloo: its flat rings
     precision = next((a.split("=", 1)[1] for a in kv.passed if a.startswith("run.precision=")), "fp32")
     if kv.text("peak_tflops"):
         peak, peak_src = kv.number("peak_tflops", positive=True) * 1e12, "peak_tflops="
