@@ -172,7 +172,7 @@ def test_a_shaped_links_bucket_is_saved_up_while_it_idles_and_spent_in_time_orde
 def test_more_than_a_bucket_both_ways_at_once_gets_no_credit():
     """benchmarks/tbf_probe.py at 100 Mbit/s after 20 ms idle (bucket 10.5 ms): an isend/irecv pair
     of 256 KiB each way 23.4 ms (the line 21.9), an all-gather of 384 KiB each way 34.8, of 128 KiB
-    1.3 ms; a send one way 12.0. Here a bucket of 10 after 12 idle."""
+    2.7 ms; a send of 256 KiB one way 12.0. Here a bucket of 10 after 12 idle."""
     def one(seconds, **kw):
         return simulate([Task("c", "compute", 12), Task("x", "net", seconds, ("c",), "all_gather@link", ("link",), **kw)],
                         {"link": 10}).end["x"] - 12

@@ -48,8 +48,8 @@ def payload_share(mtu: int) -> float:
     """The share of a shaped link's rate that carries data: tbf meters whole Ethernet frames, and a
     TCP segment of an MTU-sized packet carries mtu - 52 bytes (IP 20, TCP 20 + 12 of timestamps)
     in a frame of mtu + 14 (Ethernet's header): 1448 / 1514 = 95.6% at MTU 1500. Measured here
-    (`bench commbench` at 100 Mbit/s, back to back): a 256 KiB send 21.7 ms, 512 KiB 43.6 ms, against
-    21.0 and 41.9 ms at the bare rate (+4.5%, 1514 / 1448 = +4.6%)."""
+    (benchmarks/tbf_probe.py at 100 Mbit/s, back to back; reports/network/tbf-probe/): a 256 KiB send
+    21.9 ms, 384 KiB 32.9 ms, against 21.0 and 31.5 ms at the bare rate (+4.6%, 1514 / 1448)."""
     return (mtu - 52) / (mtu + 14)
 
 
@@ -207,7 +207,7 @@ def network_description(plan: Plan) -> dict:
     across nodes each node's link into the head's switch at the shaped rate: per device, as the
     network model counts bandwidth, the node's D devices share it (rate / D). Latencies are nominal
     until `bench commbench` fits them. Rates are the data a link carries (payload_share of the shaped
-rate); burst_bytes is tbf's bucket in the same bytes (ddlbench/estimate/schedule.py prices it)."""
+    rate); burst_bytes is tbf's bucket in the same bytes (ddlbench/estimate/schedule.py prices it)."""
     per_node = len(plan.nodes[0].cores)
     data = payload_share(plan.mtu)      # bandwidth and burst in the bytes a collective moves, not frames
     if plan.dev_link:

@@ -26,9 +26,11 @@ order the link really carries them.
 
 Except where data goes both ways at once as one message each way — gloo's all-gather (`both_ways`),
 or a send while the link's other direction (`>b` / `<b`) is busy — and more than the bucket holds:
-then neither side's bucket helps, measured (benchmarks/tbf_probe.py, 100 Mbit/s, 20 ms idle): an
+then the schedule gives no credit; measured, the buckets help little or not at all
+(benchmarks/tbf_probe.py, 100 Mbit/s, 20 ms idle; an all-gather of 256 KiB each way saved 3.8 ms): an
 isend/irecv pair of 256 KiB each way 23.4 ms, 21.9 at the line, and an all-gather of 384 KiB
-each way 34.8 (32.9), where 128 KiB each way took 1.3 ms; all-reduces (gloo's ring: half the data
+each way 34.8 (32.9), where 128 KiB each way took 1.3 ms (the pair) and 2.7 (the all-gather), of
+11.0 at the line; all-reduces (gloo's ring: half the data
 each way in each of two phases) and sends one way at a time got the whole bucket. (TCP's
 acknowledgements of each direction queue behind the other direction's data in tbf's queue; beyond
 ~384 KiB each way the exchange runs slower than the line — 45.5 ms for 32.9 —, not priced.)
