@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = str(Path(sys.executable).parent / "bench")
+from layout_check import cluster  # `bench cluster ARGS`, captured
+
 NAME = "ddlbtbf"
 WORKER = r'''
 import json, os, statistics, sys, time
@@ -82,11 +81,6 @@ if rank == 0:
     open(out_file, "w").write(json.dumps(list(by.values())))
 dist.destroy_process_group()
 '''
-
-
-def cluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([BENCH, "cluster", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          stdin=subprocess.DEVNULL)
 
 
 def markdown(doc: dict) -> str:
