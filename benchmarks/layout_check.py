@@ -46,6 +46,10 @@ LAYOUTS = {
     "tp2_fsdp2": (["framework=tensor_parallel_fsdp"], "tensor_parallel"),   # DTensor at tp 1: its per-op cost
     "pp2_dp2": (["framework=pipeline_1f1b", "framework.options.pp=2", "framework.options.dp=2"], "ddp"),
     "zero2": (["framework=deepspeed_zero2"], "deepspeed_zero2"),
+    "cp2_fsdp2": (["framework=context_parallel", "model.attention=sdpa_causal"], "fsdp_full"),
+    "ulysses2_dp2": (["framework=deepspeed_ulysses", "framework.options.sp=2", "model.attention=sdpa"],
+                     "deepspeed_zero2"),
+    "ep2_fsdp2": (["framework=expert_parallel", "model=moe_tiny"], "fsdp_full"),
 }
 # one device per node (world 2): the model-parallel layouts across the node link, each rank on a core of its own
 LAYOUTS_ONE_PER_NODE = {
@@ -53,7 +57,22 @@ LAYOUTS_ONE_PER_NODE = {
     "fsdp_full": (["framework=fsdp_full"], "fsdp_full"),
     "tp2": (["framework=tensor_parallel"], "tensor_parallel"),
     "pp2": (["framework=pipeline_1f1b", "framework.options.pp=2"], "ddp"),
+    "cp2": (["framework=context_parallel", "model.attention=sdpa_causal"], "fsdp_full"),
+    "ulysses2": (["framework=deepspeed_ulysses", "framework.options.sp=2", "model.attention=sdpa"], "deepspeed_zero2"),
+    "ep2": (["framework=expert_parallel", "model=moe_tiny"], "fsdp_full"),
 }
+
+
+def model_side(layout: list[str], model: str) -> list[str]:
+    """The layout's model overrides (a model of its own: moe_tiny for expert parallelism; the
+    attention ring attention or Ulysses needs), with `model` where it names none: its 1-device
+    calibration runs the same model."""
+    own = [o for o in layout if o.startswith("model")]
+    return own if any(o.startswith("model=") for o in own) else [f"model={model}", *own]
+
+
+def strategy_side(layout: list[str]) -> list[str]:
+    return [o for o in layout if not o.startswith("model")]
 STEPS = ["run.warmup_steps=3", "run.measure_steps=15", "run.progress=false", "logger=none", "run.timeout_s=600"]
 
 
@@ -89,7 +108,7 @@ def median_run(out: Path, nodes: int, per_node: int, overrides: list[str], a) ->
 def local_batch(layout: list[str], model: str) -> int:
     """Samples per data-parallel rank of the layout at 4 ranks and PER_RANK x 4 samples."""
     from ddlbench.config import plan_from_overrides
-    plan = plan_from_overrides([*layout, f"model={model}", f"launcher.nproc={NODES * DEVICES}",
+    plan = plan_from_overrides([*strategy_side(layout), *model_side(layout, model), f"launcher.nproc={NODES * DEVICES}",
                                 f"run.global_batch={PER_RANK * NODES * DEVICES}"])
     return plan.dims.global_batch // plan.dims.dp
 
@@ -123,10 +142,42 @@ def node_fitted(base: dict, bench: dict) -> dict:
     return fitted_network(base, main, bench["world_size"], got)
 
 
-def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: str, network=None) -> dict:
+def own_steps(layout: list[str], calib: str, model: str, local: int, world: int) -> dict | None:
+    """Where the layout splits a rank's compute (tp, cp or ep > 1: TP the matmuls, ring attention and
+    Ulysses the sequence, EP the experts), what the split costs on the device at hand: rank 0's own
+    step at the layout over torch's fake process group (ddlbench/estimate/collectives.time_step:
+    collectives return at once) and the calibration framework's own at one rank, each on one thread
+    as a rank of the cluster gets. None for a layout that splits nothing (its 1-rank calibration
+    computes what a rank does) or that cannot run over a fake group (a pipeline's rank 0 waits on
+    its peers)."""
+    import os
+
+    from ddlbench.config import compose_raw, plan_from_overrides
+    from ddlbench.estimate.collectives import time_step, traceable
+    mine = [*strategy_side(layout), *model_side(layout, model), "run.precision=fp32", "run.device=cpu"]
+    plan = plan_from_overrides([*mine, f"launcher.nproc={world}", f"run.global_batch={PER_RANK * world}"])
+    d = plan.dims
+    if max(d.tp, d.cp, int(getattr(plan.options, "ep", 1))) == 1 or traceable(plan.cfg.framework.name,
+                                                                            plan.cfg.framework.variant):
+        return None
+    os.environ["OMP_NUM_THREADS"] = "1"        # the spawned timing processes: one thread, as a rank here
+    got = {"layout": time_step(compose_raw([*mine, f"launcher.nproc={world}", f"run.global_batch={PER_RANK * world}"]),
+                               world, 7),
+           "calibration": time_step(compose_raw([f"framework={calib}", *model_side(layout, model), "run.precision=fp32",
+                                                 "run.device=cpu", "launcher.nproc=1", f"run.global_batch={local}"]), 1, 7)}
+    bad = [f"{k}: {v['error']}" for k, v in got.items() if "step_s" not in v]
+    if bad:
+        raise RuntimeError("; ".join(bad))
+    return {k: v["step_s"] for k, v in got.items()}
+
+
+def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: str, network=None,
+            own: dict | None = None) -> dict:
     """The layout's step at 4 ranks from the 1-rank run: efficiency solved on the 1-rank step,
     scaled by the oversubscription, the layout planned and simulated on `network` (default: the
-    one the run recorded, the cluster's configured rates)."""
+    one the run recorded, the cluster's configured rates). `own` (own_steps): the layout's compute
+    is what its own step over a fake group takes against the calibration framework's at one rank,
+    not the share of the FLOPs the roofline gives it."""
     from ddlbench.estimate.scale import Pricing
     from ddlbench.estimate.spec import Spec, rows, solve_efficiency
     from ddlbench.network import model as net_model
@@ -138,15 +189,21 @@ def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: s
     peak = float(one["flops"]["peak_per_device"])
     par = layout_rec["parallel"]
     local = int(par["global_batch"]) // int(par["dp"])
-    common = [f"model={model}", "run.device=cpu", "run.precision=fp32"]
+    common = [*model_side(layout, model), "run.device=cpu", "run.precision=fp32"]
     spec1 = Spec((f"framework={calib}", *common), local, peak, per_node=DEVICES, device="cpu")
     rate1 = one["throughput"]["tokens_per_s"]
     eff1 = solve_efficiency(spec1, pricing, rate1, 1)
     factor = oversubscription(layout_rec) / oversubscription(one)
-    spec = Spec((*layout, *common), local, peak, per_node=DEVICES, device="cpu")
-    row = rows(spec, pricing, [NODES * DEVICES], eff1 / factor)[0]
+    spec = Spec((*strategy_side(layout), *common), local, peak, per_node=DEVICES, device="cpu",
+                ranks_per_core=max(1, round(factor)))
+    world = NODES * DEVICES
+    split = 1.0
+    if own:      # the compute the roofline gives the layout against the calibration's, both at eff1
+        by_flops = rows(spec, pricing, [world], eff1)[0]["compute_s"] / rows(spec1, pricing, [1], eff1)[0]["compute_s"]
+        split = own["layout"] / own["calibration"] / by_flops
+    row = rows(spec, pricing, [world], eff1 / factor / split)[0]
     measured = layout_rec["timing"]["window_step_s"]
-    return {"predicted_step_s": row["step_s"], "measured_step_s": measured,
+    return {"predicted_step_s": row["step_s"], "measured_step_s": measured, "own_steps_s": own, "split_factor": split,
             "error": (row["step_s"] - measured) / measured, "compute_s": row["compute_s"],
             "exposed_comm_s": row["exposed_comm_s"], "exposed_by_kind_s": row["exposed_by_kind_s"],
             "comm_by_kind_s": row["comm_by_kind_s"], "layout": row["layout"], "efficiency_1rank": eff1,
@@ -159,23 +216,28 @@ def markdown(doc: dict) -> str:
              f"{doc['link']}; model {doc['model']}, {PER_RANK} samples per "
              f"rank-equivalent; {doc['repeats']} repeats (the median run stands)", "",
              "| layout | planned | measured step ms (repeats) | predicted ms | error | compute ms | exposed comm ms "
-             "(by kind) | 1-rank step ms | without tbf's bucket: predicted ms (error) "
-             "| node link fitted: predicted ms (error) |", "|" + "---|" * 10]
+             "(by kind) | 1-rank step ms | own step over a fake group / calibration's (ms) "
+             "| compute by its FLOPs' share: predicted ms (error) | without tbf's bucket: predicted ms (error) "
+             "| node link fitted: predicted ms (error) |", "|" + "---|" * 12]
     for r in doc["rows"]:
         if "error_message" in r:
-            lines.append(f"| {r['layout']} | - | {r['error_message'][:120]} | | | | | | |")
+            lines.append(f"| {r['layout']} | - | {r['error_message'][:120]} |" + " |" * 9)
             continue
         p = r["prediction"]
         kinds = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in p["exposed_by_kind_s"].items() if v > 5e-4)
         reps = ", ".join(f"{s * 1e3:.0f}" for s in r["repeats_step_s"])
         lay = p["layout"]
-        planned = (" x ".join(f"{k} {lay[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp") if lay.get(k, 1) > 1)
+        planned = (" x ".join(f"{k} {lay[k]}" for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp") if lay.get(k, 1) > 1)
+                   + (f" (ep {lay['ep']})" if lay.get("ep", 1) > 1 else "")
                    + f", micro-batch {lay['micro_batch']} x {lay['grad_accum']}")
         lines.append(f"| {r['layout']} | {planned} | {p['measured_step_s'] * 1e3:.0f} ({reps}) | "
                      f"{p['predicted_step_s'] * 1e3:.0f} | {100 * p['error']:+.1f}% | {p['compute_s'] * 1e3:.0f} | "
                      f"{p['exposed_comm_s'] * 1e3:.0f} ({kinds}) | {p['one_rank_step_s'] * 1e3:.0f} | "
+                     + (f"{own['layout'] * 1e3:.1f} / {own['calibration'] * 1e3:.1f}" if (own := p.get("own_steps_s"))
+                        else "-") + " | "
                      + " | ".join(f"{r[k]['predicted_step_s'] * 1e3:.0f} ({100 * r[k]['error']:+.1f}%)" if k in r else "-"
-                                  for k in ("prediction_no_bucket", "prediction_node_fitted")) + " |")
+                                  for k in ("prediction_flops_split", "prediction_no_bucket", "prediction_node_fitted"))
+                     + " |")
     for key, label in (("prediction", "configured rates"), ("prediction_no_bucket", "without tbf's bucket"),
                        ("prediction_node_fitted", "node link fitted")):
         errs = [abs(r[key]["error"]) for r in doc["rows"] if key in r]
@@ -220,29 +282,35 @@ def main() -> int:
         ones: dict[str, dict] = {}
         for name in names:
             layout, calib = known[name]
-            base = [f"model={a.model}", *STEPS]
+            models = model_side(layout, a.model)
+            base = [*models, *STEPS]
             local = local_batch(layout, a.model)      # the 1-device run computes one data-parallel rank's batch
-            key = f"{calib}_b{local}"
+            key = "_".join([calib, *(m.split("=")[1] for m in models[1:]), f"b{local}"])
+            if models[0] != f"model={a.model}":
+                key = f"{models[0].split('=')[1]}_{key}"
             if key not in ones:
                 ones[key] = median_run(out / "one_rank" / key, 1, 1,
                                        [f"framework={calib}", *base, f"run.global_batch={local}"], a)
             one = ones[key]
-            rec = median_run(out / name, NODES, DEVICES, [*layout, *base, f"run.global_batch={PER_RANK * NODES * DEVICES}"],
-                             a)
+            rec = median_run(out / name, NODES, DEVICES, [*strategy_side(layout), *base,
+                                                          f"run.global_batch={PER_RANK * NODES * DEVICES}"], a)
             row = {"layout": name, "overrides": layout, "calibration": key, "run_dir": str(out / name)}
             if rec.get("status") != "ok" or one.get("status") != "ok":
                 bad = rec if rec.get("status") != "ok" else one
                 row["error_message"] = f"{bad.get('status')}: {(bad.get('error') or {}).get('message')}"
             else:
                 try:
-                    row["prediction"] = predict(rec, one, layout, calib, a.model)
+                    own = own_steps(layout, calib, a.model, local, NODES * DEVICES)
+                    row["prediction"] = predict(rec, one, layout, calib, a.model, own=own)
                     row["repeats_step_s"] = rec["_repeats_step_s"]
                     row["prediction_no_bucket"] = predict(rec, one, layout, calib, a.model,
-                                                          without_bucket(net_model.recorded_network(rec)))
+                                                          without_bucket(net_model.recorded_network(rec)), own)
+                    if own:
+                        row["prediction_flops_split"] = predict(rec, one, layout, calib, a.model)
                     if node:
                         from ddlbench.network.model import from_dict
                         fitted = from_dict(node_fitted(rec["env"]["network"]["description"], node))
-                        row["prediction_node_fitted"] = predict(rec, one, layout, calib, a.model, fitted)
+                        row["prediction_node_fitted"] = predict(rec, one, layout, calib, a.model, fitted, own)
                 except Exception as exc:        # a layout the projector refuses: said, not hidden
                     row["error_message"] = f"not predicted: {exc}"
             doc["rows"].append(row)

@@ -178,6 +178,12 @@ def test_more_than_a_bucket_both_ways_at_once_gets_no_credit():
                         {"link": 10}).end["x"] - 12
     assert one(21) == 11 and one(21, both_ways=True) == 21      # more than the bucket each way: none
     assert one(8, both_ways=True) == 0                           # within the bucket: all of it
+    # a collective's kind says which: gloo's all-gather and all-to-all send each way at once, its ring
+    # all-reduce (half each way in each of two phases) and a send do not
+    from ddlbench.estimate.scale import on_links
+    got = on_links([Task(k, "net", 1.0, (), f"{k}@link") for k in ("all_gather", "all_to_all", "all_reduce", "send")])
+    assert [(t.links, t.both_ways) for t in got] == [(("link",), True), (("link",), True), (("link",), False),
+                                                     (("link",), False)]
     # a pipeline's link: a send while the other direction carries more than a bucket gets none
     # (both directions idle 12 before: '>0' alone would get 10)
     pair = [Task("c", "compute", 12), Task("g", "<0", 21, ("c",), "send@link", ("<0",)),
@@ -211,6 +217,35 @@ def test_a_pipeline_waits_where_torchs_schedules_wait():
     t = rules.pipeline([(1, 2), (1, 2)], 2, 3, "1f1b", "send@link")
     s = simulate(t, {">0": 5, "<0": 5})
     assert s.end["S>0.0"] - s.start["S>0.0"] < 3 and s.step_s < 18
+
+
+def test_a_pool_serves_whichever_task_is_ready_first():
+    """A shared stream (schedule.POOL) does not keep the listed order: b, ready at 1, runs before a,
+    ready at 3; an ordinary stream would run a first."""
+    from ddlbench.estimate.schedule import POOL
+    tasks = [Task("slow", "compute", 3), Task("fast", "other", 1),
+             Task("a", POOL + "x", 2, ("slow",)), Task("b", POOL + "x", 2, ("fast",))]
+    s = simulate(tasks)
+    assert (s.start["b"], s.start["a"], s.step_s) == (1, 3, 5)
+    plain = simulate([Task(t.name, t.stream.removeprefix(POOL), t.seconds, t.after) for t in tasks])
+    assert (plain.start["a"], plain.start["b"], plain.step_s) == (3, 5, 7)
+
+
+def test_pipeline_replicas_sharing_a_core_and_a_link_take_turns():
+    """Two replicas of a 2-stage 1F1B pipeline, one micro-batch, each stage's two replicas on one
+    core and each boundary's sends on one link (bench cluster's 2 x 2 nodes): forward 1, backward
+    2, a send 1, each at the whole core's or link's speed. By hand: F0#0 0-1, F0#1 1-2; S#0 1-2,
+    S#1 2-3; F1#0 2-3; at 3 both B1#0 and F1#1 are ready, the first listed goes: B1#0 3-5, F1#1
+    5-6, B1#1 6-8; gradients back S#0 5-6, S#1 8-9; B0#0 6-8, B0#1 9-11: 11. In step, each at half
+    the core and link (the model without turns): 2 + 2 + 2 + 4 + 2 + 4 = 16."""
+    one = rules.pipeline([(1, 2), (1, 2)], 1, 1.0, "1f1b", "send@link", replicas=2)
+    s = simulate(one)
+    assert s.step_s == 11 and (s.start["B1.0#0"], s.start["F1.0#1"], s.end["B0.0#1"]) == (3, 5, 11)
+    assert simulate(rules.pipeline([(2, 4), (2, 4)], 1, 2.0, "1f1b", "send@link")).step_s == 16
+    # the stages' data-parallel all-reduce waits for both replicas
+    red = rules.pipeline([(1, 2), (1, 2)], 1, 1.0, "1f1b", "send@link", reduce=[(0.5, "ar"), (0.5, "ar")], replicas=2)
+    ar0 = next(t for t in red if t.name == "AR0")
+    assert set(ar0.after) == {"B0.0#0", "B0.0#1"} and simulate(red).end["AR0"] == 11.5
 
 
 def test_cpu_pieces_are_timed_with_the_threads_a_rank_gets():
@@ -256,7 +291,8 @@ def spec_rows(overrides, local_batch=2, ac="none", sizes=(8, 128, 1024), eff=0.5
     from ddlbench.estimate.scale import Pricing
     from ddlbench.estimate.spec import Spec, rows
     from ddlbench.network import model
-    spec = Spec(("model=llama_tiny", "run.precision=bf16", *overrides), local_batch, 989.4e12, ac)
+    base = () if any(o.startswith("model=") for o in overrides) else ("model=llama_tiny",)
+    spec = Spec((*base, "run.precision=bf16", *overrides), local_batch, 989.4e12, ac)
     return rows(spec, Pricing(model.load("dgx_h100")), list(sizes), eff)
 
 
@@ -270,6 +306,8 @@ def spec_rows(overrides, local_batch=2, ac="none", sizes=(8, 128, 1024), eff=0.5
     (("framework=deepspeed_zero2",), (1, 128, 1, 1)),
     (("framework=deepspeed_ulysses", "framework.options.sp=2", "model.attention=sdpa"), (1, 64, 1, 1)),
     (("framework=context_parallel", "framework.options.cp=2", "model.attention=sdpa_causal"), (1, 64, 1, 1)),
+    (("framework=expert_parallel", "model=moe_tiny"), (1, 128, 1, 1)),
+    (("framework=expert_parallel_tp", "model=moe_tiny"), (1, 64, 2, 1)),
 ])
 def test_every_layout_family_is_projected_at_8_128_and_1024(overrides, layout128):
     out = spec_rows(overrides)
@@ -283,6 +321,30 @@ def test_every_layout_family_is_projected_at_8_128_and_1024(overrides, layout128
         assert all("@" in k or k == "pipeline bubble" for k in r["exposed_by_kind_s"])
     # leaving the node slows the collectives: the step does not shorten from 8 to 128 devices
     assert out[1]["step_s"] >= out[0]["step_s"] and out[1]["tokens_per_s_per_device"] <= out[0]["tokens_per_s_per_device"]
+
+
+def test_expert_parallelism_sends_four_all_to_alls_a_moe_block_and_shards_experts_over_their_replicas():
+    """moe_tiny (2 blocks, both sparse, 8 experts) under expert_parallel ep 2 at 8 ranks: each MoE
+    block exchanges its tokens' counts per expert, then its routed tokens (seq x top_k x hidden x 2
+    bytes a sample) are all-to-all'd twice in forward and twice in backward among the 2 ep ranks; each block's experts (1/ep of them) gathered over the
+    8 / 2 = 4 ranks that hold the same experts, 2 apart; the layout says ep."""
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import cached_profile
+    from ddlbench.estimate.scale import Pricing, moe_blocks
+    from ddlbench.network import model
+    plan = plan_from_overrides(["model=moe_tiny", "framework=expert_parallel", "run.precision=bf16", "launcher.nproc=8"])
+    prof = cached_profile(plan.cfg.model, "bf16", "cpu")[0]
+    assert prof.moe_layers == 2 and prof.routed_bytes_per_sample == 128 * 2 * 128 * 2
+    p = Pricing(model.load("dgx_h100"))
+    one = p.seconds("all_to_all", prof.routed_bytes_per_sample * 2, 2, 1)
+    counts = p.seconds("all_to_all", 8 * 8, 2, 1)       # the tokens' counts per expert, int64, first
+    r8 = spec_rows(("framework=expert_parallel", "model=moe_tiny"), sizes=(8,))[0]
+    assert r8["layout"]["ep"] == 2 and r8["layout"]["dp_shard"] == 8
+    assert r8["comm_by_kind_s"]["all_to_all@nvlink"] == pytest.approx(2 * (counts + 4 * one), rel=1e-9)
+    # with ep 8 the experts are not gathered at all (one rank holds each); the dense part still is
+    r = spec_rows(("framework=expert_parallel", "model=moe_tiny", "framework.options.ep=8"), sizes=(8,))[0]
+    assert r["layout"]["ep"] == 8 and r["comm_by_kind_s"]["all_gather@nvlink"] < r8["comm_by_kind_s"]["all_gather@nvlink"]
+    assert moe_blocks(4, 4) == [True] * 4 and moe_blocks(4, 2) == [False, True, False, True]
 
 
 def test_mfu_is_the_efficiency_times_the_share_of_the_step_spent_computing():

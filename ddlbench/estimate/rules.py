@@ -226,7 +226,7 @@ def bucketed(pieces: list[Piece], bucket_s: list[tuple[str, float]], grad_accum:
 
 def pipeline(stage_s: list[tuple[float, float]], micro_batches: int, send_s: float, schedule: str,
              send_kind: str, tied: tuple[float, str] | None = None,
-             reduce: list[tuple[float, str]] | None = None) -> list[Task]:
+             reduce: list[tuple[float, str]] | None = None, replicas: int = 1) -> list[Task]:
     """A one-stage-per-rank pipeline as torch.distributed.pipelining runs it. stage_s: (forward,
     backward) seconds per micro-batch of each stage; send_s: one boundary send (either way); tied:
     (seconds, kind) of the tied weight's all-reduce between the first and the last stage; reduce:
@@ -240,18 +240,44 @@ def pipeline(stage_s: list[tuple[float, float]], micro_batches: int, send_s: flo
       the last of them is sent together with the first backward's receive and both are waited on;
       then backward, and (while forwards are left) the backward's send waited on together with
       the next forward's receive, then that forward; the backwards left each wait for their
-      gradient, and the send before theirs; the last send is waited on at the end."""
+      gradient, and the send before theirs; the last send is waited on at the end.
+    replicas > 1: that many data-parallel replicas simulated side by side, sharing each stage's
+    processor and each boundary's links (`bench cluster` on a small host: a node's devices share its
+    one core and its link): a shared stream serves whichever of their tasks is ready first
+    (schedule.POOL), each at the whole processor's or link's speed; each replica's tasks stay in
+    their own order. The data-parallel all-reduce of a stage waits for every replica."""
     pp, m = len(stage_s), micro_batches
-    tasks = [t for s in range(pp) for t in _stage(s, pp, m, *stage_s[s], send_s, send_kind, schedule)]
-    done = {s: next(t.name for t in reversed(tasks) if t.stream == f"stage{s}") for s in range(pp)}
+    one = [t for s in range(pp) for t in _stage(s, pp, m, *stage_s[s], send_s, send_kind, schedule)]
+    tasks = one if replicas == 1 else [t for r in range(replicas) for t in _replica(one, r)]
+    tags = [f"#{r}" for r in range(replicas)] if replicas > 1 else [""]
+    done = {s: [next(t.name for t in reversed(one) if t.stream == f"stage{s}") + tag for tag in tags] for s in range(pp)}
     if tied and pp > 1:     # one all-reduce between the first and the last stage, on both directions' links
         links = (">0", "<0") if pp == 2 else ()
-        tasks.append(Task("tied", "tied", tied[0], (done[0], done[pp - 1]), tied[1], links))
-        done[0] = done[pp - 1] = "tied"
+        for r, tag in enumerate(tags):
+            tasks.append(Task(f"tied{tag}", f"tied{tag}", tied[0], (done[0][r], done[pp - 1][r]), tied[1], links))
+            done[0][r] = done[pp - 1][r] = f"tied{tag}"
     for s, (seconds, kind) in enumerate(reduce or []):
         if seconds > 0:
-            tasks.append(Task(f"AR{s}", f"reduce{s}", seconds, (done[s],), kind, (f"{kind.partition('@')[2]}:{s}",)))
+            tasks.append(Task(f"AR{s}", f"reduce{s}", seconds, tuple(dict.fromkeys(done[s])), kind,
+                              (f"{kind.partition('@')[2]}:{s}",)))
     return tasks
+
+
+def _replica(tasks: list[Task], r: int) -> list[Task]:
+    """Replica r's copy of one pipeline's tasks on the shared streams: names tagged `#r`, each
+    stage's and each link's stream a pool, each task also waiting for the one before it on its
+    stream in this replica (a pool serves tasks in the order they become ready, not as listed)."""
+    from dataclasses import replace
+
+    from ddlbench.estimate.schedule import POOL
+    last: dict[str, str] = {}
+    out = []
+    for t in tasks:
+        before = (last[t.stream],) if t.stream in last else ()
+        out.append(replace(t, name=f"{t.name}#{r}", stream=POOL + t.stream,
+                           after=tuple(f"{a}#{r}" for a in t.after) + before))
+        last[t.stream] = f"{t.name}#{r}"
+    return out
 
 
 def _stage(s: int, pp: int, m: int, f: float, b: float, send_s: float, send_kind: str, schedule: str) -> list[Task]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ddlbench.adapters.cost import DTYPE_BYTES
 from ddlbench.errors import ConfigError
 from ddlbench.estimate import rules
-from ddlbench.estimate.schedule import simulate
+from ddlbench.estimate.schedule import POOL, simulate
 from ddlbench.estimate.step import pipeline_step, spans
 from ddlbench.network.model import Network, collective_time, kind_spans
 
@@ -42,7 +42,8 @@ def recompute(policy: str, block: int) -> float:
     return 1.0 if k and (block + 1) % k == 0 else 0.0
 DDP_BUCKET = 25 * 2**20            # torch DDP's bucket_cap_mb
 ZERO_BUCKET = 5e8                  # DeepSpeed's reduce_bucket_size default (elements)
-SUPPORTED = ("ddp", "fsdp2", "tensor_parallel", "deepspeed", "pipeline", "deepspeed_ulysses", "context_parallel")
+SUPPORTED = ("ddp", "fsdp2", "tensor_parallel", "deepspeed", "pipeline", "deepspeed_ulysses", "context_parallel",
+             "expert_parallel")
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,15 @@ def piece_params(prof, tp: int) -> list[float]:
 
 
 def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int,
-            measured: list[tuple[float, float]] | None = None, optimizer_s_per_param: float | None = None) -> dict:
+            measured: list[tuple[float, float]] | None = None, optimizer_s_per_param: float | None = None,
+            ranks_per_core: int = 1) -> dict:
     """One step of the planned layout: {'step_s', 'compute_s', 'exposed': {kind: s}, 'comm_s': {kind: s}}; with a
     measured optimizer (seconds per parameter stepped: calibrate=pieces) its step after the schedule,
-    `optimizer_s`, in step_s and compute_s (it waits for every gradient; nothing overlaps it)."""
-    out = _step(plan, prof, pricing, flops_per_s, ac, per_node, measured)
+    `optimizer_s`, in step_s and compute_s (it waits for every gradient; nothing overlaps it).
+    ranks_per_core > 1: a node's ranks share one processor (`bench cluster` on a small host), the
+    compute given is each rank's with the processor shared; a pipeline's replicas on a node are then
+    simulated side by side (_pipeline)."""
+    out = _step(plan, prof, pricing, flops_per_s, ac, per_node, measured, ranks_per_core)
     if optimizer_s_per_param:
         from ddlbench.estimate.memcheck import cost_of_plan
         cost = cost_of_plan(plan, prof, per_node)
@@ -124,7 +129,7 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
 
 
 def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int,
-          measured: list[tuple[float, float]] | None = None) -> dict:
+          measured: list[tuple[float, float]] | None = None, ranks_per_core: int = 1) -> dict:
     from ddlbench.estimate.memcheck import cost_of_plan
     cfg, d = plan.cfg, plan.dims
     fw, o = cfg.framework.name, plan.options
@@ -156,25 +161,40 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     comm: dict[str, float] = {}
 
     params = piece_params(prof, tp)
+    ep = int(getattr(o, "ep", 1)) if fw == "expert_parallel" else 1
+    moe = moe_blocks(nb - 2, prof.moe_layers) if ep > 1 or fw == "expert_parallel" else [False] * (nb - 2)
+    layer_experts = prof.experts_params / max(prof.moe_layers, 1)
+    # expert parallelism (ddlbench/models/moe.py dispatch_combine): in forward a MoE block exchanges
+    # its tokens' counts per expert, then sends the routed tokens to their experts and back; in
+    # backward their gradients the same two ways (all-to-alls among the ep ranks, tp apart), exposed
+    a2a = pricing.seconds("all_to_all", prof.routed_bytes_per_sample * mb, ep, tp) if ep > 1 else 0.0
+    counts = pricing.seconds("all_to_all", 8 * cfg.model.moe.num_experts, ep, tp) if ep > 1 else 0.0   # int64 each
+    if ep > 1:
+        tp_kind = pricing.label("all_to_all", ep, tp)
 
     def piece(i):
         unit = names[i] if 0 < i < nb - 1 else "root"
         block = 0 < i < nb - 1
+        sparse = block and moe[i - 1]
         return rules.Piece(names[i], unit, *times[i], params=params[i],
-                           tp_forward_s=tp_f if block else 0.0, tp_backward_s=tp_b if block else 0.0)
+                           tp_forward_s=tp_f + (counts + 2 * a2a if sparse else 0.0) if block else 0.0,
+                           tp_backward_s=tp_b + (2 * a2a if sparse else 0.0) if block else 0.0)
 
     def add(kind, s, count=1):
         comm[kind] = comm.get(kind, 0.0) + s * count
 
     if fw == "pipeline":
-        return _pipeline(plan, prof, pricing, times, cost, grad_b, comm)
+        return _pipeline(plan, prof, pricing, times, cost, grad_b, comm, ranks_per_core)
     pieces = [piece(i) for i in range(nb)]
     if tp > 1 or sp > 1:
-        add(tp_kind, (tp_f + tp_b) * (nb - 2) * m)
+        add(pricing.label("all_reduce", tp, 1) if ep > 1 else tp_kind, (tp_f + tp_b) * (nb - 2) * m)
+    if a2a:
+        add(tp_kind, (counts + 4 * a2a) * sum(moe) * m)
     # DeepSpeed with the sequence-parallel groups reduces over every rank of the replica and the replicas;
     # context parallelism's FSDP2 shards over dp_shard x cp
     dp_ranks, stride = (d.world_size, 1) if fw in ("deepspeed_ulysses", "context_parallel") else (d.dp, tp)
-    if fw in ("fsdp2", "tensor_parallel", "context_parallel") or (fw.startswith("deepspeed") and cost.shard_params):
+    if fw in ("fsdp2", "tensor_parallel", "context_parallel", "expert_parallel") or (
+            fw.startswith("deepspeed") and cost.shard_params):
         shard = cost.shard_ranks
         reshard = bool(getattr(o, "reshard_after_forward", True))
         kinds = {"gather": pricing.label("all_gather", shard, stride),
@@ -183,8 +203,15 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
         units = []
         for u in dict.fromkeys(p.unit for p in pieces):
             params = sum(p.params for p in pieces if p.unit == u)
-            g = pricing.seconds("all_gather", gather_b * params, shard, stride)
-            rs = pricing.seconds("reduce_scatter", grad_b * params, shard, stride)
+            # expert parallelism: a MoE block's experts are a unit of their own, 1/ep of them on a rank,
+            # sharded over the dp_shard / ep ranks that hold the same experts (ep x tp apart)
+            experts = layer_experts if fw == "expert_parallel" and u.startswith("block") and moe[int(u[5:])] else 0.0
+            params -= experts
+            efsdp, e_stride = max(shard // ep, 1), ep * stride
+            g = (pricing.seconds("all_gather", gather_b * params, shard, stride)
+                 + pricing.seconds("all_gather", gather_b * experts / ep, efsdp, e_stride))
+            rs = (pricing.seconds("reduce_scatter", grad_b * params, shard, stride)
+                  + pricing.seconds("reduce_scatter", grad_b * experts / ep, efsdp, e_stride))
             ar = pricing.seconds("all_reduce", grad_b * params / shard, dp_ranks // shard, shard * stride)
             root = u == "root"
             units.append(rules.Unit(u, g, rs, ar, resharded=reshard and not root))
@@ -212,16 +239,24 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
         raise ConfigError(f"bench project: no schedule rules for {fw}")
     s = simulate(on_links(tasks), pricing.buckets())
     return {"step_s": s.step_s, "compute_s": s.busy["compute"], "exposed": s.exposed, "comm_s": comm,
-            "layout": layout(d, cost)}
+            "layout": layout(d, cost, ep)}
+
+
+def moe_blocks(blocks: int, moe_layers: int) -> list[bool]:
+    """Which of `blocks` blocks are sparse when `moe_layers` of them are, spread evenly (every one
+    where all are; Qwen-MoE's decoder_sparse_step 2: every second)."""
+    if moe_layers >= blocks:
+        return [True] * blocks
+    return [(i + 1) * moe_layers // blocks > i * moe_layers // blocks for i in range(blocks)]
 
 
 def on_links(tasks: list) -> list:
     """Each communication task on the links of the dimension its kind names ('all_gather@link':
     the links of `link`), whose token bucket (if shaped) it draws on; the schedule's view is one
     rank's, and its collectives use both directions of its links alike, so one bucket a dimension;
-    an all-gather sends one message each way at once (schedule.Task.both_ways)."""
+    an all-gather or an all-to-all sends one message each way at once (schedule.Task.both_ways)."""
     from dataclasses import replace
-    return [replace(t, links=(t.kind.partition("@")[2],), both_ways=t.kind.startswith("all_gather"))
+    return [replace(t, links=(t.kind.partition("@")[2],), both_ways=t.kind.startswith(("all_gather", "all_to_all")))
             if "@" in t.kind and not t.links else t for t in tasks]
 
 
@@ -237,16 +272,25 @@ def schedule_step(plan, prof, pricing: Pricing, compute_s: float, ac: str, per_n
     return step_of(plan, prof, pricing, 1e12 * probe["compute_s"] / compute_s, ac, per_node)
 
 
-def layout(d, cost) -> dict:
+def layout(d, cost, ep: int = 1) -> dict:
     """What each mesh dimension does, in the specification's vocabulary: a sharding strategy's
-    shard group is dp_shard (HSDP: its shard groups; the rest replicate)."""
+    shard group is dp_shard (HSDP: its shard groups; the rest replicate); ep: the expert-parallel
+    ranks, borrowed from dp_shard (torchtitan's layout)."""
     shard = cost.shard_ranks if (cost.shard_params or cost.shard_grads or cost.shard_optimizer) else 1
     shard = max(1, shard // d.cp)   # Ulysses' ZeRO shards over the sequence-parallel ranks too (cp folded in)
     return {"dp_replicate": d.dp // shard, "dp_shard": shard, "cp": d.cp, "tp": d.tp, "pp": d.pp,
-            "micro_batch": d.micro_batch, "grad_accum": d.grad_accum}
+            "micro_batch": d.micro_batch, "grad_accum": d.grad_accum, "ep": ep}
 
 
-def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict) -> dict:
+def _whole_link(network: Network, name: str, ways: int) -> Network:
+    """`network` with dimension `name`'s link carrying one flow at `ways` x its per-device share
+    (a shared link several replicas take turns on)."""
+    from dataclasses import replace
+    return replace(network, dims=tuple(replace(d, bandwidth=d.bandwidth * ways) if d.name == name and d.shared else d
+                                       for d in network.dims))
+
+
+def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict, ranks_per_core: int = 1) -> dict:
     """A one-stage-per-rank pipeline (GPipe, 1F1B): each stage's forward and backward per micro-batch
     and the boundary's sends simulated in the schedule's order (rules.pipeline; other schedules: the
     busiest stage's slot through ddlbench.estimate.step.pipeline_step's flow shop), then a tied
@@ -282,15 +326,26 @@ def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict
         comm[tied_label] = comm.get(tied_label, 0.0) + tied_s
     schedule = getattr(o, "schedule", "1f1b")
     if schedule in ("gpipe", "1f1b") and getattr(o, "stages_per_rank", 1) == 1:
-        tasks = rules.pipeline(stage_s, d.grad_accum, send, schedule, send_label,
-                               (tied_s, tied_label) if tied_s else None, [(a, label) for a in ar])
+        # ranks sharing a processor: the replicas of a stage on one node (pp outermost: dp x tp ranks
+        # a stage) side by side, taking turns on its processor and on the boundary's link, each task
+        # at the whole processor's and link's speed, instead of all at a share of it in step
+        k = ranks_per_core
+        replicas = k if k > 1 and d.tp == 1 and d.dp % k == 0 else 1
+        whole = stage_s
+        if replicas > 1:
+            whole = [(f / k, b / k) for f, b in stage_s]
+            net = _whole_link(pricing.network, send_label.partition("@")[2], k)
+            send = collective_time("send", prof.boundary_bytes_per_sample * d.micro_batch,
+                                   kind_spans(net, "send", spans(net, pp, d.tp * d.dp)), pricing.algorithm)[0]
+        tasks = rules.pipeline(whole, d.grad_accum, send, schedule, send_label,
+                               (tied_s, tied_label) if tied_s else None, [(a, label) for a in ar], replicas)
         dims = pricing.buckets()
 
         def bucket(key: str) -> float:     # '>0' / '<0': a boundary's links; 'node:1': stage 1's dp links
             return dims.get(send_label.partition("@")[2] if key[0] in "<>" else key.split(":")[0], 0.0)
-        sched = simulate(tasks, {k: bucket(k) for t in tasks for k in t.links})
-        body = max(sched.end[t.name] for t in tasks if t.stream.startswith("stage"))
-        after_tied = max((sched.end[t.name] for t in tasks if t.name == "tied"), default=body)
+        sched = simulate(tasks, {key: bucket(key) for t in tasks for key in t.links})
+        body = max(sched.end[t.name] for t in tasks if t.stream.removeprefix(POOL).startswith("stage"))
+        after_tied = max((sched.end[t.name] for t in tasks if t.name.startswith("tied")), default=body)
         step = sched.step_s
     else:
         body = pipeline_step(slot, d.grad_accum, pp, send)

@@ -26,7 +26,8 @@ order the link really carries them.
 
 Except where data goes both ways at once as one message each way — gloo's all-gather (`both_ways`),
 or a send while the link's other direction (`>b` / `<b`) is busy — and more than the bucket holds:
-then the schedule gives no credit; measured, the buckets help little or not at all
+then the schedule gives no credit, and the link's saved tokens are gone after it as after any
+task longer than them (the link ran at its rate to the end); measured, the buckets help little or not at all
 (benchmarks/tbf_probe.py, 100 Mbit/s, 20 ms idle; an all-gather of 256 KiB each way saved 3.8 ms): an
 isend/irecv pair of 256 KiB each way 23.4 ms, 21.9 at the line, and an all-gather of 384 KiB
 each way 34.8 (32.9), where 128 KiB each way took 1.3 ms (the pair) and 2.7 (the all-gather), of
@@ -40,6 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 COMPUTE = "compute"
+POOL = "pool:"      # a stream shared by independent work (a core or a link several replicas use):
+                    # it runs whichever of its tasks is ready first, not the first listed
 
 
 def other_way(key: str) -> str | None:
@@ -109,17 +112,20 @@ def _run(tasks: list[Task], buckets: dict[str, float], tokens: dict[str, float])
     busy = {s: 0.0 for s in queues}
     link = {k: (tokens[k], 0.0) for k in buckets}
     start, end, exposed = {}, {}, {}
+    pending = {s: list(q) for s, q in queues.items() if s.startswith(POOL)}
     for _ in range(len(tasks)):
         ready_heads = []
         for s, q in queues.items():
-            if head[s] < len(q) and all(a in end for a in q[head[s]].after):
-                t = q[head[s]]
-                ready = max((end[a] for a in t.after), default=0.0)
-                ready_heads.append((max(free[s], ready), ready, s, t))
+            for t in pending[s] if s in pending else q[head[s]:head[s] + 1]:
+                if all(a in end for a in t.after):
+                    ready = max((end[a] for a in t.after), default=0.0)
+                    ready_heads.append((max(free[s], ready), ready, s, t))
         if not ready_heads:
             stuck = {s: q[head[s]].name for s, q in queues.items() if head[s] < len(q)}
             raise ValueError(f"the schedule cannot go on: every stream waits ({stuck})")
         at, ready, s, t = min(ready_heads, key=lambda h: h[0])
+        if s in pending:
+            pending[s].remove(t)
         start[t.name] = at
         if s == COMPUTE and ready > free[s]:
             waited_on = max(t.after, key=lambda a: end[a])
@@ -131,11 +137,13 @@ def _run(tasks: list[Task], buckets: dict[str, float], tokens: dict[str, float])
             saved = {k: min(buckets[k], link[k][0] + max(0.0, at - link[k][1])) for k in keys}
             credit = min(min(saved.values()), seconds)
             both = t.both_ways or any(link.get(other_way(k), (0.0, -1.0))[1] > at for k in keys)
+            spent = credit
             if both and seconds > min(buckets[k] for k in keys):
-                credit = 0.0        # more than a bucket each way at once: no credit (the module's docstring)
+                credit = 0.0        # more than a bucket each way at once: no credit (the module's docstring),
+                spent = max(saved.values())   # and the link's tokens gone all the same: it ran at its rate to the end
             seconds -= credit
             for k in keys:
-                link[k] = (saved[k] - credit, max(link[k][1], at + seconds))
+                link[k] = (max(0.0, saved[k] - spent), max(link[k][1], at + seconds))
         end[t.name] = free[s] = at + seconds
         busy[s] += seconds
         head[s] += 1

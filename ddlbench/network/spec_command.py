@@ -145,11 +145,12 @@ def write(doc: dict, out: Path) -> None:
     with open(out / "projection.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["devices", "dp_replicate", "dp_shard", "cp", "tp", "pp", "step_s", "exposed_comm_s",
-                    "tokens_per_s_per_device", "mfu", "memory_per_rank_bytes"])
+                    "tokens_per_s_per_device", "mfu", "memory_per_rank_bytes", "ep"])
         for r in doc["rows"]:
             lay = r["layout"]
             w.writerow([r["devices"], lay["dp_replicate"], lay["dp_shard"], lay.get("cp", 1), lay["tp"], lay["pp"], r["step_s"],
-                        r["exposed_comm_s"], r["tokens_per_s_per_device"], r["mfu"], r["memory_per_rank_bytes"]])
+                        r["exposed_comm_s"], r["tokens_per_s_per_device"], r["mfu"], r["memory_per_rank_bytes"],
+                        lay.get("ep", 1)])
     _print(doc, out)
 
 
@@ -168,9 +169,13 @@ def _print(doc: dict, out: Path) -> None:
     def top(r):
         items = sorted(r["exposed_by_kind_s"].items(), key=lambda kv: -kv[1])[:2]
         return ", ".join(f"{k} {v * 1e3:.1f}" for k, v in items) or "-"
+    def shape(lay):     # ep borrows its ranks from dp_shard: said beside the product, not a factor of it
+        ep = lay.get("ep", 1)
+        return "x".join(str(lay.get(k, 1)) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")) + (
+            f" (ep {ep})" if ep > 1 else "")
     print(text_table(["devices", "dp_rep x dp_shard x cp x tp x pp", "step ms", "exposed comm ms", "tokens/s/device", "MFU",
                       "memory/rank GiB", "largest exposed (ms)"],
-                     [[str(r["devices"]), "x".join(str(r["layout"].get(k, 1)) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")),
+                     [[str(r["devices"]), shape(r["layout"]),
                        f"{r['step_s'] * 1e3:.1f}", f"{r['exposed_comm_s'] * 1e3:.1f}",
                        f"{r['tokens_per_s_per_device']:,.0f}", f"{r['mfu']:.1%}", mem(r), top(r)] for r in doc["rows"]]))
     print(f"not priced: {doc['not_priced']}")
