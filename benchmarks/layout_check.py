@@ -7,8 +7,10 @@ step measured at 4 ranks.
         [--model llama_tiny] [--layouts ddp,fsdp_full,...] [--repeats 2] [--resume] [--devices-per-node 1]
 
 With --devices-per-node 1 the cluster is 2 nodes x 1 device (world 2, every rank on a core of its
-own; LAYOUTS_ONE_PER_NODE: DDP, FSDP2, TP 2, PP 2). At 2 x 2 a commbench between a node's two devices
-also prices the node dimension by its fit, a second prediction beside the first.
+own; LAYOUTS_ONE_PER_NODE: DDP, FSDP2, TP 2, PP 2, CP 2, Ulysses 2, EP 2). At 2 x 2 a commbench
+between a node's two devices also prices the node dimension by its fit, a second prediction beside
+the first. Expert parallelism runs moe_tiny (a layout's own `model=`), ring attention and Ulysses
+the attention they need; each layout's 1-device calibration runs the same model.
 
 For each layout (LAYOUTS): `srun -N2 --ntasks-per-node=2 bench run launcher=slurm ...` (4 ranks, the
 global batch 4 x PER_RANK samples over the data-parallel ranks), and a 1-rank run of its calibration
@@ -18,7 +20,10 @@ roofline's efficiency solved so that the 1-rank step is reproduced, divided by t
 oversubscription of the 4-rank run (ddlbench/network/validate.py: the 2 devices of a node share its
 one core here), the layout planned at 4 ranks, its collectives priced on the network the run
 recorded (the cluster's link rates, gloo's flat rings), the step simulated with the framework's
-rules (ddlbench/estimate/rules.py). Root and Slurm as `bench cluster` needs; on a 2-core machine
+rules (ddlbench/estimate/rules.py). Where the layout splits a rank's compute (tp, cp or ep > 1), its
+own step over a fake process group against the calibration framework's at one rank sets its compute
+(own_steps); where a node's ranks share its core, the schedule knows (Spec.ranks_per_core: a
+pipeline's replicas take turns on it). Root and Slurm as `bench cluster` needs; on a 2-core machine
 keep the rates low enough that the links set the pace. Writes OUT_DIR/layout_check.{json,md}.
 """
 from __future__ import annotations
@@ -160,11 +165,19 @@ def own_steps(layout: list[str], calib: str, model: str, local: int, world: int)
     if max(d.tp, d.cp, int(getattr(plan.options, "ep", 1))) == 1 or traceable(plan.cfg.framework.name,
                                                                             plan.cfg.framework.variant):
         return None
+    before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"        # the spawned timing processes: one thread, as a rank here
-    got = {"layout": time_step(compose_raw([*mine, f"launcher.nproc={world}", f"run.global_batch={PER_RANK * world}"]),
-                               world, 7),
-           "calibration": time_step(compose_raw([f"framework={calib}", *model_side(layout, model), "run.precision=fp32",
-                                                 "run.device=cpu", "launcher.nproc=1", f"run.global_batch={local}"]), 1, 7)}
+    try:
+        got = {"layout": time_step(compose_raw([*mine, f"launcher.nproc={world}",
+                                                f"run.global_batch={PER_RANK * world}"]), world, 7),
+               "calibration": time_step(compose_raw([f"framework={calib}", *model_side(layout, model),
+                                                     "run.precision=fp32", "run.device=cpu", "launcher.nproc=1",
+                                                     f"run.global_batch={local}"]), 1, 7)}
+    finally:        # the cluster's runs after this keep the environment they had
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
     bad = [f"{k}: {v['error']}" for k, v in got.items() if "step_s" not in v]
     if bad:
         raise RuntimeError("; ".join(bad))
