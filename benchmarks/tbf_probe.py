@@ -2,9 +2,10 @@
 in both directions at once, measured (the schedule's pricing of them: ddlbench/estimate/schedule.py).
 
     .venv/bin/python benchmarks/tbf_probe.py OUT_DIR [--link 100mbit] [--sizes 131072,262144,393216]
-        [--gaps 0,5,20]
+        [--gaps 0,5,20] [--inside-node]
 
-A 2-node cluster (one rank a node, gloo), then for each pattern, bytes per direction and idle
+A 2-node cluster (one rank a node, gloo; --inside-node: 2 nodes x 2 devices, the two ranks on one
+node's two devices, their links into its switch at --link, sharing the node's one core), then for each pattern, bytes per direction and idle
 spell ("gap", a busy loop of matmuls, as a training step's compute, no barrier between iterations:
 the steady state of a repeated step), the median of the transfer's time (the iteration less the gap):
 - `all_reduce`, `all_gather`: the collective of that many bytes each way (all-reduce: of a tensor
@@ -27,6 +28,8 @@ from layout_check import cluster  # `bench cluster ARGS`, captured
 
 NAME = "ddlbtbf"
 WORKER = r'''
+from ddlbench.cluster.device_task import enter
+enter()      # a cluster with device namespaces: into this task's device first (a no-op otherwise)
 import json, os, statistics, sys, time
 import torch, torch.distributed as dist
 torch.set_num_threads(1)
@@ -84,7 +87,9 @@ dist.destroy_process_group()
 
 
 def markdown(doc: dict) -> str:
-    lines = [f"2 nodes x 1 rank, link {doc['link']} (tbf): line {doc['line_MBps']:.3f} MB/s of data, bucket "
+    where = ("one node's 2 devices (one core), their links into its switch" if doc.get("inside_node")
+             else "2 nodes x 1 rank, link")
+    lines = [f"{where} {doc['link']} (tbf): line {doc['line_MBps']:.3f} MB/s of data, bucket "
              f"{doc['bucket_ms']:.1f} ms of it; transfer ms (iteration less the idle spell), median", "",
              "| pattern | bytes each way | at the line ms | " + " | ".join(f"after {g} ms idle" for g in doc["gaps_ms"])
              + " |", "|" + "---|" * (3 + len(doc["gaps_ms"]))]
@@ -103,6 +108,9 @@ def main() -> int:
     ap.add_argument("--link", default="100mbit")
     ap.add_argument("--sizes", default="131072,262144,393216")
     ap.add_argument("--gaps", default="0,5,20")
+    ap.add_argument("--inside-node", action="store_true",
+                    help="the two ranks on one node's two devices (their links into its switch at --link; "
+                         "sharing the node's one core, as a tensor-parallel pair of the layout check)")
     a = ap.parse_args()
     from ddlbench.cluster.plan import payload_share, rate_bits, tbf_burst_bytes
     out = a.out.resolve()
@@ -111,12 +119,14 @@ def main() -> int:
     gaps = [float(g) for g in a.gaps.split(",")]
     (out / "worker.py").write_text(WORKER)
     cluster("down", f"name={NAME}")
-    up = cluster("up", "nodes=2", f"link={a.link}", f"name={NAME}")
+    shape = ["devices_per_node=2", f"dev_link={a.link}", "link=100mbit"] if a.inside_node else [f"link={a.link}"]
+    up = cluster("up", "nodes=2", *shape, f"name={NAME}")
     if up.returncode:
         raise SystemExit(f"bench cluster up failed: {up.stderr[-1500:]}")
+    place = (["-N1", "--ntasks-per-node=2", "--overcommit", "--export=ALL,MASTER_ADDR=10.88.1.1,MASTER_PORT=29555"]
+             if a.inside_node else ["-N2", "--ntasks-per-node=1", "--export=ALL,MASTER_ADDR=10.88.0.1,MASTER_PORT=29555"])
     try:
-        proc = cluster("exec", f"name={NAME}", "--", "srun", "-N2", "--ntasks-per-node=1",
-                       "--export=ALL,MASTER_ADDR=10.88.0.1,MASTER_PORT=29555", sys.executable, str(out / "worker.py"),
+        proc = cluster("exec", f"name={NAME}", "--", "srun", *place, sys.executable, str(out / "worker.py"),
                        json.dumps(sizes), json.dumps(gaps), str(out / "rows.json"))
         if proc.returncode:
             raise SystemExit(f"probe failed: {proc.stderr[-1500:]}")
@@ -124,7 +134,7 @@ def main() -> int:
         cluster("down", f"name={NAME}")
     bits = rate_bits(a.link)
     line = bits / 8 * payload_share(1500)
-    doc = {"link": a.link, "line_MBps": line / 1e6, "bucket_ms": tbf_burst_bytes(bits) * payload_share(1500) / line * 1e3,
+    doc = {"link": a.link, "inside_node": a.inside_node, "line_MBps": line / 1e6, "bucket_ms": tbf_burst_bytes(bits) * payload_share(1500) / line * 1e3,
            "sizes": sizes, "gaps_ms": gaps, "rows": json.loads((out / "rows.json").read_text())}
     (out / "tbf_probe.json").write_text(json.dumps(doc, indent=1))
     (out / "tbf_probe.md").write_text(markdown(doc) + "\n")

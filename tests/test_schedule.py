@@ -169,6 +169,20 @@ def test_a_shaped_links_bucket_is_saved_up_while_it_idles_and_spent_in_time_orde
     assert (s.end["early"], s.end["late"], s.step_s) == (3, 10, 10)
 
 
+def test_ranks_sharing_a_core_get_no_bucket_inside_their_node():
+    """bench cluster's 2 x 2 nodes on a small host: a node's two devices share its core, and their
+    collectives inside the node get none of tbf's bucket (measured: tbf_probe.py --inside-node);
+    the node links' collectives keep theirs."""
+    from ddlbench.estimate.scale import Pricing
+    from ddlbench.network.model import Dimension, Network
+    net = Network("c", (Dimension("node", 2, 25e6, 1e-4, burst_bytes=131072),
+                        Dimension("link", 2, 6.25e6, 1e-4, shared=True, burst_bytes=131072)))
+    p = Pricing(net, "gloo")
+    # the shared node link's bucket in seconds of the whole link (2 devices' shares)
+    assert p.buckets() == pytest.approx({"node": 131072 / 25e6, "link": 131072 / 12.5e6})
+    assert p.buckets(ranks_per_core=2) == pytest.approx({"link": 131072 / 12.5e6})
+
+
 def test_more_than_a_bucket_both_ways_at_once_gets_no_credit():
     """benchmarks/tbf_probe.py at 100 Mbit/s after 20 ms idle (bucket 10.5 ms): an isend/irecv pair
     of 256 KiB each way 23.4 ms (the line 21.9), an all-gather of 384 KiB each way 34.8, of 128 KiB

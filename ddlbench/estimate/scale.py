@@ -57,13 +57,17 @@ class Pricing:
         s = spans(self.network, ranks, stride)
         return collective_time(kind, nbytes, kind_spans(self.network, kind, s, nbytes), self.algorithm)[0]
 
-    def buckets(self) -> dict[str, float]:
+    def buckets(self, ranks_per_core: int = 1) -> dict[str, float]:
         """{dimension: its links' token bucket in seconds} for the shaped dimensions (burst_bytes > 0:
         `bench cluster`'s tbf; none on a real network): the burst over the link's whole rate (a shared
-        link's `bandwidth` is each device's share of it)."""
+        link's `bandwidth` is each device's share of it). With a node's ranks sharing one core
+        (ranks_per_core > 1) the innermost dimension's collectives get none: measured
+        (benchmarks/tbf_probe.py --inside-node, reports/network/tbf-probe/inside-node/), an
+        all-reduce between a node's two devices after 10 ms of compute runs at the line or slower
+        (512 KiB: 22.2 ms, the line 21.9), where one between two nodes saves the whole bucket."""
         out, below = {}, 1
-        for d in self.network.dims:
-            if d.burst_bytes > 0:
+        for i, d in enumerate(self.network.dims):
+            if d.burst_bytes > 0 and not (i == 0 and ranks_per_core > 1):
                 out[d.name] = d.burst_bytes / (d.bandwidth * (below if d.shared else 1))
             below *= d.size
         return out
@@ -237,7 +241,7 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
         tasks = rules.bucketed(pieces, bs, m, 0.0, label, "grad", after, tp_kind, every_micro_batch=every)
     else:
         raise ConfigError(f"bench project: no schedule rules for {fw}")
-    s = simulate(on_links(tasks), pricing.buckets())
+    s = simulate(on_links(tasks), pricing.buckets(ranks_per_core))
     return {"step_s": s.step_s, "compute_s": s.busy["compute"], "exposed": s.exposed, "comm_s": comm,
             "layout": layout(d, cost, ep)}
 
@@ -339,7 +343,7 @@ def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict
                                    kind_spans(net, "send", spans(net, pp, d.tp * d.dp)), pricing.algorithm)[0]
         tasks = rules.pipeline(whole, d.grad_accum, send, schedule, send_label,
                                (tied_s, tied_label) if tied_s else None, [(a, label) for a in ar], replicas)
-        dims = pricing.buckets()
+        dims = pricing.buckets(ranks_per_core)
 
         def bucket(key: str) -> float:     # '>0' / '<0': a boundary's links; 'node:1': stage 1's dp links
             return dims.get(send_label.partition("@")[2] if key[0] in "<>" else key.split(":")[0], 0.0)
