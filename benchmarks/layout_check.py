@@ -5,6 +5,7 @@ step measured at 4 ranks.
 
     .venv/bin/python benchmarks/layout_check.py OUT_DIR [--link 100mbit] [--dev-link 200mbit]
         [--model llama_tiny] [--layouts ddp,fsdp_full,...] [--repeats 2] [--resume] [--devices-per-node 1]
+    .venv/bin/python benchmarks/layout_check.py OUT_DIR --reprice     # its runs priced again, no cluster
 
 With --devices-per-node 1 the cluster is 2 nodes x 1 device (world 2, every rank on a core of its
 own; LAYOUTS_ONE_PER_NODE: DDP, FSDP2, TP 2, PP 2, CP 2, Ulysses 2, EP 2). At 2 x 2 a commbench
@@ -270,9 +271,12 @@ def main() -> int:
     ap.add_argument("--devices-per-node", type=int, default=2, choices=(1, 2))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--reprice", action="store_true",
+                    help="no cluster: price OUT_DIR's recorded runs again with the predictor as it is now")
     a = ap.parse_args()
-    from ddlbench.network import model as net_model
     out = a.out.resolve()
+    if a.reprice:
+        return reprice(out, a)
     out.mkdir(parents=True, exist_ok=True)
     global DEVICES
     DEVICES = a.devices_per_node
@@ -313,23 +317,54 @@ def main() -> int:
                 row["error_message"] = f"{bad.get('status')}: {(bad.get('error') or {}).get('message')}"
             else:
                 try:
-                    own = own_steps(layout, calib, a.model, local, NODES * DEVICES)
-                    row["prediction"] = predict(rec, one, layout, calib, a.model, own=own)
-                    row["repeats_step_s"] = rec["_repeats_step_s"]
-                    row["prediction_no_bucket"] = predict(rec, one, layout, calib, a.model,
-                                                          without_bucket(net_model.recorded_network(rec)), own)
-                    if own:
-                        row["prediction_flops_split"] = predict(rec, one, layout, calib, a.model)
-                    if node:
-                        from ddlbench.network.model import from_dict
-                        fitted = from_dict(node_fitted(rec["env"]["network"]["description"], node))
-                        row["prediction_node_fitted"] = predict(rec, one, layout, calib, a.model, fitted, own)
+                    price(row, rec, one, layout, calib, a.model, node,
+                          own_steps(layout, calib, a.model, local, NODES * DEVICES))
                 except Exception as exc:        # a layout the projector refuses: said, not hidden
                     row["error_message"] = f"not predicted: {exc}"
             doc["rows"].append(row)
             print(markdown({**doc, "rows": [row]}).splitlines()[4], flush=True)
     finally:
         cluster("down", f"name={NAME}")
+    return write(out, doc)
+
+
+def price(row: dict, rec: dict, one: dict, layout: list[str], calib: str, model: str, node: dict | None,
+          own: dict | None) -> None:
+    """The row's predictions of its measured run: as configured, without tbf's bucket, by the FLOPs'
+    share (where `own` steps set the compute), with the node link fitted (where `node` commbench ran)."""
+    from ddlbench.network import model as net_model
+    row["prediction"] = predict(rec, one, layout, calib, model, own=own)
+    row["repeats_step_s"] = rec["_repeats_step_s"]
+    row["prediction_no_bucket"] = predict(rec, one, layout, calib, model,
+                                          without_bucket(net_model.recorded_network(rec)), own)
+    if own:
+        row["prediction_flops_split"] = predict(rec, one, layout, calib, model)
+    if node:
+        from ddlbench.network.model import from_dict
+        fitted = from_dict(node_fitted(rec["env"]["network"]["description"], node))
+        row["prediction_node_fitted"] = predict(rec, one, layout, calib, model, fitted, own)
+
+
+def reprice(out: Path, a) -> int:
+    """--reprice: the check's runs priced again with the predictor as it is now, no cluster: its runs,
+    1-rank calibrations, node commbench and each layout's own steps as OUT/layout_check.json recorded."""
+    global DEVICES
+    doc = json.loads((out / "layout_check.json").read_text())
+    DEVICES = doc.get("devices_per_node", 2)
+    known = LAYOUTS if DEVICES == 2 else LAYOUTS_ONE_PER_NODE
+    node = json.loads(Path(doc["commbench_node"]).read_text()) if doc.get("commbench_node") else None
+    a.resume, a.repeats = True, doc["repeats"]
+    for row in doc["rows"]:
+        if "prediction" not in row:
+            continue
+        layout, calib = known[row["layout"]]
+        one = median_run(out / "one_rank" / row["calibration"], 1, 1, [], a)
+        rec = median_run(Path(row["run_dir"]), NODES, DEVICES, [], a)
+        price(row, rec, one, layout, calib, doc["model"], node, row["prediction"].get("own_steps_s"))
+    return write(out, doc)
+
+
+def write(out: Path, doc: dict) -> int:
     (out / "layout_check.json").write_text(json.dumps(doc, indent=1, default=str))
     (out / "layout_check.md").write_text(markdown(doc) + "\n")
     print(markdown(doc))

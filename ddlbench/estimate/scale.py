@@ -155,7 +155,9 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     if sp > 1 and fw == "context_parallel":   # ring attention: the cp ranks' k and v gathered in forward and
         part = prof.boundary_bytes_per_sample * mb / 4 / sp * 2 * kv    # backward, their fp32 gradients passed cp times
         gathered = pricing.seconds("all_gather", part * DTYPE_BYTES[precision] * sp, sp, tp)
-        tp_f, tp_b = gathered, gathered + sp * pricing.seconds("all_to_all", part * 4.0, sp, tp)
+        # each pass a ring step: torch's _AllToAllRotater permutes the whole buffer to the next cp rank
+        # (functional_collectives.permute_tensor: an all_to_all_single with every element to one peer)
+        tp_f, tp_b = gathered, gathered + sp * pricing.seconds("send", part * 4.0, sp, tp)
         tp_kind = pricing.label("all_gather", sp, tp)
     elif sp > 1:    # Ulysses: four all-to-alls a block each way (q, k, v in; the output back), exposed like TP's
         part = prof.boundary_bytes_per_sample * mb / 4 * DTYPE_BYTES[precision] / sp
