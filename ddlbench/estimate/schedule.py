@@ -7,7 +7,8 @@ CUDA stream does; a task starts when its stream is free and every task it waits 
 
     start(t) = max(end of the task before it on its stream, max(end(d) for d in t.after))
 
-The step ends when every stream has. Where the compute stream waits on a communication task (its
+A pool (a stream named `pool:...`: a core or a link several replicas share) runs whichever of its
+tasks is ready first instead of the first listed. The step ends when every stream has. Where the compute stream waits on a communication task (its
 start is later than the compute before it ended), the gap is that task's exposed time, charged to
 its `kind` (e.g. 'all_gather@leaf': the kind and the outermost network dimension its group spans).
 The rules of each framework (what waits on what) are in ddlbench/estimate/rules.py.
