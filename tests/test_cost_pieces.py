@@ -31,6 +31,16 @@ def test_tensor_parallel_splits_the_blocks_only():
     assert cost.activation_share == pytest.approx((10 + 4 * 50 + 50) / 460)
 
 
+def test_a_fused_causal_kernel_computes_half_of_the_scores():
+    """A block of 1000 forward FLOPs, 400 of them its T x T matmuls: eager attention computes all
+    1000, a causal flash kernel 1000 - 400 / 2 = 800; at tp 2 the kept 550 shrinks in the same
+    proportion (440); a piece without attention keeps its FLOPs."""
+    block = Piece(params=200, split_params=180, flops=1000.0, attention_flops=400.0)
+    assert block.executed_flops(1) == 1000.0 and block.executed_flops(1, 0.5) == 800.0
+    assert block.executed_flops(2, 0.5) == pytest.approx(550.0 * 0.8)
+    assert HEAD.executed_flops(1, 0.5) == 400.0
+
+
 @pytest.mark.parametrize("framework, per_rank", [
     # 6 pieces into 2 stages: [embed b b | b b head]
     ("pipeline_gpipe", (100 + 400, 400 + 60)),

@@ -10,14 +10,17 @@ from ddlbench.estimate.collectives import trace_all, traceable
 
 WORLD = 8
 # (framework, model, more overrides): one variant of each traceable family, at 8 ranks; DDP, FSDP2
-# (full, grad-op, hybrid over 2 groups of 4), ZeRO 1-3, FairScale OSS, TP x FSDP2, EP x FSDP2
+# (full, grad-op, hybrid over 2 groups of 4), ZeRO 1-3, FairScale OSS, TP x FSDP2, EP x FSDP2, ring
+# attention x FSDP2, DeepSpeed-Ulysses
 CASES = [("ddp", "gpt2_tiny", ()), ("fsdp_full", "gpt2_tiny", ()), ("fsdp_grad_op", "gpt2_tiny", ()),
          ("fsdp_hybrid", "gpt2_tiny", ("framework.options.hybrid_shard_size=4",)),
          ("deepspeed_zero1", "gpt2_tiny", ()), ("deepspeed_zero2", "gpt2_tiny", ()), ("deepspeed_zero3", "gpt2_tiny", ()),
          ("fairscale_oss", "gpt2_tiny", ()), ("tensor_parallel_fsdp", "gpt2_tiny", ()),
          ("tensor_parallel_fsdp", "llama_tiny", ()),     # q, k, v, gate, up: five input gradients a block
          ("expert_parallel", "moe_tiny", ("model.moe.aux_loss_coef=0",)),
-         ("expert_parallel_tp", "moe_tiny", ("model.moe.aux_loss_coef=0",))]
+         ("expert_parallel_tp", "moe_tiny", ("model.moe.aux_loss_coef=0",)),
+         ("context_parallel", "llama_tiny", ("model.attention=sdpa_causal",)),    # ring attention, cp 2 x dp_shard 4
+         ("deepspeed_ulysses", "llama_tiny", ("model.attention=sdpa", "framework.options.sp=2"))]   # sp 2 x 4 replicas
 IDS = [f"{c[0]}:{c[1]}" for c in CASES]
 
 

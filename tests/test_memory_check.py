@@ -44,6 +44,24 @@ def test_tied_weight_gradients_summed_out_of_place_by_hand():
     assert temporaries("ddp", model=logits) == 2 * 700
 
 
+def test_ring_attention_state_and_output_gradients_by_hand():
+    """cp 2 x dp_shard 2: FSDP2 shards the whole model over all 4 ranks (once: the rank's piece is the
+    model), and each rank makes the output's gradients for its half of every sequence only."""
+    from costs import variant
+
+    from ddlbench.dims import ParallelDims
+    cls, options = variant("context_parallel")
+    d = ParallelDims(world_size=4, dp=2, tp=1, pp=1, micro_batch=1, grad_accum=1, global_batch=2, dp_shard=2, cp=2)
+    logits = ModelProfile(**{**TIED.__dict__, "pieces": (), "output_bytes_per_sample": 1400})
+    cost = cls(cls.Options(**{**options, "cp": 2})).cost_model(d, logits, "fp32")
+    got = estimate(Layout("context_parallel", dp=2, micro_batch=1, cp=2), logits, cost, optimizer="adamw")
+    assert (got["params"], got["grads"], got["optimizer"]) == (4 * 1000 / 4, 4 * 1000 / 4, 8 * 1000 / 4)
+    # activations 100 / 2 (half of each sequence); the output's two gradients of 1400 / 2 each beat the
+    # largest weight's 1200 (no tied weight here: the gradients are counted whole beside them)
+    assert got["activations"] == 50
+    assert got["temporaries"] == 2 * 1400 / 2
+
+
 def test_optimizer_step_temporaries_by_hand():
     from ddlbench.estimate.memory import optimizer_step_bytes
     ddp, zero1 = cost_of("ddp", dp=2, model=TIED), cost_of("deepspeed_zero1", dp=2, model=TIED)

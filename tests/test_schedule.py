@@ -362,9 +362,22 @@ def test_expert_parallelism_sends_four_all_to_alls_a_moe_block_and_shards_expert
 
 
 def test_mfu_is_the_efficiency_times_the_share_of_the_step_spent_computing():
-    """No recompute, dp = world: the compute stream runs exactly the model FLOPs at the efficiency."""
-    for r in spec_rows(("framework=fsdp_full",), eff=0.5):
+    """No recompute, dp = world, eager attention (the run on a CPU): the compute stream runs exactly
+    the model FLOPs at the efficiency. Under a fused causal kernel (the same model on a GPU) it runs
+    half of the T x T scores, so MFU (model FLOPs: the full T x T, PaLM's convention) is the
+    efficiency times the compute share times model / executed FLOPs."""
+    from ddlbench.config import plan_from_overrides
+    from ddlbench.estimate.profile import cached_profile
+    for r in spec_rows(("framework=fsdp_full", "model.attention=eager"), eff=0.5):
         assert r["mfu"] == pytest.approx(0.5 * r["compute_s"] / r["step_s"], rel=1e-9)
+    prof = cached_profile(plan_from_overrides(["model=llama_tiny", "framework=fsdp_full"]).cfg.model, "bf16", "cuda")[0]
+    assert prof.causal_skip == 0.5
+    model = sum(p.flops for p in prof.pieces)
+    executed = sum(p.executed_flops(1, 0.5) for p in prof.pieces)
+    # llama_tiny: 2 blocks whose T x T matmuls are 4 x 128^2 x 128 = 8,388,608 forward FLOPs per sample each
+    assert model - executed == pytest.approx(2 * 8_388_608 / 2)
+    for r in spec_rows(("framework=fsdp_full", "model.attention=sdpa_causal"), eff=0.5):
+        assert r["mfu"] == pytest.approx(0.5 * r["compute_s"] / r["step_s"] * model / executed, rel=1e-9)
 
 
 def test_torchtitans_8_to_128_h100_pair_within_3_percent(tmp_path):

@@ -99,7 +99,7 @@ class ContextParallel(Variant):
         traffic = (ring
                    + split("all_gather", gather * model.params, model.units, shard, per_step=2 * m, what="parameters")
                    + split("reduce_scatter", 4.0 * model.params, model.units, shard, what="gradients"))
-        return CostModel(f"ring attention (cp {cp}) + FSDP2 over dp_shard x cp ({shard})", model.params / shard,
+        return CostModel(f"ring attention (cp {cp}) + FSDP2 over dp_shard x cp ({shard})", model.params,
                          shard_ranks=shard, shard_optimizer=True, shard_grads=True, shard_params=True,
                          buffers={"two units gathered (prefetch), with their gradients":
                                   2 * 2 * gather * model.largest_block_params} if shard > 1 else {},

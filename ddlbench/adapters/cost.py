@@ -29,6 +29,8 @@ class Piece:
     tied_params: int = 0         # of which are tied to another piece's (GPT-2: wte = lm_head)
     flops: float = 0.0           # forward FLOPs per sample
     activation_bytes: int = 0    # saved for backward per sample (the last piece: with the loss)
+    # of `flops`, the (T x T) attention matmuls' (QK^T and the probabilities times V, full T x T)
+    attention_flops: float = 0.0
 
     def kept_params(self, tp: int) -> float:
         return self.params - self.split_params + self.split_params / tp
@@ -37,6 +39,13 @@ class Piece:
         """Compute follows the parameters: a block's matmuls and its heads' attention are split,
         the embedding lookup, norms and an unsplit head are not."""
         return self.flops * (1 - (1 - 1 / tp) * self.split_params / self.params) if self.params else self.flops
+
+    def executed_flops(self, tp: int, causal_skip: float = 0.0) -> float:
+        """What the rank's kernels compute of `kept_flops`: a fused causal attention kernel (flash,
+        SDPA with is_causal) skips the score blocks above the diagonal, `causal_skip` (0.5) of the
+        (T x T) matmuls, which eager attention computes in full and then masks."""
+        kept = self.kept_flops(tp)
+        return kept * (1 - causal_skip * self.attention_flops / self.flops) if self.flops else kept
 
     def kept_activations(self, tp: int) -> float:
         """Activations of a split piece divided by tp (norms and residuals, which Megatron keeps
@@ -91,6 +100,9 @@ class ModelProfile:
     # every parameter tensor's elements, ascending (ZeRO-3 keeps those under its persistence
     # threshold whole on every rank); () = unknown
     param_numels: tuple = ()
+    # the share of the (T x T) attention matmuls the run's kernel skips: 0.5 for a fused causal
+    # kernel (SDPA/flash on a causal LM), 0 for eager attention (computes them all, then masks)
+    causal_skip: float = 0.0
 
     def params_at_most(self, numel: int) -> int:
         """Parameters in tensors of at most `numel` elements (0 where the sizes are unknown)."""

@@ -103,7 +103,7 @@ def enumerate_grid(model: str, devices: int, global_batch: int, frameworks=DEFAU
                     cand.plan = plan
                     cand.layout = Layout(fw, dp=d.dp, tp=d.tp, pp=d.pp, micro_batch=d.micro_batch,
                                          grad_accum=d.grad_accum, checkpointing=ckpt,
-                                         ep=int(getattr(plan.variant.options, "ep", 1)))
+                                         ep=int(getattr(plan.variant.options, "ep", 1)), cp=d.cp)
                     if devices_per_node and d.tp > devices_per_node:
                         cand.pruned = f"topology: tp {d.tp} > {devices_per_node} devices per node"
                         continue

@@ -43,6 +43,7 @@ class Layout:
     checkpointing: bool | str = False    # a policy (ddlbench/models/checkpointing.py); true = full
     shard: int = 0          # ranks that shard the model state when fewer than dp (FSDP hybrid); 0 = dp
     ep: int = 1             # expert-parallel ranks (MoE models under expert_parallel)
+    cp: int = 1             # ranks that split each sequence (ring attention, Ulysses): 1/cp of its output each
 
 
 def activation_bytes(layout: Layout, model: ModelProfile, cost: CostModel) -> float:
@@ -88,8 +89,8 @@ def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activa
                     grads: float, step: float = 0.0) -> float:
     """What a training step adds at its peak beyond the gradients and activations counted whole;
     negative where the two never all live at once (gradients made only as activations are freed).
-    Start of backward: activations + the first gradients (two output-sized ones or the largest
-    weight's) + the gradients: all of them if they already exist (preallocated, or accumulating
+    Start of backward: activations + the first gradients (two output-sized ones — of the rank's
+    1/cp of the sequence where ring attention or Ulysses split it — or the largest weight's) + the gradients: all of them if they already exist (preallocated, or accumulating
     over micro-batches), else all but a tied embedding's, which backward reaches last (counting
     the others is conservative: a CNN makes its largest weights' gradients while the early
     layers' activations still live). End of backward and the optimizer step: the gradients + the
@@ -98,7 +99,8 @@ def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activa
     made = cost.backward_grad_bytes or cost.grad_bytes
     # eager attention's backward makes a (T x T) gradient of the scores while most activations live
     scores = model.attention_scores_bytes_per_sample * layout.micro_batch / layout.tp
-    first = max(2 * model.output_bytes_per_sample * layout.micro_batch, model.largest_weight_params * made) + scores
+    output = model.output_bytes_per_sample * layout.micro_batch / layout.cp
+    first = max(2 * output, model.largest_weight_params * made) + scores
     tied = model.tied_pair_params(layout.pp, layout.tp) * made
     held = cost.grads_preallocated or layout.grad_accum > 1
     start = activations + first + (grads if held else max(0.0, grads - tied))

@@ -15,6 +15,7 @@ them the estimate of Llama 1B at micro-batch 4 was 2.0x the measured peak."""
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddlbench import rundir
@@ -81,10 +82,29 @@ def _saved_bytes(spec, batch_size: int, checkpointed: bool | str, dtype=torch.fl
     return sum(saved.values()), (boundary[0] if boundary else 0)
 
 
-def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int]], int]:
-    """[(forward FLOPs, bytes saved for backward)] of each pipeline piece for one batch on meta,
-    the pieces applied in order as the pipeline stages apply them (the last one with the loss),
-    and the bytes of the last piece's output (GPT-2: the logits)."""
+class _ScoreFlops(TorchDispatchMode):
+    """Forward FLOPs (2 per multiply-add, as the flop counter counts) of the batched matmuls over a
+    (T x T) tensor: eager attention's QK^T (its output T x T) and its probabilities times V (its
+    input T x T, V's T rows), which a fused causal kernel computes only on and below the diagonal."""
+
+    def __init__(self, seq_len: int | None):
+        super().__init__()
+        self.seq_len, self.flops = seq_len, 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.seq_len and func is torch.ops.aten.bmm.default:
+            a, b, tt = args[0], args[1], (self.seq_len, self.seq_len)
+            if tuple(out.shape[-2:]) == tt or (tuple(a.shape[-2:]) == tt and b.shape[-2] == self.seq_len):
+                self.flops += 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+        return out
+
+
+def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int, float]], int]:
+    """[(forward FLOPs, bytes saved for backward, of the FLOPs the (T x T) attention matmuls')] of
+    each pipeline piece for one batch on meta, the pieces applied in order as the pipeline stages
+    apply them (the last one with the loss), and the bytes of the last piece's output (GPT-2: the
+    logits)."""
     from ddlbench.models.pipeline import loss_function, pieces
     from ddlbench.models.spec import example_batch
 
@@ -96,14 +116,14 @@ def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int]], i
     out, seen = [], set()       # a tensor two pieces save (one's output, the next one's input) counts once
     for i, piece in enumerate(plist):
         saved: dict[int, int] = {}
-        counter = FlopCounterMode(display=False)
+        counter, scores = FlopCounterMode(display=False), _ScoreFlops(spec.tokens_per_sample)
         with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved, seen, _fused_len(spec)),
-                                                      lambda t: t), counter:
+                                                      lambda t: t), counter, scores:
             x = piece(x)
             if i == len(plist) - 1:
                 loss(x, batch["labels"])
         seen.update(saved)
-        out.append((float(counter.get_total_flops()), sum(saved.values())))
+        out.append((float(counter.get_total_flops()), sum(saved.values()), scores.flops))
     return out, x.numel() * x.element_size()
 
 
@@ -123,7 +143,8 @@ def pieces_profile(spec, dtype=torch.float32) -> tuple[tuple[Piece, ...], int]:
             tied[i] += p.numel()
     (two, out2), (four, out4) = _per_piece(spec, 2, dtype), _per_piece(spec, 4, dtype)
     return tuple(Piece(params=count_params(piece), split_params=split_param_count(piece), tied_params=tied[i],
-                       flops=(four[i][0] - two[i][0]) / 2, activation_bytes=(four[i][1] - two[i][1]) // 2)
+                       flops=(four[i][0] - two[i][0]) / 2, activation_bytes=(four[i][1] - two[i][1]) // 2,
+                       attention_flops=(four[i][2] - two[i][2]) / 2)
                  for i, piece in enumerate(plist)), (out4 - out2) // 2
 
 
@@ -246,7 +267,15 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
         autocast_selective_op_bytes_per_sample=autocast[3], attention_scores_bytes_per_sample=scores,
         hidden_size=int(getattr(model_cfg, "n_embd", 0) or 0), attention_heads=int(getattr(model_cfg, "n_head", 0) or 0),
         kv_heads=int(getattr(model_cfg, "n_kv_head", 0) or getattr(model_cfg, "n_head", 0) or 0),
-        **_tp_layers(spec), **moe)
+        causal_skip=causal_skip(spec), **_tp_layers(spec), **moe)
+
+
+def causal_skip(spec) -> float:
+    """The share of the (T x T) attention matmuls the run's kernel skips: a causal language model
+    under a fused kernel (SDPA with is_causal, flash: CPU and CUDA alike compute only the key blocks
+    at or before each query block) half; eager attention computes them all and masks: none."""
+    impl = (spec.config or {}).get("attn_implementation", "eager")
+    return 0.5 if spec.kind == "language" and impl not in (None, "eager") else 0.0
 
 
 def _tp_layers(spec) -> dict:

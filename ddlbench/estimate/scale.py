@@ -81,17 +81,19 @@ class Pricing:
 def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str,
                 measured: list[tuple[float, float]] | None = None) -> list[tuple[float, float]]:
     """(forward, backward) seconds per micro-batch of every piece (embedding, blocks, head): by the
-    roofline (forward FLOPs / flops_per_s, backward twice that), or from `measured` seconds per
-    sample of each piece (ddlbench/estimate/piece_timer.py) times the layout's share of its FLOPs."""
+    roofline (the forward FLOPs the rank's kernels compute / flops_per_s, backward twice that; a
+    fused causal attention kernel computes half of the T x T scores: Piece.executed_flops), or from
+    `measured` seconds per sample of each piece (ddlbench/estimate/piece_timer.py) times the
+    layout's share of its FLOPs."""
     out = []
-    n = len(prof.pieces)
+    n, skip = len(prof.pieces), prof.causal_skip
     for i, p in enumerate(prof.pieces):
         block = 0 < i < n - 1
         if measured:
-            share = p.kept_flops(tp) / p.flops if p.flops else 1.0
+            share = p.executed_flops(tp, skip) / p.executed_flops(1, skip) if p.flops else 1.0
             f, b = (t * micro_batch * share for t in measured[i])
         else:
-            f = p.kept_flops(tp) * micro_batch / flops_per_s
+            f = p.executed_flops(tp, skip) * micro_batch / flops_per_s
             b = 2 * f
         out.append((f, b + (recompute(ac, i - 1) * f if block else 0.0)))
     return out
