@@ -311,7 +311,38 @@ CLAIMS += [
     ("README.md", "2-D layouts: {} of {} layouts within 10%", lambda: _within()[:2]),
     ("docs/projection.md", "both shapes: **{} of {} layouts within 10%, mean |error| {}%**", _within),
     ("docs/projection.md", "`one-per-node/run2/`): {} of {} within 10%, mean |error| {}%", lambda: _within("run2")),
+    ("docs/projection.md", "`run1/` both shapes: {} of {} within 10%, mean |error| {}%", lambda: _within("run1")),
 ]
+
+
+LENGTH = REPO / "reports" / "length-check" / "2026-11-28.json"
+
+
+def _length_rows() -> list[dict]:
+    return json.loads(LENGTH.read_text())["rows"]
+
+
+def _length_within(count: str) -> list[str]:
+    errs = [abs(r[f"error_{count}"]) for r in _length_rows()]
+    return [str(sum(e <= 0.10 for e in errs)), str(len(errs)), f"{100 * sum(errs) / len(errs):.1f}"]
+
+
+CLAIMS += [
+    ("README.md", "a longer sequence's rate predicted from the shortest run's within 10% in {} of {}\ncases",
+     lambda: _length_within("causal")[:2]),
+    ("docs/projection.md", "{} of {} within 10% (mean |error| {}%) against {} of {} ({}%)",
+     lambda: _length_within("causal") + _length_within("full")),
+]
+
+
+def test_the_length_check_table_is_the_report():
+    """docs/projection.md's sequence-length table is benchmarks/length_check.py's rows."""
+    doc = (REPO / "docs" / "projection.md").read_text()
+    for r in _length_rows():
+        row = (f"| {r['ac']} | {r['calibrated_on']:,} | {r['seq_len']:,} | {r['measured_tokens_per_s']:,.0f} | "
+               f"{r['predicted_causal']:,.0f} ({100 * r['error_causal']:+.1f}%) | "
+               f"{r['predicted_full']:,.0f} ({100 * r['error_full']:+.1f}%) |")
+        assert row in doc, row
 
 
 @pytest.mark.parametrize("report", ["layout_check.md", "one-per-node/layout_check.md"])
