@@ -397,6 +397,16 @@ def test_torchtitans_8_to_128_h100_pair_within_3_percent(tmp_path):
     assert (tmp_path / "projection.csv").read_text().count("\n") == 3
 
 
+def test_a_specification_naming_a_gpu_is_planned_for_that_gpu(tmp_path):
+    """hardware=H100 on this CPU host: the configuration is planned as on the GPU (run.device=cuda:
+    model.attention auto is sdpa_causal there, which ring attention needs), and the record says so."""
+    proc = bench("project", "model=llama_tiny", "framework=context_parallel", "network=dgx_h100", "hardware=H100",
+                 "world_sizes=[8]", f"out={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "projection.json").read_text())
+    assert "run.device=cuda" in doc["specification"] and doc["rows"][0]["layout"]["cp"] == 2
+
+
 @pytest.mark.parametrize("args,message", [
     (("framework=horovod", "hardware=H100"), "no schedule rules for horovod"),
     (("framework=fsdp_full",), "give hardware="),

@@ -82,7 +82,11 @@ def run(args: list[str]) -> int:
     else:
         raise ConfigError(f"bench project: give hardware= (a gpu_table name) or peak_tflops= for the roofline\n{USAGE}")
     mem = kv.number("device_memory_gb", positive=True)
-    spec = Spec(tuple(kv.passed), kv.integer("local_batch", 1), peak, ac,
+    overrides = tuple(kv.passed)
+    if kv.text("hardware") and not any(a.startswith("run.device=") for a in overrides):
+        # planned for the GPU it names, wherever this runs: its attention (sdpa_causal), padding and streams
+        overrides += ("run.device=cuda",)
+    spec = Spec(overrides, kv.integer("local_batch", 1), peak, ac,
                 kv.integer("per_node", net.dims[0].size), mem * 2**30 if mem else None)
     pricing = Pricing(net, algorithm)
     measured = per_param = factor = None
@@ -119,7 +123,7 @@ def run(args: list[str]) -> int:
     name = "_".join(a.split("=", 1)[1] for a in kv.passed if a.startswith(("model=", "framework=")))
     out = Path(kv.text("out") or f"projection_{name}_{net.name}")
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"specification": list(kv.passed), "network": net.name, "network_file": net.source, "algorithm": algorithm,
+    doc = {"specification": list(spec.overrides), "network": net.name, "network_file": net.source, "algorithm": algorithm,
            "peak_flops": peak, "peak_source": peak_src, "efficiency": eff, "efficiency_source": eff_src, "ac": ac,
            "local_batch": spec.local_batch, "per_node": spec.per_node, "method": (
                "planned per world size as a run (ddlbench.config), pieces timed by the roofline, each unit's collectives "
