@@ -66,8 +66,8 @@ def test_traced_step_matches_the_cost_model(traced, framework, model, more):
     # the model state rank 0 holds between steps, read from the framework's objects, against the estimator's
     from ddlbench.estimate.memcheck import estimate_plan
     est, held = estimate_plan(plan, prof, cost, "cpu"), got["state_bytes"]
-    est = {k: est[k] + (cost.state_bytes(plan.cfg.optim.name, plan.cfg.optim.momentum)[k] if est[k] == 0 else 0)
-           for k in ("params", "optimizer")}     # offloaded: on the host, where the fake-group step holds it too
+    state = cost.state_bytes(plan.cfg.optim.name, plan.cfg.optim.momentum)    # wherever it lives
+    est = {k: est[k] or state[k] for k in ("params", "optimizer")}   # offloaded: on the host, as the traced step holds it
     if framework.startswith("fairscale_oss"):   # whole parameters to ranks: rank 0's share, not the mean the estimate takes
         assert 0 < held["optimizer"] < 2 * est["optimizer"], (held, est)
     else:

@@ -19,8 +19,7 @@ def layout_of(plan, shard_ranks: int) -> Layout:
     d = plan.dims
     ckpt = plan.variant.ac_policy()
     return Layout(plan.cfg.framework.name, dp=d.dp, tp=d.tp, pp=d.pp, micro_batch=d.micro_batch,
-                  grad_accum=d.grad_accum, checkpointing=ckpt, shard=shard_ranks if shard_ranks < d.dp else 0,
-                  ep=int(getattr(plan.variant.options, "ep", 1)), cp=d.cp)
+                  grad_accum=d.grad_accum, checkpointing=ckpt, shard=shard_ranks if shard_ranks < d.dp else 0, cp=d.cp)
 
 
 def cost_of_plan(plan, prof, per_node: int | None = None):
