@@ -16,10 +16,13 @@ the attention they need; each layout's 1-device calibration runs the same model.
 For each layout (LAYOUTS): `srun -N2 --ntasks-per-node=2 bench run launcher=slurm ...` (4 ranks, the
 global batch 4 x PER_RANK samples over the data-parallel ranks), and a 1-rank run of its calibration
 framework (the layout's own where it plans at one rank, else the one named) on one device
-(`srun -N1 -n1`). The prediction is `ddlbench/estimate/spec.py` as `bench project` runs it: the
-roofline's efficiency solved so that the 1-rank step is reproduced, divided by the CPU
-oversubscription of the 4-rank run (ddlbench/network/validate.py: the 2 devices of a node share its
-one core here), the layout planned at 4 ranks, its collectives priced on the network the run
+(`srun -N1 -n1`); at 2 x 2 the same 1-rank run also on both devices of a node at once (each its own
+run: how much slower a device computes with its neighbour busy on the node's one core, `sharing`;
+2.0 would be perfect turns). The prediction is `ddlbench/estimate/spec.py` as `bench project` runs
+it: the roofline's efficiency solved so that the 1-rank step is reproduced, divided by that measured
+slowdown (where it was not measured, the CPU oversubscription of the 4-rank run,
+ddlbench/network/validate.py: the 2 devices of a node share its one core here), the layout planned
+at 4 ranks, its collectives priced on the network the run
 recorded (the cluster's link rates, gloo's flat rings), the step simulated with the framework's
 rules (ddlbench/estimate/rules.py). Where the layout splits a rank's compute (tp, cp or ep > 1), its
 own step over a fake process group against the calibration framework's at one rank sets its compute
@@ -111,6 +114,34 @@ def median_run(out: Path, nodes: int, per_node: int, overrides: list[str], a) ->
     return rec
 
 
+def pair_runs(out: Path, overrides: list[str], a) -> list[dict]:
+    """The 1-device calibration on every device of one node at once (`srun -N1 --ntasks-per-node=DEVICES`,
+    each task a 1-rank run of its own in its device: `launcher=local launcher.nproc=1`), a.repeats
+    times: the device as a rank of the layout has it, the node's other device computing beside it."""
+    recs = []
+    for k in range(a.repeats):
+        run_dir = out / f"rep{k}"
+        if not all(reuse(run_dir / f"dev{d}", a.resume) for d in range(DEVICES)):
+            login("srun", "-N1", f"--ntasks-per-node={DEVICES}", "--overcommit", "--kill-on-bad-exit=1", "bash", "-c",
+                  f'exec "$0" run launcher=local launcher.nproc=1 run.dir={run_dir}/dev$SLURM_LOCALID "$@"',
+                  BENCH, *overrides)
+        for d in range(DEVICES):
+            path = run_dir / f"dev{d}" / "result.json"
+            recs.append(json.loads(path.read_text()) if path.exists()
+                        else {"status": "no result", "error": {"message": str(path.parent)}})
+    return recs
+
+
+def sharing(one: dict, pairs: list[dict]) -> dict | None:
+    """How much slower a device computes with its node's other device busy: the median step of the
+    paired calibrations over the lone one's (2.0 where two devices take perfect turns on one core;
+    more where they also evict each other's caches). None where a paired run failed."""
+    if not pairs or any(r.get("status") != "ok" for r in pairs):
+        return None
+    steps = [r["timing"]["window_step_s"] for r in pairs]
+    return {"factor": statistics.median(steps) / one["timing"]["window_step_s"], "paired_step_s": steps}
+
+
 def local_batch(layout: list[str], model: str) -> int:
     """Samples per data-parallel rank of the layout at 4 ranks and PER_RANK x 4 samples."""
     from ddlbench.config import plan_from_overrides
@@ -186,12 +217,13 @@ def own_steps(layout: list[str], calib: str, model: str, local: int, world: int)
 
 
 def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: str, network=None,
-            own: dict | None = None) -> dict:
+            own: dict | None = None, shared: dict | None = None) -> dict:
     """The layout's step at 4 ranks from the 1-rank run: efficiency solved on the 1-rank step,
     scaled by the oversubscription, the layout planned and simulated on `network` (default: the
     one the run recorded, the cluster's configured rates). `own` (own_steps): the layout's compute
     is what its own step over a fake group takes against the calibration framework's at one rank,
-    not the share of the FLOPs the roofline gives it."""
+    not the share of the FLOPs the roofline gives it. `shared` (sharing): where a node's devices
+    share a core, the slowdown measured with the neighbour busy replaces the ranks-per-core ratio."""
     from ddlbench.estimate.scale import Pricing
     from ddlbench.estimate.spec import Spec, rows, solve_efficiency
     from ddlbench.network import model as net_model
@@ -207,9 +239,10 @@ def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: s
     spec1 = Spec((f"framework={calib}", *common), local, peak, per_node=DEVICES, device="cpu")
     rate1 = one["throughput"]["tokens_per_s"]
     eff1 = solve_efficiency(spec1, pricing, rate1, 1)
-    factor = oversubscription(layout_rec) / oversubscription(one)
+    ratio = oversubscription(layout_rec) / oversubscription(one)
+    factor = shared["factor"] if shared and ratio > 1 else ratio
     spec = Spec((*strategy_side(layout), *common), local, peak, per_node=DEVICES, device="cpu",
-                ranks_per_core=max(1, round(factor)))
+                ranks_per_core=max(1, round(ratio)))
     world = NODES * DEVICES
     split = 1.0
     if own:      # the compute the roofline gives the layout against the calibration's, both at eff1
@@ -221,7 +254,7 @@ def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: s
             "error": (row["step_s"] - measured) / measured, "compute_s": row["compute_s"],
             "exposed_comm_s": row["exposed_comm_s"], "exposed_by_kind_s": row["exposed_by_kind_s"],
             "comm_by_kind_s": row["comm_by_kind_s"], "layout": row["layout"], "efficiency_1rank": eff1,
-            "oversubscription": factor, "network": network.name, "algorithm": algorithm,
+            "oversubscription": ratio, "compute_slowdown": factor, "network": network.name, "algorithm": algorithm,
             "one_rank_step_s": one["timing"]["window_step_s"]}
 
 
@@ -232,10 +265,11 @@ def markdown(doc: dict) -> str:
              "| layout | planned | measured step ms (repeats) | predicted ms | error | compute ms | exposed comm ms "
              "(by kind) | 1-rank step ms | own step over a fake group / calibration's (ms) "
              "| compute by its FLOPs' share: predicted ms (error) | without tbf's bucket: predicted ms (error) "
-             "| node link fitted: predicted ms (error) |", "|" + "---|" * 12]
+             "| node link fitted: predicted ms (error) | a device with its neighbour busy: step ms (x the lone one) "
+             "| compute at the ranks-per-core ratio: predicted ms (error) |", "|" + "---|" * 14]
     for r in doc["rows"]:
         if "error_message" in r:
-            lines.append(f"| {r['layout']} | - | {r['error_message'][:120]} |" + " |" * 9)
+            lines.append(f"| {r['layout']} | - | {r['error_message'][:120]} |" + " |" * 11)
             continue
         p = r["prediction"]
         kinds = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in p["exposed_by_kind_s"].items() if v > 5e-4)
@@ -251,9 +285,13 @@ def markdown(doc: dict) -> str:
                         else "-") + " | "
                      + " | ".join(f"{r[k]['predicted_step_s'] * 1e3:.0f} ({100 * r[k]['error']:+.1f}%)" if k in r else "-"
                                   for k in ("prediction_flops_split", "prediction_no_bucket", "prediction_node_fitted"))
-                     + " |")
+                     + " | " + (f"{statistics.median(sh['paired_step_s']) * 1e3:.0f} (x{sh['factor']:.2f})"
+                                if (sh := r.get("sharing")) else "-")
+                     + " | " + (f"{q['predicted_step_s'] * 1e3:.0f} ({100 * q['error']:+.1f}%)"
+                                if (q := r.get("prediction_ranks_ratio")) else "-") + " |")
     for key, label in (("prediction", "configured rates"), ("prediction_no_bucket", "without tbf's bucket"),
-                       ("prediction_node_fitted", "node link fitted")):
+                       ("prediction_node_fitted", "node link fitted"),
+                       ("prediction_ranks_ratio", "compute at the ranks-per-core ratio, not the measured sharing")):
         errs = [abs(r[key]["error"]) for r in doc["rows"] if key in r]
         if errs:
             lines += ["", f"{label}: {sum(e <= 0.10 for e in errs)} of {len(errs)} within 10%; mean |error| "
@@ -297,6 +335,7 @@ def main() -> int:
         if node:
             doc["commbench_node"] = str(out / "commbench_node" / "commbench.json")
         ones: dict[str, dict] = {}
+        shares: dict[str, dict | None] = {}
         for name in names:
             layout, calib = known[name]
             models = model_side(layout, a.model)
@@ -305,9 +344,11 @@ def main() -> int:
             key = "_".join([calib, *(m.split("=")[1] for m in models[1:]), f"b{local}"])
             if models[0] != f"model={a.model}":
                 key = f"{models[0].split('=')[1]}_{key}"
+            one_overrides = [f"framework={calib}", *base, f"run.global_batch={local}"]
             if key not in ones:
-                ones[key] = median_run(out / "one_rank" / key, 1, 1,
-                                       [f"framework={calib}", *base, f"run.global_batch={local}"], a)
+                ones[key] = median_run(out / "one_rank" / key, 1, 1, one_overrides, a)
+                if DEVICES > 1:
+                    shares[key] = sharing(ones[key], pair_runs(out / "one_rank" / key / "paired", one_overrides, a))
             one = ones[key]
             rec = median_run(out / name, NODES, DEVICES, [*strategy_side(layout), *base,
                                                           f"run.global_batch={PER_RANK * NODES * DEVICES}"], a)
@@ -317,6 +358,7 @@ def main() -> int:
                 row["error_message"] = f"{bad.get('status')}: {(bad.get('error') or {}).get('message')}"
             else:
                 try:
+                    row["sharing"] = shares.get(key)
                     price(row, rec, one, layout, calib, a.model, node,
                           own_steps(layout, calib, a.model, local, NODES * DEVICES))
                 except Exception as exc:        # a layout the projector refuses: said, not hidden
@@ -330,19 +372,24 @@ def main() -> int:
 
 def price(row: dict, rec: dict, one: dict, layout: list[str], calib: str, model: str, node: dict | None,
           own: dict | None) -> None:
-    """The row's predictions of its measured run: as configured, without tbf's bucket, by the FLOPs'
-    share (where `own` steps set the compute), with the node link fitted (where `node` commbench ran)."""
+    """The row's predictions of its measured run: as configured (the compute slowed by the measured
+    sharing of a node's core where row['sharing'] has it), without tbf's bucket, by the FLOPs' share
+    (where `own` steps set the compute), with the node link fitted (where `node` commbench ran), and
+    with the ranks-per-core ratio in place of the measured sharing (where it was measured)."""
     from ddlbench.network import model as net_model
-    row["prediction"] = predict(rec, one, layout, calib, model, own=own)
+    shared = row.get("sharing")
+    row["prediction"] = predict(rec, one, layout, calib, model, own=own, shared=shared)
     row["repeats_step_s"] = rec["_repeats_step_s"]
     row["prediction_no_bucket"] = predict(rec, one, layout, calib, model,
-                                          without_bucket(net_model.recorded_network(rec)), own)
+                                          without_bucket(net_model.recorded_network(rec)), own, shared)
     if own:
-        row["prediction_flops_split"] = predict(rec, one, layout, calib, model)
+        row["prediction_flops_split"] = predict(rec, one, layout, calib, model, shared=shared)
     if node:
         from ddlbench.network.model import from_dict
         fitted = from_dict(node_fitted(rec["env"]["network"]["description"], node))
-        row["prediction_node_fitted"] = predict(rec, one, layout, calib, model, fitted, own)
+        row["prediction_node_fitted"] = predict(rec, one, layout, calib, model, fitted, own, shared)
+    if shared:
+        row["prediction_ranks_ratio"] = predict(rec, one, layout, calib, model, own=own)
 
 
 def reprice(out: Path, a) -> int:

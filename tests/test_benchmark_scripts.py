@@ -142,3 +142,15 @@ def test_pieces_check_predicts_and_measures_each_framework(tmp_path):
     assert "| ddp |" in out.stdout and "rank 0's step at 2 (ms)" in out.stdout
     again = _script(cmd, timeout=240)
     assert again.returncode != 0 and "already holds a result.json" in again.stderr
+
+
+def test_layout_check_sharing_is_the_paired_median_over_the_lone_step():
+    """benchmarks/layout_check.sharing by hand: paired steps 44, 46, 50, 48 ms (median 47) over a
+    lone 20 ms step: x2.35; a failed paired run, or none, gives no factor (the ratio stands)."""
+    import layout_check
+    lone = {"status": "ok", "timing": {"window_step_s": 0.020}}
+    pairs = [{"status": "ok", "timing": {"window_step_s": s}} for s in (0.044, 0.046, 0.050, 0.048)]
+    got = layout_check.sharing(lone, pairs)
+    assert got["factor"] == pytest.approx(0.047 / 0.020) and got["paired_step_s"] == [0.044, 0.046, 0.050, 0.048]
+    assert layout_check.sharing(lone, [*pairs, {"status": "failed"}]) is None
+    assert layout_check.sharing(lone, []) is None

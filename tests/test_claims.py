@@ -312,6 +312,7 @@ CLAIMS += [
     ("docs/projection.md", "both shapes: **{} of {} layouts within 10%, mean |error| {}%**", _within),
     ("docs/projection.md", "`one-per-node/run2/`): {} of {} within 10%, mean |error| {}%", lambda: _within("run2")),
     ("docs/projection.md", "`run1/` both shapes: {} of {} within 10%, mean |error| {}%", lambda: _within("run1")),
+    ("docs/projection.md", "`run3/` both shapes: {} of {} within 10%, mean |error| {}%", lambda: _within("run3")),
 ]
 
 
