@@ -5,7 +5,7 @@ step measured at 4 ranks.
 
     .venv/bin/python benchmarks/layout_check.py OUT_DIR [--link 100mbit] [--dev-link 200mbit]
         [--model llama_tiny] [--layouts ddp,fsdp_full,...] [--repeats 2] [--resume] [--devices-per-node 1]
-    .venv/bin/python benchmarks/layout_check.py OUT_DIR --reprice     # its runs priced again, no cluster
+    .venv/bin/python benchmarks/layout_check.py OUT_DIR --reprice [--own-steps-again]   # no cluster
 
 With --devices-per-node 1 the cluster is 2 nodes x 1 device (world 2, every rank on a core of its
 own; LAYOUTS_ONE_PER_NODE: DDP, FSDP2, TP 2, PP 2, CP 2, Ulysses 2, EP 2). At 2 x 2 a commbench
@@ -82,6 +82,7 @@ def model_side(layout: list[str], model: str) -> list[str]:
 
 def strategy_side(layout: list[str]) -> list[str]:
     return [o for o in layout if not o.startswith("model")]
+OWN_ROUNDS = 3       # own_steps: each of its two timings this many times, in turn; the medians stand
 STEPS = ["run.warmup_steps=3", "run.measure_steps=15", "run.progress=false", "logger=none", "run.timeout_s=600"]
 
 
@@ -197,23 +198,25 @@ def own_steps(layout: list[str], calib: str, model: str, local: int, world: int)
     if max(d.tp, d.cp, int(getattr(plan.options, "ep", 1))) == 1 or traceable(plan.cfg.framework.name,
                                                                             plan.cfg.framework.variant):
         return None
+    cases = {"layout": (compose_raw([*mine, f"launcher.nproc={world}", f"run.global_batch={PER_RANK * world}"]), world),
+             "calibration": (compose_raw([f"framework={calib}", *model_side(layout, model), "run.precision=fp32",
+                                          "run.device=cpu", "launcher.nproc=1", f"run.global_batch={local}"]), 1)}
     before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"        # the spawned timing processes: one thread, as a rank here
-    try:
-        got = {"layout": time_step(compose_raw([*mine, f"launcher.nproc={world}",
-                                                f"run.global_batch={PER_RANK * world}"]), world, 7),
-               "calibration": time_step(compose_raw([f"framework={calib}", *model_side(layout, model),
-                                                     "run.precision=fp32", "run.device=cpu", "launcher.nproc=1",
-                                                     f"run.global_batch={local}"]), 1, 7)}
+    rounds: dict[str, list[float]] = {k: [] for k in cases}
+    try:        # the two in turn, OWN_ROUNDS times: a slow spell of the host lands on both, not on one
+        for _ in range(OWN_ROUNDS):
+            for k, (config, ranks) in cases.items():
+                got = time_step(config, ranks, 10)
+                if "step_s" not in got:
+                    raise RuntimeError(f"{k}: {got['error']}")
+                rounds[k].append(got["step_s"])
     finally:        # the cluster's runs after this keep the environment they had
         if before is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = before
-    bad = [f"{k}: {v['error']}" for k, v in got.items() if "step_s" not in v]
-    if bad:
-        raise RuntimeError("; ".join(bad))
-    return {k: v["step_s"] for k, v in got.items()}
+    return {**{k: statistics.median(v) for k, v in rounds.items()}, "rounds_s": rounds}
 
 
 def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: str, network=None,
@@ -311,6 +314,8 @@ def main() -> int:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--reprice", action="store_true",
                     help="no cluster: price OUT_DIR's recorded runs again with the predictor as it is now")
+    ap.add_argument("--own-steps-again", action="store_true",
+                    help="with --reprice: each layout's own steps over a fake group measured again (no cluster)")
     a = ap.parse_args()
     out = a.out.resolve()
     if a.reprice:
@@ -407,7 +412,10 @@ def reprice(out: Path, a) -> int:
         layout, calib = known[row["layout"]]
         one = median_run(out / "one_rank" / row["calibration"], 1, 1, [], a)
         rec = median_run(Path(row["run_dir"]), NODES, DEVICES, [], a)
-        price(row, rec, one, layout, calib, doc["model"], node, row["prediction"].get("own_steps_s"))
+        own = row["prediction"].get("own_steps_s")
+        if own and a.own_steps_again:
+            own = own_steps(layout, calib, doc["model"], local_batch(layout, doc["model"]), NODES * DEVICES)
+        price(row, rec, one, layout, calib, doc["model"], node, own)
     return write(out, doc)
 
 
