@@ -99,6 +99,11 @@ def srun(run_dir: Path, nodes: int, per_node: int, overrides: list[str], resume:
     if not reuse(run_dir, resume):
         login("srun", f"-N{nodes}", f"--ntasks-per-node={per_node}", "--overcommit", "--kill-on-bad-exit=1", BENCH,
               "run", "launcher=slurm", f"launcher.nproc={nodes * per_node}", f"run.dir={run_dir}", *overrides)
+    return result(run_dir)
+
+
+def result(run_dir: Path) -> dict:
+    """The run's result.json, or a 'no result' record naming the directory (a run that wrote none)."""
     path = run_dir / "result.json"
     return json.loads(path.read_text()) if path.exists() else {"status": "no result", "error": {"message": str(run_dir)}}
 
@@ -126,10 +131,7 @@ def pair_runs(out: Path, overrides: list[str], a) -> list[dict]:
             login("srun", "-N1", f"--ntasks-per-node={DEVICES}", "--overcommit", "--kill-on-bad-exit=1", "bash", "-c",
                   f'exec "$0" run launcher=local launcher.nproc=1 run.dir={run_dir}/dev$SLURM_LOCALID "$@"',
                   BENCH, *overrides)
-        for d in range(DEVICES):
-            path = run_dir / f"dev{d}" / "result.json"
-            recs.append(json.loads(path.read_text()) if path.exists()
-                        else {"status": "no result", "error": {"message": str(path.parent)}})
+        recs += [result(run_dir / f"dev{d}") for d in range(DEVICES)]
     return recs
 
 

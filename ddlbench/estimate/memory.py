@@ -92,8 +92,9 @@ def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activa
     Start of backward: activations + the first gradients (two output-sized ones — of the rank's
     1/cp of the sequence where ring attention or Ulysses split it — or the largest weight's) + the
     gradients: all of them if they already exist (preallocated, or accumulating over micro-batches),
-    else all but a tied embedding's, which backward reaches last (counting the others is conservative: a CNN makes its largest weights' gradients while the early
-    layers' activations still live). End of backward and the optimizer step: the gradients + the
+    else all but a tied embedding's, which backward reaches last (counting the others is
+    conservative: a CNN makes its largest weights' gradients while the early layers' activations
+    still live). End of backward and the optimizer step: the gradients + the
     tied weight's extra copies or the optimizer's temporaries (`step`), whichever is larger, + a
     copy of the gradients that the framework makes for its step (`cost.step_grad_copy_bytes`)."""
     made = cost.backward_grad_bytes or cost.grad_bytes
