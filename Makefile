@@ -21,8 +21,11 @@ $(STAMP):
 	$(BIN)/python -m pip install -q $(TORCH_PINS)
 	$(BIN)/python -m pip install -q -e '.[dev,deepspeed,fairscale]' $(TORCH_PINS)
 	bash scripts/build_horovod.sh $(VENV) cpu   # ~6 min once; CPU + gloo (see the script)
-	# DeepSpeed JIT-builds its CPU Adam op on first use (~1.5 min; cached in ~/.cache/torch_extensions): build it here, once
-	$(BIN)/python -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
+	# DeepSpeed JIT-builds its CPU Adam op and its shared-memory communication op (every CPU run's
+	# init_distributed) on first use (~1.5 min and ~35 s; cached in ~/.cache/torch_extensions under
+	# this venv's path): build them here, once, not inside the first test that starts DeepSpeed
+	$(BIN)/python -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load(); \
+	    from deepspeed.accelerator import get_accelerator as a; a().create_op_builder('ShareMemCommBuilder').load()"
 	touch $@
 
 # The comparison: gpt2_tiny on 2 ranks (CPU/gloo here, NCCL on GPUs) under every framework family,

@@ -9,6 +9,20 @@ make that safe (ddlbench/launch/forked.py): this process never runs a multi-thre
 While a `bench(...)` command runs, this process is a child subreaper: a process that outlives
 the run it belongs to is re-parented here, so every call checks that no process is left behind
 (and kills what is). Tests that need the console script itself use `bench_exe(...)`.
+
+Timeouts (the suite's rules, checked in tests/test_suite_rules.py):
+- A timeout bounds one process, never a group of runs. `bench(...)`, `bench_exe(...)` and
+  `run_record(...)` each bound their one command; while one runs, pytest-timeout's alarm is re-armed
+  to that command's bound plus its clean-up (`_alarm`), and set back to the test's own timeout when it
+  ends: the pytest timeout bounds the code between commands, so a fixture or test that runs several
+  commands in turn is never judged by their sum.
+- One documented factor for slow machines: DDLBENCH_TEST_TIME_SCALE (default 1) multiplies every such
+  bound and every test's pytest timeout (`scaled`). On a machine half as fast as the one the bounds
+  were set on, set it to 2. It changes no assertion.
+- No assertion depends on how many rounds, repeats or retries a noisy measurement caused: a test of
+  an adaptive loop (advise's rounds, outlier and verdict rules, calibrations) feeds it measurements
+  it controls, or asserts what holds on every path (the answer is a measured candidate, the rounds
+  stay within their cap).
 """
 from __future__ import annotations
 
@@ -20,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +44,62 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = [sys.executable, "-m", "ddlbench.cli"]
 BENCH_EXE = str(REPO / ".venv" / "bin" / "bench")
 PR_SET_CHILD_SUBREAPER = 36
+TIME_SCALE = float(os.environ.get("DDLBENCH_TEST_TIME_SCALE") or 1)
+CLEANUP_S = 60          # a command's clean-up after its bound: SIGTERM, 15 s, SIGKILL, leftovers' grace
+_test_timeout: list[float] = [0.0]      # the running test's pytest timeout (scaled), set per test below
+
+
+def scaled(seconds: float) -> float:
+    """A bound on a hang, stretched by the documented factor for slow machines."""
+    return seconds * TIME_SCALE
+
+
+def for_runs(n: int, each_s: float = 60) -> float:
+    """The bound of one command that runs `n` runs in turn (a sweep, `bench advise`, a benchmark
+    script): each run its own `each_s`, never the group squeezed under one figure. Unscaled, like
+    the literal bounds it stands beside (bench() scales)."""
+    return 30 + n * each_s
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test's pytest timeout (its mark, else --timeout) multiplied by TIME_SCALE."""
+    default = float(config.getoption("timeout", None) or 0)
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        base = float(mark.args[0]) if mark and mark.args else float((mark.kwargs.get("timeout") if mark else None)
+                                                                     or default)
+        if base > 0:
+            item.add_marker(pytest.mark.timeout(scaled(base)), append=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    mark = item.get_closest_marker("timeout")
+    _test_timeout[0] = float(mark.args[0]) if mark and mark.args else 0.0
+    yield
+    _test_timeout[0] = 0.0
+
+
+def _alarm(seconds: float | None) -> None:
+    """Re-arm pytest-timeout's alarm (method signal, main thread) if it is armed: to `seconds`, or
+    with None to the running test's own timeout. A process forked from here does not inherit it."""
+    if threading.current_thread() is not threading.main_thread() or not _test_timeout[0]:
+        return
+    if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        signal.setitimer(signal.ITIMER_REAL, seconds if seconds is not None else _test_timeout[0])
+
+
+class Bounded:
+    """While a command runs, the test's alarm is its bound plus clean-up; after, the test's own."""
+
+    def __init__(self, bound_s: float):
+        self.bound_s = bound_s
+
+    def __enter__(self):
+        _alarm(max(self.bound_s + CLEANUP_S, _test_timeout[0]))
+
+    def __exit__(self, *exc):
+        _alarm(None)
 
 
 def _warm_up() -> None:
@@ -161,15 +232,18 @@ def bench_background(*args: str, cwd: Path | None = None, env: dict | None = Non
 def bench(*args: str, cwd: Path | None = None, timeout: float = 240,
           env: dict | None = None) -> subprocess.CompletedProcess:
     """`bench ARGS` forked from this process, waited for; asserts that it left no process
-    behind. On timeout (kept below pytest's 300 s so this cleanup runs) it is stopped first."""
-    run = BenchProcess(args, cwd, env)
+    behind. `timeout` (scaled) bounds this one command; on it the command is stopped first, within
+    the test's alarm (re-armed for this command, see the module docstring)."""
+    timeout = scaled(timeout)
     timed_out = False
-    try:
-        run.wait(timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        run.stop()
+    with Bounded(timeout):
+        run = BenchProcess(args, cwd, env)
+        try:
+            run.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            run.stop()
     result = run.completed()
     if timed_out:
         raise subprocess.TimeoutExpired(result.args, timeout, result.stdout, result.stderr)
@@ -182,8 +256,15 @@ def bench_exe(*args: str, cwd: Path | None = None, timeout: float = 240, env: di
     """The installed console script in a new interpreter (what a user types)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     full_env.update(env or {})
-    return subprocess.run([BENCH_EXE, *args], cwd=cwd or REPO, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env=full_env, **popen)
+    with Bounded(scaled(timeout)):
+        return subprocess.run([BENCH_EXE, *args], cwd=cwd or REPO, capture_output=True, text=True,
+                              timeout=scaled(timeout), stdin=subprocess.DEVNULL, env=full_env, **popen)
+
+
+def run_bounded(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run of one command under its own (scaled) bound, the test's alarm re-armed for it."""
+    with Bounded(scaled(timeout)):
+        return subprocess.run(cmd, timeout=scaled(timeout), **kw)
 
 
 def run_record(run_dir: Path, *overrides: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
@@ -191,7 +272,7 @@ def run_record(run_dir: Path, *overrides: str, timeout: float = 240) -> tuple[su
     wall-clock bound is below this call's: a hung run ends as a `timeout` result whose error
     holds every rank's stack, rather than as a bare TimeoutExpired here."""
     if not any(o.startswith("run.timeout_s=") for o in overrides):
-        overrides = (*overrides, f"run.timeout_s={max(timeout - 30, 10):g}")
+        overrides = (*overrides, f"run.timeout_s={max(scaled(timeout) - 30, 10):g}")
     if not any(o.startswith("run.form_timeout_s=") for o in overrides):
         # a rank stuck connecting to the agent's store (seen about once a suite: 127 s lost at the
         # default 120 s) is restarted sooner; here ranks join their group within ~1 s of starting
@@ -205,7 +286,8 @@ def run_record(run_dir: Path, *overrides: str, timeout: float = 240) -> tuple[su
 
 def wait_for(done, timeout_s: float, what: str, poll_s: float = 0.2) -> None:
     """Poll `done()` until true; fail naming `what` after `timeout_s` (a bound on a hang, not a
-    performance assertion)."""
+    performance assertion; scaled)."""
+    timeout_s = scaled(timeout_s)
     deadline = time.monotonic() + timeout_s
     while not done():
         assert time.monotonic() < deadline, f"gave up after {timeout_s:g} s waiting for {what}"
@@ -234,7 +316,7 @@ def emulated_cluster(name: str, *up_args: str):
     packages installed first): yields its cluster.json; whatever failed, `down` at the end."""
     if os.geteuid() != 0:
         pytest.fail("the cluster tests need root (CI runs as root)")
-    subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "install"], check=True, timeout=280)
+    run_bounded(["bash", str(REPO / "scripts" / "slurm_local.sh"), "install"], 280, check=True)
     bench_exe("cluster", "down", f"name={name}")
     try:
         proc = bench_exe("cluster", "up", *up_args, f"name={name}")

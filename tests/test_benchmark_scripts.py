@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, Bounded, for_runs, scaled
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from runs import StaleResult, reuse, verdict  # noqa: E402
@@ -106,10 +106,12 @@ def _script(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     command stops its ranks on it), then SIGKILL, so a hung script leaves nothing behind."""
     import os
     import signal
+    timeout = scaled(timeout)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        with Bounded(timeout):
+            out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -132,7 +134,7 @@ def test_pieces_check_predicts_and_measures_each_framework(tmp_path):
     import json
     cmd = [sys.executable, "benchmarks/pieces_check.py", str(tmp_path / "out"), "--frameworks", "ddp", "--layers", "2",
            "--steps", "3", "--fake-worlds", "1,2"]
-    out = _script(cmd, timeout=240)
+    out = _script(cmd, timeout=for_runs(4))   # the projection, the run, rank 0's step at 1 and 2
     assert out.returncode == 0, out.stderr[-2000:]
     (row,) = json.loads((tmp_path / "out" / "pieces_check.json").read_text())
     p, m = row["predicted"], row["measured"]

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, emulated_cluster, wait_for
+from conftest import REPO, emulated_cluster, run_bounded, wait_for
 
 from ddlbench.cluster.plan import (
     hosts_file,
@@ -69,8 +69,8 @@ def test_plan_files():
 
 
 def cluster(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([BENCH, "cluster", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, stdin=subprocess.DEVNULL)
+    return run_bounded([BENCH, "cluster", *args], timeout, capture_output=True, text=True, cwd=REPO,
+                       stdin=subprocess.DEVNULL)
 
 
 def login(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import json
 import subprocess
 
 import pytest
-from conftest import REPO, emulated_cluster
+from conftest import REPO, emulated_cluster, run_bounded
 
 BENCH = str(REPO / ".venv" / "bin" / "bench")
 NAME = "ddlb2d"
@@ -17,8 +17,8 @@ LINK, DEV_LINK = "100mbit", "400mbit"
 
 
 def cluster(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([BENCH, "cluster", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, stdin=subprocess.DEVNULL)
+    return run_bounded([BENCH, "cluster", *args], timeout, capture_output=True, text=True, cwd=REPO,
+                       stdin=subprocess.DEVNULL)
 
 
 def login(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess:

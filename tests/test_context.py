@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import bench
+from conftest import bench, for_runs
 
 from ddlbench.estimate.longest import candidates, longest
 
@@ -25,7 +25,7 @@ def test_llama_tiny_on_a_small_device_fits_512_tokens_and_1024_ends_oom(tmp_path
     out = tmp_path / "ctx"
     proc = bench("context", "model=llama_tiny", "framework=ddp", "launcher.nproc=1", "run.global_batch=2",
                  "run.warmup_steps=1", "run.measure_steps=2", "run.device_memory_gb=0.08",
-                 "seq_lens=[128,256,512,1024]", f"out={out}", timeout=280)
+                 "seq_lens=[128,256,512,1024]", f"out={out}", timeout=for_runs(4))
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((out / "context.json").read_text())
     assert doc["longest_seq_len"] == 512 and doc["device_memory_source"] == "run.device_memory_gb"

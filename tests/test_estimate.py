@@ -38,7 +38,12 @@ def _overrides(fw, model, more):
 
 @pytest.fixture(scope="module")
 def traced():
-    return dict(zip(IDS, trace_all([(_overrides(*c), WORLD) for c in CASES])))
+    """Each case forked from this process (warm, torch on one thread: conftest), 2 at a time; each
+    case its own 60 s (scaled), the test's alarm re-armed for the lot."""
+    from conftest import Bounded, scaled
+    bound = scaled(60) * len(CASES) / 2
+    with Bounded(bound):
+        return dict(zip(IDS, trace_all([(_overrides(*c), WORLD) for c in CASES], timeout_s=bound, start_method="fork")))
 
 
 @pytest.mark.slow

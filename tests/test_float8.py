@@ -11,8 +11,11 @@ from conftest import run_record
 from ddlbench.adapters.parallelize import float8_eligible
 from ddlbench.adapters.variant import float8_reason
 
-FAST = ("model=llama_tiny", "run.precision=bf16", "run.float8=true", "launcher.nproc=2", "run.warmup_steps=1",
-        "run.measure_steps=2")
+# torch._scaled_mm on a CPU is a plain loop (~370x slower than bf16 here, its time ~ M x K x N): the
+# float8 runs use llama_tiny at half its width and a quarter of its sequence (still 2 layers, every
+# dimension a multiple of 16, so the same 14 linear layers convert): ~1 s a step for ~18 s
+FAST = ("model=llama_tiny", "model.n_embd=64", "model.intermediate_size=128", "model.seq_len=32", "run.global_batch=4",
+        "run.precision=bf16", "run.float8=true", "launcher.nproc=2", "run.warmup_steps=1", "run.measure_steps=2")
 
 
 def test_which_linear_layers_become_float8_by_hand():
@@ -37,6 +40,7 @@ def test_float8_is_refused_with_the_reason_where_it_cannot_run():
 
 @pytest.fixture(scope="module")
 def float8_runs(tmp_path_factory):
+    """One run per framework, each bounded on its own (conftest: the alarm is re-armed per run)."""
     out = {}
     for fw in ("ddp", "fsdp_full", "deepspeed_zero2", "horovod"):
         d = tmp_path_factory.mktemp(fw)

@@ -4,7 +4,7 @@ import importlib.util
 import json
 
 import pytest
-from conftest import bench, run_record
+from conftest import bench, for_runs, run_record
 
 from ddlbench.config import plan_from_overrides
 
@@ -82,7 +82,7 @@ def test_horovod_rank_failure_is_recorded(run_dir):
 
 def test_multirun_leaves_one_result_per_cell(tmp_path):
     proc = bench("run", "-m", "framework=ddp,fsdp_grad_op", "launcher.nproc=1,2", "debug=fast",
-                 f"run.dir={tmp_path}/sweep", timeout=270)
+                 f"run.dir={tmp_path}/sweep", timeout=for_runs(4))
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = sorted((tmp_path / "sweep").glob("*/result.json"))
     assert len(results) == 4

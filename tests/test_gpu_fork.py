@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import REPO, bench_exe
+from conftest import REPO, bench_exe, for_runs
 
 from ddlbench.gpus import Gpu, bf16_native, driver_too_old, from_nvml, visible_indices
 
@@ -147,11 +147,11 @@ def test_no_process_that_forks_initialises_cuda(tmp_path):
     env = standin_env(log)
     sweep = tmp_path / "sweep"
     proc = bench_exe("sweep", "--dir", str(sweep), "framework=ddp", "model=gpt2_tiny", "launcher.nproc=1",
-                     "debug=fast", "run.global_batch=2,4", "run.timeout_s=120", env=env, timeout=280)
+                     "debug=fast", "run.global_batch=2,4", "run.timeout_s=120", env=env, timeout=for_runs(2, 130))
     advise = tmp_path / "advise"
     proc_a = bench_exe("advise", "model=gpt2_tiny", "devices=1", "frameworks=ddp", "calibrate=ddp",
                        "micro_batches=[2]", "global_batch=2", "budget_runs=1", "logger=none", f"dir={advise}",
-                       "run.timeout_s=120", env=env, timeout=280)
+                       "run.timeout_s=120", env=env, timeout=for_runs(3, 130))
     assert standin_check.violations(log) == []
     ev = standin_check.events(log)
     assert any(e["event"] == "fork" for e in ev)                     # the guard saw the forks it guards

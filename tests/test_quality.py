@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import bench, run_record
+from conftest import bench, for_runs, run_record
 
 from ddlbench.results import load_result
 
@@ -22,7 +22,7 @@ TASK = ["logger=none", "run.progress=false", "experiment=seed_language_tiny", "d
 def sweep(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("quality") / "sweep"
     proc = bench("run", "-m", *TASK, "framework=ddp,fsdp_full", "launcher.nproc=1,2", f"run.dir={root}",
-                 timeout=270)
+                 timeout=for_runs(4, 90))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     # one failing cell beside them: the report must list it
     failed, rec = run_record(root / "failed_cell", *TASK, "framework=ddp", "launcher.nproc=2", "debug=fault_raise")

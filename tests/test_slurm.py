@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, bench, wait_for, wait_until_training
+from conftest import REPO, Bounded, bench, run_bounded, scaled, wait_for, wait_until_training
 
 from ddlbench.sweep import manifest, status
 from ddlbench.sweep.commands import _queued_ids
@@ -20,21 +20,24 @@ SCRIPT = REPO / "scripts" / "slurm_local.sh"
 def slurm():
     was_up = subprocess.run(["pgrep", "--ns", str(os.getpid()), "--nslist", "mnt", "-x", "slurmctld"],
                             capture_output=True).returncode == 0        # this machine's, not an emulated cluster's
-    proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=240)
+    proc = run_bounded(["bash", str(SCRIPT), "start"], 240, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield
     if not was_up:  # stop only what this test started
-        subprocess.run(["bash", str(SCRIPT), "stop"], timeout=60)
+        run_bounded(["bash", str(SCRIPT), "stop"], 60)
 
 
-def wait_done(sweep: Path, timeout_s: float = 240) -> dict:
-    """Poll like a user would (status from result files + squeue) until no cell is queued."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        rows = status.cell_states(sweep, _queued_ids(sweep, manifest.meta(sweep)))
-        if all(r["state"] not in ("running", "missing") for r in rows):
-            return {r["index"]: r["state"] for r in rows}
-        time.sleep(2)
+def wait_done(sweep: Path, per_cell_s: float = 120) -> dict:
+    """Poll like a user would (status from result files + squeue) until no cell is queued. Each
+    cell is a run of its own: the bound is per cell (scaled), the test's alarm re-armed for it."""
+    bound = scaled(per_cell_s) * len(manifest.read(sweep))
+    with Bounded(bound):
+        end = time.monotonic() + bound
+        while time.monotonic() < end:
+            rows = status.cell_states(sweep, _queued_ids(sweep, manifest.meta(sweep)))
+            if all(r["state"] not in ("running", "missing") for r in rows):
+                return {r["index"]: r["state"] for r in rows}
+            time.sleep(2)
     raise TimeoutError(status.render(rows))
 
 

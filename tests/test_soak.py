@@ -5,16 +5,16 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, for_runs, run_bounded
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(600)   # 20 cells (forked from the sweep: ~1-2 s each after the first) + resume + report
 def test_interrupted_sweep_resumes_to_the_full_set(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak_sweep.py"), "--cells", "20",
-                           "--dir", str(tmp_path / "sweep")], capture_output=True, text=True, timeout=540,
-                          stdin=subprocess.DEVNULL)   # below pytest's bound, so a hang fails here, cleanly
+    # 20 cells (forked from the sweep: ~1-2 s each after the first), each its own 20 s, + resume + report
+    proc = run_bounded([sys.executable, str(REPO / "benchmarks" / "soak_sweep.py"), "--cells", "20",
+                        "--dir", str(tmp_path / "sweep")], for_runs(22, 20), capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert "result files 20: 10 ok, 10 failed; report rows 20; leftover processes 0" in proc.stdout

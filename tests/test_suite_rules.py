@@ -7,6 +7,10 @@ cannot quietly break them:
 2. Every inner bound (a subprocess `timeout=`, `timeout N cmd`, a polling helper's timeout) is
    below the pytest timeout of the test that uses it: otherwise pytest kills the test first,
    and the cleanup that the inner bound guards (stop the run, kill its ranks) never happens.
+3. A timeout bounds one process, never a group of runs: conftest's commands re-arm the test's
+   alarm to their own bound (checked here on the alarm itself), all of it scaled by one factor.
+4. No assertion on how many rounds, repeats or retries noise caused: an `assert` never compares
+   something named `rounds` with a literal count or list.
 """
 from __future__ import annotations
 
@@ -83,6 +87,30 @@ def wall_clock_asserts(fn: ast.FunctionDef) -> list[int]:
                    if any(isinstance(op, (ast.Lt, ast.LtE)) for op in cmp.ops) and is_duration(cmp.left)})
 
 
+NOISY_COUNTS = {"rounds"}
+
+
+def noise_count_asserts(fn: ast.FunctionDef) -> list[int]:
+    """Lines of asserts that pin an adaptive loop's round count: `x == [literal list]` or
+    `len(x) == N` where x mentions `rounds` (a name, attribute or string key)."""
+    def mentions(expr) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in NOISY_COUNTS or isinstance(n, ast.Attribute)
+                   and n.attr in NOISY_COUNTS or isinstance(n, ast.Constant) and n.value in NOISY_COUNTS
+                   for n in ast.walk(expr))
+
+    def literal(expr) -> bool:
+        return isinstance(expr, (ast.List, ast.Tuple)) or isinstance(expr, ast.Constant) and isinstance(expr.value, int)
+
+    out = set()
+    for node in (n for n in ast.walk(fn) if isinstance(n, ast.Assert)):
+        for cmp in (c for c in ast.walk(node.test) if isinstance(c, ast.Compare)):
+            sides = [cmp.left, *cmp.comparators]
+            if any(isinstance(op, ast.Eq) for op in cmp.ops) and any(literal(x) for x in sides) \
+                    and any(mentions(x) for x in sides if not literal(x)):
+                out.add(node.lineno)
+    return sorted(out)
+
+
 def _functions(path: Path):
     tree = ast.parse(path.read_text())
     module_mark = None
@@ -113,6 +141,25 @@ def test_inner_bounds_are_below_the_pytest_timeout(path):
     assert not bad, bad
 
 
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_no_assertion_counts_the_rounds_noise_caused(path):
+    bad = [f"{path.name}:{line}" for fn, _ in _functions(path) for line in noise_count_asserts(fn)]
+    assert not bad, f"asserts how many rounds a noisy measurement took (assert what holds on every path): {bad}"
+
+
+@pytest.mark.timeout(40)
+def test_a_command_rearms_the_tests_alarm_to_its_own_bound():
+    """Rule 3 on the alarm itself: inside a command's bound the test's alarm is that bound plus the
+    clean-up, whatever the test's own timeout; after it, the test's own timeout again."""
+    import signal
+
+    from conftest import CLEANUP_S, TIME_SCALE, Bounded, scaled
+    assert scaled(10) == 10 * TIME_SCALE
+    with Bounded(scaled(500)):
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > scaled(500) + CLEANUP_S - 5
+    assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= scaled(40)
+
+
 def test_the_rules_catch_what_they_guard():
     less = "<"   # the fixture's offending lines, spelled so that a grep of the suite does not hit them
     src = f'''
@@ -132,6 +179,10 @@ def test_a():
     ok = ast.parse("def test_b(x):\n    assert x['timeout_s'] < 20\n    assert len(x) < 3\n"
                    "    deadline = time.monotonic() + 5\n    assert time.monotonic() < deadline\n").body[0]
     assert wall_clock_asserts(ok) == []
+    counts = ast.parse("def test_c(state, adv):\n    assert [r['dir'] for r in state['rounds']] == ['measure', 'measure-2']\n"
+                       "    assert len(adv.rounds) == 2\n    assert len(state['rounds']) <= 4\n"
+                       "    assert state['rounds'][0]['dir'] == dirs[0]\n").body[0]
+    assert noise_count_asserts(counts) == [2, 3]
 
 
 def _clock_reads(src: str) -> list[int]:

@@ -31,7 +31,7 @@ def _sync(device: torch.device) -> None:
 
 
 MORE = 4          # a block's time: (the model at 1 + MORE blocks - at 1 block) / MORE
-FRAMEWORK_TIMEOUT_S = 300   # the framework's own step over a fake group (a spawned process), set-up included
+FRAMEWORK_TIMEOUT_S = 300   # the framework's own step over a fake group (a process of its own), set-up included
 
 
 def _build(model_cfg, n_layer: int, precision: str, device: torch.device):
