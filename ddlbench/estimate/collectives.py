@@ -31,11 +31,8 @@ NOT_TRACEABLE = {
 }
 
 
-# what a trace's process imports, loaded once into the fork server its cases fork from. Imports only:
-# nothing that computes (OpenMP) or asks for a GPU (DeepSpeed's import probes its accelerator; a
-# process forked after the CUDA driver was touched cannot use it: ddlbench/launch/forked.py)
-PRELOAD = ["torch", "torchvision.models", "transformers.models.gpt2.modeling_gpt2",
-           "transformers.models.llama.modeling_llama", "ddlbench.models", "ddlbench.runner", "ddlbench.estimate.collectives"]
+# what the fork server imports once, its quiet start first (ddlbench/estimate/trace_server.py)
+PRELOAD = ["ddlbench.estimate.trace_server"]
 
 # frameworks whose collectives do not go through c10d: the network model prices torch's collectives, so
 # `bench advise` measures theirs in a run at the world size the host can hold (advise/calibrate.py)
