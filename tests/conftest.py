@@ -256,9 +256,8 @@ def bench_exe(*args: str, cwd: Path | None = None, timeout: float = 240, env: di
     """The installed console script in a new interpreter (what a user types)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     full_env.update(env or {})
-    with Bounded(scaled(timeout)):
-        return subprocess.run([BENCH_EXE, *args], cwd=cwd or REPO, capture_output=True, text=True,
-                              timeout=scaled(timeout), stdin=subprocess.DEVNULL, env=full_env, **popen)
+    return run_bounded([BENCH_EXE, *args], timeout, cwd=cwd or REPO, capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, env=full_env, **popen)
 
 
 def run_bounded(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
