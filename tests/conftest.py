@@ -323,3 +323,33 @@ def emulated_cluster(name: str, *up_args: str):
         yield json.loads((Path("/var/tmp/ddlbench-cluster") / name / "cluster.json").read_text())
     finally:     # nothing of the cluster outlives the module
         bench_exe("cluster", "down", f"name={name}")
+
+
+
+class _Profile:
+    """DDLBENCH_TEST_PROFILE=FILE: one JSON line per test (set-up, call and tear-down together):
+    wall seconds, this process's CPU seconds and its reaped descendants' (the runs' launchers,
+    agents and ranks). Where the suite's time goes, and how much of it waits rather than computes."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @staticmethod
+    def _cpu() -> tuple[float, float]:
+        import resource
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        t0, (s0, c0) = time.monotonic(), self._cpu()
+        yield
+        t1, (s1, c1) = time.monotonic(), self._cpu()
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "wall": round(t1 - t0, 3), "self_cpu": round(s1 - s0, 3),
+                                "children_cpu": round(c1 - c0, 3)}) + "\n")
+
+
+def pytest_configure(config):
+    if os.environ.get("DDLBENCH_TEST_PROFILE"):
+        config.pluginmanager.register(_Profile(os.environ["DDLBENCH_TEST_PROFILE"]), "ddlbench-profile")
