@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile scripts/build_horovod.sh | sha1sum | cut -c1-12)
 BENCH_DIR ?= outputs/make-bench
+# pytest workers (pytest-xdist): the suite waits on processes, Slurm and shaped links about half its
+# time on two cores; tests/conftest.py groups the files that share something machine-wide
+TEST_WORKERS ?= 2
 
 .PHONY: bench test lint setup system-deps clean
 setup: $(STAMP)
@@ -40,7 +43,7 @@ bench: setup
 	$(BIN)/bench table $(BENCH_DIR) && $(BIN)/bench report $(BENCH_DIR) -o $(BENCH_DIR)/report && exit $$rc
 
 test: setup system-deps lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 lint: setup   # ruff, configured in pyproject.toml ([tool.ruff])
 	$(BIN)/ruff check .

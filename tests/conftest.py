@@ -61,8 +61,48 @@ def for_runs(n: int, each_s: float = 60) -> float:
     return 30 + n * each_s
 
 
+# Parallel workers (`make test` runs pytest-xdist): each test file is one unit of work, run whole on one
+# worker (its module fixtures built once; the scheduler below). Files that share something machine-wide
+# are one unit, run in turn: the machine's Slurm (scripts/slurm_local.sh: its daemons, ports, apt install)
+# and the emulated clusters (namespaces n1, n2, head; 10.88.0.0/16).
+SHARED_GROUPS = {"test_slurm": "slurm", "test_cluster": "slurm", "test_cluster_2d": "slurm"}
+# Handed out first, so no long unit begins last (profile of 2026-11-29, DDLBENCH_TEST_PROFILE): the Slurm
+# unit (~400 s, mostly waiting on the scheduler and shaped links) and the equivalence gate (~360 s).
+FIRST_GROUPS = ("slurm", "test_equivalence")
+
+
+def group_of(nodeid: str) -> str:
+    stem = Path(nodeid.split("::")[0]).stem
+    return SHARED_GROUPS.get(stem, stem)
+
+
+def _first(nodeid: str) -> int:
+    g = group_of(nodeid)
+    return FIRST_GROUPS.index(g) if g in FIRST_GROUPS else len(FIRST_GROUPS)
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:     # serial pytest without the plugin: no scheduler to make
+    LoadScopeScheduling = None
+else:
+    class ByGroup(LoadScopeScheduling):
+        """xdist's load-scope scheduling with a test file (or a SHARED_GROUPS group) as the scope,
+        handed out in collection order (FIRST_GROUPS first): xdist's own `loadgroup` marks no longer
+        reach its scheduler under pytest 9.2 (it rewrites `item._nodeid`, which pytest no longer reads)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    def pytest_xdist_make_scheduler(config, log):
+        config.option.loadscopereorder = False
+        return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Every test's pytest timeout (its mark, else --timeout) multiplied by TIME_SCALE."""
+    """Every test's pytest timeout (its mark, else --timeout) multiplied by TIME_SCALE; the longest
+    groups first (see FIRST_GROUPS)."""
+    items.sort(key=lambda item: _first(item.nodeid))      # stable: the rest keep their order
     default = float(config.getoption("timeout", None) or 0)
     for item in items:
         mark = item.get_closest_marker("timeout")

@@ -17,7 +17,6 @@ per-tensor launches cost what the whole tensor's did: optimistic at large shard 
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -42,28 +41,32 @@ def _build(model_cfg, n_layer: int, precision: str, device: torch.device):
     return spec, spec.build().to(device=device, dtype=DTYPES[precision])
 
 
-def _median_pair(pairs: list[tuple[float, float]]) -> tuple[float, float]:
-    return statistics.median(f for f, _ in pairs), statistics.median(b for _, b in pairs)
+def _fastest_pair(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """The fastest forward and the fastest backward of the repeats: load from other processes on a
+    shared machine (a busy core, an OpenMP team waiting for a descheduled thread) only adds time."""
+    return min(f for f, _ in pairs), min(b for _, b in pairs)
+
+
+def _pass(run, device: torch.device) -> tuple[float, float]:
+    """(forward s, backward s) of one `run()` (returns what to call backward on)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    target = run()
+    _sync(device)
+    t1 = time.perf_counter()
+    target.backward() if target.dim() == 0 else target.backward(torch.ones_like(target))
+    _sync(device)
+    return t1 - t0, time.perf_counter() - t1
 
 
 def _forward_backward(run, device: torch.device, repeats: int) -> list[tuple[float, float]]:
-    """(forward s, backward s) of `run()` (returns what to call backward on) `repeats` times after one warm-up."""
-    out = []
-    for r in range(repeats + 1):
-        _sync(device)
-        t0 = time.perf_counter()
-        target = run()
-        _sync(device)
-        t1 = time.perf_counter()
-        target.backward() if target.dim() == 0 else target.backward(torch.ones_like(target))
-        _sync(device)
-        if r:                         # the first pass warms up (allocator, kernels' autotuning)
-            out.append((t1 - t0, time.perf_counter() - t1))
-    return out
+    """`repeats` passes of `run()` after one warm-up (allocator, kernels' autotuning)."""
+    _pass(run, device)
+    return [_pass(run, device) for _ in range(repeats)]
 
 
 def _optimizer_step_s(model, device: torch.device, optim_cfg, repeats: int) -> float:
-    """Median seconds of the run's optimizer (ddlbench/optim.py: its implementation on this device)
+    """The fastest seconds of the run's optimizer (ddlbench/optim.py: its implementation on this device)
     stepping fp32 copies of the model's parameters with gradients, as a sharded framework steps its
     fp32 shards, after one warm-up step (which makes the state)."""
     from ddlbench.optim import build_optimizer_factory
@@ -79,13 +82,13 @@ def _optimizer_step_s(model, device: torch.device, optim_cfg, repeats: int) -> f
         _sync(device)
         if r:
             out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    return min(out)
 
 
 def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: int, repeats: int = 5,
                 optim_cfg=None) -> dict:
-    """{'embedding', 'block', 'head': (forward s, backward s)}, medians over `repeats` after one
-    warm-up, at `micro_batch`, the parameters in the precision's dtype (the compute copies a
+    """{'embedding', 'block', 'head': (forward s, backward s)}, the fastest of `repeats` after one
+    warm-up (the two depths timed in turn), at `micro_batch`, the parameters in the precision's dtype (the compute copies a
     sharded framework trains with), on `device`. A block is the whole model's step at 1 + MORE
     blocks less the same at one, over MORE (what a block adds inside the model's own forward: the causal mask and
     rotary embedding the model builds once are not charged to every block, as a pipeline piece
@@ -95,19 +98,26 @@ def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: in
     if not hasattr(model_cfg, "n_layer"):
         raise ValueError(f"{getattr(model_cfg, 'name', 'the model')} has no n_layer: calibrate=pieces times "
                          "decoder blocks")
-    whole, stepped = {}, {}
+    runs, stepped = {}, {}
     for depth in (1 + MORE, 1):      # the shallow model last: its pieces are timed too
         spec, model = _build(model_cfg, depth, precision, device)
         batch = {k: v.to(device) for k, v in example_batch(spec, micro_batch, device.type).items()}
-        whole[depth] = _median_pair(_forward_backward(lambda m=model, b=batch: m(**b), device, repeats))
+        runs[depth] = lambda m=model, b=batch: m(**b)
+        _pass(runs[depth], device)   # warm-up
         if optim_cfg is not None:
             stepped[depth] = (_optimizer_step_s(model, device, optim_cfg, repeats),
                               sum(p.numel() for p in model.parameters()))
+    # the two depths in turn, repeat by repeat: a burst of load from elsewhere falls on both alike
+    passes = {depth: [] for depth in runs}
+    for _ in range(repeats):
+        for depth, run in runs.items():
+            passes[depth].append(_pass(run, device))
+    whole = {depth: _fastest_pair(p) for depth, p in passes.items()}
     plist, loss = pieces(model), loss_function(model)
     ids, labels = batch["input_ids"], batch["labels"]
     hidden = plist[1](plist[0](ids)).detach()
-    emb = _median_pair(_forward_backward(lambda: plist[0](ids), device, repeats))
-    head = _median_pair(_forward_backward(lambda: loss(plist[-1](hidden.requires_grad_()), labels), device, repeats))
+    emb = _fastest_pair(_forward_backward(lambda: plist[0](ids), device, repeats))
+    head = _fastest_pair(_forward_backward(lambda: loss(plist[-1](hidden.requires_grad_()), labels), device, repeats))
     block = tuple((more - one) / MORE for more, one in zip(whole[1 + MORE], whole[1]))
     if min(block) <= 0:
         raise ValueError(f"calibrate=pieces: {MORE} more blocks did not take longer on this {device.type} "
