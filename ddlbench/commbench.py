@@ -224,7 +224,7 @@ def run(args: list[str]) -> int:
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
-    from ddlbench.launch.agent import free_port
+    from ddlbench.launch.agent import reserve_port
     from ddlbench.launch.forked import rank_start_method
     from ddlbench.signals import Stopped, shield
 
@@ -236,9 +236,10 @@ def run(args: list[str]) -> int:
     device = device_kind(opts["device"])
     if opts["sizes"] is None:
         opts["sizes"] = default_sizes(device)
-    with tempfile.TemporaryDirectory() as tmp:
+    port, held = reserve_port()         # kept until the ranks end (rank 0's store binds it)
+    with tempfile.TemporaryDirectory() as tmp, held:
         results = os.path.join(tmp, "ranks.json")
-        ctx = mp.start_processes(_rank, args=(opts["nproc"], opts, free_port(), results), nprocs=opts["nproc"],
+        ctx = mp.start_processes(_rank, args=(opts["nproc"], opts, port, results), nprocs=opts["nproc"],
                                  start_method=rank_start_method(device), join=False)
         try:
             while not ctx.join():

@@ -10,6 +10,11 @@ While a `bench(...)` command runs, this process is a child subreaper: a process 
 the run it belongs to is re-parented here, so every call checks that no process is left behind
 (and kills what is). Tests that need the console script itself use `bench_exe(...)`.
 
+`make test` runs two workers (pytest-xdist, `-n $(TEST_WORKERS)`): about half the serial suite's
+time waits (on processes, Slurm's scheduler, shaped links), so two workers keep both cores busy. A
+test file runs whole on one worker; files that share something machine-wide run as one unit
+(SHARED_GROUPS below). Serial `pytest` still works (what the `-n` flag adds is parallelism only).
+
 Timeouts (the suite's rules, checked in tests/test_suite_rules.py):
 - A timeout bounds one process, never a group of runs. `bench(...)`, `bench_exe(...)` and
   `run_record(...)` each bound their one command; while one runs, pytest-timeout's alarm is re-armed

@@ -111,3 +111,25 @@ def test_a_rank_aborted_by_nccls_watchdog_is_a_timeout(tmp_path):
     assert classify({**aborted, "signal": "SIGKILL"}, tail) == "failed"   # not the watchdog's signal
     assert classify({"message": "RuntimeError: CUDA out of memory"}) == "oom"
     assert rank_log_tail(tmp_path, 0) == "" and rank_log_tail(tmp_path, None) == ""
+
+
+def test_a_reserved_port_is_kept_from_others_and_left_to_the_store():
+    """reserve_port(): while its socket is open, a plain bind to the port fails (no other process is
+    handed it), yet torch's TCPStore listens on it and a client reaches that store."""
+    import errno
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from ddlbench.launch.agent import reserve_port
+    port, held = reserve_port()
+    with held:
+        other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        with other, pytest.raises(OSError) as exc:
+            other.bind(("127.0.0.1", port))
+        assert exc.value.errno == errno.EADDRINUSE
+        server = TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+        client = TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=30))
+        server.set("k", "v")
+        assert client.get("k") == b"v"

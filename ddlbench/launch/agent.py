@@ -27,6 +27,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def reserve_port() -> tuple[int, socket.socket]:
+    """A free loopback port and a socket that keeps it: bound with SO_REUSEADDR and never listening,
+    so no other process is handed the port (another bind to port 0, a connection's own port) while
+    torch's TCPStore, which binds with SO_REUSEADDR, can still listen on it. Keep the socket open until
+    the store is up (the run's end will do). `free_port()` alone leaves a window between choosing the
+    port and the store's bind in which another process may take it: seen as EADDRINUSE at rank 0's
+    TCPStore with two test workers starting runs side by side."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1], s
+
+
 def main(argv: list[str]) -> int:
     return launch(Path(argv[0]), int(argv[1]), int(argv[2]), float(argv[3]) if len(argv) > 3 else 0.25,
                   argv[4] if len(argv) > 4 else "spawn")
@@ -56,7 +69,7 @@ def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method
         lg.setLevel(logging.INFO)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # spawned ranks' libgomp reads it at import
                                                   # (forked ones: torch.set_num_threads in the rank)
-    port = free_port()
+    port, held = reserve_port()     # held for the run: this process lives until its ranks end
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_dir.name,
         rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0},
@@ -72,6 +85,8 @@ def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method
         return 1
     except SignalException as exc:    # the launcher stops the run (and writes its result): no traceback
         return 128 + int(exc.sigval)
+    finally:
+        held.close()
     return 0
 
 

@@ -12,15 +12,18 @@ from pathlib import Path
 
 class Horovodrun:
     def local(self, plan, run_dir: Path, threads: int, method: str):
-        from ddlbench.launch.agent import free_port
+        from ddlbench.launch.agent import reserve_port
         nproc = plan.cfg.launcher.nproc
+        port, held = reserve_port()
         env = dict(os.environ)
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS=str(threads))
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
         env.update(plan.variant.launch_env())
         horovodrun = str(Path(sys.executable).with_name("horovodrun"))
         cmd = [horovodrun, "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
                sys.executable, "-m", "ddlbench.launch.hvd_worker", str(run_dir), str(threads)]
-        return subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+        proc.held_port = held      # rank 0's store port stays this run's while the process object lives
+        return proc
 
     def slurm_env(self, plan, env: dict) -> None:
         from ddlbench.launch.hvd_slurm import horovod_env
