@@ -139,12 +139,14 @@ def _one_bf16_step(framework: str, *extra: str) -> dict:
     import sys
     from pathlib import Path
 
-    from ddlbench.launch.agent import free_port
+    from ddlbench.launch.agent import reserve_port
     script = Path(__file__).with_name("rank_batch_norm_dtypes.py")
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+    port, held = reserve_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
            "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    proc = subprocess.run([sys.executable, str(script), framework, *extra], capture_output=True, text=True, env=env,
-                          timeout=240, stdin=subprocess.DEVNULL)
+    with held:
+        proc = subprocess.run([sys.executable, str(script), framework, *extra], capture_output=True, text=True,
+                              env=env, timeout=240, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

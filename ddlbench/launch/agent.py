@@ -21,18 +21,12 @@ from ddlbench.results import atomic_write_json
 from ddlbench.rundir import RunDir
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def reserve_port() -> tuple[int, socket.socket]:
     """A free loopback port and a socket that keeps it: bound with SO_REUSEADDR and never listening,
     so no other process is handed the port (another bind to port 0, a connection's own port) while
     torch's TCPStore, which binds with SO_REUSEADDR, can still listen on it. Keep the socket open until
-    the store is up (the run's end will do). `free_port()` alone leaves a window between choosing the
-    port and the store's bind in which another process may take it: seen as EADDRINUSE at rank 0's
+    the store is up (the run's end will do). Choosing a free port and closing it left a window before
+    the store's bind in which another process may take it: seen as EADDRINUSE at rank 0's
     TCPStore with two test workers starting runs side by side."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
