@@ -27,9 +27,9 @@ sys.path.insert(0, str(REPO))
 
 def scheduled(c: dict, state: dict, prof, network, algorithm: str) -> float | None:
     """The candidate's step through the schedule with its calibrated compute (None: no rules)."""
-    from ddlbench.config import plan_from_overrides
     from ddlbench.errors import ConfigError
     from ddlbench.estimate.scale import Pricing, schedule_step
+    from ddlbench.planning.config import plan_from_overrides
     overrides = [o for o in c["overrides"] if not o.startswith(("launcher=", "launcher.nodes="))] + ["run.device=cpu"]
     try:
         plan = plan_from_overrides(overrides)

@@ -8,10 +8,10 @@ at each split
              --framework fsdp_hybrid for hierarchical collectives in the step)
   predicted  the same from the network model (ddlbench/network/model.py) with the split's rates:
              the collectives directly, the step as compute + exposed communication
-             (ddlbench/network/project.py), compute taken from the first split's run
+             (ddlbench/project/projection.py), compute taken from the first split's run
 
 and the split `bench project allocate=time` chooses for this workload and budget
-(ddlbench/network/allocate.py, gloo's flat ring), set beside the measured fastest. The budget is
+(ddlbench/project/allocate.py, gloo's flat ring), set beside the measured fastest. The budget is
 per device: dev_link + the device's share of its node's uplink (link / devices per node), the
 network model's terms. Root and Slurm as `bench cluster` needs; on a 2-core machine the four
 devices share the cores: keep the rates low enough that the links set the pace (the defaults).
@@ -106,7 +106,7 @@ def _measure(out: Path, dev_mbit: float, link_mbit: float, size: int, nodes: int
 
 def predict(network, work, compute_s: float, dev_mbit: float, share_mbit: float, size: int) -> dict:
     from ddlbench.network.model import GLOO, collective_time, hierarchical, layout
-    from ddlbench.network.project import exposed_time
+    from ddlbench.project.projection import exposed_time
     net = network.with_bandwidths([dev_mbit * 1e6 / 8, share_mbit * 1e6 / 8])
     spans = list(zip(layout(net, NODES * DEVICES), net.dims))
     return {"flat_s": collective_time("all_reduce", size, spans, GLOO)[0],
@@ -119,9 +119,9 @@ def gradient_bytes() -> int:
     """The DDP step's gradient all-reduce: gpt2_tiny's parameters in fp32."""
     import torch
 
-    from ddlbench.config import plan_from_overrides
     from ddlbench.models.registry import build
     from ddlbench.models.spec import count_params
+    from ddlbench.planning.config import plan_from_overrides
     with torch.device("meta"):
         return 4 * count_params(build(plan_from_overrides(["model=gpt2_tiny"]).cfg.model, "cpu").factory())
 
@@ -130,8 +130,8 @@ def calibrate(record_path: str):
     """(network as the cluster described it, the run's workload, its compute seconds: the step
     less the modelled exposed communication)."""
     from ddlbench.network.model import GLOO, from_dict
-    from ddlbench.network.project import compute_seconds
-    from ddlbench.network.workload import from_record
+    from ddlbench.project.projection import compute_seconds
+    from ddlbench.project.workload import from_record
     rec = json.loads(Path(record_path).read_text())
     network, work = from_dict(rec["env"]["network"]["description"]), from_record(rec)
     return network, work, compute_seconds(work, measured_on=network, algorithm=GLOO)[0]
@@ -150,8 +150,8 @@ def point(out: Path, dev: float, link: float, size: int, calib, resume: bool = F
 
 
 def time_budget(a, size: int) -> dict:
-    from ddlbench.network.allocate import allocate
     from ddlbench.network.model import GLOO
+    from ddlbench.project.allocate import allocate
     rows, calib = [], None
     for f in [float(x) for x in a.fractions.split(",")]:
         row, calib = point(a.out / f"split-{f:.3f}", *split_rates(a.total_mbit, f), size, calib, a.resume)
@@ -182,8 +182,8 @@ def per_cost(samples_per_s: float, dev_mbit: float, share_mbit: float, costs: li
 
 
 def perf_per_cost(a, size: int) -> dict:
-    from ddlbench.network.allocate import allocate
     from ddlbench.network.model import GLOO, Network
+    from ddlbench.project.allocate import allocate
     costs = [float(c) for c in a.costs.split(",")]
     calib_row, calib = point(a.out / "calibration", *split_rates(a.total_mbit, 2 / 3), size, None, a.resume)
     network, work, compute_s = calib
@@ -219,8 +219,8 @@ def flat_switch(a, size: int) -> dict:
     """The four devices on one switch at the whole budget each, beside the two-level cluster's
     best split (bandwidth_split_time.json in OUT_DIR); both predicted by the model."""
     from ddlbench.network.model import GLOO, collective_time, from_dict
-    from ddlbench.network.project import exposed_time
-    from ddlbench.network.workload import from_record
+    from ddlbench.project.projection import exposed_time
+    from ddlbench.project.workload import from_record
     two = json.loads((a.out / "bandwidth_split_time.json").read_text())
     best = min(two["rows"], key=lambda r: r["measured"]["step_s"])
     # one node: its "link" to the head's switch carries nothing; give it the same rate

@@ -8,7 +8,7 @@ the scheduling of gloo's threads? 2 ranks, one a node; per size, each op back to
 - `gloo_nice`: the same with gloo's threads (gloo_tcp_loop, pt_gloo_runloop) at nice -20, the
   fair scheduler's largest weight (tried as the safer knob; it did not help after compute);
 - `gloo_fifo`: the same with those threads SCHED_FIFO, as `bench cluster` sets them by default
-  (ddlbench/commthreads.py; not for point-to-point ops, which it stalled by exactly 1 s).
+  (ddlbench/comm/threads.py; not for point-to-point ops, which it stalled by exactly 1 s).
 
 For the gloo rows, also the CPU time gloo's threads ran and waited runnable (in the run queue)
 per op, from /proc/self/task/*/schedstat (each op's barrier included). Rank 0 writes OUT.json and
@@ -35,7 +35,7 @@ MODES = ("back_to_back", "after_spin")
 
 def gloo_thread_times() -> tuple[float, float, list[int]]:
     """Seconds gloo's threads ran and waited runnable so far, and their tids."""
-    from ddlbench.commthreads import selected, threads
+    from ddlbench.comm.threads import selected, threads
     run = wait = 0.0
     tids = []
     for tid, _ in selected(threads()):

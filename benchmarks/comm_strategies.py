@@ -71,7 +71,7 @@ def quality(out: Path, ranks: int) -> None:
 
 def validation(out: Path) -> None:
     from ddlbench.network.model import load
-    from ddlbench.network.validate import predict
+    from ddlbench.project.validate import predict
 
     net = load("local_gloo")
     steps = ["debug=fast", "run.warmup_steps=3", "run.measure_steps=12", "launcher.threads_per_rank=1"]

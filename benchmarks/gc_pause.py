@@ -10,7 +10,7 @@ what is imported (torch, transformers), not by the model's width.
 
 On an H200's host a full collection inside FSDP2 windows took 0.19-0.25 s
 (reports/gpu-h200/2026-11-27/: `timing.host_events` of C and CA); this prints the same mechanism on
-the machine at hand, and what freezing set-up's objects leaves of it (ddlbench/gcpolicy.py).
+the machine at hand, and what freezing set-up's objects leaves of it (ddlbench/rank/gcpolicy.py).
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def main() -> None:
     from torch.distributed.fsdp import fully_shard
 
     from ddlbench import models
-    from ddlbench.config import plan_from_overrides
-    from ddlbench.hardware import probe_cpu_matmul
+    from ddlbench.machine.hardware import probe_cpu_matmul
+    from ddlbench.planning.config import plan_from_overrides
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

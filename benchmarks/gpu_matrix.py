@@ -34,8 +34,8 @@ from pathlib import Path
 
 from runs import StaleResult
 
-from ddlbench import rundir
-from ddlbench.collect import rebase_mfu
+from ddlbench.rank.collect import rebase_mfu
+from ddlbench.record import rundir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.
     import torch
     dtype = {"bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[dtype_name]
     if device == "cpu":   # the probe the runs' own CPU MFU uses
-        from ddlbench.hardware import probe_cpu_matmul
+        from ddlbench.machine.hardware import probe_cpu_matmul
         return probe_cpu_matmul(torch.get_num_threads(), dtype, seconds=seconds)
     torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -110,10 +110,10 @@ def matmul_peak(device: str, dtype_name: str, n: int = 8192, seconds: float = 2.
 
 def matmul_peak_events(n: int, reps: int = 50) -> float:
     """bf16 n x n x n products timed with CUDA events: the probe runs record beside MFU
-    (ddlbench.hardware.probe_gpu_matmul), one shape at a time."""
+    (ddlbench.machine.hardware.probe_gpu_matmul), one shape at a time."""
     import torch
 
-    from ddlbench.hardware import probe_gpu_matmul
+    from ddlbench.machine.hardware import probe_gpu_matmul
     return probe_gpu_matmul(torch.device("cuda"), torch.bfloat16, shapes=(n,), reps=reps)
 
 
@@ -133,7 +133,7 @@ def nproc2_refused(check: dict) -> bool:
 
 
 def fork_checks(out: Path, device: str, log: list[str], timeout: float) -> dict:
-    """The sweep and advise paths, whose cells are forked (ddlbench/gpus.py)."""
+    """The sweep and advise paths, whose cells are forked (ddlbench/machine/gpus.py)."""
     d = out / "sweep"
     why = bench(["sweep", "--dir", str(d), "framework=ddp", "model=gpt2_tiny", "launcher.nproc=1",
                  "run.global_batch=4,8", "debug=fast", f"run.device={device}", f"run.timeout_s={timeout}"],

@@ -151,8 +151,8 @@ def dry(steps: list[str]) -> int:
     """Every cell's configuration validated here (run.device=cpu); run.micro_batch=auto sized
     once per model (the estimator's profile is the slow part; here it sizes to this host, not the
     GPU). The device commands printed. Returns the number of invalid cells."""
-    from ddlbench.config import plan_from_overrides
     from ddlbench.errors import ConfigError
+    from ddlbench.planning.config import plan_from_overrides
     bad, sized = 0, set()
     for name in steps:
         step = STEPS[name]

@@ -51,8 +51,8 @@ def setting(record: dict) -> str:
 
 
 def row(record: dict) -> dict:
-    from ddlbench.config import validate
     from ddlbench.estimate.memcheck import error, predicted
+    from ddlbench.planning.config import validate
     ok = record["status"] == "ok"
     peak = record["memory"]["per_rank"][0]["peak_allocated_bytes"] if ok else None
     try:

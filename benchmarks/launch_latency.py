@@ -2,7 +2,7 @@
 as a user would, cold (a new `bench` process each time) at 1 and 2 ranks, and warm (the second
 cell of one `bench run -m`, which the sweep and multirun paths see for every cell after the
 first), and prints each start-up phase from the run's timeline (<run>/events.jsonl, see
-ddlbench/launch/events.py), next to the import floors measured in the same session:
+ddlbench/lifecycle/events.py), next to the import floors measured in the same session:
 `python -c "import torch"` and `python -c "import torch, <the GPT-2 module>"`.
 
     .venv/bin/python benchmarks/launch_latency.py [--repeats 3] [--out DIR]
@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from ddlbench.launch import events  # noqa: E402
+from ddlbench.lifecycle import events  # noqa: E402
 
 BENCH = str(Path(sys.executable).with_name("bench"))
 RUN = ["model=gpt2_tiny", "logger=none", "run.progress=false", "run.warmup_steps=1", "run.measure_steps=9"]

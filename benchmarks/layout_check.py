@@ -18,10 +18,10 @@ global batch 4 x PER_RANK samples over the data-parallel ranks), and a 1-rank ru
 framework (the layout's own where it plans at one rank, else the one named) on one device
 (`srun -N1 -n1`); at 2 x 2 the same 1-rank run also on both devices of a node at once (each its own
 run: how much slower a device computes with its neighbour busy on the node's one core, `sharing`;
-2.0 would be perfect turns). The prediction is `ddlbench/estimate/spec.py` as `bench project` runs
+2.0 would be perfect turns). The prediction is `ddlbench/project/spec.py` as `bench project` runs
 it: the roofline's efficiency solved so that the 1-rank step is reproduced, divided by that measured
 slowdown (where it was not measured, the CPU oversubscription of the 4-rank run,
-ddlbench/network/validate.py: the 2 devices of a node share its one core here), the layout planned
+ddlbench/project/validate.py: the 2 devices of a node share its one core here), the layout planned
 at 4 ranks, its collectives priced on the network the run
 recorded (the cluster's link rates, gloo's flat rings), the step simulated with the framework's
 rules (ddlbench/estimate/rules.py). Where the layout splits a rank's compute (tp, cp or ep > 1), its
@@ -147,7 +147,7 @@ def sharing(one: dict, pairs: list[dict]) -> dict | None:
 
 def local_batch(layout: list[str], model: str) -> int:
     """Samples per data-parallel rank of the layout at 4 ranks and PER_RANK x 4 samples."""
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     plan = plan_from_overrides([*strategy_side(layout), *model_side(layout, model), f"launcher.nproc={NODES * DEVICES}",
                                 f"run.global_batch={PER_RANK * NODES * DEVICES}"])
     return plan.dims.global_batch // plan.dims.dp
@@ -192,8 +192,8 @@ def own_steps(layout: list[str], calib: str, model: str, local: int, world: int)
     its peers)."""
     import os
 
-    from ddlbench.config import compose_raw, plan_from_overrides
-    from ddlbench.estimate.collectives import time_step, traceable
+    from ddlbench.planning.config import compose_raw, plan_from_overrides
+    from ddlbench.project.collectives import time_step, traceable
     mine = [*strategy_side(layout), *model_side(layout, model), "run.precision=fp32", "run.device=cpu"]
     plan = plan_from_overrides([*mine, f"launcher.nproc={world}", f"run.global_batch={PER_RANK * world}"])
     d = plan.dims
@@ -230,9 +230,9 @@ def predict(layout_rec: dict, one: dict, layout: list[str], calib: str, model: s
     not the share of the FLOPs the roofline gives it. `shared` (sharing): where a node's devices
     share a core, the slowdown measured with the neighbour busy replaces the ranks-per-core ratio."""
     from ddlbench.estimate.scale import Pricing
-    from ddlbench.estimate.spec import Spec, rows, solve_efficiency
     from ddlbench.network import model as net_model
-    from ddlbench.network.validate import oversubscription
+    from ddlbench.project.spec import Spec, rows, solve_efficiency
+    from ddlbench.project.validate import oversubscription
 
     network = network or net_model.recorded_network(layout_rec)
     algorithm = net_model.backend_algorithm(layout_rec["env"]["backend"])

@@ -1,7 +1,7 @@
 """`bench project`'s roofline held against GPU runs of one model at several sequence lengths: for each
 (framework, activation checkpointing) the shortest run calibrates the efficiency, and the longer runs'
 tokens/s are predicted from their own configurations (each record's config re-planned at its world
-size, `ddlbench.estimate.spec.Spec(config=...)`), twice: with the attention FLOPs the run's kernel
+size, `ddlbench.project.spec.Spec(config=...)`), twice: with the attention FLOPs the run's kernel
 computes (a fused causal kernel: half of the T x T scores; the predictor's count) and with the full
 T x T (the flop counter's and MFU's convention).
 
@@ -47,7 +47,7 @@ def records(dirs: list[Path]) -> list[dict]:
 
 
 def spec_of(rec: dict, peak: float):
-    from ddlbench.estimate.spec import Spec
+    from ddlbench.project.spec import Spec
     d = rec["config"]["run"]
     return Spec((), int(d["global_batch"]) // rec["world"], peak, config=rec["config"], device="cuda")
 
@@ -58,10 +58,10 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from ddlbench.estimate import spec as spec_mod
     from ddlbench.estimate.scale import Pricing
     from ddlbench.network import model as network
-    from ddlbench.network.spec_command import gpu_peak
+    from ddlbench.project import spec as spec_mod
+    from ddlbench.project.spec_command import gpu_peak
 
     pricing = Pricing(network.for_world_sizes("dgx_h100", [8]), "best")
     peak = gpu_peak("H200", "bf16")

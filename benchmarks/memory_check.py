@@ -7,7 +7,7 @@ issue asks), 2 ranks on this machine's CPU.
         [--layers 2] [--seq-len 128] [--global-batch 4] [--precision fp32|bf16] [--model gpt2_small]
         [--ac none,full,selective_layer:2,selective_op]
 
-Each configuration runs `bench run ... run.memory_tracker=true` (ddlbench/memtrack.py: every tensor
+Each configuration runs `bench run ... run.memory_tracker=true` (ddlbench/rank/memtrack.py: every tensor
 storage on the rank from before setup to the end of the loop); the busiest rank's peak after the
 first step is set beside `ddlbench.estimate.memcheck.predicted` (what advise would estimate for that
 candidate). Writes OUT_DIR/memory_check.json and .md; exit 1 when any estimate is off by more than
@@ -45,8 +45,8 @@ def run_one(out: Path, name: str, extra: list[str], resume: bool, framework: str
 
 
 def check(name: str, record: dict) -> dict:
-    from ddlbench.config import validate
     from ddlbench.estimate.memcheck import compare
+    from ddlbench.planning.config import validate
     if record["status"] != "ok":
         return {"framework": name, "status": record["status"],
                 "error_message": (record.get("error") or {}).get("message", "")[:200]}

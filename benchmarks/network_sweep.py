@@ -170,7 +170,7 @@ def commbench(s: Settings, out: Path, rate: str) -> dict:
 
 def predictions(rec: dict, one: dict, fitted_path: Path) -> dict:
     from ddlbench.network.model import load, recorded_network
-    from ddlbench.network.validate import predict
+    from ddlbench.project.validate import predict
     out = {}
     nets = {"configured": recorded_network(rec), "fitted": load(str(fitted_path))}
     for label, net in nets.items():
@@ -189,8 +189,8 @@ def cross_rate(out: Path, doc: dict, base: str) -> None:
     `repeat_range`: the least and greatest error over every pairing of a base repeat (its own
     prediction) with a target repeat (its step), the spread the runs' own noise puts on the error."""
     from ddlbench.network.model import backend_algorithm, load, recorded_network
-    from ddlbench.network.project import compute_seconds, exposed_time
-    from ddlbench.network.workload import from_record
+    from ddlbench.project.projection import compute_seconds, exposed_time
+    from ddlbench.project.workload import from_record
     def key(p):
         return p["rate"], p["framework"], p.get("ranks", 2)
 

@@ -70,8 +70,8 @@ def fake_worlds(fw: str, a, worlds: list[int]) -> dict:
     import copy
     import statistics
 
-    from ddlbench.config import plan_from_overrides
-    from ddlbench.estimate.collectives import time_step
+    from ddlbench.planning.config import plan_from_overrides
+    from ddlbench.project.collectives import time_step
     out = {}
     for w in worlds:
         plan = plan_from_overrides([f"model={a.model}", f"framework={fw}", f"launcher.nproc={w}", "model.n_layer=5",

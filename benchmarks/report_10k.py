@@ -40,10 +40,10 @@ def clone(template: dict, i: int, rng: random.Random) -> dict:
 
 def main(template_path: str, n: int = 10_000) -> None:
     from ddlbench import report
+    from ddlbench.record.results import find_results
     from ddlbench.report import plots
     from ddlbench.report.frame import summary_frame
     from ddlbench.report.load import load_records, paused_gc
-    from ddlbench.results import find_results
 
     template = json.loads(Path(template_path).read_text())
     rng = random.Random(0)

@@ -40,14 +40,14 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ddlbench import models
-    from ddlbench.config import plan_from_overrides
-    from ddlbench.optim import IMPL_KWARGS, optimizer_impl
+    from ddlbench.adapters.optim import IMPL_KWARGS, optimizer_impl
+    from ddlbench.planning.config import plan_from_overrides
 
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = device_type == "cuda"
-    if not cuda:     # the host allocator's thresholds every CPU rank of the runner has (ddlbench/malloc.py)
-        from ddlbench import malloc
+    if not cuda:     # the host allocator's thresholds every CPU rank of the runner has (ddlbench/rank/malloc.py)
+        from ddlbench.rank import malloc
         malloc.steady()
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
@@ -69,7 +69,7 @@ def _bare_rank(rank: int, nproc: int, port: int, model: str, global_batch: int, 
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     times = []
-    from ddlbench.gcpolicy import GcPolicy  # the runner's collector policy (run.gc), the same calls
+    from ddlbench.rank.gcpolicy import GcPolicy  # the runner's collector policy (run.gc), the same calls
     collector = GcPolicy(cfg.run.gc, cfg.run.gc_every)
     collector.before_loop()
     t_prev = time.perf_counter()

@@ -19,22 +19,22 @@ import os
 import sys
 from pathlib import Path
 
-from ddlbench import quiet, signals
 from ddlbench.cluster import device_task
 from ddlbench.errors import ConfigError
-from ddlbench.run_entry import EXIT_BAD_INPUT, EXIT_RUN_NOT_OK
-from ddlbench.run_entry import run as cmd_run  # `bench run`; sweep cells call ddlbench.run_entry directly
+from ddlbench.launch.run_entry import EXIT_BAD_INPUT, EXIT_RUN_NOT_OK
+from ddlbench.launch.run_entry import run as cmd_run  # `bench run`; sweep cells call ddlbench.launch.run_entry directly
+from ddlbench.lifecycle import quiet, signals
 
 
 def cmd_multirun(overrides: list[str]) -> int:
     """`bench run -m`: a local sweep (ddlbench/sweep: manifest, per-cell lock, resumable with `bench
     sweep resume DIR`) whose cells have readable directories, <index>_<swept values>, under
     run.dir; one table of every cell's record at the end."""
-    from ddlbench import rundir
+    from ddlbench.record import rundir
+    from ddlbench.record.table import render, rows
     from ddlbench.sweep import manifest
     from ddlbench.sweep.cells import expand
     from ddlbench.sweep.commands import start_cells
-    from ddlbench.table import render, rows
 
     given = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "run.dir"]
     rest = [o for o in overrides if o not in given]
@@ -49,7 +49,7 @@ def cmd_multirun(overrides: list[str]) -> int:
 
 
 def cmd_table(paths: list[str]) -> int:
-    from ddlbench.table import table_for
+    from ddlbench.record.table import table_for
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
         raise ConfigError(f"no such path: {', '.join(missing)}")
@@ -155,16 +155,16 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         if args.command == "run":
             return cmd_multirun(args.overrides) if args.multirun else cmd_run(args.overrides)
         if args.command == "project":
-            from ddlbench.network.cli import run as project
+            from ddlbench.project.command import run as project
             return project(args.args)
         if args.command == "context":
-            from ddlbench.estimate.longest import run as context
+            from ddlbench.project.context import run as context
             return context(args.args)
         if args.command == "advise":
             from ddlbench.advise.command import run as advise
             return advise(args.args)
         if args.command == "commbench":
-            from ddlbench.commbench import run as commbench
+            from ddlbench.commbench.command import run as commbench
             return commbench(args.args)
         if args.command == "report":
             return cmd_report(args.paths, args.out, args.wandb)

@@ -153,10 +153,8 @@ def _warm_up() -> None:
     import torchvision.models  # noqa: F401
     import transformers.models.gpt2.modeling_gpt2  # noqa: F401
 
-    from ddlbench import (
-        models,  # noqa: F401
-        runner,  # noqa: F401
-    )
+    from ddlbench import models  # noqa: F401
+    from ddlbench.rank import runner  # noqa: F401
 
 
 _warm_up()
@@ -338,11 +336,23 @@ def wait_for(done, timeout_s: float, what: str, poll_s: float = 0.2) -> None:
         time.sleep(poll_s)
 
 
+# a run that stops itself at a known point: rank 0 holds at the start of step 3 (the hang fault), so
+# steps 1 and 2 are measured behind it (debug=fast: warm-up 1) however slow the machine is; a stop
+# sent then finds them (a fixed wait after the first step found none on a loaded machine)
+HOLD_AT_STEP_3 = ("fault.kind=hang", "fault.rank=0", "fault.step=3", "fault.seconds=900")
+
+
+def wait_until_held(run_dir: Path, timeout_s: float = 180) -> None:
+    """Until rank 0 of the run at `run_dir` (started with HOLD_AT_STEP_3) holds at step 3: its
+    <run_dir>/fault_fired exists (ddlbench/rank/faults.py)."""
+    wait_for(lambda: (Path(run_dir) / "fault_fired").exists(), timeout_s, f"{run_dir}'s rank 0 to reach step 3")
+
+
 def wait_until_training(run_dir: Path, ranks: int, timeout_s: float = 120, steps_s: float = 2.0,
                         event: str = "model_ready") -> None:
     """Wait until every rank has marked `event` on the start-up timeline (model_ready: its model
     built; first_step: its first training step done), then `steps_s` more for some training steps."""
-    from ddlbench.launch import events
+    from ddlbench.lifecycle import events
 
     def ready() -> bool:
         return len({e["rank"] for e in events.read(run_dir) if e["event"] == event}) >= ranks

@@ -6,7 +6,7 @@ import functools
 import importlib
 
 from ddlbench.adapters.cost import ModelProfile
-from ddlbench.dims import ParallelDims
+from ddlbench.settings.dims import ParallelDims
 
 # params 1000, largest block 200, 4 blocks (5 units); per sample: 1000 B saved, 100 B checkpointed, 50 B block output
 PROF = ModelProfile(params=1000, largest_block_params=200, blocks=4, activation_bytes_per_sample=1000,
@@ -16,7 +16,7 @@ PROF = ModelProfile(params=1000, largest_block_params=200, blocks=4, activation_
 @functools.cache
 def variant(framework: str):
     """(the Variant class, its options as the yaml sets them)."""
-    from ddlbench.config import compose_raw
+    from ddlbench.planning.config import compose_raw
     raw = compose_raw([f"framework={framework}", "model=gpt2_tiny"])["framework"]
     module, name = raw["adapter"].split(":")
     return getattr(importlib.import_module(module), name), dict(raw.get("options") or {})

@@ -19,9 +19,9 @@ import torch.distributed as dist  # noqa: E402
 from ddlbench import models  # noqa: E402
 from ddlbench.adapters.base import RankContext  # noqa: E402
 from ddlbench.adapters.common import batch_norms  # noqa: E402
-from ddlbench.config import plan_from_overrides  # noqa: E402
-from ddlbench.optim import build_optimizer_factory  # noqa: E402
-from ddlbench.quality import batch_source  # noqa: E402
+from ddlbench.adapters.optim import build_optimizer_factory  # noqa: E402
+from ddlbench.planning.config import plan_from_overrides  # noqa: E402
+from ddlbench.rank.quality import batch_source  # noqa: E402
 
 dist.init_process_group("gloo")
 plan = plan_from_overrides([f"framework={sys.argv[1]}", "model=resnet18_tiny", "launcher.nproc=1",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 
-from ddlbench.results import Record
+from ddlbench.record.results import Record
 
 CONFIG = {
     "framework": {"name": "ddp", "variant": "default"},

@@ -10,7 +10,7 @@ import pytest
 
 from ddlbench.adapters.base import Strategy
 from ddlbench.adapters.variant import Variant
-from ddlbench.config import compose_raw, group_options, load_variant_class
+from ddlbench.planning.config import compose_raw, group_options, load_variant_class
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "adding-a-framework.md"

@@ -111,8 +111,8 @@ def test_a_framework_with_its_own_collectives_is_calibrated_at_the_advices_world
 
     from ddlbench.advise.calibrate import calibration_cells, own_collectives_ranks
     from ddlbench.advise.rank import comm_factor
-    cands = [NS(framework=fw, layout=NS(micro_batch=m)) for fw, m in
-             (("ddp", 1), ("ddp", 8), ("horovod", 2), ("horovod", 4), ("fsdp_full", 4))]
+    cands = [NS(framework=fw, layout=NS(micro_batch=m), plan=NS(variant=NS(abilities=lambda fw=fw: NS(own_collectives=fw == "horovod"))))
+             for fw, m in (("ddp", 1), ("ddp", 8), ("horovod", 2), ("horovod", 4), ("fsdp_full", 4))]
     assert calibration_cells(cands, "frameworks", devices=4, per_node=8) == [
         {"framework": "ddp", "micro_batch": 1}, {"framework": "ddp", "micro_batch": 8},
         {"framework": "horovod", "micro_batch": 4},
@@ -367,7 +367,7 @@ def test_advise_on_the_local_backend_fails_when_a_cell_left_no_result(tmp_path, 
     crashed (on a GPU: a forked cell that could not use CUDA) - exit 1 and say where, not 0."""
     from ddlbench.advise.command import resume
     from ddlbench.advise.options import ADVICE
-    from ddlbench.results import atomic_write_json
+    from ddlbench.record.results import atomic_write_json
     from ddlbench.sweep import manifest
     from ddlbench.sweep.cells import Cell
     manifest.create(tmp_path / "calibration", [Cell(index=0, id="c0", overrides=["framework=ddp"], repeat=0)],
@@ -439,8 +439,8 @@ def test_a_model_too_big_for_one_device_is_calibrated_by_a_sharded_run(tmp_path)
     from conftest import bench, for_runs
 
     from ddlbench.advise.calibrate import calibration_overrides
-    from ddlbench.config import plan_from_overrides
     from ddlbench.estimate.profile import profile
+    from ddlbench.planning.config import plan_from_overrides
 
     def est(fw, ranks):
         plan = plan_from_overrides(calibration_overrides(fw, "gpt2_tiny", 4, [], None, ranks))

@@ -10,10 +10,10 @@ import torch
 from conftest import run_record
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ddlbench.config import plan_from_overrides
 from ddlbench.models.flops import train_flops_per_sample
 from ddlbench.models.language import SDPA_CAUSAL, attention_impl, mask_skipped
 from ddlbench.models.registry import build
+from ddlbench.planning.config import plan_from_overrides
 
 
 class HostReads(TorchDispatchMode):

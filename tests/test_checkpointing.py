@@ -27,8 +27,8 @@ def test_policies_by_name():
 
 
 def test_the_wrapped_blocks_follow_the_policy():
-    from ddlbench.config import plan_from_overrides
     from ddlbench.models.registry import build
+    from ddlbench.planning.config import plan_from_overrides
     plan = plan_from_overrides(["framework=ddp", "model=llama_tiny", "model.n_layer=4", "launcher.nproc=1",
                                 "run.global_batch=2"])
     for policy, wrapped in (("none", 0), ("full", 4), ("selective_layer:2", 2), ("selective_op", 4)):
@@ -38,6 +38,22 @@ def test_the_wrapped_blocks_follow_the_policy():
         assert kinds.count("CheckpointWrapper") == wrapped, kinds
         if policy == "selective_layer:2":
             assert [k == "CheckpointWrapper" for k in kinds] == [False, True, False, True]
+
+
+def test_pipeline_stages_checkpoint_the_blocks_the_whole_model_would():
+    """A pipeline's stages (the model's pieces: embedding, 4 blocks, head; stages of pieces 0-2 and
+    3-5) checkpoint blocks numbered over the whole model: selective_layer:2 takes blocks 2 and 4
+    (pieces 2 and 4), one in each stage; the embedding and the head never."""
+    from torch import nn
+    assert checkpointing.chosen_blocks("selective_layer:2", 4) == [1, 3]
+    assert checkpointing.chosen_blocks("full", 3) == checkpointing.chosen_blocks("selective_op", 3) == [0, 1, 2]
+    assert checkpointing.chosen_blocks("none", 3) == []
+    for policy, want in (("none", []), ("full", [1, 2, 3, 4]), ("selective_layer:2", [2, 4]), ("selective_op", [1, 2, 3, 4])):
+        stages = [nn.Sequential(*(nn.Linear(2, 2) for _ in range(3))) for _ in range(2)]
+        ranges = [range(0, 3), range(3, 6)]
+        n = checkpointing.apply_to_stages(stages, ranges, 6, policy)
+        got = [i for s, r in zip(stages, ranges) for j, i in enumerate(r) if type(s[j]).__name__ == "CheckpointWrapper"]
+        assert (n, got) == (len(want), want), policy
 
 
 def test_activation_bytes_per_policy_by_hand():
@@ -72,8 +88,8 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("framework,policy", CASES)
 def test_each_policy_runs_is_recorded_keeps_the_losses_and_is_estimated(framework, policy, reference, tmp_path):
-    from ddlbench.config import validate
     from ddlbench.estimate.memcheck import compare
+    from ddlbench.planning.config import validate
     _, rec = run_record(tmp_path / "run", f"framework={framework}", *LONG, *EXTRA.get(framework, ()),
                         f"framework.options.activation_checkpointing={policy}", timeout=240)
     assert rec["status"] == "ok", rec.get("error")

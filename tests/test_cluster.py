@@ -61,7 +61,7 @@ def test_plan_files():
     assert net["dimensions"][1] == {"name": "link", "size": 2, "bandwidth_GBps": pytest.approx(0.125 * 1448 / 1514),
                                     "latency_us": 100.0, "cost_per_GBps": 1.0,
                                     "burst_bytes": pytest.approx(131072 * 1448 / 1514)}
-    # communication threads first unless asked otherwise (ddlbench/commthreads.py)
+    # communication threads first unless asked otherwise (ddlbench/comm/threads.py)
     assert p.comm_threads == "fifo" and p.to_dict()["comm_threads"] == "fifo"
     assert make_plan(2, "1gbit", [0, 1], "/st", comm_threads="fair").comm_threads == "fair"
     with pytest.raises(ConfigError, match="comm_threads='rt': one of fair, fifo"):
@@ -130,7 +130,7 @@ def test_frameworks_across_two_nodes_under_slurm(box, tmp_path, framework):
     assert rec["status"] == "ok", rec["error"]
     assert rec["env"]["rank_hosts"] == ["n1", "n2"] and rec["parallel"]["nodes"] == 2
     assert rec["comm"]["wire_bytes_per_rank"] > 0
-    # `bench cluster`'s default: every rank's gloo threads SCHED_FIFO (ddlbench/commthreads.py)
+    # `bench cluster`'s default: every rank's gloo threads SCHED_FIFO (ddlbench/comm/threads.py)
     assert rec["env"]["comm_threads"]["policy"] == "fifo"
     assert all("gloo_tcp_loop" in names for names in rec["env"]["comm_threads"]["per_rank"])
     # the network it ran on, as `bench cluster` described it: the link at 100 Mbit/s (its data: 1448 of 1514)
@@ -206,7 +206,7 @@ def test_a_two_node_run_is_priced_on_the_link_it_ran_on(box, tmp_path):
     2 alpha + bytes / 11.96 MB/s, the data of 12.5 MB/s of frames), its compute from a 1-rank run on one node, each node's one rank
     on its own core (no oversubscription)."""
     from ddlbench.network.model import recorded_network
-    from ddlbench.network.validate import predict
+    from ddlbench.project.validate import predict
     rec = _records.get("ddp") or slurm_run(tmp_path / "two", 2, "framework=ddp")
     one = slurm_run(tmp_path / "one", 1, "framework=ddp", "run.global_batch=4")
     assert rec["status"] == one["status"] == "ok"

@@ -1,10 +1,10 @@
-"""commbench across two dimensions (ddlbench/commbench_dims.py), by hand: ranks grouped by host,
+"""commbench across two dimensions (ddlbench/commbench/dims.py), by hand: ranks grouped by host,
 group sizes, and the per-dimension fits from synthetic times made with known α and bandwidth."""
 from __future__ import annotations
 
 import pytest
 
-from ddlbench.commbench_dims import dimension_fits, group_size, host_groups
+from ddlbench.commbench.dims import dimension_fits, group_size, host_groups
 from ddlbench.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""Communication threads first (ddlbench/commthreads.py): the policy read from the environment,
+"""Communication threads first (ddlbench/comm/threads.py): the policy read from the environment,
 which threads it moves, and, in a real gloo process group, that they run SCHED_FIFO and go back."""
 import json
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ddlbench import commthreads
+from ddlbench.comm import threads as commthreads
 from ddlbench.errors import ConfigError
 
 
@@ -32,7 +32,7 @@ def test_fair_moves_nothing_and_point_to_point_keeps_fair():
 SCRIPT = """
 import json, os, sys, tempfile
 import torch.distributed as dist
-from ddlbench import commthreads
+from ddlbench.comm import threads as commthreads
 dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
 dist.barrier()
 out = commthreads.apply({"DDLBENCH_COMM_THREADS": "fifo"})

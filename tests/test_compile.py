@@ -7,15 +7,16 @@ from __future__ import annotations
 import pytest
 from conftest import run_record
 
-from ddlbench.config import plan_from_overrides
 from ddlbench.errors import ConfigError
-from ddlbench.runner import compile_time
+from ddlbench.planning.config import plan_from_overrides
+from ddlbench.rank.runner import compile_time
 
 STEPS = ("launcher.nproc=2", "run.warmup_steps=1", "run.measure_steps=3", "run.global_batch=8", "run.comm_profile=false")
 # Compiled kernels reorder float sums (fused elementwise chains, other matmul splits): losses of 4
 # steps agree to ~1e-6 relative here; 1e-4 leaves room without hiding a wrong model
 LOSS_RTOL = 1e-4
-CASES = [("ddp", "gpt2_tiny"), ("fsdp_full", "llama_tiny"), ("deepspeed_zero2", "llama_tiny"), ("horovod", "gpt2_tiny")]
+CASES = [("ddp", "gpt2_tiny"), ("fsdp_full", "llama_tiny"), ("deepspeed_zero2", "llama_tiny"), ("horovod", "gpt2_tiny"),
+         ("expert_parallel", "moe_tiny")]    # every Variant whose `compiles` says so (test_contract holds the list)
 
 
 @pytest.mark.timeout(600)
@@ -39,6 +40,12 @@ def test_compile_time_is_the_first_step_less_a_measured_one():
                 {"all_step_time_s": [6.0, 0.2, 0.1, 0.2, 0.1], "step_time_s": [0.1, 0.2, 0.1]}]
     # first step: max over ranks 6.0; measured: per step max over ranks [0.1, 0.2, 0.3] -> median 0.2
     assert compile_time(gathered)["compile_s"] == pytest.approx(5.8)
+
+
+def test_every_variant_that_compiles_is_run_compiled_here():
+    from test_contract import variant_classes
+    compiled = {plan_from_overrides([f"framework={f}", f"model={m}", "launcher.nproc=2"]).variant.name for f, m in CASES}
+    assert {c.name for c in variant_classes() if c(c.Options()).abilities().compiles} == compiled
 
 
 def test_a_strategy_without_compile_says_so_and_compile_needs_a_warm_up_step():

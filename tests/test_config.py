@@ -2,8 +2,8 @@
 import pytest
 from conftest import bench
 
-from ddlbench.config import GROUPS, group_options, plan_from_overrides
 from ddlbench.errors import ConfigError
+from ddlbench.planning.config import GROUPS, group_options, plan_from_overrides
 
 ALL_OPTIONS = [(g, o) for g in GROUPS if g != "run" for o in group_options(g)]
 

@@ -1,4 +1,4 @@
-"""The longest context a layout fits (`bench context`, ddlbench/estimate/longest.py): the search by
+"""The longest context a layout fits (`bench context`, ddlbench/project/context.py): the search by
 hand, then for llama_tiny on an emulated 0.08 GiB device (run.device_memory_gb, enforced on a CPU
 by the memory tracker): the estimator's answer, the run at it ends ok and the one past it ends
 oom cleanly, and `bench report` over those runs plots tokens/s and memory against the length."""
@@ -9,7 +9,7 @@ import json
 import pytest
 from conftest import bench, for_runs
 
-from ddlbench.estimate.longest import candidates, longest
+from ddlbench.project.context import candidates, longest
 
 
 def test_the_search_by_hand():

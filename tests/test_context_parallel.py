@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from conftest import run_record
 
-from ddlbench.config import plan_from_overrides
 from ddlbench.errors import ConfigError
+from ddlbench.planning.config import plan_from_overrides
 
 STEPS = ["model=llama_tiny", "model.attention=sdpa_causal", "run.global_batch=8", "run.warmup_steps=1",
          "run.measure_steps=3", "run.micro_batch=2"]
@@ -35,8 +35,8 @@ def test_ring_attention_times_fsdp2_at_four_ranks_trains_like_one_process(tmp_pa
     assert calls["all_to_all"] == {"2@1": 2 * layers * micro}
     assert calls["all_gather"]["2@1"] == 2 * layers * micro
     # its cost model is the run's, kind by kind, byte for byte
-    from ddlbench.config import validate
     from ddlbench.estimate.profile import profile
+    from ddlbench.planning.config import validate
     plan = validate(rec["config"])
     cost = plan.variant.cost_model(plan.dims, profile(plan.cfg.model), "fp32")
     for kind in ("all_gather", "all_to_all", "reduce_scatter"):

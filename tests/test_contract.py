@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from importgraph import cycles, import_graph
 
 from ddlbench.adapters import base
 from ddlbench.adapters.variant import Variant
@@ -70,18 +71,37 @@ def test_every_member_the_harness_reads_is_declared():
 @pytest.mark.parametrize("cls", [Variant, *INTERFACES])
 def test_each_half_of_the_contract_is_small(cls):
     """torchtitan's TrainSpec has ~11 fields; the old one-class contract had ~45 members."""
-    assert len(declared(cls)) <= 20, sorted(declared(cls))
+    # 21: `abilities` replaced five name lists (what compiles, takes float8, traces, settles `auto`, is priced how)
+    assert len(declared(cls)) <= 21, sorted(declared(cls))
 
 
 def test_every_framework_file_holds_a_variant_and_its_strategy():
     """Each conf/framework names a Variant whose strategy is in the same file and is a Strategy."""
-    from ddlbench.config import CONF_DIR, compose_raw, group_options, load_variant_class
+    from ddlbench.planning.config import CONF_DIR, compose_raw, group_options, load_variant_class
     for name in group_options("framework"):
         path = compose_raw([f"framework={name}"])["framework"]["adapter"]
         cls = load_variant_class(path)
         assert cls.strategy.partition(":")[0] == path.partition(":")[0], (name, cls.strategy)
         assert issubclass(cls(cls.Options()).strategy_class(), base.Strategy), name
     assert CONF_DIR.is_dir()
+
+
+def variant_classes() -> set[type]:
+    """The Variant class of every conf/framework."""
+    from ddlbench.planning.config import compose_raw, group_options, load_variant_class
+    return {load_variant_class(compose_raw([f"framework={n}"])["framework"]["adapter"]) for n in group_options("framework")}
+
+
+def test_what_a_variant_says_it_applies_its_file_applies():
+    """A variant's abilities (compiles, float8) are the one statement of what its strategy wires
+    (validation refuses the rest); each matches its file: expert parallelism compiled its blocks while
+    a name list elsewhere refused run.compile for it."""
+    import inspect
+    for cls in variant_classes():
+        src = inspect.getsource(sys.modules[cls.__module__])
+        own = [c(c.Options()).abilities() for c in variant_classes() if c.__module__ == cls.__module__]
+        assert any(a.compiles for a in own) == ("apply_compile(" in src or ".compile()" in src), cls.__name__
+        assert any(a.float8 for a in own) == ("apply_float8(" in src), cls.__name__
 
 
 def test_a_framework_own_launcher_is_named_only_by_it():
@@ -97,7 +117,7 @@ def test_no_module_is_longer_than_400_lines():
 
 PURE = """
 import json, sys
-from ddlbench.config import plan_from_overrides, group_options
+from ddlbench.planning.config import plan_from_overrides, group_options
 from ddlbench.errors import ConfigError
 for name in group_options("framework"):
     try:
@@ -126,7 +146,7 @@ def test_questions_about_a_variant_import_no_framework():
 
 def test_nothing_below_the_command_line_imports_it():
     """argparse stays in ddlbench/cli.py: a module it calls that imported it back (the sweep's cells
-    did, through ddlbench.cli.main) would make a circle. Runs go through ddlbench.run_entry."""
+    did, through ddlbench.cli.main) would make a circle. Runs go through ddlbench.launch.run_entry."""
     importers = []
     for path, nodes in modules():
         if str(path) == "cli.py":
@@ -136,58 +156,6 @@ def test_nothing_below_the_command_line_imports_it():
                     or isinstance(node, ast.Import) and any(a.name == "ddlbench.cli" for a in node.names)):
                 importers.append(str(path))
     assert not importers, f"import ddlbench.cli from below it: {importers}"
-
-
-def import_graph() -> dict[str, set[str]]:
-    """{module: modules of ddlbench/ and ddlbench/models/ it imports}, counting imports inside functions too
-    (a lazy import still ties two modules into one)."""
-    root = BENCH.parent
-    paths = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in BENCH.rglob("*.py")}
-    graph = {}
-    for mod, path in paths.items():
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            for name in names:
-                while name and name not in paths:
-                    name = name.rpartition(".")[0]
-                if name and name != mod and not mod.startswith(name + "."):   # not its own package
-                    deps.add(name)
-        graph[mod] = deps
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while not comp or comp[-1] != v:
-                comp.append(stack.pop())
-                on.discard(comp[-1])
-            if len(comp) > 1:
-                out.append(sorted(comp))
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
 
 
 def test_no_import_circles():
@@ -209,8 +177,8 @@ def test_only_the_command_line_reaches_up_into_advise():
     upward = sorted(f"{m} -> {d}" for m, deps in graph.items() if not m.startswith("ddlbench.advise")
                     and m != "ddlbench.cli" for d in deps if d.startswith("ddlbench.advise"))
     assert not upward, upward
-    assert {"ddlbench.estimate.memory", "ddlbench.estimate.profile"} <= graph["ddlbench.microbatch"] | {
-        d for m in graph["ddlbench.microbatch"] for d in graph.get(m, ())}
+    assert {"ddlbench.estimate.memory", "ddlbench.estimate.profile"} <= graph["ddlbench.planning.microbatch"] | {
+        d for m in graph["ddlbench.planning.microbatch"] for d in graph.get(m, ())}
 
 
 RUN_FILES = ("result.json", "config.json", "config.yaml", "metrics.jsonl", "events.jsonl", "failure.json",
@@ -219,10 +187,10 @@ RUN_DIRS = ("errors", "partial", "stacks", "logs")
 
 
 def test_the_run_directory_is_named_in_one_module():
-    """Every file name of a run directory is spelt in ddlbench/rundir.py and nowhere else in ddlbench/
+    """Every file name of a run directory is spelt in ddlbench/record/rundir.py and nowhere else in ddlbench/
     (docstrings aside): `X / "result.json"` or a constant of its own elsewhere was how the
     directory's layout drifted apart (four places named the directory, ten its files)."""
-    from ddlbench.rundir import RunDir, of_cell
+    from ddlbench.record.rundir import RunDir, of_cell
     from ddlbench.sweep.cells import Cell
 
     rd = RunDir("/r")

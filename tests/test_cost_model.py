@@ -10,7 +10,7 @@ import pytest
 from conftest import run_record
 from costs import PROF, cost_of
 
-from ddlbench.config import group_options
+from ddlbench.planning.config import group_options
 
 NO_COST_MODEL = {"ddp_powersgd": "PowerSGD's payload depends on every matrix's shape",
                  "deepspeed_moe": "not written yet: DeepSpeed's capacity-padded all-to-all and expert-data-parallel "
@@ -116,8 +116,8 @@ def measured(tmp_path_factory):
 @pytest.mark.parametrize("framework", MEASURED)
 def test_cost_model_matches_what_a_run_sends(measured, framework):
     from ddlbench.adapters.cost import ModelProfile
-    from ddlbench.config import plan_from_overrides
     from ddlbench.estimate.profile import profile
+    from ddlbench.planning.config import plan_from_overrides
     rec = measured[framework]
     assert rec["status"] == "ok", rec["error"]
     assert rec["parallel"]["grad_accum"] == 2
@@ -149,8 +149,8 @@ def test_a_new_yaml_variant_is_advised_without_code(tmp_path):
     from its options by the adapter's cost model (advise has no table keyed by file name)."""
     from ddlbench.adapters.cost import ModelProfile
     from ddlbench.advise.grid import enumerate_grid
-    from ddlbench.config import CONF_DIR
     from ddlbench.estimate.memcheck import predicted
+    from ddlbench.planning.config import CONF_DIR
 
     base = (CONF_DIR / "framework" / "deepspeed_zero2.yaml").read_text()
     name = "zz_test_zero2_1mb_buckets"

@@ -73,8 +73,8 @@ def test_without_pieces_the_split_is_uniform():
 @pytest.fixture(scope="module")
 def real_vocab():
     """gpt2_tiny's 2 blocks of width 128 with GPT-2's real vocabulary (50,257 tokens)."""
-    from ddlbench.config import plan_from_overrides
     from ddlbench.estimate.profile import profile
+    from ddlbench.planning.config import plan_from_overrides
     cfg = plan_from_overrides(["model=gpt2_tiny", "model.vocab_size=50257"]).cfg.model
     return cfg, profile(cfg)
 
@@ -100,7 +100,7 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from ddlbench.config import plan_from_overrides
+from ddlbench.planning.config import plan_from_overrides
 from ddlbench.models.registry import build
 from ddlbench.models.tensor_parallel import apply_tensor_parallel
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)

@@ -1,5 +1,5 @@
 """No silent CPU fallback: a run that asked for GPUs, or was given them, fails with the reason
-when CUDA is not available (ddlbench/device.py), and says so in result.json."""
+when CUDA is not available (ddlbench/machine/device.py), and says so in result.json."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import bench
 
-from ddlbench.device import gpus_expected, resolve_device
 from ddlbench.errors import ConfigError
+from ddlbench.machine.device import gpus_expected, resolve_device
 
 
 def test_hints_that_gpus_were_given():
@@ -46,7 +46,7 @@ def test_a_gpu_run_without_cuda_fails_with_the_reason(tmp_path, overrides, env, 
 
 
 def test_rank_to_gpu_mapping():
-    from ddlbench.device import check_gpu_count, cuda_index
+    from ddlbench.machine.device import check_gpu_count, cuda_index
     assert [cuda_index(r, 8) for r in range(8)] == list(range(8))
     assert cuda_index(5, 1) == 0                    # --gpus-per-task=1: each task sees its own GPU
     with pytest.raises(ConfigError, match="local rank 4 but only 4 GPUs"):
@@ -86,8 +86,8 @@ def test_step_boundaries_wait_for_the_compute_stream_only():
     import torch
 
     from ddlbench.adapters.base import RankContext
-    from ddlbench.config import plan_from_overrides
-    from ddlbench.runner import step_sync
+    from ddlbench.planning.config import plan_from_overrides
+    from ddlbench.rank.runner import step_sync
     assert step_sync("cuda") == "torch.cuda.current_stream().synchronize()" and step_sync("cpu") is None
     plan = plan_from_overrides(["framework=deepspeed_zero2", "launcher.nproc=2"])
     ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
@@ -97,9 +97,9 @@ def test_step_boundaries_wait_for_the_compute_stream_only():
 
 
 def test_attention_defaults_to_sdpa_causal_on_cuda_and_is_recorded():
-    from ddlbench.config import plan_from_overrides
     from ddlbench.models import build
     from ddlbench.models.language import attention_impl
+    from ddlbench.planning.config import plan_from_overrides
     assert attention_impl("auto", "cuda") == "sdpa_causal" and attention_impl("auto", "cpu") == "eager"
     assert attention_impl("eager", "cuda") == "eager" and attention_impl("sdpa", "cpu") == "sdpa"
     mc = plan_from_overrides(["model=gpt2_tiny"]).cfg.model
@@ -110,24 +110,24 @@ def test_attention_defaults_to_sdpa_causal_on_cuda_and_is_recorded():
 def test_precision_auto_is_bf16_on_a_bf16_gpu_and_fp32_elsewhere(monkeypatch):
     """run.precision=auto (the default): the decision, and validate() applying it while the
     plan's raw config keeps what was asked (the record's config says auto, `precision` what ran)."""
-    from ddlbench.config import plan_from_overrides
-    from ddlbench.device import auto_precision, planned_precision
+    from ddlbench.machine.device import auto_precision, planned_precision
+    from ddlbench.planning.config import plan_from_overrides
     assert auto_precision("cuda", True) == "bf16"
     assert auto_precision("cuda", False) == "fp32"     # V100/T4: fp16 would need loss scaling
     assert auto_precision("cpu", True) == "fp32"
     assert planned_precision({"precision": "fp16", "device": "cuda"}) == "fp16"   # asked: kept
     assert planned_precision({"precision": "auto", "device": "cpu"}) == "fp32"
     assert planned_precision({"precision": "auto", "device": "auto"}) == "fp32"   # no GPU here
-    import ddlbench.gpus
-    h100 = ddlbench.gpus.GpuInfo((ddlbench.gpus.Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 << 30),), "test")
-    monkeypatch.setattr(ddlbench.gpus, "visible_gpus", lambda: h100)     # NVML's answer on an H100 node
+    import ddlbench.machine.gpus
+    h100 = ddlbench.machine.gpus.GpuInfo((ddlbench.machine.gpus.Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 << 30),), "test")
+    monkeypatch.setattr(ddlbench.machine.gpus, "visible_gpus", lambda: h100)     # NVML's answer on an H100 node
     assert planned_precision({"precision": "auto", "device": "auto"}) == "bf16"
     assert planned_precision({"precision": "auto", "device": "cpu"}) == "fp32"   # deliberate CPU
     plan = plan_from_overrides(["model=gpt2_tiny"])
     assert plan.cfg.run.precision == "bf16" and plan.raw["run"]["precision"] == "auto"
     plan = plan_from_overrides(["model=gpt2_tiny", "run.precision=fp32"])
     assert plan.cfg.run.precision == "fp32" and plan.raw["run"]["precision"] == "fp32"
-    monkeypatch.setattr(ddlbench.gpus, "visible_gpus", lambda: ddlbench.gpus.GpuInfo((), "test"))
+    monkeypatch.setattr(ddlbench.machine.gpus, "visible_gpus", lambda: ddlbench.machine.gpus.GpuInfo((), "test"))
     assert plan_from_overrides(["model=gpt2_tiny"]).cfg.run.precision == "fp32"
 
 
@@ -175,7 +175,7 @@ def test_deepspeed_casts_buffers_only_for_batch_norm_at_low_precision():
     import torch
 
     from ddlbench.adapters.base import RankContext
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     plan = plan_from_overrides(["framework=deepspeed_zero2", "launcher.nproc=2"])
     for precision, batch_norm, want in (("bf16", True, {"buffer_dtype": "bf16"}), ("fp16", True, {"buffer_dtype": "fp16"}),
                                         ("bf16", False, None), ("fp32", True, None)):
@@ -186,7 +186,7 @@ def test_deepspeed_casts_buffers_only_for_batch_norm_at_low_precision():
 
 
 def test_global_batch_auto_by_hand():
-    from ddlbench.device import auto_global_batch
+    from ddlbench.machine.device import auto_global_batch
     assert auto_global_batch("cpu", 32, 4)[0] == 8
     assert auto_global_batch("cuda", 32, 2) == (64, "run.global_batch=auto on GPUs: the model preset's "
                                                     "gpu_batch_per_device 32 x 2 devices")
@@ -196,14 +196,14 @@ def test_global_batch_auto_by_hand():
 def test_global_batch_auto_sizes_a_gpu_run_and_leaves_a_given_batch_alone(monkeypatch):
     """run.global_batch=auto, the default: on CPU 8 (recorded as chosen); on GPUs the preset's batch
     per device x devices with run.micro_batch=auto unless set; a given batch is not touched."""
-    import ddlbench.device
-    from ddlbench.config import compose_raw, plan_from_overrides
-    from ddlbench.device import planned_global_batch
+    import ddlbench.machine.device
+    from ddlbench.machine.device import planned_global_batch
+    from ddlbench.planning.config import compose_raw, plan_from_overrides
     plan = plan_from_overrides(["model=gpt2_tiny"])
     assert plan.dims.global_batch == 8 and plan.raw["run"]["global_batch"] == "auto"
     assert plan.choices["global_batch_auto"]["chosen"] == 8
     assert "global_batch_auto" not in plan_from_overrides(["model=gpt2_tiny", "run.global_batch=16"]).choices
-    monkeypatch.setattr(ddlbench.device, "planned_device", lambda requested: "cuda")
+    monkeypatch.setattr(ddlbench.machine.device, "planned_device", lambda requested: "cuda")
     run, why = planned_global_batch(compose_raw(["model=gpt2_small", "launcher.nproc=2"]))
     assert run["global_batch"] == 64 and run["micro_batch"] == "auto" and why["devices"] == 2
     assert "gpu_batch_per_device 32 x 2 devices" in why["why"] and "micro_batch=auto" in why["why"]

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from ddlbench import models
-from ddlbench.config import plan_from_overrides
-from ddlbench.dims import resolve_dims
 from ddlbench.errors import ConfigError
+from ddlbench.planning.config import plan_from_overrides
+from ddlbench.settings.dims import resolve_dims
 
 
 def test_dims_derive_dp_and_accumulation():

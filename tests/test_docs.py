@@ -33,15 +33,22 @@ def test_design_contract_names_exist():
     owners = {"Variant": [Variant], "Strategy": [base.Strategy], "Optional": [], "Periodic": [base.Periodic],
               "CountsOwnCollectives": [base.CountsOwnCollectives], "ModelParallel": [base.ModelParallel]}
     assigned = set(base.Strategy.__init__.__code__.co_names)   # the attributes Strategy.__init__ sets
-    current, missing, seen = [], [], 0
+    from test_contract import declared
+    current, missing, seen, named = [], [], 0, {}
     for line in block.splitlines():
         code = line.split("#")[0]
         head = re.match(r"\s*(" + "|".join(owners) + r")\b(\([^)]*\))?:?", code)
         if head:
             current, code = owners[head.group(1)], code[head.end():]
         code = re.sub(r"\([^)]*\)", "", code.split("->")[0])
-        for name in re.findall(r"\b[a-z_][a-z_]*\b", code):
+        for name in re.findall(r"\b[a-z_A-Z][a-z_A-Z]*\b", code):
             seen += 1
-            if not any(hasattr(c, name) for c in current) and not (current == [base.Strategy] and name in assigned):
+            for c in current:
+                named.setdefault(c, set()).add(name)
+            if not any(hasattr(c, name) or name in declared(c) for c in current) \
+                    and not (current == [base.Strategy] and name in assigned):
                 missing.append(name)
     assert seen > 30 and not missing, missing
+    # and the other way: every public member the Variant declares is in the block
+    undocumented = {m for m in declared(Variant) if not m.startswith("_")} - named[Variant]
+    assert not undocumented, undocumented

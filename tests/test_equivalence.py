@@ -20,8 +20,8 @@ import pytest
 import torch
 from conftest import run_record
 
-from ddlbench.config import group_options, plan_from_overrides
 from ddlbench.errors import ConfigError
+from ddlbench.planning.config import group_options, plan_from_overrides
 
 STEPS = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8",
          "run.param_fingerprint=true")

@@ -1,4 +1,4 @@
-"""The framework's own collectives at a world size no run had (ddlbench/estimate/collectives.py):
+"""The framework's own collectives at a world size no run had (ddlbench/project/collectives.py):
 one step of rank 0 of 8 ranks over torch's fake process group, in one process, held against each
 variant's cost model (the hand-written one advise prices): every kind the cost model names is sent
 in that volume per step, and nothing else of weight is sent (issue 50, item 2)."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddlbench.estimate.collectives import trace_all, traceable
+from ddlbench.project.collectives import trace_all, traceable
 
 WORLD = 8
 # (framework, model, more overrides): one variant of each traceable family, at 8 ranks; DDP, FSDP2
@@ -49,8 +49,8 @@ def traced():
 @pytest.mark.slow
 @pytest.mark.parametrize("framework,model,more", CASES, ids=IDS)
 def test_traced_step_matches_the_cost_model(traced, framework, model, more):
-    from ddlbench.config import plan_from_overrides
     from ddlbench.estimate.profile import profile
+    from ddlbench.planning.config import plan_from_overrides
     got = traced[f"{framework}:{model}"]
     assert "error" not in got, got
     plan = plan_from_overrides([*_overrides(framework, model, more), f"launcher.nproc={WORLD}"])
@@ -86,8 +86,14 @@ def test_traced_step_matches_the_cost_model(traced, framework, model, more):
 
 
 def test_what_cannot_be_traced_says_why():
-    assert "c10d" in traceable("horovod") and "point to point" in traceable("pipeline")
-    assert traceable("ddp") is None and "compression hook" in traceable("ddp", "fp16_hook")
+    """Each Variant says why its step cannot run over a fake group (no name table elsewhere)."""
+    from ddlbench.planning.config import plan_from_overrides
+
+    def why(framework):
+        return traceable(plan_from_overrides([f"framework={framework}", "model=gpt2_tiny", "launcher.nproc=2"]).variant)
+    assert "c10d" in why("horovod") and "point to point" in why("pipeline_1f1b") and "phases" in why("daso")
+    assert why("ddp") is None and "compression hook" in why("ddp_fp16_hook") and "PowerSGD" in why("ddp_powersgd")
+    assert "local SGD" in why("ddp_local_sgd") and why("fsdp_full") is None and why("deepspeed_zero3") is None
 
 
 @pytest.mark.slow
@@ -114,7 +120,8 @@ def test_project_replans_a_one_rank_run_instead_of_pricing_no_communication(tmp_
     assert "re-planned" in proc.stdout
     # FSDP2's state for one of 8 ranks, read from its objects: an eighth of the fp32 parameters and twice that for Adam
     assert f"held {psi / 8 / 2**20:.1f} MiB of parameters and {psi / 4 / 2**20:.1f} MiB" in doc["collectives_source"]
-    horovod = {**rec, "config": {**rec["config"], "framework": {**rec["config"]["framework"], "name": "horovod"}}}
+    from ddlbench.planning.config import compose_raw  # the same record, as if Horovod had run it
+    horovod = {**rec, "config": {**rec["config"], "framework": compose_raw(["framework=horovod"])["framework"]}}
     (tmp_path / "hvd").mkdir()
     (tmp_path / "hvd" / "result.json").write_text(json.dumps(horovod))
     proc = bench("project", str(tmp_path / "hvd"), "network=dgx_h100")
@@ -136,7 +143,7 @@ def test_the_recorded_layout_is_what_runs(overrides, replicate, shard):
     """parallel.dp_replicate / dp_shard say over which ranks parameters are replicated and sharded:
     FSDP2 full shard at 4 ranks shards over 4 (it recorded dp_replicate 4 before), ZeRO-3 too; DDP and
     ZeRO-1/2 replicate the parameters."""
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     d = plan_from_overrides(overrides).dims
     assert (d.dp_replicate, d.dp_shard) == (replicate, shard)
 

@@ -9,8 +9,8 @@ import torch
 import yaml
 
 from ddlbench import models
-from ddlbench.config import plan_from_overrides
 from ddlbench.models import family as families
+from ddlbench.planning.config import plan_from_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "conf" / "model").glob("*.yaml"))}

@@ -28,7 +28,8 @@ def test_float8_is_refused_with_the_reason_where_it_cannot_run():
     def cfg(precision="bf16", family="llama", float8=True):
         return SimpleNamespace(run=SimpleNamespace(float8=float8, precision=precision),
                                model=SimpleNamespace(kind="language", family=family, name=f"a {family} model"))
-    ddp, pipe = SimpleNamespace(name="ddp"), SimpleNamespace(name="pipeline")
+    ddp = SimpleNamespace(name="ddp", abilities=lambda: SimpleNamespace(float8=True))
+    pipe = SimpleNamespace(name="pipeline", abilities=lambda: SimpleNamespace(float8=False))
     assert float8_reason(ddp, cfg(float8=False), "cpu") is None
     assert float8_reason(ddp, cfg(), "cpu") is None
     assert float8_reason(ddp, cfg(), "cuda", (9, 0)) is None
@@ -76,7 +77,7 @@ def test_float8_on_a_model_it_cannot_convert_is_an_unsupported_result(tmp_path):
 
 
 def test_precision_fp8_means_bf16_with_float8_matmuls():
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     plan = plan_from_overrides(["model=llama_tiny", "run.precision=fp8"])
     assert plan.cfg.run.precision == "bf16" and plan.cfg.run.float8 is True
     assert plan.raw["run"]["precision"] == "fp8"          # the record's config says what was asked

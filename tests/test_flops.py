@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from ddlbench import models
-from ddlbench.config import plan_from_overrides
-from ddlbench.hardware import cpu_peak, cuda_tf32_enabled, match_gpu, peak_dtype, peak_flops
+from ddlbench.machine.hardware import cpu_peak, cuda_tf32_enabled, match_gpu, peak_dtype, peak_flops
 from ddlbench.metrics.mfu import MfuError, mfu
 from ddlbench.models.flops import train_flops_per_sample
+from ddlbench.planning.config import plan_from_overrides
 
 
 def _spec(name: str):
@@ -128,7 +128,7 @@ def test_configured_peak_names_its_dtype_and_source():
 
 def test_cpu_probe_is_cached_per_thread_count_and_dtype(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("ddlbench.hardware.probe_cpu_matmul",
+    monkeypatch.setattr("ddlbench.machine.hardware.probe_cpu_matmul",
                         lambda threads, dtype: calls.append((threads, dtype)) or 1e9 * threads)
     cache = tmp_path / "peak.json"
     assert cpu_peak(2, "fp32", cache)[0] == 2e9
@@ -143,10 +143,10 @@ def test_both_attention_conventions_by_hand():
     """llama_tiny at 512 tokens: the T x T scores are 2 x 2 x T x (heads x head_dim) FLOPs per token
     and layer in forward (QK^T and AV), x 3 for training, x 2 layers = 1,572,864 per token; a causal
     kernel computes half: 402,653,184 fewer per sample. mfu_causal scales mfu by the same ratio."""
-    from ddlbench.collect import causal_mfu
-    from ddlbench.config import plan_from_overrides
     from ddlbench.models.flops import train_flops_per_sample
     from ddlbench.models.registry import build
+    from ddlbench.planning.config import plan_from_overrides
+    from ddlbench.rank.collect import causal_mfu
     plan = plan_from_overrides(["model=llama_tiny", "model.seq_len=512"])
     got = train_flops_per_sample(build(plan.cfg.model, "cpu"))
     a = got["analytic"]

@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import bench, for_runs, run_record
 
-from ddlbench.config import plan_from_overrides
+from ddlbench.planning.config import plan_from_overrides
 
 FAST = ("run.warmup_steps=1", "run.measure_steps=2", "launcher.nproc=2")
 
@@ -66,7 +66,7 @@ def test_horovod_counts_its_own_allreduces_without_lr_scaling(run_dir):
     # what ran: Horovod 0.28.1's own default (operations.cc), which its cost model (advise) uses too
     from ddlbench.adapters.cost import ModelProfile
     from ddlbench.adapters.horovod import DEFAULT_FUSION_THRESHOLD_MB, Horovod
-    from ddlbench.dims import ParallelDims
+    from ddlbench.settings.dims import ParallelDims
     assert rec["framework"]["native_config"]["fusion_threshold_mb"] == DEFAULT_FUSION_THRESHOLD_MB == 128
     big = ModelProfile(params=10**9, largest_block_params=1, blocks=1, activation_bytes_per_sample=0,
                        checkpointed_bytes_per_sample=0, boundary_bytes_per_sample=0)
@@ -122,8 +122,8 @@ def test_fairscale_fsdp_is_its_own_strategy_not_oss():
     import torch
 
     from ddlbench.adapters.base import RankContext
-    from ddlbench.config import plan_from_overrides
     from ddlbench.errors import ConfigError
+    from ddlbench.planning.config import plan_from_overrides
     plan = plan_from_overrides(["framework=fairscale_fsdp", "launcher.nproc=2"])
     ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cuda", 0), backend="nccl",
                       precision="fp32")

@@ -1,5 +1,5 @@
 """GPU machines without a GPU: the processes that fork (sweep, launcher, advise) learn the GPUs
-from NVML and never initialise CUDA (ddlbench/gpus.py); run.precision=auto counts bf16 only where
+from NVML and never initialise CUDA (ddlbench/machine/gpus.py); run.precision=auto counts bf16 only where
 the hardware has it.
 
 The guard runs a two-cell sweep and a `bench advise` in fresh interpreters under a stand-in CUDA
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import REPO, bench_exe, for_runs
 
-from ddlbench.gpus import Gpu, bf16_native, driver_too_old, from_nvml, visible_indices
+from ddlbench.machine.gpus import Gpu, bf16_native, driver_too_old, from_nvml, visible_indices
 
 STANDIN = REPO / "tests" / "standin_cuda"
 
@@ -101,10 +101,10 @@ def test_gpus_from_nvml():
 
 
 def test_precision_auto_from_nvml(monkeypatch):
-    """planned_precision asks ddlbench.gpus (NVML), never torch.cuda: a V100 node runs fp32."""
-    import ddlbench.gpus as gpus
-    from ddlbench.device import planned_precision
-    from ddlbench.gpus import GpuInfo
+    """planned_precision asks ddlbench.machine.gpus (NVML), never torch.cuda: a V100 node runs fp32."""
+    import ddlbench.machine.gpus as gpus
+    from ddlbench.machine.device import planned_precision
+    from ddlbench.machine.gpus import GpuInfo
     for caps, want in (([(9, 0)], "bf16"), ([(7, 0)], "fp32"), ([(7, 5), (7, 5)], "fp32"), ([], "fp32")):
         info = GpuInfo(tuple(Gpu("g", c, 1) for c in caps), "test")
         monkeypatch.setattr(gpus, "visible_gpus", lambda info=info: info)
@@ -113,7 +113,7 @@ def test_precision_auto_from_nvml(monkeypatch):
 
 
 def test_this_machine_has_no_gpu_and_asks_no_cuda():
-    from ddlbench.gpus import visible_gpus
+    from ddlbench.machine.gpus import visible_gpus
     info = visible_gpus()
     assert not info.available and info.source in ("no CUDA driver (libcuda.so.1 not found)", "torch built without CUDA")
 
@@ -139,7 +139,7 @@ def _records(root: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_no_process_that_forks_initialises_cuda(tmp_path):
-    """A two-cell sweep and a `bench advise` on the stand-in GPU machine. Before ddlbench.gpus the
+    """A two-cell sweep and a `bench advise` on the stand-in GPU machine. Before ddlbench.machine.gpus the
     sweep process called torch.cuda.is_bf16_supported() (run.precision=auto) and every forked
     cell died at its own validation with "Cannot re-initialize CUDA in forked subprocess"."""
     standin_check = _standin_module()

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddlbench import commbench
-from ddlbench.envinfo import env_vars
+from ddlbench.commbench import command as commbench
+from ddlbench.machine.envinfo import env_vars
 
 
 def test_every_nccl_variable_that_was_set_is_recorded():
@@ -20,9 +20,9 @@ def test_every_nccl_variable_that_was_set_is_recorded():
 def test_commbench_in_an_srun_task_picks_gpu_sizes_where_gpus_are(monkeypatch, tmp_path):
     """`bench commbench launcher=slurm` with run.device=auto stopped at 16 MiB (CPU sizes): the
     choice tested for the literal string "cuda"."""
-    import ddlbench.gpus
     import ddlbench.launch.slurm
-    monkeypatch.setattr(ddlbench.gpus, "visible_gpus", lambda: SimpleNamespace(available=True))
+    import ddlbench.machine.gpus
+    monkeypatch.setattr(ddlbench.machine.gpus, "visible_gpus", lambda: SimpleNamespace(available=True))
     monkeypatch.setattr(ddlbench.launch.slurm, "rank_env", lambda: {"RANK": "1", "WORLD_SIZE": "2"})
     for key in ("RANK", "WORLD_SIZE"):       # the task writes them into os.environ: put back after
         monkeypatch.setenv(key, "0")
@@ -31,7 +31,7 @@ def test_commbench_in_an_srun_task_picks_gpu_sizes_where_gpus_are(monkeypatch, t
     opts = commbench.parse_args(["launcher=slurm"])            # run.device=auto, no sizes given
     assert commbench._run_srun_task(opts, tmp_path) == 0      # rank 1: nothing to write
     assert seen["sizes"] == commbench.DEFAULT_SIZES["cuda"] and max(seen["sizes"]) == 1 << 30
-    monkeypatch.setattr(ddlbench.gpus, "visible_gpus", lambda: SimpleNamespace(available=False))
+    monkeypatch.setattr(ddlbench.machine.gpus, "visible_gpus", lambda: SimpleNamespace(available=False))
     assert commbench.device_kind("auto") == "cpu" and commbench.device_kind("cuda") == "cuda"
 
 
@@ -48,11 +48,11 @@ def test_fast_paths_on_cuda_and_the_cpu_numbers_kept():
     padded to a multiple of 64 (nanoGPT's 50304), NHWC convolutions, cuDNN autotuning; each
     overridable and recorded in model.native_config."""
     from ddlbench import models
-    from ddlbench.config import plan_from_overrides
-    from ddlbench.device import cudnn_benchmark
+    from ddlbench.machine.device import cudnn_benchmark
     from ddlbench.models.families.gpt2 import gpt2_activation
     from ddlbench.models.vision import use_channels_last
     from ddlbench.models.vocab import padded_vocab
+    from ddlbench.planning.config import plan_from_overrides
     assert (gpt2_activation("auto", "cuda"), gpt2_activation("auto", "cpu")) == ("gelu_pytorch_tanh", "gelu_new")
     assert gpt2_activation("gelu_new", "cuda") == "gelu_new"
     assert (padded_vocab(50257, "auto", "cuda"), padded_vocab(50257, "auto", "cpu"), padded_vocab(50257, 128, "cpu"),
@@ -71,8 +71,8 @@ def test_channels_last_computes_the_same_loss():
     import torch
 
     from ddlbench import models
-    from ddlbench.config import plan_from_overrides
     from ddlbench.models.spec import example_batch
+    from ddlbench.planning.config import plan_from_overrides
     losses = []
     for layout in ("false", "true"):
         cfg = plan_from_overrides(["model=resnet18_tiny", f"model.channels_last={layout}"]).cfg.model
@@ -108,7 +108,8 @@ def test_mfu_on_the_measured_peak_beside_the_datasheets_by_hand(monkeypatch, tmp
     (CUDA events, best of three shapes, cached per host, GPU and dtype) is recorded beside it."""
     import torch
 
-    from ddlbench import collect, hardware
+    from ddlbench.machine import hardware
+    from ddlbench.rank import collect
     assert hardware.matmul_rate(1000, 5, 10.0) == 2 * 1000**3 * 5 / 0.01
     assert hardware.gpu_probe_args("tf32") == (torch.float32, True)
     assert hardware.gpu_probe_args("bf16") == (torch.bfloat16, False)
@@ -126,7 +127,7 @@ def test_mfu_on_the_measured_peak_beside_the_datasheets_by_hand(monkeypatch, tmp
 
 
 def test_launch_bound_by_hand():
-    from ddlbench.collect import launch_bound
+    from ddlbench.rank.collect import launch_bound
     assert launch_bound(0.095, 0.100, "cuda", 40.0)["value"] is True   # the host's pace, the GPU idle
     assert launch_bound(0.095, 0.100, "cuda")["value"] is None         # no NVML: cannot tell
     assert launch_bound(0.020, 0.100, "cuda")["value"] is False
@@ -150,7 +151,7 @@ H200_RECORDS = [
 
 @pytest.mark.parametrize("name,issue,step,busy,expected", H200_RECORDS, ids=[r[0] for r in H200_RECORDS])
 def test_launch_bound_on_the_h200_records(name, issue, step, busy, expected):
-    from ddlbench.collect import launch_bound
+    from ddlbench.rank.collect import launch_bound
     assert launch_bound(issue, step, "cuda", busy)["value"] is expected
 
 
@@ -199,7 +200,7 @@ def test_horovod_leaves_nccl_to_horovod():
     """Each Horovod rank held a torch NCCL group beside Horovod's own: its launch_env asks for
     the harness's group over gloo."""
     from ddlbench.adapters.horovod import Horovod
-    from ddlbench.device import HARNESS_BACKEND_ENV, harness_backend
+    from ddlbench.machine.device import HARNESS_BACKEND_ENV, harness_backend
     env = Horovod(Horovod.Options()).launch_env()
     assert env[HARNESS_BACKEND_ENV] == "gloo"
     assert harness_backend("cuda", env) == "gloo" and harness_backend("cuda", {}) == "nccl"

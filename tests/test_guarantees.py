@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import bench, bench_background, wait_for, wait_until_training
+from conftest import HOLD_AT_STEP_3, bench, bench_background, wait_for, wait_until_held, wait_until_training
 
-from ddlbench import ownership
 from ddlbench.errors import ConfigError
-from ddlbench.results import check_record
+from ddlbench.lifecycle import ownership
+from ddlbench.record.results import check_record
 
 # ---------------------------------------------------------------- one owner per directory
 
@@ -25,11 +25,9 @@ def test_a_second_run_on_a_directory_in_use_is_refused_and_the_first_is_intact(t
     its own config and writes its own result."""
     d = tmp_path / "run"
     first = bench_background("run", "debug=fast", "framework=ddp", "launcher.nproc=1", "run.measure_steps=100000",
-                             "run.timeout_s=200", f"run.dir={d}")
+                             "run.timeout_s=1200", *HOLD_AT_STEP_3, f"run.dir={d}")
     try:
-        # its first (warm-up) step done, then 1 s for measured ones, which the stop below must find (a fixed wait
-        # after the model was built was too short twice in a loaded CI)
-        wait_until_training(d, ranks=1, steps_s=1.0, event="first_step")
+        wait_until_held(d)          # two measured steps behind it, which the stop below must find
         owner = ownership.read_owner(d / "owner.lock")
         assert owner["pid"] == first.proc.pid and owner["command"] == "bench run"
         second = bench("run", "debug=fast", "framework=fsdp_full", "launcher.nproc=1", "logger=none", f"run.dir={d}")
@@ -222,7 +220,7 @@ def test_bad_input_and_damaged_files_are_one_line_exit_2_never_a_traceback(tmp_p
 # ---------------------------------------------------------------- what we write is strict JSON
 
 def test_every_json_we_write_is_strict(tmp_path):
-    from ddlbench.results import atomic_write_json
+    from ddlbench.record.results import atomic_write_json
     path = tmp_path / "x.json"
     atomic_write_json(path, {"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": -float("inf")}})
     assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict {c}")) == \
@@ -302,7 +300,7 @@ def test_library_lines_that_do_not_concern_the_run_are_kept_not_shown(tmp_path, 
     any other warning still goes to the terminal (the original showwarning)."""
     import logging
 
-    from ddlbench import quiet
+    from ddlbench.lifecycle import quiet
     quiet.install()
     shown = []
     monkeypatch.setattr(quiet, "_show_original", lambda message, *rest: shown.append(str(message)))

@@ -1,10 +1,10 @@
-"""ddlbench/hostevents.py: which step a host event fell in, a window's summary and whether the
+"""ddlbench/rank/hostevents.py: which step a host event fell in, a window's summary and whether the
 collector explains its slowest step, by hand; the GC clock against a real full collection."""
 import gc
 
 import pytest
 
-from ddlbench.hostevents import GcClock, alloc_retries, slowest_step, step_of, summary
+from ddlbench.rank.hostevents import GcClock, alloc_retries, slowest_step, step_of, summary
 
 
 def test_step_of_places_an_instant_in_the_contiguous_window():
@@ -57,7 +57,7 @@ def test_the_clock_sees_a_real_full_collection_and_lets_go():
 def test_freeze_takes_set_up_objects_out_of_every_collection_and_gives_them_back():
     """run.gc=freeze: what exists before the loop is frozen (collections skip it), the loop's own
     cycles are still collected automatically, and after the loop nothing stays frozen."""
-    from ddlbench.gcpolicy import GcPolicy
+    from ddlbench.rank.gcpolicy import GcPolicy
     made = [[i] for i in range(1000)]                       # set-up's objects
     policy = GcPolicy("freeze")
     policy.before_loop()
@@ -77,7 +77,7 @@ def test_freeze_takes_set_up_objects_out_of_every_collection_and_gives_them_back
 
 
 def test_torchtitan_collects_generation_1_every_n_steps_with_automatic_collection_off():
-    from ddlbench.gcpolicy import GcPolicy
+    from ddlbench.rank.gcpolicy import GcPolicy
     policy = GcPolicy("torchtitan", every=50)
     policy.before_loop()
     try:
@@ -93,7 +93,7 @@ def test_torchtitan_collects_generation_1_every_n_steps_with_automatic_collectio
 
 
 def test_python_policy_changes_nothing_and_a_wrong_name_is_refused():
-    from ddlbench.gcpolicy import GcPolicy
+    from ddlbench.rank.gcpolicy import GcPolicy
     policy = GcPolicy("python")
     policy.before_loop()
     policy.after_first_step()

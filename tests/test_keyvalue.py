@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from ddlbench.errors import ConfigError
-from ddlbench.keyvalue import parse_key_values
+from ddlbench.settings.keyvalue import parse_key_values
 
 
 def test_known_keys_aliases_pass_through_and_positionals():

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from ddlbench.config import plan_from_overrides
-from ddlbench.launch import events
 from ddlbench.launch.forked import Forked, rank_start_method
 from ddlbench.launch.local import start_method
+from ddlbench.lifecycle import events
+from ddlbench.planning.config import plan_from_overrides
 
 
 def test_ranks_are_forked_on_cpu_and_spawned_on_cuda():

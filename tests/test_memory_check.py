@@ -1,5 +1,5 @@
 """bench advise's memory estimator against an independent tracker (torch's MemTracker around real
-runs: run.memory_tracker=true, ddlbench/memtrack.py) on a GPT-2 with its real vocabulary (50,257 x
+runs: run.memory_tracker=true, ddlbench/rank/memtrack.py) on a GPT-2 with its real vocabulary (50,257 x
 768: the tied embedding and head are most of the model), and the rules that the tracker showed
 missing, by hand. Every data-parallel strategy and tp/pp = 2 is in benchmarks/memory_check.py
 (table: docs/memory-check.md); here one run per distinct memory rule."""
@@ -49,7 +49,7 @@ def test_ring_attention_state_and_output_gradients_by_hand():
     model), and each rank makes the output's gradients for its half of every sequence only."""
     from costs import variant
 
-    from ddlbench.dims import ParallelDims
+    from ddlbench.settings.dims import ParallelDims
     cls, options = variant("context_parallel")
     d = ParallelDims(world_size=4, dp=2, tp=1, pp=1, micro_batch=1, grad_accum=1, global_batch=2, dp_shard=2, cp=2)
     logits = ModelProfile(**{**TIED.__dict__, "pieces": (), "output_bytes_per_sample": 1400})
@@ -135,8 +135,8 @@ def test_estimate_within_ten_percent_of_memtracker(framework, tmp_path):
     """Real runs, 2 ranks: the busiest rank's tracked peak after the first step against the
     estimate advise makes for that candidate. DDP: the tied weight's sum added into bucket views;
     FSDP2: the root unit gathered; ZeRO-2: full reduce buckets; tp 2: embedding whole; pp 2."""
-    from ddlbench.config import validate
     from ddlbench.estimate.memcheck import compare
+    from ddlbench.planning.config import validate
     _, rec = run_record(tmp_path / framework, f"framework={framework}", *MODEL, *RUN, timeout=240)
     assert rec["status"] == "ok", rec.get("error")
     tracked = [r["tracker"] for r in rec["memory"]["per_rank"]]

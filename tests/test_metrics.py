@@ -149,7 +149,7 @@ def test_analytic_comm_uses_the_backend_and_keeps_the_paper_figure():
 
 
 def test_commbench_bandwidth_arithmetic():
-    from ddlbench.commbench import bus_bandwidth, ceilings, expected_written, parse_args
+    from ddlbench.commbench.command import bus_bandwidth, ceilings, expected_written, parse_args
     # 1 GB all-reduce in 0.5 s on 4 ranks: algbw 2 GB/s, busbw 2 x 2 x 3/4 = 3 GB/s
     assert bus_bandwidth("all_reduce", 1e9, 0.5, 4) == (2e9, 3e9)
     assert bus_bandwidth("all_gather", 1e9, 0.5, 4) == (2e9, 1.5e9)
@@ -161,12 +161,12 @@ def test_commbench_bandwidth_arithmetic():
     opts = parse_args(["launcher.nproc=3", "sizes=[1024,4096]", "kinds=[all_reduce]"])
     assert (opts["nproc"], opts["sizes"], opts["kinds"]) == (3, [1024, 4096], ["all_reduce"])
     # per kind and size: the slowest rank's median, and its mean beside it
-    from ddlbench.commbench import summarize
+    from ddlbench.commbench.command import summarize
     ranks = [[{"kind": "send", "bytes": 8, "median_s": 1.0, "mean_s": 2.0, "written": None}],
              [{"kind": "send", "bytes": 8, "median_s": 1.5, "mean_s": 1.6, "written": None}]]
     (row,) = summarize(ranks, 2, "gloo")
     assert (row["time_s"], row["mean_time_s"], row["algbw_Bps"]) == (1.5, 2.0, 8 / 1.5)
-    from ddlbench.commbench import default_sizes
+    from ddlbench.commbench.command import default_sizes
     assert parse_args([])["sizes"] is None                  # chosen once the device is known
     assert max(default_sizes("cpu")) == 16 << 20            # gloo levels off by 16 MiB
     assert max(default_sizes("cuda")) == 1 << 30            # NVLink / InfiniBand need ~GiB messages
@@ -218,7 +218,7 @@ def test_model_state_theory_comes_from_the_cost_model_by_hand():
     parameter; without the bucket view the reducer's copy of the gradients is a buffer of the step,
     not model state; ZeRO-3 at 2 ranks halves all three."""
     from ddlbench.adapters.variant import model_state_theory
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
 
     def theory(*overrides, precision="fp32"):
         plan = plan_from_overrides(["launcher.nproc=2", *overrides])
@@ -236,7 +236,7 @@ def test_commbench_at_more_ranks_than_the_network_has_devices_keeps_its_fits(tmp
     instead of failing the command after the measurement."""
     import yaml
 
-    from ddlbench.commbench import _fitted_network_file
+    from ddlbench.commbench.command import _fitted_network_file
     base = tmp_path / "box.yaml"
     base.write_text(yaml.safe_dump({"name": "box", "dimensions": [
         {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 100.0},
@@ -281,7 +281,7 @@ def test_window_sized_by_time_by_hand():
 
 
 def test_a_window_sized_by_time_needs_a_warm_up_step_and_no_epochs():
-    from ddlbench.config import ConfigError, plan_from_overrides
+    from ddlbench.planning.config import ConfigError, plan_from_overrides
     with pytest.raises(ConfigError, match="min_window_s needs run.warmup_steps >= 1"):
         plan_from_overrides(["run.min_window_s=5", "run.warmup_steps=0"])
     with pytest.raises(ConfigError, match="run.epochs .quality mode"):

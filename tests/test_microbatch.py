@@ -7,9 +7,9 @@ import json
 import pytest
 from conftest import run_record
 
-from ddlbench.config import plan_from_overrides
 from ddlbench.errors import ConfigError
-from ddlbench.microbatch import HEADROOM, GiB, memory_fraction, pick
+from ddlbench.planning.config import plan_from_overrides
+from ddlbench.planning.microbatch import HEADROOM, GiB, memory_fraction, pick
 
 
 def test_pick_by_hand():
@@ -97,12 +97,12 @@ def test_autocast_frameworks_take_the_fp32_activation_figures_by_hand():
 def test_a_rank_takes_the_launchers_choice_instead_of_profiling_again(monkeypatch):
     """run.micro_batch=auto is decided once, at validation in the launcher (choices.json); a rank
     re-validating config.json takes it (the profile of a 1B model costs seconds per rank)."""
-    import ddlbench.microbatch
-    from ddlbench.config import compose_raw, validate
+    import ddlbench.planning.microbatch
+    from ddlbench.planning.config import compose_raw, validate
     raw = compose_raw(["framework=ddp", "model=gpt2_tiny", "launcher.nproc=2", "run.global_batch=16",
                        "run.micro_batch=auto", "run.device_memory_gb=0.025"])
     launcher = validate(raw)
-    monkeypatch.setattr(ddlbench.microbatch, "choose", lambda *a, **k: (_ for _ in ()).throw(AssertionError("profiled")))
+    monkeypatch.setattr(ddlbench.planning.microbatch, "choose", lambda *a, **k: (_ for _ in ()).throw(AssertionError("profiled")))
     rank = validate(raw, launcher.choices["micro_batch_auto"])
     assert rank.dims == launcher.dims and rank.choices == launcher.choices
     assert rank.raw["run"]["micro_batch"] == "auto"      # the record still says what was asked
@@ -113,7 +113,7 @@ def test_a_sweeps_memory_profile_is_computed_once_per_key(tmp_path, monkeypatch)
     the sweep's cache on disk for the cells that are not forked from it; an unchanged key is not
     measured again, a changed key (precision, model) is; a damaged cache file is measured again."""
     import ddlbench.estimate.profile as prof_mod
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     measured = []
     real = prof_mod.profile
     monkeypatch.setattr(prof_mod, "profile", lambda *a: measured.append(a) or real(*a))

@@ -12,12 +12,12 @@ import torch
 from conftest import bench, run_record
 
 from ddlbench import models
-from ddlbench.config import plan_from_overrides
-from ddlbench.dims import infer_sizes, resolve_dims
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.pipeline import analytic_bubble, measured_idle
 from ddlbench.models.pipeline import loss_function, partition, piece_count, pieces, stage_owners, tied_parameters, untie
 from ddlbench.models.tensor_parallel import qkv_permutation
+from ddlbench.planning.config import plan_from_overrides
+from ddlbench.settings.dims import infer_sizes, resolve_dims
 
 
 # ---- arithmetic ----
@@ -263,8 +263,9 @@ def test_vit_tensor_parallel_matches_one_process(tmp_path):
     ("framework=tensor_parallel", "framework.options.activation_checkpointing=true"),
     ("framework=ddp", "framework.options.activation_checkpointing=true"),
     ("framework=fsdp_full", "framework.options.activation_checkpointing=true"),
+    ("framework=pipeline_1f1b", "framework.options.activation_checkpointing=true"),
 ], ids=["interleaved_zero_bubble", "tp_activation_checkpointing", "ddp_activation_checkpointing",
-        "fsdp_activation_checkpointing"])
+        "fsdp_activation_checkpointing", "pipeline_activation_checkpointing"])
 def test_other_options_match_one_process(single, tmp_path, overrides):
     """The schedule and options without a config file of their own: same losses as one process.
     Activation checkpointing recomputes: hardware FLOPs (HFU) exceed model FLOPs (MFU) by the
@@ -280,5 +281,7 @@ def test_other_options_match_one_process(single, tmp_path, overrides):
         assert f["hfu"] / rec["mfu"] == pytest.approx(f["hardware_train_per_sample"] / f["train_per_sample"], rel=1e-12)
         if "framework=tensor_parallel" not in overrides:
             assert rec["framework"]["native_config"]["activation_checkpointing"].startswith("non-reentrant")
+        if "framework=pipeline_1f1b" in overrides:      # gpt2_tiny's 2 blocks, one a stage
+            assert rec["framework"]["native_config"]["checkpointed_blocks_this_rank"] == 1
     else:
         assert f["recompute"] is None and f["hfu"] == rec["mfu"]

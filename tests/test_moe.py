@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from conftest import bench, run_record
 
-from ddlbench.config import plan_from_overrides
 from ddlbench.errors import ConfigError
+from ddlbench.planning.config import plan_from_overrides
 
 
 def _spec(preset: str, *more: str):

@@ -9,9 +9,9 @@ import pytest
 from conftest import bench, run_record
 
 from ddlbench.network import model as m
-from ddlbench.network.allocate import allocate, closed_form_split
-from ddlbench.network.project import compute_seconds, project, spans_for
-from ddlbench.network.workload import Collective, Workload, from_record, scope_of
+from ddlbench.project.allocate import allocate, closed_form_split
+from ddlbench.project.projection import compute_seconds, project, spans_for
+from ddlbench.project.workload import Collective, Workload, from_record, scope_of
 
 D1 = m.Dimension("nvlink", 8, 100e9, 1e-6, 1.0)
 D2 = m.Dimension("nic", 4, 10e9, 1e-5, 4.0)
@@ -155,7 +155,7 @@ def test_predicted_vs_measured_step_time_on_this_machine_is_in_the_report(tmp_pa
     1). The bound, 75%, is that loaded case with a 1.5x margin; the accuracy itself is what
     benchmarks/comm_strategies.py prints."""
     from ddlbench.network.model import load
-    from ddlbench.network.validate import predict
+    from ddlbench.project.validate import predict
     common = ("run.warmup_steps=2", "run.measure_steps=8", "launcher.threads_per_rank=1")
     _, one = run_record(tmp_path / "n1", "launcher.nproc=1", "run.global_batch=4", *common)
     _, two = run_record(tmp_path / "n2", "launcher.nproc=2", "run.global_batch=8", *common)
@@ -215,7 +215,7 @@ def test_each_collective_kind_is_priced_by_its_own_fit():
     12 MB/s: 0.25 s); every other kind stays on the link's fit."""
     from ddlbench.network.fit import fitted_network
     from ddlbench.network.model import collective_time, from_dict, kind_spans
-    from ddlbench.network.project import spans_for
+    from ddlbench.project.projection import spans_for
     cluster = {"name": "cluster_box", "dimensions": [
         {"name": "node", "size": 1, "bandwidth_GBps": 1.0, "latency_us": 100.0},
         {"name": "link", "size": 2, "bandwidth_GBps": 0.0125, "latency_us": 100.0}]}
@@ -303,8 +303,8 @@ def test_each_message_of_a_step_is_priced_once_with_its_latency():
     6 x (100 us + 0.5 x 600 kB / 12.5 MB/s) + 3 x (2 x 100 us + 1.0 x 600 kB / 12.5 MB/s)
     = 6 x 24.1 ms + 3 x 48.2 ms = 289.2 ms. Calls per group when recorded; an adapter's own counter
     (Horovod's requests, fused into buffers) is one message."""
-    from ddlbench.network.project import comm_time
-    from ddlbench.network.workload import messages
+    from ddlbench.project.projection import comm_time
+    from ddlbench.project.workload import messages
     comm = {"source": "c10d_dispatch", "per_step_bytes": {"all_gather": 3.6e6, "reduce_scatter": 1.8e6},
             "per_step_calls": {"all_gather": 6.0, "reduce_scatter": 3.0},
             "per_step_bytes_by_group": {"all_gather": {"2@2": 3.6e6}, "reduce_scatter": {"2@2": 1.8e6}}}
@@ -333,7 +333,7 @@ def test_messages_handed_over_during_backward_are_drained_under_it():
     the first half crosses from -6 to -1 ms, the second from 0 to 5 ms: a 5 ms wait. Issued 12 and
     2 ms before: the first half done at -7, the second crosses -2..3: 3 ms. All at the end: 10 ms.
     A 100 ms collective whose first message goes 30 ms early: 70 ms."""
-    from ddlbench.network.project import drained
+    from ddlbench.project.projection import drained
     assert drained(0.010, [(0.006, 50), (0.0, 50)]) == pytest.approx(0.005)
     assert drained(0.010, [(0.002, 50), (0.012, 50)]) == pytest.approx(0.003)   # order by headroom
     assert drained(0.010, [(0.0, 100)]) == pytest.approx(0.010)
@@ -345,7 +345,7 @@ def test_messages_handed_over_during_backward_are_drained_under_it():
 def test_a_horovod_issue_profile_prices_its_overlap_in_projection():
     """Horovod's record with `comm.issued` (headroom, bytes): the projection exposes only what the
     link has not drained when compute ends; compute from the measured run subtracts the same."""
-    from ddlbench.network.project import comm_time, exposed_time
+    from ddlbench.project.projection import comm_time, exposed_time
     comm = {"source": "adapter", "per_step_bytes": {"all_reduce": 1e6}, "per_step_calls": {"all_reduce": 2.0},
             "issued": {"all_reduce": [[0.020, 5e5], [0.0, 5e5]]}}
     rec = {"status": "ok", "parallel": {"world_size": 2, "global_batch": 8, "nodes": 1},

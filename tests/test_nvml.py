@@ -1,4 +1,4 @@
-"""GPU telemetry (ddlbench/nvml.py) against a stand-in for nvidia-ml-py, and the CPU path."""
+"""GPU telemetry (ddlbench/machine/nvml.py) against a stand-in for nvidia-ml-py, and the CPU path."""
 from __future__ import annotations
 
 import time
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddlbench.collect import gpu_telemetry
-from ddlbench.nvml import NvmlSampler, nvml_uuid, summarize
+from ddlbench.machine.nvml import NvmlSampler, nvml_uuid, summarize
+from ddlbench.rank.collect import gpu_telemetry
 
 
 class FakeNvml:
@@ -83,7 +83,7 @@ def test_energy_per_sample_over_ranks_is_the_windows():
 
 
 def test_window_energy_from_the_counter_by_hand():
-    from ddlbench.nvml import counter_at, window_energy
+    from ddlbench.machine.nvml import counter_at, window_energy
     points = [(0.0, 0.0), (1.0, 1000.0), (3.0, 5000.0)]     # 1 W, then 2 W (mJ per s)
     assert counter_at(points, 2.0) == 3000.0 and counter_at(points, 4.0) is None
     out = window_energy(points, [], (0.5, 2.5))

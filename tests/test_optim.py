@@ -1,4 +1,4 @@
-"""ddlbench/optim.py: decay groups, the factory every adapter uses, the regularised objective; and
+"""ddlbench/adapters/optim.py: decay groups, the factory every adapter uses, the regularised objective; and
 the raw digits features the convex yardstick trains on. Hand-computed values."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from ddlbench.config import plan_from_overrides
-from ddlbench.optim import build_optimizer_factory, decays, param_groups, regularised_objective
+from ddlbench.adapters.optim import build_optimizer_factory, decays, param_groups, regularised_objective
+from ddlbench.planning.config import plan_from_overrides
 
 
 def test_decay_rule_reads_only_the_number_of_dimensions():
@@ -84,7 +84,7 @@ def test_logreg_is_one_linear_layer_on_the_flattened_input():
 
 
 def test_the_implementation_follows_the_device_unless_set():
-    from ddlbench.optim import optimizer_impl
+    from ddlbench.adapters.optim import optimizer_impl
     assert (optimizer_impl("auto", "cuda"), optimizer_impl("auto", "cpu")) == ("fused", "for_loop")
     assert optimizer_impl("foreach", "cuda") == "foreach"
     cfg = plan_from_overrides(["optim=adamw"]).cfg.optim

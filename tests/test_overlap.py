@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddlbench.comm_time import cpu_intervals, gloo_kind, kernel_kind
+from ddlbench.comm.exposed import cpu_intervals, gloo_kind, kernel_kind
 from ddlbench.metrics.comm import comm_time
 from ddlbench.metrics.overlap import intersection, length, overlap_summary, subtract, union
 
@@ -59,7 +59,7 @@ def test_cuda_intervals_from_kernel_events():
     kind, everything else compute; CPU-side events ignored (the device's time is what overlaps)."""
     from torch.autograd import DeviceType
 
-    from ddlbench.comm_time import cuda_intervals
+    from ddlbench.comm.exposed import cuda_intervals
 
     def k(name, start_us, end_us, device=DeviceType.CUDA):
         return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start_us, end=end_us))
@@ -83,7 +83,7 @@ def test_kind_names():
 def test_kineto_noise_is_held_back_and_other_stderr_passes(capfd):
     import os
 
-    from ddlbench.comm_time import quiet_kineto
+    from ddlbench.comm.exposed import quiet_kineto
     with quiet_kineto():
         os.write(2, b"USDT:2026-11-23 10:41:02 1:1 SyncActivityProfilerHandler.cpp:39] profiler_start\n")
         os.write(2, b"ERROR:2026-11-23 10:41:02 1:1 DeviceProperties.cpp:56] gpuGetDeviceCount failed with code 35\n")

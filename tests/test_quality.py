@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import bench, for_runs, run_record
 
-from ddlbench.results import load_result
+from ddlbench.record.results import load_result
 
 pytestmark = pytest.mark.slow
 

@@ -4,14 +4,7 @@ import os
 
 import pytest
 
-from ddlbench.results import (
-    SCHEMA,
-    Record,
-    atomic_write_json,
-    check_record,
-    error_info,
-    load_result,
-)
+from ddlbench.record.results import SCHEMA, Record, atomic_write_json, check_record, error_info, load_result
 
 
 def test_failed_record_is_valid_and_roundtrips(tmp_path):

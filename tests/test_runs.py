@@ -3,11 +3,11 @@ import json
 import re
 
 import pytest
-from conftest import run_record, wait_until_training
+from conftest import HOLD_AT_STEP_3, run_record, wait_until_held, wait_until_training
 
-from ddlbench.launch import events
 from ddlbench.launch.local import formed
-from ddlbench.results import check_record
+from ddlbench.lifecycle import events
+from ddlbench.record.results import check_record
 
 FAST = ("run.warmup_steps=1", "run.measure_steps=3")
 
@@ -27,7 +27,7 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     assert rec["timing"]["launch_bound"]["value"] is None and rec["timing"]["issue_time_s_median"] > 0
     assert rec["status"] == "ok" and rec["parallel"]["world_size"] == nproc
     assert rec["parallel"]["micro_batch"] == 8 // nproc
-    # the CPU rank's host allocator, fixed (ddlbench/malloc.py); the median step's figures beside the window's
+    # the CPU rank's host allocator, fixed (ddlbench/rank/malloc.py); the median step's figures beside the window's
     assert rec["env"]["malloc"] == {"applied": True, "mmap_threshold": 32 << 20, "trim_threshold": 256 << 20,
                                     "why": rec["env"]["malloc"]["why"]}
     steady = rec["timing"]["window_vs_median"]
@@ -46,7 +46,7 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     else:
         assert "window_rule" not in t
     assert t["measured_steps"] == steps and len(t["series_s"]) == steps
-    # the host's own events in the window, per rank (ddlbench/hostevents.py): GC seconds per step, no CUDA allocator
+    # the host's own events in the window, per rank (ddlbench/rank/hostevents.py): GC seconds per step, no CUDA allocator
     events = t["host_events"]
     assert [len(r["gc"]["per_step_s"]) for r in events["per_rank"]] == [steps] * nproc
     assert all(r["cuda_alloc_retries_in_loop"] is None for r in events["per_rank"])
@@ -257,9 +257,9 @@ def test_sigusr1_stops_cleanly_with_partial_measurements(run_dir):
 
     from conftest import REPO
     proc = subprocess.Popen([str(REPO / ".venv/bin/bench"), "run", "debug=fast", "launcher.nproc=2", "logger=none",
-                             "run.measure_steps=100000", f"run.dir={run_dir}"], cwd=REPO,
+                             "run.measure_steps=100000", *HOLD_AT_STEP_3, f"run.dir={run_dir}"], cwd=REPO,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until_training(run_dir, ranks=2)       # handlers installed, some steps done
+    wait_until_held(run_dir)       # handlers installed, two measured steps done (rank 1 waits for rank 0)
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=60)     # bounds a hang; the stop itself takes ~1 s
     rec = json.loads((run_dir / "result.json").read_text())

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from conftest import run_record
 
-from ddlbench.config import plan_from_overrides
 from ddlbench.errors import ConfigError
+from ddlbench.planning.config import plan_from_overrides
 
 STEPS = ["model=llama_tiny", "run.global_batch=8", "run.warmup_steps=1", "run.measure_steps=3"]
 

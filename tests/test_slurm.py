@@ -7,7 +7,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Bounded, bench, run_bounded, scaled, wait_for, wait_until_training
+from conftest import (
+    HOLD_AT_STEP_3,
+    REPO,
+    Bounded,
+    bench,
+    run_bounded,
+    scaled,
+    wait_for,
+    wait_until_held,
+    wait_until_training,
+)
 
 from ddlbench.sweep import manifest, status
 from ddlbench.sweep.commands import _queued_ids
@@ -113,13 +123,14 @@ def test_time_limit_warning_stops_cleanly_and_requeue_reruns_the_cell(slurm, tmp
     there is still one result per cell."""
     sweep = tmp_path / "sweep"
     proc = bench("sweep", "--backend", "slurm", "--dir", str(sweep), "framework=ddp", "launcher.nproc=1",
-                 "debug=fast", "logger=none", "run.measure_steps=3000", "fault.kind=none,raise")
+                 "debug=fast", "logger=none", "run.measure_steps=3000", "fault.kind=hang,raise", "fault.step=3",
+                 "fault.seconds=900")
     assert proc.returncode == 0, proc.stderr[-2000:]
     job, cells = manifest.meta(sweep)["jobs"][0], manifest.read(sweep)
     long_result, short_result = (sweep / c.id / "result.json" for c in cells)
-    # 6 s, not 2: on a loaded CI machine the warm-up step alone took >2 s and the stop came
-    # before any measured step (the cell runs 3000 steps, so waiting longer cannot end it)
-    wait_until_training(sweep / cells[0].id, ranks=1, steps_s=6.0)
+    # the long cell holds at step 3 (the hang fault), two measured steps behind it: a fixed wait found
+    # none on a loaded machine; the other cell raises at step 3
+    wait_until_held(sweep / cells[0].id)
     subprocess.run(["timeout", "10", "scancel", "--batch", "--signal=USR1", f"{job}_0"], check=True)
     assert wait_done(sweep) == {0: "timeout", 1: "failed"}
     first = json.loads(long_result.read_text())
@@ -168,9 +179,9 @@ def test_time_limit_warning_under_srun_writes_a_timeout_result(slurm, tmp_path):
     run_dir, name = tmp_path / "run", f"usr1-{tmp_path.name}"
     proc = subprocess.Popen(["timeout", "270", "srun", "--ntasks=2", "--kill-on-bad-exit=1", f"--job-name={name}",
                              str(REPO / ".venv/bin/bench"), "run", "launcher=slurm", "debug=fast",
-                             "run.measure_steps=100000", f"run.dir={run_dir}"],
+                             "run.measure_steps=100000", *HOLD_AT_STEP_3, f"run.dir={run_dir}"],
                             cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until_training(run_dir, ranks=2)
+    wait_until_held(run_dir)
     assert proc.poll() is None, proc.communicate()
     job = subprocess.run(["squeue", "-h", "-o", "%i", "-n", name], capture_output=True, text=True).stdout.split()
     assert len(job) == 1, job
@@ -199,7 +210,7 @@ def test_horovod_under_srun_without_horovodrun(slurm, tmp_path):
 
 def test_hydra_submitit_launcher_runs_a_multirun_as_one_job_array(slurm, tmp_path):
     proc = subprocess.run(
-        ["timeout", "270", str(REPO / ".venv/bin/python"), "-m", "ddlbench.hydra_app", "-m",
+        ["timeout", "270", str(REPO / ".venv/bin/python"), "-m", "ddlbench.launch.hydra_app", "-m",
          "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=2",
          "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={tmp_path / 'multirun'}",
          "launcher.nproc=1,2", "debug=fast"],

@@ -195,7 +195,7 @@ def _clock_reads(src: str) -> list[int]:
 def test_adapters_read_no_clock():
     """The runner is the only timed loop (docs/design.md): an adapter that timed its own passes would
     report a number no one else measured the same way (the pipeline's busy probe now hands its
-    passes to ddlbench/runner.py)."""
+    passes to ddlbench/rank/runner.py)."""
     assert _clock_reads("import time\nt0 = time.perf_counter()\nx = time.monotonic() - t0\n") == [2, 3]
     found = [f"{p.name}:{line}" for p in sorted((REPO / "ddlbench" / "adapters").glob("*.py"))
              for line in _clock_reads(p.read_text())]

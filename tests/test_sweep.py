@@ -83,7 +83,7 @@ def test_horovod_slots_from_slurm():
 
 
 def test_slurm_launcher_records_nodes_from_slurm(monkeypatch):
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_NNODES", "2")
     plan = plan_from_overrides(["launcher=slurm", "framework=fsdp_hybrid"])

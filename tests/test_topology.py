@@ -1,4 +1,4 @@
-"""Node groups follow the hosts the ranks run on (ddlbench/topology.py), by hand."""
+"""Node groups follow the hosts the ranks run on (ddlbench/comm/topology.py), by hand."""
 import os
 import subprocess
 import sys
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ddlbench.comm.topology import cross_groups, node_groups, node_of
 from ddlbench.errors import ConfigError
-from ddlbench.topology import cross_groups, node_groups, node_of
 
 
 def test_groups_follow_the_hosts_whatever_the_rank_order():
@@ -85,8 +85,8 @@ def test_a_timeout_names_the_ranks_work_not_its_beacon():
             '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
             '\n'
             'Current thread 0x00007f02 (most recent call first):\n'
-            '  File "/repo/ddlbench/faults.py", line 30 in hang\n'
-            '  File "/repo/ddlbench/runner.py", line 120 in run\n')
+            '  File "/repo/ddlbench/rank/faults.py", line 30 in hang\n'
+            '  File "/repo/ddlbench/rank/runner.py", line 120 in run\n')
     assert where_each_rank_was({"1": dump}) == "rank 1: faults.py:30 hang"
     only_beacon = dump.split("\n\n")[0]
     assert where_each_rank_was({"0": only_beacon}) == "rank 0: socket.py:294 accept <- ddlbench/launch/liveness.py:32 _accept_forever"
@@ -94,7 +94,7 @@ def test_a_timeout_names_the_ranks_work_not_its_beacon():
     # either: seen on an H200, where a timeout named nvml.py's wait instead of the forward
     sampler = ('Thread 0x00007f03 (most recent call first):\n'
                '  File "/usr/lib/python3.12/threading.py", line 359 in wait\n'
-               '  File "/repo/ddlbench/nvml.py", line 131 in _loop\n'
+               '  File "/repo/ddlbench/machine/nvml.py", line 131 in _loop\n'
                '  File "/usr/lib/python3.12/threading.py", line 1073 in _bootstrap_inner\n'
                '  File "/usr/lib/python3.12/threading.py", line 1030 in _bootstrap\n\n')
     main = ('Current thread 0x00007f04 (most recent call first):\n'
@@ -105,14 +105,14 @@ def test_a_timeout_names_the_ranks_work_not_its_beacon():
     # a library inside a checkout that happens to be called ddlbench is not the package
     from ddlbench.launch.records import _in_package
     assert _in_package("/home/u/ddlbench/.venv/lib/python3.11/site-packages/torch/nn/module.py") is None
-    assert _in_package("/opt/venv/lib/python3.11/site-packages/ddlbench/runner.py") == "runner.py"
+    assert _in_package("/opt/venv/lib/python3.11/site-packages/ddlbench/rank/runner.py") == "rank/runner.py"
 
 
 def test_the_hosts_exchanged_when_the_group_formed_are_used_without_a_collective():
     import torch
 
     from ddlbench.adapters.base import RankContext
-    from ddlbench.topology import hosts_of
+    from ddlbench.comm.topology import hosts_of
     ctx = RankContext(rank=1, local_rank=0, world_size=2, device=torch.device("cpu"), backend="gloo",
                       precision="fp32", hosts=("n1", "n2"))
     assert hosts_of(ctx) == ["n1", "n2"]      # no process group exists here: a gather would raise

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from conftest import run_record
 
-from ddlbench.config import plan_from_overrides
 from ddlbench.errors import ConfigError
+from ddlbench.planning.config import plan_from_overrides
 
 STEPS = ["model=llama_tiny", "model.attention=sdpa", "run.global_batch=8", "run.warmup_steps=1",
          "run.measure_steps=3", "run.micro_batch=2"]
@@ -30,8 +30,8 @@ def test_ulysses_times_zero2_at_four_ranks_trains_like_one_process(tmp_path):
     assert calls == {"2@1": 8 * layers * micro}
     assert "sequence (Ulysses)" in rec["framework"]["taxonomy"]["parallelism"]
     # its cost model's all-to-alls are the run's, message for message and byte for byte
-    from ddlbench.config import validate
     from ddlbench.estimate.profile import profile
+    from ddlbench.planning.config import validate
     plan = validate(rec["config"])
     cost = plan.variant.cost_model(plan.dims, profile(plan.cfg.model), "fp32")
     a2a = [t for t in cost.traffic if t.kind == "all_to_all"]

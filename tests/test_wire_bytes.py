@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import bench
 
-from ddlbench.commbench import KINDS
+from ddlbench.commbench.command import KINDS
 
 
 @pytest.mark.parametrize("nproc", [2, 3])

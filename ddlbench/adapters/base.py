@@ -16,7 +16,7 @@ from torch import nn
 
 from ddlbench.adapters.common import canonical_parameters, full_tensor, param_row, unwrap
 from ddlbench.adapters.precision import Autocast, Precision
-from ddlbench.dims import ParallelDims
+from ddlbench.settings.dims import ParallelDims
 
 if TYPE_CHECKING:
     from ddlbench.adapters.variant import Variant
@@ -64,7 +64,7 @@ class Strategy:
         self.params: Optional[int] = None     # parameters of the full model (not this rank's shard)
         self.dp_rank: int = ctx.rank          # this rank's data-parallel index: which data shard it reads
         # the nodes this strategy's process groups assume when it emulates them (DASO's
-        # ranks_per_node: lists of ranks); None = the hosts the ranks run on (ddlbench/topology.py).
+        # ranks_per_node: lists of ranks); None = the hosts the ranks run on (ddlbench/comm/topology.py).
         # The runner's collective counter splits intra/inter-node by them.
         self.node_groups: Optional[list[list[int]]] = None
         # ranks per node (or per shard group: FSDP2 hybrid) its cost model assumes

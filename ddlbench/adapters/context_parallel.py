@@ -22,14 +22,14 @@ from pydantic import BaseModel, ConfigDict
 
 from ddlbench.adapters.base import StepOut, Strategy
 from ddlbench.adapters.common import build_on, fsdp2_no_sync, split_micro
-from ddlbench.adapters.cost import DTYPE_BYTES, split
+from ddlbench.adapters.cost import DTYPE_BYTES, StepRules, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard
 from ddlbench.adapters.precision import FrameworkCast
-from ddlbench.adapters.variant import Variant, taxonomy_labels
-from ddlbench.dims import ParallelSize, sequence_split_errors
+from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
+from ddlbench.settings.dims import ParallelSize, sequence_split_errors
 
 
 class CPOptions(BaseModel):
@@ -58,6 +58,10 @@ class ContextParallel(Variant):
     name = "context_parallel"
     Options = CPOptions
     strategy = "ddlbench.adapters.context_parallel:ContextParallelStrategy"
+
+    def abilities(self):      # FSDP2 over dp_shard x cp; ring attention runs SDPA with is_causal, no mask
+        return Abilities(settles={"model.attention": "sdpa_causal"},
+                         step=StepRules("units", sequence="ring", grads_over_world=True))
 
     def taxonomy(self) -> dict:
         return taxonomy_labels("context (ring attention) + data (sharded)", "sync",

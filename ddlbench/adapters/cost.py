@@ -61,6 +61,22 @@ class Share:
     activations: float      # of one replica's activations per sample
 
 
+def pipeline_share(model, schedule: str, pp: int, v: int, tp: int, flights: list[int] | None = None):
+    """The Share of the busiest pipeline rank: its stages' pieces, split by tp (each
+    figure the maximum over the ranks); uniform 1 / pp without the model's pieces.
+    `flights`: micro-batches each rank holds in flight; activations are then the largest
+    share x flight over the ranks, per micro-batch of the most any rank holds."""
+    from ddlbench.models.pipeline import partition, stage_owners
+    if pp == 1 or len(model.pieces) < pp * v:
+        return model.share(range(len(model.pieces)), tp, of=pp)
+    ranges, owners = partition(len(model.pieces), pp * v), stage_owners(schedule, pp, v)
+    ranks = [model.share([i for s, r in enumerate(ranges) if owners[s] == rank for i in r], tp)
+             for rank in range(pp)]
+    flights = flights or [1] * pp
+    acts = max(r.activations * f for r, f in zip(ranks, flights)) / max(flights)
+    return Share(max(r.params for r in ranks), max(r.compute for r in ranks), acts)
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     """What a cost model needs to know about a model (ddlbench.estimate.profile measures it on meta)."""
@@ -161,7 +177,7 @@ class ModelProfile:
 class Traffic:
     """`count` messages of `bytes` each per optimizer step (fractional for strategies that
     communicate every k steps), among `ranks` ranks `stride` ranks apart (tp innermost, pp
-    outermost: ddlbench.dims.MESH_ORDER)."""
+    outermost: ddlbench.settings.dims.MESH_ORDER)."""
     kind: str            # all_reduce | all_gather | reduce_scatter | reduce | broadcast | send
     bytes: float
     count: float
@@ -169,6 +185,33 @@ class Traffic:
     stride: int = 1
     what: str = ""       # gradients | parameters | activations ...
     data_parallel: bool = True   # counted in the run record's analytic volume (model-parallel traffic is not)
+
+
+@dataclass(frozen=True)
+class StepRules:
+    """How the predictor lays one step of a variant out as tasks (ddlbench/estimate/scale.py over
+    rules.py and schedule.py): the variant's own statement of its step's shape, so the predictor
+    branches on these fields and never on a framework's name.
+
+    gradients: 'buckets'  all-reduced in buckets as backward produces them (DDP; DeepSpeed ZeRO-0/1/2,
+                          whose 0.19 engine all-reduces its buckets too);
+               'units'    parameters all-gathered and gradients reduce-scattered per wrapped unit
+                          (FSDP2, ZeRO-3, and FSDP2 under tensor, context and expert parallelism);
+               'stages'   pipeline stages exchanging activations point to point, micro-batches in a schedule."""
+    gradients: str
+    bucket_bytes: float = 0.0              # 'buckets': one bucket's bytes (DDP's bucket_cap_mb), or
+    bucket_elements: float = 0.0           # its elements at the gradient dtype (DeepSpeed's reduce_bucket_size)
+    gather_after_step: bool = False        # ZeRO-1/2: the updated parameter shards all-gathered after the step
+    reduce_every_micro_batch: bool = False  # ZeRO-2: gradients reduced on every micro-batch, not once a step
+    sequence: str = "all_to_all"           # how cp ranks share a block's attention: 'ring' (torch's context
+                                           # parallelism: k and v gathered, gradients passed round) or
+                                           # 'all_to_all' (Ulysses: heads exchanged for sequence)
+    grads_over_world: bool = False         # the gradient groups span every rank (cp folded into data parallel)
+    experts: bool = False                  # MoE experts over ep ranks: each MoE block's experts a unit of their own
+
+    def __post_init__(self):
+        if self.gradients not in ("buckets", "units", "stages"):
+            raise ValueError(f"StepRules.gradients: buckets, units or stages (got {self.gradients!r})")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """DASO — Distributed Asynchronous and Selective Optimization (Coquelin et al. 2021), written on
 torch.distributed subgroups after Heat's reference implementation (heat.optim.DASO).
 
-Hierarchical data parallelism. Ranks form nodes: the ranks of each host (ddlbench/topology.py),
+Hierarchical data parallelism. Ranks form nodes: the ranks of each host (ddlbench/comm/topology.py),
 or blocks of `ranks_per_node` to emulate nodes on one machine. Every step, gradients are all-reduced inside the node (DDP over the node's
 process group) and every rank steps its own optimizer. Across nodes the *parameters* are
 averaged only every `global_skip` steps, by one rank per node (round-robin over the node's local
@@ -37,9 +37,9 @@ from ddlbench.adapters.base import Periodic, StepOut, Strategy
 from ddlbench.adapters.common import build_on, forward_backward
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, MiB, autocast_copies, buckets, split
 from ddlbench.adapters.precision import DTYPES
-from ddlbench.adapters.variant import Variant, taxonomy_labels
+from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
+from ddlbench.comm.topology import cross_groups, hosts_of, node_groups, node_of
 from ddlbench.errors import ConfigError
-from ddlbench.topology import cross_groups, hosts_of, node_groups, node_of
 
 
 class DASOOptions(BaseModel):
@@ -101,6 +101,9 @@ class DASO(Variant):
     name = "daso"
     Options = DASOOptions
     strategy = "ddlbench.adapters.daso:DASOStrategy"
+
+    def abilities(self):
+        return Abilities(fake_group="DASO decides its phases from losses across steps; one step says little")
 
     def taxonomy(self) -> dict:
         return taxonomy_labels("data (hierarchical)", "stale (global average every k steps, non-blocking)",

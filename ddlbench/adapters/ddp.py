@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from ddlbench.adapters.base import Periodic, StepOut, Strategy
 from ddlbench.adapters.common import build_on, forward_backward
-from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
+from ddlbench.adapters.cost import CostModel, MiB, StepRules, autocast_copies, buckets, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, apply_float8
-from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
+from ddlbench.adapters.variant import Abilities, Variant, payload_psi, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import AnalyticComm
 from ddlbench.models.checkpointing import Policy
@@ -47,6 +47,14 @@ class DDP(Variant):
     name = "ddp"
     Options = DDPOptions
     strategy = "ddlbench.adapters.ddp:DDPStrategy"
+
+    def abilities(self):
+        hook = self.options.comm_hook
+        fake = {"fp16": "its compression hook reads the all-reduced tensor back, which a fake group does not give",
+                "powersgd": "PowerSGD reads the all-reduced matrices back, which a fake group does not give",
+                "post_local_sgd": "local SGD averages parameters every few steps; one step says little"}
+        return Abilities(compiles=True, float8=True, fake_group=fake.get("fp16" if hook == "bf16" else hook),
+                         step=StepRules("buckets", bucket_bytes=self.options.bucket_cap_mb * MiB))   # the hooks aside
 
     def taxonomy(self) -> dict:
         options = self.options

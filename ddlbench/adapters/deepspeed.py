@@ -17,14 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from ddlbench.adapters.base import StepOut, Strategy
 from ddlbench.adapters.common import batch_norms, build_on, param_row, split_micro, unwrap
-from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, buckets, low, split
+from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, buckets, low, split
+from ddlbench.adapters.optim import param_groups
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_float8
 from ddlbench.adapters.precision import DTYPES, FrameworkCast
-from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
+from ddlbench.adapters.variant import Abilities, Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
-from ddlbench.optim import param_groups
 
 
 class DeepSpeedOptions(BaseModel):
@@ -74,6 +74,12 @@ class DeepSpeed(Variant):
     name = "deepspeed"
     Options = DeepSpeedOptions
     strategy = "ddlbench.adapters.deepspeed:DeepSpeedStrategy"
+
+    def abilities(self):
+        s = self.options.stage     # compiles through its engine (DeepSpeedEngine.compile)
+        step = StepRules("units") if s == 3 else StepRules("buckets", bucket_elements=self.options.reduce_bucket_size,
+                                                           gather_after_step=True, reduce_every_micro_batch=s == 2)
+        return Abilities(compiles=True, float8=True, shards_model_state=True, step=step)
 
     def taxonomy(self) -> dict:
         options = self.options

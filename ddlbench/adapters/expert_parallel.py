@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from ddlbench.adapters.base import StepOut
 from ddlbench.adapters.common import build_on, canonical_parameters, forward_backward, full_tensor, param_row, unwrap
-from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, split
+from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, split
 from ddlbench.adapters.parallelize import (
     apply_checkpointing,
     apply_compile,
@@ -34,11 +34,11 @@ from ddlbench.adapters.parallelize import (
 )
 from ddlbench.adapters.precision import FrameworkCast
 from ddlbench.adapters.tensor_parallel import TensorParallelStrategy
-from ddlbench.adapters.variant import Variant, taxonomy_labels
-from ddlbench.dims import ParallelSize, model_fit_errors
+from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
+from ddlbench.settings.dims import ParallelSize, model_fit_errors
 
 
 class EPOptions(BaseModel):
@@ -68,6 +68,9 @@ class ExpertParallel(Variant):
     name = "expert_parallel"
     Options = EPOptions
     strategy = "ddlbench.adapters.expert_parallel:ExpertParallelStrategy"
+
+    def abilities(self):
+        return Abilities(compiles=True, builds_on_meta=True, shards_model_state=True, step=StepRules("units", experts=True))
 
     def taxonomy(self) -> dict:
         tp = self.options.tp > 1

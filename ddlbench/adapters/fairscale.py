@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict
 from ddlbench.adapters.base import StepOut, Strategy
 from ddlbench.adapters.common import build_on, forward_backward
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
-from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
+from ddlbench.adapters.optim import param_groups
+from ddlbench.adapters.variant import Abilities, Variant, payload_psi, taxonomy_labels
 from ddlbench.metrics.comm import AnalyticComm
-from ddlbench.optim import param_groups
 
 
 class FairScaleOptions(BaseModel):
@@ -33,6 +33,9 @@ class FairScale(Variant):
     name = "fairscale"
     Options = FairScaleOptions
     strategy = "ddlbench.adapters.fairscale:FairScaleStrategy"
+
+    def abilities(self):
+        return Abilities(shards_model_state=True)
 
     def parallel_shape(self, cfg) -> dict:
         """FairScale FSDP shards the parameters over every rank; OSS keeps them whole (dp_replicate)."""

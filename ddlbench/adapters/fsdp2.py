@@ -14,15 +14,15 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from ddlbench.adapters.base import StepOut, Strategy
 from ddlbench.adapters.common import build_on, forward_backward, fsdp2_no_sync
-from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, split
+from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, apply_float8, apply_fully_shard
 from ddlbench.adapters.precision import FrameworkCast
-from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
+from ddlbench.adapters.variant import Abilities, Variant, payload_psi, taxonomy_labels
+from ddlbench.comm.topology import hosts_of, node_groups
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.comm import AnalyticComm
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
-from ddlbench.topology import hosts_of, node_groups
 
 
 class FSDP2Options(BaseModel):
@@ -42,6 +42,9 @@ class FSDP2(Variant):
     name = "fsdp2"
     Options = FSDP2Options
     strategy = "ddlbench.adapters.fsdp2:FSDP2Strategy"
+
+    def abilities(self):
+        return Abilities(compiles=True, float8=True, builds_on_meta=True, shards_model_state=True, step=StepRules("units"))
 
     def taxonomy(self) -> dict:
         options = self.options
@@ -136,7 +139,7 @@ class FSDP2(Variant):
 class FSDP2Strategy(Strategy):
     def _mesh(self):
         """1-D over the world, or hybrid: rows are shard groups (the ranks of a node, or
-        hybrid_shard_size ranks in host order: ddlbench/topology.py), columns replicate across them."""
+        hybrid_shard_size ranks in host order: ddlbench/comm/topology.py), columns replicate across them."""
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
         world = self.ctx.world_size
         if not self.options.hybrid:

@@ -17,8 +17,8 @@ from ddlbench.adapters.base import CountsOwnCollectives, StepOut, Strategy
 from ddlbench.adapters.common import build_on, split_micro
 from ddlbench.adapters.cost import CostModel, MiB, autocast_copies, buckets, split
 from ddlbench.adapters.parallelize import apply_compile, apply_float8
-from ddlbench.adapters.variant import Variant, payload_psi, taxonomy_labels
-from ddlbench.device import HARNESS_BACKEND_ENV
+from ddlbench.adapters.variant import Abilities, Variant, payload_psi, taxonomy_labels
+from ddlbench.machine.device import HARNESS_BACKEND_ENV
 from ddlbench.metrics.comm import AnalyticComm, CommCounter, IssueLog, device_clock
 
 # Horovod 0.28.1's fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 MiB
@@ -39,6 +39,10 @@ class Horovod(Variant):
     Options = HorovodOptions
     strategy = "ddlbench.adapters.horovod:HorovodStrategy"
     rank_starter = "ddlbench.launch.horovod:Horovodrun"   # horovodrun here; its slots and rendezvous under srun
+
+    def abilities(self):
+        return Abilities(compiles=True, float8=True, own_collectives=True,
+                         fake_group="Horovod's collectives bypass c10d (its own background thread and MPI/gloo rings)")
 
     def taxonomy(self) -> dict:
         return taxonomy_labels("data", "sync", "all-reduce (ring, tensor fusion)",
@@ -66,7 +70,7 @@ class Horovod(Variant):
         return super().unsupported_reason(cfg, device_type)
 
     def launch_env(self) -> dict:
-        # the harness's own gathers over gloo: a rank's one NCCL is Horovod's (ddlbench/device.py)
+        # the harness's own gathers over gloo: a rank's one NCCL is Horovod's (ddlbench/machine/device.py)
         env = {HARNESS_BACKEND_ENV: "gloo"}
         if self.options.fusion_threshold_mb is not None:
             env["HOROVOD_FUSION_THRESHOLD"] = str(int(self.options.fusion_threshold_mb * 2**20))

@@ -29,12 +29,14 @@ from torch import nn
 
 from ddlbench.adapters.base import ModelParallel, StepOut, Strategy
 from ddlbench.adapters.common import canonical_parameters, full_tensor, local_tensor, param_row, recv_any, send_any
-from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, Share, autocast_copies, split
-from ddlbench.adapters.variant import Variant, taxonomy_labels
-from ddlbench.dims import ParallelSize, model_fit_errors
+from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, autocast_copies, pipeline_share, split
+from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import optimizer_state_bytes_per_param
 from ddlbench.metrics.pipeline import analytic_bubble, measured_idle
+from ddlbench.models.checkpointing import Policy
+from ddlbench.models.checkpointing import describe as describe_ac
+from ddlbench.settings.dims import ParallelSize, model_fit_errors
 
 SCHEDULES = {
     "gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B",
@@ -51,12 +53,17 @@ class PipelineOptions(BaseModel):
     tp: PositiveInt = 1                        # tensor parallel inside every stage (3-D)
     stages_per_rank: PositiveInt = 1           # > 1 only for the multi-stage schedules
     n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
+    activation_checkpointing: Policy = "none"  # none | full | selective_layer:K | selective_op, per block of each stage
 
 
 class Pipeline(Variant):
     name = "pipeline"
     Options = PipelineOptions
     strategy = "ddlbench.adapters.pipeline:PipelineStrategy"
+
+    def abilities(self):
+        return Abilities(step=StepRules("stages"), fake_group="a pipeline schedule exchanges activations with the "
+                         "other stages' ranks point to point: rank 0 alone waits on receives no fake peer sends")
 
     def taxonomy(self) -> dict:
         options = self.options
@@ -120,7 +127,7 @@ class Pipeline(Variant):
         in_flight = m if o.schedule == "gpipe" else min(pp, m)
         # 1F1B: stage r holds min(pp - r, m) micro-batches (the last stage, with the head, one)
         flights = [min(pp - r, m) for r in range(pp)] if o.schedule == "1f1b" else [in_flight] * pp
-        mine = self.busiest_rank(model, o.schedule, pp, v, tp, flights)
+        mine = pipeline_share(model, o.schedule, pp, v, tp, flights)
         piece = mine.params
         act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / tp
         traffic = (split("send", act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
@@ -143,22 +150,6 @@ class Pipeline(Variant):
             buffers=buffers, activation_share=mine.activations, in_flight=in_flight,
             compute_share=mine.compute, bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
             pipeline_stages=pp if v == 1 and pp > 1 else 0, traffic=tuple(traffic))
-
-    @staticmethod
-    def busiest_rank(model, schedule: str, pp: int, v: int, tp: int, flights: list[int] | None = None):
-        """The Share of the busiest pipeline rank: its stages' pieces, split by tp (each
-        figure the maximum over the ranks); uniform 1 / pp without the model's pieces.
-        `flights`: micro-batches each rank holds in flight; activations are then the largest
-        share x flight over the ranks, per micro-batch of the most any rank holds."""
-        from ddlbench.models.pipeline import partition, stage_owners
-        if pp == 1 or len(model.pieces) < pp * v:
-            return model.share(range(len(model.pieces)), tp, of=pp)
-        ranges, owners = partition(len(model.pieces), pp * v), stage_owners(schedule, pp, v)
-        ranks = [model.share([i for s, r in enumerate(ranges) if owners[s] == rank for i in r], tp)
-                 for rank in range(pp)]
-        flights = flights or [1] * pp
-        acts = max(r.activations * f for r, f in zip(ranks, flights)) / max(flights)
-        return Share(max(r.params for r in ranks), max(r.compute for r in ranks), acts)
 
     def advise_options(self, devices: int) -> list[dict]:
         """Every pipeline depth > 1 that divides the ranks, data parallelism over the rest."""
@@ -186,6 +177,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage
 
+        from ddlbench.models.checkpointing import apply_to_stages
         from ddlbench.models.pipeline import Stage, loss_function, partition, pieces, stage_owners, tied_parameters
         from ddlbench.models.spec import count_params
 
@@ -213,6 +205,9 @@ class PipelineStrategy(ModelParallel, Strategy):
             from ddlbench.adapters.parallelize import apply_tensor_parallel
             for module in self.stage_modules:
                 apply_tensor_parallel(module, self.mesh["tp"])
+        # after tensor parallelism (torchtitan's order); blocks numbered over the whole model
+        self.checkpointed = apply_to_stages(self.stage_modules, [self.ranges[s] for s in self.local_ids],
+                                            len(piece_list), o.activation_checkpointing)
         self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
         self._tied = self._untie(tied_parameters(piece_list))
         self.model = nn.ModuleList(self.stage_modules)
@@ -328,7 +323,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         callable per local stage running its forward+backward on a captured micro-batch, with no
         communication, and the micro-batches per step. None with tensor parallelism inside the
         stages (their passes communicate: they cannot be timed without their peers' waits) or
-        before anything was captured. The adapter reads no clock (ddlbench/runner.py times these)."""
+        before anything was captured. The adapter reads no clock (ddlbench/rank/runner.py times these)."""
         if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1:
             return None
 
@@ -391,6 +386,8 @@ class PipelineStrategy(ModelParallel, Strategy):
                             if self._tied else "none across ranks",
             "dp_gradient_sync": "flattened all-reduce (mean) over dp after the schedule" if dims.dp > 1 else None,
             "tensor_parallel": "ddlbench.models.tensor_parallel plan on every stage" if dims.tp > 1 else None,
+            "activation_checkpointing": describe_ac(o.activation_checkpointing),
+            "checkpointed_blocks_this_rank": self.checkpointed,
             "scale_grads": True, "backend": self.ctx.backend,
         }
         return {"version": torch.__version__, "native_config": native}

@@ -17,14 +17,14 @@ from pydantic import BaseModel, ConfigDict
 
 from ddlbench.adapters.base import StepOut, Strategy
 from ddlbench.adapters.common import build_on, forward_backward, fsdp2_no_sync
-from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, split
+from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, autocast_copies, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard, apply_tensor_parallel
 from ddlbench.adapters.precision import FrameworkCast
-from ddlbench.adapters.variant import Variant, taxonomy_labels
-from ddlbench.dims import ParallelSize, model_fit_errors
+from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
+from ddlbench.settings.dims import ParallelSize, model_fit_errors
 
 
 class TPOptions(BaseModel):
@@ -39,6 +39,9 @@ class TensorParallel(Variant):
     name = "tensor_parallel"
     Options = TPOptions
     strategy = "ddlbench.adapters.tensor_parallel:TensorParallelStrategy"
+
+    def abilities(self):      # FSDP2 over dp_shard around the tensor-parallel blocks
+        return Abilities(builds_on_meta=True, step=StepRules("units"))
 
     def taxonomy(self) -> dict:
         sharded = self.options.dp_shard != 1

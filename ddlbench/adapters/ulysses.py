@@ -24,8 +24,8 @@ from ddlbench.adapters.common import split_micro
 from ddlbench.adapters.cost import DTYPE_BYTES
 from ddlbench.adapters.deepspeed import DeepSpeed, DeepSpeedOptions, DeepSpeedStrategy
 from ddlbench.adapters.variant import taxonomy_labels
-from ddlbench.dims import ParallelSize, sequence_split_errors
 from ddlbench.errors import ConfigError
+from ddlbench.settings.dims import ParallelSize, sequence_split_errors
 
 
 class UlyssesOptions(DeepSpeedOptions):
@@ -52,6 +52,12 @@ class DeepSpeedUlysses(DeepSpeed):
     name = "deepspeed_ulysses"
     Options = UlyssesOptions
     strategy = "ddlbench.adapters.ulysses:UlyssesStrategy"
+
+    def abilities(self):      # compile and float8 not wired through the sequence-parallel engine; it wraps SDPA
+        from dataclasses import replace
+        base = super().abilities()
+        return replace(base, compiles=False, float8=False, settles={"model.attention": "sdpa"},
+                       step=replace(base.step, sequence="all_to_all", grads_over_world=True))
 
     def parallel_shape(self, cfg) -> dict:
         """`cp` = sp ranks per replica; ZeRO-3 shards over the replicas (dp_shard), 0-2 replicate."""

@@ -8,14 +8,17 @@ imports the framework. Everything here is a function of the options and the argu
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from ddlbench.adapters.cost import StepRules
+
 if TYPE_CHECKING:
     from ddlbench.adapters.cost import CostModel, ModelProfile
-    from ddlbench.dims import ParallelDims
     from ddlbench.metrics.comm import AnalyticComm
+    from ddlbench.settings.dims import ParallelDims
 
 
 class NoOptions(BaseModel):
@@ -34,15 +37,12 @@ def load(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-COMPILES = ("ddp", "fsdp2", "deepspeed", "horovod")   # strategies that apply run.compile (parallelize.apply_compile)
-
-
 def gpu_capability(device_type: str) -> Optional[tuple]:
     """The smallest visible GPU's compute capability (NVML: no CUDA context), None on CPU or unknown."""
     if device_type != "cuda":
         return None
     try:
-        from ddlbench.gpus import visible_gpus
+        from ddlbench.machine.gpus import visible_gpus
         return visible_gpus().min_capability
     except Exception:     # NVML absent or unreadable: the rank's own check decides
         return None
@@ -50,13 +50,11 @@ def gpu_capability(device_type: str) -> Optional[tuple]:
 
 def compile_reason(variant: "Variant", cfg) -> Optional[str]:
     """run.compile on a strategy that does not wire torch.compile: a result that says so."""
-    if getattr(cfg.run, "compile", False) and variant.name not in COMPILES:
-        return (f"run.compile: torch.compile is wired for {', '.join(COMPILES)}; the {variant.name} adapter does "
-                "not apply it yet")
+    if getattr(cfg.run, "compile", False) and not variant.abilities().compiles:
+        return f"run.compile: the {variant.name} adapter does not apply torch.compile yet (its abilities)"
     return None
 
 
-FLOAT8 = COMPILES      # strategies that apply run.float8 (parallelize.apply_float8) before wrapping
 FLOAT8_MIN_CAPABILITY = (8, 9)   # float8 tensor cores: Ada (8.9), Hopper (9.0) and later
 
 
@@ -68,8 +66,8 @@ def float8_reason(variant: "Variant", cfg, device_type: str, capability: Optiona
     import importlib.util
     if not getattr(cfg.run, "float8", False):
         return None
-    if variant.name not in FLOAT8:
-        return f"run.float8: float8 training is wired for {', '.join(FLOAT8)}; the {variant.name} adapter does not apply it"
+    if not variant.abilities().float8:
+        return f"run.float8: the {variant.name} adapter does not apply float8 training (its abilities)"
     if cfg.run.precision != "bf16":
         return (f"run.float8 runs bf16 around the float8 matmuls (torchtitan's recipe): run.precision is "
                 f"{cfg.run.precision}; set run.precision=bf16")
@@ -83,6 +81,23 @@ def float8_reason(variant: "Variant", cfg, device_type: str, capability: Optiona
         return (f"run.float8 needs float8 tensor cores (compute capability >= 8.9: Ada, Hopper and later); this GPU "
                 f"is {capability[0]}.{capability[1]}")
     return None
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What the harness asks of a variant (Variant.abilities), in one place instead of name lists."""
+    compiles: bool = False             # applies run.compile (parallelize.apply_compile, or its own API)
+    float8: bool = False               # applies run.float8 (parallelize.apply_float8) before wrapping
+    builds_on_meta: bool = False       # shards its parameters (FSDP2) before they hold a value: the model is
+                                       # built on the meta device, each rank's shard materialised after
+    shards_model_state: bool = False   # a rank keeps 1/W of some model state (what tracing it needs)
+    own_collectives: bool = False      # its collectives bypass c10d, which the network model prices
+    fake_group: Optional[str] = None   # why one step cannot run for rank 0 alone over torch's fake process
+                                       # group (ddlbench/project/collectives.py), or None
+    settles: dict = field(default_factory=dict)   # settings left `auto` it needs at one value, which
+                                                  # validation sets: {'model.attention': 'sdpa'}
+    step: Optional[StepRules] = None   # the predictor's shape of its step (ddlbench/estimate/scale.py);
+                                       # None: no schedule rules for it yet
 
 
 class Variant:
@@ -111,7 +126,7 @@ class Variant:
         return load(self.rank_starter)()
 
     def parallel_shape(self, cfg) -> dict:
-        """Keyword arguments for ddlbench.dims.resolve_dims: the tp, pp, dp_shard (and pipeline
+        """Keyword arguments for ddlbench.settings.dims.resolve_dims: the tp, pp, dp_shard (and pipeline
         n_microbatches) this variant uses; data parallelism (dp_replicate) takes the rest."""
         return {}
 
@@ -161,6 +176,12 @@ class Variant:
         """The option edits `bench advise` tries on `devices` ranks (its ways of splitting them:
         tp sizes, pipeline depths, shard-group sizes); [{}] = the variant as is."""
         return [{}]
+
+    def abilities(self) -> Abilities:
+        """What the harness asks of this variant, read from here everywhere and never from its name:
+        what it wires, how a fake-group trace builds it, what `auto` settings it needs, the shape of
+        its step for the predictor."""
+        return Abilities()
 
     def analytic_comm(self, dims: "ParallelDims", precision: str, params: int,
                       per_node: Optional[int] = None) -> Optional["AnalyticComm"]:

@@ -28,6 +28,10 @@ def calibration_overrides(framework: str, model: str, micro_batch: int, extra: l
             *([f"launcher.threads_per_rank={threads}"] if threads else []), *extra]
 
 
+# advise's method names two configurations (conf/framework) once, here: the compute line is measured
+# with DDP (one device: no communication, its step the model's compute) and, where the model does not
+# fit one device, with FSDP2 full shard over every device (its priced communication taken off)
+BASELINE = "ddp"
 SHARDED_CALIBRATION = "fsdp_full"
 
 
@@ -38,8 +42,8 @@ def calibration_plan(cell: dict, opts: dict, extra: list[str], threads: int | No
     most) becomes FSDP2 full shard over every device, whose compute is the step it measures less
     the communication the network model prices (rank_candidates); any other 1-rank cell that does
     not fit is skipped. Raises ConfigError with the reason."""
-    from ddlbench.config import plan_from_overrides
     from ddlbench.estimate.memcheck import cost_of_plan, estimate_plan
+    from ddlbench.planning.config import plan_from_overrides
 
     if cell.get("own_collectives"):      # fixed size: the framework's collectives at `ranks`
         over = calibration_overrides(cell["framework"], opts["model"], cell["micro_batch"], extra, threads,
@@ -47,7 +51,7 @@ def calibration_plan(cell: dict, opts: dict, extra: list[str], threads: int | No
         over += spread_overrides(cell["ranks"], per_node, opts["backend"])
         plan = plan_from_overrides(over)
         return over, plan, cost_of_plan(plan, prof, per_node)
-    for ranks in ([1, opts["devices"]] if cell["framework"] == "ddp" and opts["devices"] > 1 else [1]):
+    for ranks in ([1, opts["devices"]] if cell["framework"] == BASELINE and opts["devices"] > 1 else [1]):
         fw = cell["framework"] if ranks == 1 else SHARDED_CALIBRATION
         over = calibration_overrides(fw, opts["model"], cell["micro_batch"], extra, threads, ranks)
         plan = plan_from_overrides(over)
@@ -57,7 +61,7 @@ def calibration_plan(cell: dict, opts: dict, extra: list[str], threads: int | No
         est = estimate_plan(plan, prof, cost, device)["total"]
         if est <= limit:
             if ranks > 1:
-                cell.update(framework=fw, ranks=ranks, stands_in_for="ddp")
+                cell.update(framework=fw, ranks=ranks, stands_in_for=BASELINE)
             return over, plan, cost
     raise ConfigError(f"does not fit one device: estimated {est / GiB:.2f} GiB > {limit / GiB:.2f} GiB"
                       + (f", and {SHARDED_CALIBRATION} over {opts['devices']} devices neither" if ranks > 1 else ""))
@@ -74,19 +78,18 @@ def calibration_cells(survivors: list[Candidate], calibrate: str, devices: int =
     """DDP at the smallest and largest micro-batch (the compute line); with calibrate=frameworks
     also every other framework at 1 rank at its largest micro-batch (its own overhead on one
     device: hooks, DTensor, engine, library memory), and a framework whose collectives bypass c10d
-    (estimate/collectives.OWN_COLLECTIVES: Horovod) once more at the same micro-batch over
+    (its Variant's own_collectives: Horovod) once more at the same micro-batch over
     own_collectives_ranks devices: what its communication costs beyond the network model's price
     of torch's (rank.comm_factor)."""
-    from ddlbench.estimate.collectives import OWN_COLLECTIVES
-
     mbs = sorted({c.layout.micro_batch for c in survivors}) or [1]
-    cells = [{"framework": "ddp", "micro_batch": m} for m in sorted({mbs[0], mbs[-1]})]
+    cells = [{"framework": BASELINE, "micro_batch": m} for m in sorted({mbs[0], mbs[-1]})]
     if calibrate == "frameworks":
         ranks = own_collectives_ranks(devices, per_node)
         for fw in dict.fromkeys(c.framework for c in survivors):
-            if fw != "ddp":
+            if fw != BASELINE:
                 m = max(c.layout.micro_batch for c in survivors if c.framework == fw)
                 cells.append({"framework": fw, "micro_batch": m})
-                if ranks and fw.split(":")[0] in OWN_COLLECTIVES:
+                own = next(c.plan.variant.abilities().own_collectives for c in survivors if c.framework == fw)
+                if ranks and own:
                     cells.append({"framework": fw, "micro_batch": m, "ranks": ranks, "own_collectives": True})
     return cells

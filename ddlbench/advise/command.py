@@ -16,8 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ddlbench import ownership, rundir
-from ddlbench.advise.calibrate import calibration_cells, calibration_plan, spread_overrides
+from ddlbench.advise.calibrate import BASELINE, calibration_cells, calibration_plan, spread_overrides
 from ddlbench.advise.conclude import collect, fold, next_round
 from ddlbench.advise.grid import enumerate_grid
 from ddlbench.advise.options import ADVICE, default_network, device_memory_bytes, devices_per_node, parse
@@ -25,16 +24,18 @@ from ddlbench.advise.output import print_ranking, print_result
 from ddlbench.advise.rank import attach_cost, candidate_row, rank_candidates
 from ddlbench.advise.state import Advice
 from ddlbench.errors import ConfigError
-from ddlbench.readers import DamagedFile, read_json
-from ddlbench.results import atomic_write_json
+from ddlbench.lifecycle import ownership
+from ddlbench.record import rundir
+from ddlbench.record.readers import DamagedFile, read_json
+from ddlbench.record.results import atomic_write_json
 
 
 def start(args: list[str]) -> int:
-    from ddlbench.config import compose_raw
-    from ddlbench.device import auto_global_batch, launcher_device
     from ddlbench.estimate.profile import profile
-    from ddlbench.gpus import visible_gpus
+    from ddlbench.machine.device import auto_global_batch, launcher_device
+    from ddlbench.machine.gpus import visible_gpus
     from ddlbench.network.model import load
+    from ddlbench.planning.config import compose_raw
 
     opts, extra = parse(args)
     raw = compose_raw([f"model={opts['model']}", *extra])
@@ -78,8 +79,8 @@ def start(args: list[str]) -> int:
                    candidates=[candidate_row(c, prof, cfg, device) for c in grid])
     threads = None
     if device == "cpu":
-        from ddlbench.envinfo import usable_cores
         from ddlbench.launch.local import threads_per_rank
+        from ddlbench.machine.envinfo import usable_cores
         threads = threads_per_rank(valid[0].plan)
         # ranks x threads over the cores of a node (a node of `bench cluster` has its own), against the
         # 1-rank calibration's
@@ -121,7 +122,7 @@ def _why_ranks(cell: dict) -> str:
 
 def _sweep(sweep_dir: Path, overrides: list[list[str]], backend: str, raws: list[dict] | None = None) -> None:
     """`overrides` as a sweep; `raws`: their composed configs where the caller already has them."""
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     from ddlbench.sweep.cells import Cell, cell_id
     from ddlbench.sweep.commands import start_cells
 
@@ -161,7 +162,7 @@ def _resume(out: Path) -> int:
         if results is None:
             return 1 if state.options["backend"] == "local" else 0
         for cell, r in zip(state.calibration.cells, results):
-            if r["status"] != "ok" and cell["framework"] == "ddp":
+            if r["status"] != "ok" and cell["framework"] == BASELINE:
                 raise ConfigError(f"the DDP calibration run failed ({r['status']}): {r['error']}")
         rank_candidates(state, results)
         chosen = [c for c in state.candidates if c.get("measure")]

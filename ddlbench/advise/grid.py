@@ -1,6 +1,6 @@
 """The candidate grid: framework x parallel layout x micro-batch x activation checkpointing, at
 one global batch. Every candidate is composed and validated exactly as `bench run` would
-(ddlbench.config.plan_from_overrides: dims, the adapter's check_config, the model's fit for tp/pp,
+(ddlbench.planning.config.plan_from_overrides: dims, the adapter's check_config, the model's fit for tp/pp,
 the schedule's micro-batch floor), then checked against the network's devices per node and the
 framework's availability here; each pruned candidate keeps its reason."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _data_parallel(composed: dict, edits: dict, devices: int) -> int:
     where it is invalid: its candidates then say why)."""
     import copy
 
-    from ddlbench.config import validate
+    from ddlbench.planning.config import validate
     raw = copy.deepcopy(composed)
     raw["framework"].setdefault("options", {}).update(edits)
     try:
@@ -64,8 +64,8 @@ def enumerate_grid(model: str, devices: int, global_batch: int, frameworks=DEFAU
     Hydra composes once per framework; each combination edits that config and validates it."""
     import copy
 
-    from ddlbench.config import compose_raw, validate
     from ddlbench.launch.local import device_type
+    from ddlbench.planning.config import compose_raw, validate
 
     out: list[Candidate] = []
     for fw in frameworks:

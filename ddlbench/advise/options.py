@@ -28,8 +28,8 @@ USAGE = ("usage: bench advise model=PRESET devices=N [global_batch=G] [micro_bat
 
 def parse(args: list[str]) -> tuple[dict, list[str]]:
     """(options, run.* overrides passed to every run)."""
-    from ddlbench.config import group_options
-    from ddlbench.keyvalue import parse_key_values
+    from ddlbench.planning.config import group_options
+    from ddlbench.settings.keyvalue import parse_key_values
 
     kv = parse_key_values(args, "bench advise", KEYS, usage=USAGE, required=("model", "devices"),
                           passes=lambda k: k.startswith(PASS_THROUGH) or k in ("logger", "optim", "data", "experiment"),
@@ -55,7 +55,7 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
 
 def default_frameworks(model: str | None) -> list[str]:
     """The default candidates; for a Mixture-of-Experts model expert parallelism too."""
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     frameworks = list(DEFAULT_FRAMEWORKS)
     try:
         moe = model is not None and plan_from_overrides([f"model={model}"]).cfg.model.kind == "language" \
@@ -92,7 +92,7 @@ def device_memory_bytes(opts: dict, device: str) -> tuple[int, str]:
     if opts["device_memory_gib"] is not None:
         return int(opts["device_memory_gib"] * GiB), "device_memory_gib"
     if device == "cuda":     # NVML, not CUDA: the calibration and measurement cells are forked from here
-        from ddlbench.gpus import visible_gpus
+        from ddlbench.machine.gpus import visible_gpus
         info = visible_gpus()
         return info.min_memory, f"the smallest visible GPU ({info.source})"
     total = 0

@@ -2,6 +2,7 @@
 pruned by memory, ranked by predicted step time; the top ones marked to measure."""
 from __future__ import annotations
 
+from ddlbench.advise.calibrate import BASELINE
 from ddlbench.advise.conclude import device_seconds
 from ddlbench.advise.grid import Candidate
 from ddlbench.advise.options import GiB
@@ -58,9 +59,9 @@ def rank_candidates(state: Advice, calibration: list[dict]) -> None:
         if r["status"] != "ok":
             continue
         step = float(r["timing"]["step_time_s"]["median"])
-        if cell["framework"] == "ddp":
+        if cell["framework"] == BASELINE:
             ddp[cell["micro_batch"]] = step
-        elif cell.get("stands_in_for") == "ddp":    # sharded: its step less its priced communication
+        elif cell.get("stands_in_for") == BASELINE:    # sharded: its step less its priced communication
             comm, _ = comm_seconds(CostModel.from_dict(cell["cost_model"]).traffic, network, algorithm)
             cell["comm_s"] = comm
             ddp[cell["micro_batch"]] = max(step - comm, 0.05 * step) / state.oversubscription
@@ -105,7 +106,7 @@ def rank_candidates(state: Advice, calibration: list[dict]) -> None:
             continue
         lay = Layout(**c["layout"])
         fw = c["framework"]
-        c["memory_estimate"]["with_overhead"] = c["memory_estimate"]["total"] + overhead.get(fw, overhead.get("ddp", 0))
+        c["memory_estimate"]["with_overhead"] = c["memory_estimate"]["total"] + overhead.get(fw, overhead.get(BASELINE, 0))
         if c["memory_estimate"]["with_overhead"] > limit:
             c["pruned"] = (f"memory: estimated {c['memory_estimate']['with_overhead'] / GiB:.2f} GiB > "
                            f"{limit / GiB:.2f} GiB per device")
@@ -144,9 +145,9 @@ def _recompute(state: Advice) -> float:
     checkpoints; else 1."""
     if not any((c.get("layout") or {}).get("checkpointing") for c in state.candidates):
         return 1.0
-    from ddlbench.config import plan_from_overrides
     from ddlbench.models.flops import train_flops_per_sample
     from ddlbench.models.registry import build
+    from ddlbench.planning.config import plan_from_overrides
     cfg = plan_from_overrides([f"model={state.options['model']}", *state.extra_overrides]).cfg
     f = train_flops_per_sample(build(cfg.model, state.device), recompute_blocks=True)
     return f["hardware_flops"] / f["flops"]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from ddlbench import commthreads
 from ddlbench.cluster import device_task, world
 from ddlbench.cluster import plan as planning
+from ddlbench.comm import threads as commthreads
 from ddlbench.errors import ConfigError
 
 USAGE = ("usage: bench cluster up [nodes=N] [link=RATE] [devices_per_node=D dev_link=RATE] [name=NAME] "
@@ -30,7 +30,7 @@ STATE_FILE = "cluster.json"
 
 
 def parse(args: list[str], allowed: set[str]) -> dict:
-    from ddlbench.keyvalue import parse_key_values
+    from ddlbench.settings.keyvalue import parse_key_values
     return parse_key_values(args, "bench cluster", allowed, usage=USAGE).values
 
 

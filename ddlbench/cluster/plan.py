@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ddlbench.commthreads import POLICIES
+from ddlbench.comm.threads import POLICIES
 from ddlbench.errors import ConfigError
 
 NET = "10.88"
@@ -82,7 +82,7 @@ class Plan:
     state: str                      # the cluster's directory: configs, logs, pids, its database
     link: str                       # inter-node rate, tc spelling
     nodes: tuple[Node, ...]
-    comm_threads: str = "fifo"      # $DDLBENCH_COMM_THREADS inside the cluster (ddlbench/commthreads.py)
+    comm_threads: str = "fifo"      # $DDLBENCH_COMM_THREADS inside the cluster (ddlbench/comm/threads.py)
     dev_link: Optional[str] = None  # device <-> node switch rate (devices_per_node >= 2)
     mtu: int = DEFAULT_MTU          # of every link and switch (jumbo frames: 9000)
     head: str = "head"

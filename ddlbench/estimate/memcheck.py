@@ -1,5 +1,5 @@
 """The memory estimator (ddlbench/estimate/memory.py) against an independent measurement: torch's
-MemTracker around a real run of the same configuration (`run.memory_tracker=true`, ddlbench/memtrack.py).
+MemTracker around a real run of the same configuration (`run.memory_tracker=true`, ddlbench/rank/memtrack.py).
 What `bench advise` prunes and ranks by is only as good as this agreement.
 
 `predicted(plan)` is exactly what advise computes for that candidate (its adapter's cost model, the

@@ -18,8 +18,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from ddlbench import rundir
 from ddlbench.adapters.cost import ModelProfile, Piece
+from ddlbench.record import rundir
 
 
 def attention_scores(shape, seq_len: int | None) -> bool:
@@ -187,8 +187,8 @@ def cached_profile(model_cfg, precision: str = "fp32", device_type: str = "cpu",
     import os
     from pathlib import Path
 
-    from ddlbench.readers import DamagedFile, read_json
-    from ddlbench.results import atomic_write_json
+    from ddlbench.record.readers import DamagedFile, read_json
+    from ddlbench.record.results import atomic_write_json
     cache_dir = cache_dir or os.environ.get(CACHE_ENV)
     key = cache_key(model_cfg, precision, device_type)
     path = Path(cache_dir) / f"profile-{key}.json" if cache_dir else None
@@ -224,7 +224,7 @@ def profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mod
         return _profile(model_cfg, precision, device_type)
     import multiprocessing
 
-    from ddlbench import quiet
+    from ddlbench.lifecycle import quiet
     with multiprocessing.get_context("spawn").Pool(1, initializer=quiet.install) as pool:   # the parent's quiet start
         return pool.apply(_profile, (model_cfg, precision, device_type))
 

@@ -1,6 +1,6 @@
 """A layout priced at world sizes it never ran at, from a specification (`bench project
 model=... framework=... network=...`): for each world size the configuration is planned as a
-run would be (ddlbench.config: the same overrides, the same validation, the layout the record
+run would be (ddlbench.planning.config: the same overrides, the same validation, the layout the record
 would state), the model's pieces are timed by a roofline (the hardware's peak x an efficiency:
 stated with `mfu=`, or solved so that a measured point — `calibrate=TOKENS_PER_S@DEVICES`, tokens
 per second per device — is reproduced), each unit's collectives are priced on the network over the
@@ -40,10 +40,6 @@ def recompute(policy: str, block: int) -> float:
         return 0.5
     k = layer_every(policy)
     return 1.0 if k and (block + 1) % k == 0 else 0.0
-DDP_BUCKET = 25 * 2**20            # torch DDP's bucket_cap_mb
-ZERO_BUCKET = 5e8                  # DeepSpeed's reduce_bucket_size default (elements)
-SUPPORTED = ("ddp", "fsdp2", "tensor_parallel", "deepspeed", "pipeline", "deepspeed_ulysses", "context_parallel",
-             "expert_parallel")
 
 
 @dataclass(frozen=True)
@@ -83,7 +79,7 @@ def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str,
     """(forward, backward) seconds per micro-batch of every piece (embedding, blocks, head): by the
     roofline (the forward FLOPs the rank's kernels compute / flops_per_s, backward twice that; a
     fused causal attention kernel computes half of the T x T scores: Piece.executed_flops), or from
-    `measured` seconds per sample of each piece (ddlbench/estimate/piece_timer.py) times the
+    `measured` seconds per sample of each piece (ddlbench/project/piece_timer.py) times the
     layout's share of its FLOPs."""
     out = []
     n, skip = len(prof.pieces), prof.causal_skip
@@ -139,11 +135,12 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     from ddlbench.estimate.memcheck import cost_of_plan
     cfg, d = plan.cfg, plan.dims
     fw, o = cfg.framework.name, plan.options
-    if fw not in SUPPORTED:
-        raise ConfigError(f"bench project: no schedule rules for {fw} yet (have {', '.join(SUPPORTED)})")
-    cost = cost_of_plan(plan, prof, per_node)
     precision = cfg.run.precision
-    gather_b = DTYPE_BYTES[precision] if fw != "ddp" else 4
+    step = plan.variant.abilities().step       # the variant's own statement of its step's shape
+    if step is None:
+        raise ConfigError(f"bench project: no schedule rules for {fw} yet (its abilities' step)")
+    cost = cost_of_plan(plan, prof, per_node)
+    gather_b = DTYPE_BYTES[precision]
     grad_b = DTYPE_BYTES[plan.variant.grad_reduce_dtype(precision)]
     tp, mb, m, sp = d.tp, d.micro_batch, d.grad_accum, d.cp
     # Ulysses: each rank computes 1/sp of every sequence (its attention: the whole sequence, 1/sp of the heads)
@@ -154,7 +151,7 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     tp_f, tp_b = (n * one_ar for n in prof.tp_all_reduces())
     tp_kind = pricing.label("all_reduce", tp, 1) if tp > 1 else "tp"
     kv = prof.kv_heads / prof.attention_heads if prof.attention_heads else 1.0
-    if sp > 1 and fw == "context_parallel":   # ring attention: the cp ranks' k and v gathered in forward and
+    if sp > 1 and step.sequence == "ring":   # ring attention: the cp ranks' k and v gathered in forward and
         part = prof.boundary_bytes_per_sample * mb / 4 / sp * 2 * kv    # backward, their fp32 gradients passed cp times
         gathered = pricing.seconds("all_gather", part * DTYPE_BYTES[precision] * sp, sp, tp)
         # each pass a ring step: torch's _AllToAllRotater permutes the whole buffer to the next cp rank
@@ -169,8 +166,8 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     comm: dict[str, float] = {}
 
     params = piece_params(prof, tp)
-    ep = int(getattr(o, "ep", 1)) if fw == "expert_parallel" else 1
-    moe = moe_blocks(nb - 2, prof.moe_layers) if fw == "expert_parallel" else [False] * (nb - 2)
+    ep = int(getattr(o, "ep", 1)) if step.experts else 1
+    moe = moe_blocks(nb - 2, prof.moe_layers) if step.experts else [False] * (nb - 2)
     layer_experts = prof.experts_params / max(prof.moe_layers, 1)
     # expert parallelism (ddlbench/models/moe.py dispatch_combine): in forward a MoE block exchanges
     # its tokens' counts per expert, then sends the routed tokens to their experts and back; in
@@ -191,7 +188,7 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     def add(kind, s, count=1):
         comm[kind] = comm.get(kind, 0.0) + s * count
 
-    if fw == "pipeline":
+    if step.gradients == "stages":
         return _pipeline(plan, prof, pricing, times, cost, grad_b, comm, ranks_per_core)
     pieces = [piece(i) for i in range(nb)]
     if tp > 1 or sp > 1:
@@ -200,9 +197,8 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
         add(tp_kind, (counts + 4 * a2a) * sum(moe) * m)
     # DeepSpeed with the sequence-parallel groups reduces over every rank of the replica and the replicas;
     # context parallelism's FSDP2 shards over dp_shard x cp
-    dp_ranks, stride = (d.world_size, 1) if fw in ("deepspeed_ulysses", "context_parallel") else (d.dp, tp)
-    if fw in ("fsdp2", "tensor_parallel", "context_parallel", "expert_parallel") or (
-            fw.startswith("deepspeed") and cost.shard_params):
+    dp_ranks, stride = (d.world_size, 1) if step.grads_over_world else (d.dp, tp)
+    if step.gradients == "units":
         shard = cost.shard_ranks
         reshard = bool(getattr(o, "reshard_after_forward", True))
         kinds = {"gather": pricing.label("all_gather", shard, stride),
@@ -213,7 +209,7 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
             params = sum(p.params for p in pieces if p.unit == u)
             # expert parallelism: a MoE block's experts are a unit of their own, 1/ep of them on a rank,
             # sharded over the dp_shard / ep ranks that hold the same experts (ep x tp apart)
-            experts = layer_experts if fw == "expert_parallel" and u.startswith("block") and moe[int(u[5:])] else 0.0
+            experts = layer_experts if step.experts and u.startswith("block") and moe[int(u[5:])] else 0.0
             params -= experts
             efsdp, e_stride = max(shard // ep, 1), ep * stride
             g = (pricing.seconds("all_gather", gather_b * params, shard, stride)
@@ -227,24 +223,22 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
             add(kinds["scatter"], rs), add(kinds["reduce"], ar)
         # CPU: FSDP2's streams are the current one, its collectives block (rules.fsdp_blocking)
         tasks = rules.fsdp(pieces, units, m, 0.0, kinds, tp_kind, blocking=cfg.run.device == "cpu")
-    elif fw in ("ddp", "deepspeed", "deepspeed_ulysses"):
-        kind = "all_reduce"        # DDP's buckets; DeepSpeed 0.19's ZeRO-1/2 all-reduce theirs too (its cost model)
+    else:                          # buckets: DDP's; DeepSpeed 0.19's ZeRO-1/2 all-reduce theirs too (its cost model)
+        kind = "all_reduce"
         label = pricing.label(kind, dp_ranks, stride)
-        bucket = DDP_BUCKET if fw == "ddp" else ZERO_BUCKET * grad_b
-        bs = [(name, pricing.seconds(kind, b, dp_ranks, stride)) for name, b in rules.buckets(pieces, grad_b, bucket)]
+        bs = [(name, pricing.seconds(kind, b, dp_ranks, stride))
+              for name, b in rules.buckets(pieces, grad_b, step.bucket_bytes or step.bucket_elements * grad_b)]
         add(label, sum(s for _, s in bs))
         after = None
-        if fw != "ddp" and dp_ranks > 1 and cost.shard_optimizer:
+        if step.gather_after_step and dp_ranks > 1 and cost.shard_optimizer:
             ag_label = pricing.label("all_gather", dp_ranks, stride)
             ag = pricing.seconds("all_gather", DTYPE_BYTES[precision] * sum(p.params for p in pieces), dp_ranks, stride)
             after = (ag, ag_label)
             add(ag_label, ag)
-        every = fw != "ddp" and getattr(o, "stage", 0) == 2          # ZeRO-2 reduces on every micro-step
+        every = step.reduce_every_micro_batch          # ZeRO-2 reduces on every micro-step
         if every:
             add(label, sum(s for _, s in bs) * (m - 1))
         tasks = rules.bucketed(pieces, bs, m, 0.0, label, "grad", after, tp_kind, every_micro_batch=every)
-    else:
-        raise ConfigError(f"bench project: no schedule rules for {fw}")
     s = simulate(on_links(tasks), pricing.buckets(ranks_per_core))
     return {"step_s": s.step_s, "compute_s": s.busy["compute"], "exposed": s.exposed, "comm_s": comm,
             "layout": layout(d, cost, ep)}
@@ -272,7 +266,8 @@ def schedule_step(plan, prof, pricing: Pricing, compute_s: float, ac: str, per_n
     """The planned step through the schedule with its compute given (a calibration's: advise's
     1-rank runs) instead of the roofline's: the rate solved so that the simulated compute stream
     holds `compute_s`. None for a family without rules here (pipelines keep step.py's flow shop)."""
-    if plan.cfg.framework.name not in SUPPORTED or plan.cfg.framework.name == "pipeline" or compute_s <= 0:
+    step = plan.variant.abilities().step
+    if step is None or step.gradients == "stages" or compute_s <= 0:
         return None
     probe = step_of(plan, prof, pricing, 1e12, ac, per_node)
     if probe["compute_s"] <= 0:

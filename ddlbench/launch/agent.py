@@ -15,10 +15,10 @@ import socket
 import sys
 from pathlib import Path
 
-from ddlbench.launch import events
 from ddlbench.launch.failures import describe_failure
-from ddlbench.results import atomic_write_json
-from ddlbench.rundir import RunDir
+from ddlbench.lifecycle import events
+from ddlbench.record.results import atomic_write_json
+from ddlbench.record.rundir import RunDir
 
 
 def reserve_port() -> tuple[int, socket.socket]:

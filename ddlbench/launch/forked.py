@@ -20,8 +20,8 @@ import time
 import traceback
 from typing import Callable
 
-from ddlbench.signals import Stopped
-from ddlbench.signals import exit_code as _stop_exit_code
+from ddlbench.lifecycle.signals import Stopped
+from ddlbench.lifecycle.signals import exit_code as _stop_exit_code
 
 RESET_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
 
@@ -59,7 +59,7 @@ class Forked:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             if new_session:                      # its own process group: killpg reaches its tree
                 os.setsid()
-            from ddlbench import ownership  # a sweep's or an advise's lock is its process's alone
+            from ddlbench.lifecycle import ownership  # a sweep's or an advise's lock is its process's alone
             for fd in ownership.parent_only_fds():
                 with contextlib.suppress(OSError):
                     os.close(fd)

@@ -10,8 +10,8 @@ import os
 import sys
 import traceback
 
-from ddlbench.results import atomic_write_json
-from ddlbench.rundir import RunDir
+from ddlbench.record.results import atomic_write_json
+from ddlbench.record.rundir import RunDir
 
 
 def main(run_dir: str, threads: int) -> int:

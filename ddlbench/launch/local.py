@@ -16,17 +16,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddlbench import signals
-from ddlbench.config import Plan
-from ddlbench.envinfo import usable_cores
 from ddlbench.errors import ConfigError
-from ddlbench.launch import events
 from ddlbench.launch.failures import is_lost_peer
 from ddlbench.launch.forked import rank_start_method
 from ddlbench.launch.records import finish, innermost_frames, save_config, stopped_result, where_each_rank_was
-from ddlbench.launch.stop import ForwardUsr1
-from ddlbench.results import Record, error_info, load_result
-from ddlbench.rundir import RunDir
+from ddlbench.lifecycle import events, signals
+from ddlbench.lifecycle.stop import ForwardUsr1
+from ddlbench.machine.envinfo import usable_cores
+from ddlbench.planning.config import Plan
+from ddlbench.record.results import Record, error_info, load_result
+from ddlbench.record.rundir import RunDir
 
 TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
 # What NCCL's watchdog prints before it aborts the process (SIGABRT): a collective timed out.
@@ -146,28 +145,38 @@ class LocalLauncher:
 
 def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated: float | None = None) -> Record:
     """`started`/`validated`: when this run's command began and its config was valid (the
-    start-up timeline, ddlbench.launch.events). A launch whose ranks do not form their process
+    start-up timeline, ddlbench.lifecycle.events). A launch whose ranks do not form their process
     group within run.form_timeout_s is killed and started again (run.form_retries times); the
-    result's warnings say so and where each rank was (events.note: the record takes it when built)."""
+    result's warnings say so and where each rank was (events.note: the record takes it when built).
+    One exit: the record the ranks wrote, or the one this launcher writes for what ended the run
+    (a stop signal is the only other way out: its record written, the signal raised on)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(plan, run_dir)
     events.mark(run_dir, "cli_start", t=started)
     events.mark(run_dir, "validated", t=validated)
-    run_id = run_dir.name
-    cfg = plan.cfg
+    outcome = _refused(plan) or _launched(plan, run_dir)
+    return outcome if isinstance(outcome, Record) else finish(run_dir, run_dir.name, plan, *outcome)
 
+
+def _refused(plan: Plan) -> tuple[str, dict] | None:
+    """(status, error) where the run cannot start here: GPUs asked for and none usable (no CPU run
+    instead), or what the variant cannot run on this device."""
     try:
-        device = device_type(cfg)
+        device = device_type(plan.cfg)
         if device == "cuda":
-            from ddlbench.device import check_gpu_count
-            from ddlbench.gpus import visible_gpus
-            check_gpu_count(cfg.launcher.nproc, visible_gpus().count)
-    except ConfigError as exc:   # GPUs asked for, none usable: a result that says so, no CPU run
-        return finish(run_dir, run_id, plan, "failed", error_info("no_gpu", str(exc)))
-    reason = plan.variant.unsupported_reason(cfg, device)
-    if reason:
-        return finish(run_dir, run_id, plan, "unsupported", error_info("unsupported", reason))
+            from ddlbench.machine.device import check_gpu_count
+            from ddlbench.machine.gpus import visible_gpus
+            check_gpu_count(plan.cfg.launcher.nproc, visible_gpus().count)
+    except ConfigError as exc:
+        return "failed", error_info("no_gpu", str(exc))
+    reason = plan.variant.unsupported_reason(plan.cfg, device)
+    return ("unsupported", error_info("unsupported", reason)) if reason else None
 
+
+def _launched(plan: Plan, run_dir: Path) -> Record | tuple[str, dict]:
+    """The ranks started (again, if they did not form in time) and waited for: the record they
+    wrote, or (status, error) for how the run ended without one."""
+    cfg = plan.cfg
     threads = threads_per_rank(plan)
     starter = plan.variant.starter()
     start = time.monotonic()
@@ -181,7 +190,7 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
             os.environ["DDLBENCH_LAUNCH_ATTEMPT"] = str(attempt)   # the ranks inherit it (fault injection)
             # the process tree that starts the ranks, in its own session: the variant's starter
             # (torch's elastic agent, or the framework's own launcher)
-            proc = starter.local(plan, run_dir, threads, start_method(plan, device))
+            proc = starter.local(plan, run_dir, threads, start_method(plan, device_type(cfg)))
             bound = min(cfg.run.form_timeout_s, max(0.0, cfg.run.timeout_s - (time.monotonic() - start)))
             # no retry left, or run.timeout_s ends first: the run's own timeout takes over
             if attempt > cfg.run.form_retries or bound < cfg.run.form_timeout_s or wait_formed(proc, run_dir, nproc, bound):
@@ -201,16 +210,16 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
         _kill_tree(proc)
         msg = (f"run exceeded run.timeout_s={cfg.run.timeout_s:g} s (wall clock); all ranks killed; "
                f"where each rank was ({where_each_rank_was(stacks) or 'no rank answered'}); their stacks: error.stacks")
-        return finish(run_dir, run_id, plan, "timeout", error_info("timeout", msg, stacks=stacks))
+        return "timeout", error_info("timeout", msg, stacks=stacks)
     except (KeyboardInterrupt, signals.Stopped) as exc:
         signals.shield()        # a second signal must not cut the clean-up short
         error = stop_error(signals.signum_of(exc))
         # the record first: Slurm SIGKILLs KillWait seconds after its SIGTERM, which can come
         # before the ranks are gone; then again once they are (with what they noted meanwhile)
-        finish(run_dir, run_id, plan, "failed", error)
+        finish(run_dir, run_dir.name, plan, "failed", error)
         if proc is not None:
             _kill_tree(proc)
-        finish(run_dir, run_id, plan, "failed", error)
+        finish(run_dir, run_dir.name, plan, "failed", error)
         raise
     finally:
         for sig, handler in previous.items():
@@ -219,8 +228,12 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
         os.environ.pop("DDLBENCH_LAUNCH_ATTEMPT", None)
         if proc is not None and proc.poll() is None:
             _kill_tree(proc)
-    elapsed = time.monotonic() - start
+    return _ended(plan, run_dir, code, usr1.received, time.monotonic() - start)
 
+
+def _ended(plan: Plan, run_dir: Path, code: int, usr1: bool, elapsed: float) -> Record | tuple[str, dict]:
+    """After the ranks' process tree exited with `code`: their record, a stopped run's (Slurm's
+    time-limit warning came), or (status, error) from the first rank's failure or the agent's."""
     result_path = RunDir(run_dir).result
     if result_path.exists():
         record = Record.from_json(load_result(result_path))
@@ -232,23 +245,23 @@ def run_local(plan: Plan, run_dir: Path, started: float | None = None, validated
                                    f"{failure.get('message', f'exit code {code}')}")
             record.write(run_dir)
         return record
-    if usr1.received:
-        return stopped_result(run_dir, run_id, plan, elapsed)
+    if usr1:
+        return stopped_result(run_dir, run_dir.name, plan, elapsed)
     failure = _first_failure(run_dir)
-    if failure is not None:
-        status = classify(failure, rank_log_tail(run_dir, failure.get("rank")))
-        message = failure.get("message")
-        if not message or message == "<NONE>":   # torch elastic's placeholder: no error file (a signal)
-            how = f"was killed by {failure['signal']}" if failure.get("signal") else "exited without an error"
-            message = f"rank {failure['rank']} {how} (exit code {failure.get('exitcode')})"
-        err = error_info(failure.get("type", "rank_failed"), message, failure["rank"],
-                         exitcode=failure.get("exitcode"), signal=failure.get("signal"),
-                         traceback=failure.get("traceback"), ranks_failed=failure.get("ranks_failed"))
-        if "UnsupportedError" in (failure.get("traceback") or ""):
-            status = "unsupported"
-        return finish(run_dir, run_id, plan, status, err)
-    msg = f"elastic agent exited with code {code} after {elapsed:.1f} s without a result; see {run_dir}/agent.log"
-    return finish(run_dir, run_id, plan, "failed", error_info("agent_failed", msg))
+    if failure is None:
+        return "failed", error_info("agent_failed", f"elastic agent exited with code {code} after {elapsed:.1f} s "
+                                    f"without a result; see {run_dir}/agent.log")
+    status = classify(failure, rank_log_tail(run_dir, failure.get("rank")))
+    message = failure.get("message")
+    if not message or message == "<NONE>":   # torch elastic's placeholder: no error file (a signal)
+        how = f"was killed by {failure['signal']}" if failure.get("signal") else "exited without an error"
+        message = f"rank {failure['rank']} {how} (exit code {failure.get('exitcode')})"
+    err = error_info(failure.get("type", "rank_failed"), message, failure["rank"],
+                     exitcode=failure.get("exitcode"), signal=failure.get("signal"),
+                     traceback=failure.get("traceback"), ranks_failed=failure.get("ranks_failed"))
+    if "UnsupportedError" in (failure.get("traceback") or ""):
+        status = "unsupported"
+    return status, err
 
 
 def _first_failure(run_dir: Path) -> dict | None:
@@ -272,7 +285,7 @@ def _first_failure(run_dir: Path) -> dict | None:
 
 
 def device_type(cfg) -> str:
-    """The run's device (ddlbench/device.py): ConfigError where GPUs were asked for and CUDA is
+    """The run's device (ddlbench/machine/device.py): ConfigError where GPUs were asked for and CUDA is
     not available. Learnt from NVML: this process forks the agent (and a sweep forks this)."""
-    from ddlbench.device import launcher_device
+    from ddlbench.machine.device import launcher_device
     return launcher_device(cfg.run.device)

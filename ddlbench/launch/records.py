@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ddlbench.config import Plan
-from ddlbench.launch import events
-from ddlbench.launch.stop import partial_timing
-from ddlbench.results import Record, atomic_write_json, error_info
-from ddlbench.rundir import RunDir
+from ddlbench.lifecycle import events
+from ddlbench.lifecycle.stop import partial_timing
+from ddlbench.planning.config import Plan
+from ddlbench.record.results import Record, atomic_write_json, error_info
+from ddlbench.record.rundir import RunDir
 
 CHOICES = "choices.json"
 
@@ -55,7 +55,7 @@ def finish(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> 
 def ended_record(run_dir: Path, run_id: str, plan: Plan, status: str, error: dict) -> Record:
     """What the launcher knows of a run without the ranks' record: the plan, the error, the
     launcher's notes (events.note), the environment variables."""
-    from ddlbench.envinfo import env_vars
+    from ddlbench.machine.envinfo import env_vars
     record = Record.new(run_id, plan.raw, status=status, precision=plan.cfg.run.precision, error=error)
     record.parallel = {**plan.dims.as_dict(), **plan.choices}
     record.framework["grad_reduce_dtype"] = plan.variant.grad_reduce_dtype(plan.cfg.run.precision)
@@ -82,7 +82,7 @@ def _in_package(path: str) -> str | None:
 
 def _started_thread(frame: re.Match) -> bool:
     """A frame of a thread started with `threading` (its outermost frames are threading.py's
-    `_bootstrap`): a helper such as the NVML sampler (ddlbench/nvml.py), not the rank's main thread."""
+    `_bootstrap`): a helper such as the NVML sampler (ddlbench/machine/nvml.py), not the rank's main thread."""
     return frame["func"] == "_bootstrap_inner" and Path(frame["path"]).name == "threading.py"
 
 
@@ -91,7 +91,7 @@ def where_each_rank_was(stacks: dict[str, str]) -> str:
     thread that runs the rank (the one through ddlbench's own code that is not one of its helper
     threads nor any thread started with `threading`, else the first), and the
     innermost frame of ddlbench's code on it -- what a reader of a timeout needs first.
-    "rank 1: faults.py:30 hang <- ddlbench/runner.py:120 run; rank 0: ..."."""
+    "rank 1: faults.py:30 hang <- ddlbench/rank/runner.py:120 run; rank 0: ..."."""
     parts = []
     for rank in sorted(stacks, key=int):
         threads = [[m for m in map(_FRAME.match, block.splitlines()) if m]

@@ -18,11 +18,11 @@ import traceback
 from pathlib import Path
 
 from ddlbench.cluster.device_task import master_host
-from ddlbench.config import Plan
 from ddlbench.errors import ConfigError
-from ddlbench.results import Record, error_info, load_result
-from ddlbench.rundir import RunDir
-from ddlbench.signals import STOP_SIGNALS
+from ddlbench.lifecycle.signals import STOP_SIGNALS
+from ddlbench.planning.config import Plan
+from ddlbench.record.results import Record, error_info, load_result
+from ddlbench.record.rundir import RunDir
 
 
 def first_host(nodelist: str) -> str:

@@ -36,9 +36,7 @@ def preload(plan) -> None:
     torch before the fork (ddlbench.launch.forked)."""
     import importlib
 
-    from ddlbench import (
-        models,
-        runner,  # noqa: F401
-    )
+    from ddlbench import models
+    from ddlbench.rank import runner  # noqa: F401
     for module in (*models.modules_for(plan.cfg.model), *plan.variant.preload_modules):
         importlib.import_module(module)

@@ -13,16 +13,16 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddlbench.faults import before_process_group
-from ddlbench.launch import events
 from ddlbench.launch.records import CHOICES
-from ddlbench.rundir import RunDir
+from ddlbench.lifecycle import events
+from ddlbench.rank.faults import before_process_group
+from ddlbench.record.rundir import RunDir
 
 
 def pick_device(requested: str):
     import torch
 
-    from ddlbench.device import cuda_index, harness_backend, resolve_device
+    from ddlbench.machine.device import cuda_index, harness_backend, resolve_device
     if resolve_device(requested, torch.cuda.is_available(), torch_cuda=torch.version.cuda) == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         return torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count())), harness_backend("cuda")
@@ -35,20 +35,21 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     import torch
     import torch.distributed as dist
 
-    from ddlbench import quiet, runner
     from ddlbench.adapters.base import RankContext
     from ddlbench.adapters.common import peak_rss_bytes
-    from ddlbench.config import validate
+    from ddlbench.lifecycle import quiet
+    from ddlbench.planning.config import validate
+    from ddlbench.rank import runner
     quiet.install()      # a spawned rank imports the model's libraries itself
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)   # the agent ignores it; a rank must not
-    from ddlbench.launch.stop import block_stop_signal
+    from ddlbench.lifecycle.stop import block_stop_signal
     block_stop_signal()      # before any thread exists: only install_rank_handler's thread takes it
     # a run past run.timeout_s: the launcher asks every rank for its Python stacks
     faulthandler.register(signal.SIGUSR2, file=_stack_file(run_dir), all_threads=True)
     run_dir_p = Path(run_dir)
     events.mark(run_dir_p, "rank_start", int(os.environ.get("RANK", 0)))
     if plan is None:
-        from ddlbench.ownership import check_token
+        from ddlbench.lifecycle.ownership import check_token
         check_token(run_dir_p)     # the config.json here is this rank's launcher's, not a neighbour's
         choices = run_dir_p / CHOICES
         chosen = json.loads(choices.read_text()).get("micro_batch_auto") if choices.exists() else None
@@ -56,14 +57,14 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     torch.set_num_threads(threads)
     device, backend = pick_device(plan.cfg.run.device)
     if device.type == "cpu":     # before the model exists: its buffers are reused from the first step
-        from ddlbench import malloc
+        from ddlbench.rank import malloc
         malloc.steady()
     if device.type == "cuda":
-        from ddlbench.device import cudnn_benchmark
+        from ddlbench.machine.device import cudnn_benchmark
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = cudnn_benchmark(plan.cfg.model.kind, device.type)
         if plan.cfg.run.device_memory_gb is not None:    # emulate a smaller GPU: cap the allocator
-            from ddlbench.microbatch import GiB, memory_fraction
+            from ddlbench.planning.microbatch import GiB, memory_fraction
             total = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(
                 memory_fraction(int(plan.cfg.run.device_memory_gb * GiB), total), device)
@@ -76,7 +77,7 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
         hosts = liveness.start(dist.get_rank())    # so a failure can tell which node was lost
     else:
         hosts = [socket.gethostname()]
-    from ddlbench.launch.stop import install_rank_handler
+    from ddlbench.lifecycle.stop import install_rank_handler
     install_rank_handler(run_dir, dist.get_rank(), _srun_stop(plan, run_dir_p, dist.get_rank()))
     # SIGUSR1: save the series so far, exit
     try:
@@ -111,12 +112,12 @@ def _srun_stop(plan, run_dir: Path, rank: int):
 
     def write_timeout_result():
         from ddlbench.launch.records import stopped_result
-        from ddlbench.launch.stop import wait_for_partials
+        from ddlbench.lifecycle.stop import wait_for_partials
         wait_for_partials(run_dir, plan.dims.world_size)
         stopped_result(run_dir, run_dir.name, plan, time.monotonic() - started)
 
     def wait_for_result():
-        from ddlbench.launch.stop import wait_until
+        from ddlbench.lifecycle.stop import wait_until
         wait_until(RunDir(run_dir).result.exists, bound_s=45.0)
     return write_timeout_result if rank == 0 else wait_for_result
 

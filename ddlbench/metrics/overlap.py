@@ -1,5 +1,5 @@
 """Communication time, overlapped with compute and exposed: interval arithmetic over one profiled
-step (ddlbench/comm_time.py extracts the intervals from torch.profiler)."""
+step (ddlbench/comm/exposed.py extracts the intervals from torch.profiler)."""
 from __future__ import annotations
 
 Interval = tuple[float, float]

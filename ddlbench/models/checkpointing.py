@@ -97,29 +97,52 @@ def _respect_hooks() -> dict:
             if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters else {})
 
 
+def _wrapper(policy: str):
+    """The checkpoint wrapper a policy applies to each block it checkpoints."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    if policy == "selective_op":
+        # what SAC saves goes through saved_tensors_hooks like any saved tensor (the profile counts it
+        # there), where torch has the choice (2.14; older ones bypass the hooks, the default there)
+        return partial(checkpoint_wrapper, context_fn=selective_op_context, preserve_rng_state=False,
+                       **_respect_hooks())
+    return checkpoint_wrapper
+
+
+def chosen_blocks(policy: str, blocks: int) -> list[int]:
+    """Which blocks (from 0) a policy checkpoints: every one (full, selective_op), every K-th
+    (selective_layer:K: blocks K-1, 2K-1, ...), none."""
+    policy = normalize(policy)
+    if policy == "none":
+        return []
+    k = 1 if policy == "selective_op" else layer_every(policy)
+    return [i for i in range(blocks) if (i + 1) % k == 0]
+
+
 def apply(model, policy: str) -> int:
     """Wrap the blocks of `model` (an nn.Module with blocks()) the policy checkpoints (model.blocks(), in place); how many."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
     policy = normalize(policy)
     blocks = model.blocks()
-    if policy == "none":
-        return 0
-    if policy == "selective_op":
-        chosen = {id(b) for b in blocks}
-        # what SAC saves goes through saved_tensors_hooks like any saved tensor (the profile counts it
-        # there), where torch has the choice (2.14; older ones bypass the hooks, the default there)
-        wrapper = partial(checkpoint_wrapper, context_fn=selective_op_context, preserve_rng_state=False,
-                          **_respect_hooks())
-    else:
-        k = layer_every(policy)
-        chosen = {id(b) for i, b in enumerate(blocks) if (i + 1) % k == 0}
-        wrapper = checkpoint_wrapper
-    apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: id(m) in chosen)
+    chosen = {id(blocks[i]) for i in chosen_blocks(policy, len(blocks))}
+    if chosen:
+        apply_activation_checkpointing(model, checkpoint_wrapper_fn=_wrapper(policy), check_fn=lambda m: id(m) in chosen)
     return len(chosen)
+
+
+def apply_to_stages(stages: list, ranges: list, n_pieces: int, policy: str) -> int:
+    """Pipeline stages (nn.Sequential of the model's pieces, `ranges` their piece indices): each block
+    piece the policy checkpoints wrapped in place, blocks numbered over the whole model (its pieces
+    between the embedding and the head), so a stage checkpoints what the whole model would; how many."""
+    policy = normalize(policy)
+    chosen = {i + 1 for i in chosen_blocks(policy, n_pieces - 2)}
+    wrap, n = _wrapper(policy), 0
+    for stage, pieces in zip(stages, ranges):
+        for j, i in enumerate(pieces):
+            if i in chosen:
+                stage[j] = wrap(stage[j])
+                n += 1
+    return n
 
 
 def recompute_label(policy: str) -> str | None:

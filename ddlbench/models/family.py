@@ -61,12 +61,14 @@ class Family:
     tp_widths: Callable[[object], dict[str, int]] = field(default=lambda mc: {})  # what tp must divide
     experts: Optional[ExpertsPlan] = None                  # None: a dense family
     linear_layers: bool = False                            # every matmul an nn.Linear (float8 converts them)
+    sequence_split: bool = False                           # a dense rotary decoder whose position ids carry a
+                                                           # sequence part's offsets: context and Ulysses parallelism cut it
     # (model cfg, vocabulary rows) -> analytic training FLOPs per token {"total", "parts", "convention"};
     # None: counted only (torch's flop counter)
     analytic_flops: Optional[Callable[[object, int], dict]] = None
 
 
-# the model keys some family owns (ddlbench/schema.py LanguageModelCfg); a family names those it uses
+# the model keys some family owns (ddlbench/settings/schema.py LanguageModelCfg); a family names those it uses
 FAMILY_KEYS = ("n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps", "tie_embeddings", "head_dim",
                "moe", "activation")
 

@@ -91,7 +91,7 @@ def for_world_sizes(name_or_path: str, sizes: list[int]) -> "Network":
 
 def recorded_network(rec: dict) -> "Network | None":
     """The network a run recorded in result.json (env.network: inside `bench cluster`, its link
-    rates; ddlbench.envinfo.network_ran_on), or None."""
+    rates; ddlbench.machine.envinfo.network_ran_on), or None."""
     described = (rec.get("env") or {}).get("network") or {}
     if not described.get("description"):
         return None

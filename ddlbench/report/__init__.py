@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from ddlbench.record.results import find_results
 from ddlbench.report import plots
 from ddlbench.report.frame import SUMMARY_COLUMNS, summary_frame
 from ddlbench.report.load import load_advice, load_commbench, load_records, missing_cells, paused_gc
 from ddlbench.report.tables import cells, failures, parity
-from ddlbench.results import find_results
 
 
 @dataclass

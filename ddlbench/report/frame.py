@@ -186,7 +186,7 @@ def summary_row(record: dict, path: str = "") -> dict:
         "optimizer_impl": (record.get("framework") or {}).get("optimizer_impl"),
         "attention": ((record.get("model") or {}).get("native_config") or {}).get("attn_implementation"),
         "activation_checkpointing": ac_policy(cfg),
-        # the collector's policy in the loop (ddlbench/gcpolicy.py); records before run.gc ran Python's thresholds
+        # the collector's policy in the loop (ddlbench/rank/gcpolicy.py); records before run.gc ran Python's thresholds
         "gc": run.get("gc", "python"),
         "seq_len": (cfg.get("model") or {}).get("seq_len"),
         "seed": record.get("seed"),

@@ -6,22 +6,14 @@ import gc
 import json
 from pathlib import Path
 
-from ddlbench import rundir
-from ddlbench.results import NOT_A_RECORD, SCHEMA, is_record
-
-
-def unreadable(path: Path, exc: Exception) -> dict:
-    """A stand-in record, so a corrupt result is listed among the failures, never dropped."""
-    return {"schema": SCHEMA, "run_id": path.parent.name, "status": "failed",
-            "error": {"type": "unreadable_result", "rank": None,
-                      "message": str(exc) if str(path) in str(exc) else f"{path}: {exc}"},
-            "framework": {"name": "?", "variant": None}, "model": {"name": "?"}, "config": {}}
+from ddlbench.record import rundir
+from ddlbench.record.results import NOT_A_RECORD, SCHEMA, is_record, unreadable
 
 
 def missing_cells(paths: list[str]) -> list[tuple[Path, dict]]:
     """Cells of every sweep among `paths` (a directory with manifest.jsonl) that have no result
     file: stand-in records with status `missing`, so the report accounts for every expected cell."""
-    from ddlbench.readers import DamagedFile, warn_damaged
+    from ddlbench.record.readers import DamagedFile, warn_damaged
     from ddlbench.sweep import manifest
     out = []
     for p in map(Path, paths):
@@ -46,12 +38,17 @@ def missing_cells(paths: list[str]) -> list[tuple[Path, dict]]:
 
 
 def load_json_files(paths: list[str], name: str) -> list[dict]:
-    """Every file called `name` under the report's paths (or given directly), parsed; unreadable ones skipped."""
-    out = []
+    """Every file called `name` under the report's paths (or given directly), parsed; one that cannot
+    be read is named on stderr (ddlbench/record/readers.py) and the rest used."""
+    from ddlbench.record.readers import DamagedFile, read_json, warn_damaged
+    out, damaged = [], []
     for p in map(Path, paths):
         for f in sorted([p] if p.name == name else p.rglob(name)):
-            with contextlib.suppress(OSError, ValueError):
-                out.append(json.loads(f.read_text()))
+            try:
+                out.append(read_json(f, name))
+            except (DamagedFile, OSError) as exc:
+                damaged.append(str(exc) if isinstance(exc, DamagedFile) else f"{f}: {exc}")
+    warn_damaged(damaged)
     return out
 
 

@@ -130,7 +130,7 @@ def projection_check_table(rep) -> tuple[list[str], list[list[str]]]:
     the step time `bench project`'s model predicts (1-rank compute + the run's collectives on
     the network it recorded, else conf/network/local_gloo.yaml) next to the measured one."""
     from ddlbench.network.model import load, recorded_network
-    from ddlbench.network.validate import predict
+    from ddlbench.project.validate import predict
     head = ["framework", "model", "ranks", "measured step (ms)", "predicted (ms)", "error", "compute (ms)",
             "exposed comm (ms)", "core oversubscription"]
     df = rep.summary
@@ -188,7 +188,7 @@ STRAGGLER_NOTE = ("Ranks that join their steps late: per step, a rank's host tim
 def comm_time_table(rep) -> tuple[list[str], list[list[str]]]:
     """One row per run and collective kind from the profiled step (result.json comm.time), with the
     best busbw `bench commbench` measured for that kind on the same backend and world size."""
-    from ddlbench.commbench import ceilings
+    from ddlbench.commbench.command import ceilings
     best = {}
     for cb in rep.commbench:
         for kind, bw in ceilings(cb).items():

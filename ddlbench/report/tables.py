@@ -79,12 +79,15 @@ def _true(value) -> bool:
 TAXONOMY_COLUMNS = ["tax_parallelism", "tax_synchronisation", "tax_communication", "tax_sharding", "tax_compression"]
 
 
+REFERENCE = "ddp"     # the configuration (conf/framework) others are compared with: docs/design.md §7
+
+
 def strategies(cells_df: pd.DataFrame) -> pd.DataFrame:
     """Per model and world size: each configuration's taxonomy, the bytes each rank sends per
     step and its time to target, both relative to DDP's (the default variant) where it ran."""
     rows = []
     for (model, world), g in cells_df.groupby(["model", "world_size"], sort=True):
-        ref = g[g["label"] == "ddp"]
+        ref = g[g["label"] == REFERENCE]
         ref_wire = _first(ref["comm_wire_bytes_per_rank"]) if len(ref) else None
         ref_ttt = _first(ref["time_to_target_s"]) if len(ref) else None
         for _, r in g.iterrows():

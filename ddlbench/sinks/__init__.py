@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
-from ddlbench.rundir import RunDir
+from ddlbench.record.rundir import RunDir
 
 
 def _wandb(run_dir: Path, mode: str, init_timeout_s: float) -> Optional[str]:
@@ -48,7 +48,7 @@ def unreachable(host_port: tuple[str, int], timeout_s: float = 5.0) -> Optional[
 def log_to_sinks(plan, run_dir: Path, record) -> None:
     """An online run that cannot reach W&B (no network, wrong key) falls back to an offline run
     directory (`wandb sync` it later); result.json's `logging` says which mode was used and why
-    (`record`: the run's ddlbench.results.Record, written again with it)."""
+    (`record`: the run's ddlbench.record.results.Record, written again with it)."""
     lg = plan.cfg.logger
     if lg.name == "none" or lg.mode == "disabled":
         return

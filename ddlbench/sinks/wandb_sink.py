@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from ddlbench.results import load_result
-from ddlbench.rundir import RunDir
+from ddlbench.record.results import load_result
+from ddlbench.record.rundir import RunDir
 
 
 def flat_summary(record: dict) -> dict:

@@ -45,9 +45,9 @@ def expand(overrides: list[str], repeats: int = 1, readable_names: bool = False)
     """Hydra multirun semantics (cross product of comma lists, glob/range), times `repeats`.
     Every cell is composed and validated before anything is written or submitted.
     `readable_names`: each cell's directory is <index>_<swept values> instead of its id."""
-    from ddlbench import rundir
-    from ddlbench.config import plan_from_overrides
-    from ddlbench.overrides import expand_sweep
+    from ddlbench.planning.config import plan_from_overrides
+    from ddlbench.planning.overrides import expand_sweep
+    from ddlbench.record import rundir
 
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")

@@ -6,9 +6,10 @@ import math
 import re
 from pathlib import Path
 
-from ddlbench import ownership, rundir
 from ddlbench.errors import ConfigError
-from ddlbench.results import atomic_write_json
+from ddlbench.lifecycle import ownership
+from ddlbench.record import rundir
+from ddlbench.record.results import atomic_write_json
 from ddlbench.sweep import manifest, status
 from ddlbench.sweep.cells import expand
 
@@ -20,14 +21,14 @@ UNSAFE_DIR = re.compile(r"[%\x00-\x1f\x7f]|\$\{")
 def _slurm_minutes(cells) -> int:
     """The array's time limit: the longest wall-clock bound among cells plus 5 minutes for
     start-up and the result."""
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     return math.ceil(max(plan_from_overrides(c.overrides).cfg.run.timeout_s for c in cells) / 60) + 5
 
 
 def _slurm_arrays(cells, indices: list[int], cpus_per_rank: int) -> dict:
     """Array tasks grouped by what each asks Slurm for (ddlbench.sweep.slurm.cell_shape): one job
     array per shape, so a cell spanning two nodes gets two nodes and a 1-rank cell one CPU."""
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     from ddlbench.sweep.slurm import cell_shape
     groups: dict = {}
     for i in indices:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ddlbench.signals import Stopped, name_of
+from ddlbench.lifecycle.signals import Stopped, name_of
 from ddlbench.sweep import manifest
 from ddlbench.sweep.task import run_cell
 

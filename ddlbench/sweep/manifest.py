@@ -5,9 +5,9 @@ import json
 import os
 from pathlib import Path
 
-from ddlbench import rundir
-from ddlbench.readers import DamagedFile, read_json, read_jsonl
-from ddlbench.results import atomic_write_json, load_result
+from ddlbench.record import rundir
+from ddlbench.record.readers import DamagedFile, read_json, read_jsonl
+from ddlbench.record.results import atomic_write_json, load_result
 from ddlbench.sweep.cells import Cell
 
 MANIFEST = "manifest.jsonl"

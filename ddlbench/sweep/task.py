@@ -14,11 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddlbench import rundir
 from ddlbench.errors import ConfigError
 from ddlbench.launch.forked import Forked
-from ddlbench.launch.stop import ForwardUsr1
-from ddlbench.signals import Stopped, name_of, shield, signum_of
+from ddlbench.lifecycle.signals import Stopped, name_of, shield, signum_of
+from ddlbench.lifecycle.stop import ForwardUsr1
+from ddlbench.record import rundir
 from ddlbench.sweep import manifest
 
 
@@ -100,7 +100,7 @@ def stop_cell(proc, exc: BaseException, cell_id: str) -> None:
     ranks and writes a `terminated`/`interrupted` result, which resume runs again), wait for it
     (bounded; then SIGKILL), so nothing of the cell outlives the sweep or writes after it ended.
     Where the signal went to the whole group (Ctrl-C, scancel) the cell has it already: its
-    launcher ignores a second one once it is stopping (ddlbench.signals.shield)."""
+    launcher ignores a second one once it is stopping (ddlbench.lifecycle.signals.shield)."""
     shield()
     sig = signum_of(exc)
     print(f"cell {cell_id}: {name_of(exc)} received; stopping the cell", file=sys.stderr, flush=True)
@@ -123,7 +123,7 @@ def srun_command(launcher, args: list[str]) -> list[str]:
 
 def _launcher(overrides: list[str]):
     """The cell's launcher config, or None when its config is bad (left to fail in the run)."""
-    from ddlbench.config import plan_from_overrides
+    from ddlbench.planning.config import plan_from_overrides
     try:
         return plan_from_overrides(overrides).cfg.launcher
     except ConfigError:
@@ -133,9 +133,9 @@ def _launcher(overrides: list[str]):
 def preload_for(overrides: list[str]) -> None:
     """Import what the cell's ranks will need here, once per sweep process, so every forked
     cell after the first starts warm. A cell whose config is bad is left to fail in its child."""
-    from ddlbench.config import plan_from_overrides
     from ddlbench.launch.local import device_type, start_method
     from ddlbench.launch.starters import preload
+    from ddlbench.planning.config import plan_from_overrides
     try:
         plan = plan_from_overrides(overrides)
     except ConfigError:
@@ -145,13 +145,13 @@ def preload_for(overrides: list[str]) -> None:
 
 
 def _bench_in_child(overrides: list[str], extra_env: dict) -> int:
-    from ddlbench.run_entry import run_or_exit_code
+    from ddlbench.launch.run_entry import run_or_exit_code
     os.environ.update(extra_env)
     return run_or_exit_code(overrides)
 
 
 def main(argv: list[str]) -> int:
-    from ddlbench.signals import install
+    from ddlbench.lifecycle.signals import install
     install()       # scancel's SIGTERM reaches this array task: stop the cell, then end
     sweep_dir = Path(argv[0])
     index = int(argv[1]) if len(argv) > 1 else int(os.environ["SLURM_ARRAY_TASK_ID"])
@@ -162,7 +162,7 @@ if __name__ == "__main__":
     try:
         code = main(sys.argv[1:])
     except (KeyboardInterrupt, Stopped) as stop:
-        from ddlbench.signals import exit_code
+        from ddlbench.lifecycle.signals import exit_code
         print(f"sweep task: stopped by {name_of(stop)}", file=sys.stderr)
         code = exit_code(stop)
     sys.stdout.flush()

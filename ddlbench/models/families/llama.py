@@ -35,5 +35,5 @@ FAMILY = Family(
     tensor_parallel=TensorParallelPlan("LlamaDecoderLayer", decoder.tp_plan(SPLIT), SPLIT,
                                        {**decoder.ATTENTION_DESCRIPTION, **decoder.MLP_DESCRIPTION},
                                        decoder.tp_plan(SPLIT, sequence_parallel=True), decoder.sp_model),
-    tp_widths=decoder.tp_widths, linear_layers=True, analytic_flops=analytic_flops,
+    tp_widths=decoder.tp_widths, linear_layers=True, analytic_flops=analytic_flops, sequence_split=True,
 )

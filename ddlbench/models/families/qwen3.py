@@ -33,5 +33,5 @@ FAMILY = Family(
                                        {**decoder.ATTENTION_DESCRIPTION, **decoder.MLP_DESCRIPTION,
                                         "self_attn.q_norm/k_norm": "replicated, gradient summed over tp (HeadNorm: each rank sees its own heads)"},
                                        decoder.tp_plan(SPLIT, sequence_parallel=True), decoder.sp_model),
-    tp_widths=decoder.tp_widths, linear_layers=True, analytic_flops=analytic_flops,
+    tp_widths=decoder.tp_widths, linear_layers=True, analytic_flops=analytic_flops, sequence_split=True,
 )
