@@ -97,9 +97,10 @@ def test_what_a_variant_says_it_applies_its_file_applies():
     (validation refuses the rest); each matches its file: expert parallelism compiled its blocks while
     a name list elsewhere refused run.compile for it."""
     import inspect
-    for cls in variant_classes():
+    classes = variant_classes()
+    for cls in classes:
         src = inspect.getsource(sys.modules[cls.__module__])
-        own = [c(c.Options()).abilities() for c in variant_classes() if c.__module__ == cls.__module__]
+        own = [c(c.Options()).abilities() for c in classes if c.__module__ == cls.__module__]
         assert any(a.compiles for a in own) == ("apply_compile(" in src or ".compile()" in src), cls.__name__
         assert any(a.float8 for a in own) == ("apply_float8(" in src), cls.__name__
 
