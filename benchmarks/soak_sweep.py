@@ -4,7 +4,7 @@ the expected statuses, that no process is left behind, and that `bench report` a
 N cells. Prints the timings.
 
     .venv/bin/python benchmarks/soak_sweep.py --cells 200      # by hand (~30 min on 2 cores)
-    .venv/bin/python benchmarks/soak_sweep.py --cells 20       # what CI runs (tests/test_soak.py)
+    .venv/bin/python benchmarks/soak_sweep.py --cells 10       # what CI runs (tests/test_soak.py)
 """
 from __future__ import annotations
 

@@ -324,3 +324,33 @@ def test_library_lines_that_do_not_concern_the_run_are_kept_not_shown(tmp_path, 
     assert any("reduce_scatter_tensor" in k for k in new) and any("No CUDA runtime" in k for k in new)
     quiet.write_kept(tmp_path / "third_party.log")
     assert "No CUDA runtime" in (tmp_path / "third_party.log").read_text() and quiet.kept() == []
+
+
+def test_under_srun_a_rank_that_fails_while_stopping_keeps_rank_0s_timeout_result(tmp_path, monkeypatch):
+    """launcher=slurm: on SIGUSR1 rank 0 writes the `timeout` result and exits; a peer still inside
+    a collective then fails (its peer is gone) a moment before srun ends it. That failure is the
+    stop's consequence: it never replaces the result (CI of 2c09fe7 saw `failed` for this race)."""
+    from ddlbench.launch import slurm
+    from ddlbench.lifecycle import stop
+    from ddlbench.planning.config import compose_raw, validate
+    from ddlbench.record.results import Record, error_info, load_result
+    plan = validate(compose_raw(["framework=ddp", "model=gpt2_tiny", "launcher.nproc=2", "debug=fast"]))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lost = RuntimeError("Connection closed by peer")
+
+    slurm._record_failure(plan, run_dir, 1, lost)          # no stop, no result yet: the failure is the result
+    first = load_result(run_dir / "result.json")
+    assert first["status"] == "failed" and "rank 1" in first["error"]["message"]
+
+    Record.new("run", plan.raw, status="timeout", precision="fp32",
+               error=error_info("timeout", "stopped by SIGUSR1")).write(run_dir)
+    slurm._record_failure(plan, run_dir, 1, lost)          # a timeout result is kept
+    assert load_result(run_dir / "result.json")["status"] == "timeout"
+
+    (run_dir / "result.json").unlink()
+    monkeypatch.setattr(stop, "_stopping", __import__("threading").Event())
+    stop._stopping.set()                                    # this rank took SIGUSR1: nothing is written
+    assert stop.stopping()
+    slurm._record_failure(plan, run_dir, 1, lost)
+    assert not (run_dir / "result.json").exists()

@@ -6,7 +6,8 @@ The variant's starter adds what its framework needs (Horovod: slots and a rendez
 Rank, world size and local rank come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; the
 master address is the first host of SLURM_JOB_NODELIST; the port is derived from the job and
 step ids, so array tasks sharing a node never clash. Rank 0 saves the config and writes the
-result; a rank that fails writes a `failed` result naming itself (unless an ok one exists).
+result; a rank that fails writes a `failed` result naming itself (unless an ok or timeout one
+exists, or the rank is stopping on SIGUSR1).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from ddlbench.cluster.device_task import master_host
 from ddlbench.errors import ConfigError
 from ddlbench.lifecycle.signals import STOP_SIGNALS
+from ddlbench.lifecycle.stop import stopping
 from ddlbench.planning.config import Plan
 from ddlbench.record.results import Record, error_info, load_result
 from ddlbench.record.rundir import RunDir
@@ -130,9 +132,15 @@ def run_slurm(plan: Plan, run_dir: Path) -> Record | None:
     return Record.from_json(load_result(RunDir(run_dir).result)) if rank == 0 else None
 
 
+KEPT_STATUSES = ("ok", "timeout")     # a later rank's failure never replaces these
+
+
 def _record_failure(plan: Plan, run_dir: Path, rank: int, exc: BaseException) -> None:
+    """A `failed` result naming this rank, unless the run already has an ok or timeout result, or
+    this rank is stopping on SIGUSR1 (its collective failed because a stopped peer exited: rank 0
+    writes the `timeout` result, srun --kill-on-bad-exit ends this rank a moment later)."""
     path = RunDir(run_dir).result
-    if path.exists() and load_result(path).get("status") == "ok":
+    if stopping() or (path.exists() and load_result(path).get("status") in KEPT_STATUSES):
         return
     import socket
 

@@ -22,6 +22,14 @@ from ddlbench.record.results import atomic_write_json
 from ddlbench.record.rundir import RunDir
 
 _live: dict = {}     # what the runner is measuring, by reference: step_s, losses, warmup
+_stopping = threading.Event()     # set once this process has begun its stop
+
+
+def stopping() -> bool:
+    """Whether this process has begun a SIGUSR1 stop. Its main thread may still be inside a
+    collective, which fails as soon as a stopped peer exits: that failure is a consequence of the
+    stop and must not be recorded as the run's result."""
+    return _stopping.is_set()
 
 
 def expose(step_s: list, losses: list, warmup: int) -> None:
@@ -47,6 +55,7 @@ def install_rank_handler(run_dir: str, rank: int, on_stop=None) -> None:
     def stop(signum: int) -> None:
         if not once.acquire(blocking=False):    # the other path got there first: it exits
             return
+        _stopping.set()
         step_s = list(_live.get("step_s", []))
         losses = [None if l is None else float(l) for l in _live.get("losses", [])][: len(step_s)]
         atomic_write_json(RunDir(run_dir).rank_partial(rank),

@@ -22,6 +22,13 @@ def traceable(variant) -> Optional[str]:
     return variant.abilities().fake_group
 
 
+def follows_parameters(plan) -> bool:
+    """Whether every collective of the plan's step is sized by the parameters, never by the batch:
+    data parallelism alone (no tensor, pipeline or context split, no experts over ranks)."""
+    d = plan.dims
+    return d.tp == d.pp == d.cp == 1 and not plan.variant.abilities().step.experts
+
+
 def record_variant(rec: dict):
     """The Variant of a record's configuration (its adapter and options, as validation builds it)."""
     from ddlbench.planning.config import load_variant_class
@@ -123,9 +130,10 @@ def _on_meta(build):
 def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int = 0, device: str = "cpu") -> dict:
     """`overrides`: a list of `bench run` overrides, or a resolved config (a record's `config`,
     launcher.nproc and run.device set here). `max_tokens`: language batches cut to their first
-    max_tokens positions (data-parallel payloads follow the parameters, not the batch). `time_steps`:
-    that many more steps timed on `device` (parameters a meta build left empty are filled first,
-    and on a CPU denormals flushed: what a fake gather leaves in its output is never read as data)."""
+    max_tokens positions, and to one sample per micro-batch where every payload follows the
+    parameters (follows_parameters). `time_steps`: that many more steps timed on `device`
+    (parameters a meta build left empty are filled first, and on a CPU denormals flushed: what a
+    fake gather leaves in its output is never read as data)."""
     import os
     import statistics
     import time
@@ -182,6 +190,8 @@ def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int
         batch = data.batch(0)
         if max_tokens and "input_ids" in batch:
             batch = {k: v[:, :max_tokens] for k, v in batch.items()}
+            if follows_parameters(plan):     # one sample per micro-batch: the same collectives, ~1/micro_batch of the work
+                batch = {k: v[: plan.dims.grad_accum] for k, v in batch.items()}
         strategy.train_step(batch)          # the first step builds what later steps reuse
         counter = CollectiveCounter([0] * world)
         with counter:
