@@ -383,7 +383,7 @@ def emulated_cluster(name: str, *up_args: str):
 
 class _Profile:
     """DDLBENCH_TEST_PROFILE=FILE: one JSON line per test (set-up, call and tear-down together):
-    wall seconds, this process's CPU seconds and its reaped descendants' (the runs' launchers,
+    its worker and start (epoch seconds), wall seconds, this process's CPU seconds and its reaped descendants' (the runs' launchers,
     agents and ranks). Where the suite's time goes, and how much of it waits rather than computes."""
 
     def __init__(self, path: str):
@@ -397,11 +397,12 @@ class _Profile:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        t0, (s0, c0) = time.monotonic(), self._cpu()
+        began, t0, (s0, c0) = time.time(), time.monotonic(), self._cpu()
         yield
         t1, (s1, c1) = time.monotonic(), self._cpu()
         with open(self.path, "a") as f:
-            f.write(json.dumps({"test": item.nodeid, "wall": round(t1 - t0, 3), "self_cpu": round(s1 - s0, 3),
+            f.write(json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+                                "began": round(began, 3), "wall": round(t1 - t0, 3), "self_cpu": round(s1 - s0, 3),
                                 "children_cpu": round(c1 - c0, 3)}) + "\n")
 
 
