@@ -18,6 +18,10 @@ def test_cell_ids_are_stable_and_distinct():
     assert [c.index for c in a] == [0, 1, 2, 3]
     reps = expand(["framework=ddp", "debug=fast"], repeats=3)
     assert [c.repeat for c in reps] == [0, 1, 2] and len({c.id for c in reps}) == 3
+    # repeats interleave: every configuration once, then each again
+    both = expand(["framework=ddp,fsdp_full", "debug=fast"], repeats=2)
+    assert [(c.overrides[0], c.repeat) for c in both] == [("framework=ddp", 0), ("framework=fsdp_full", 0),
+                                                          ("framework=ddp", 1), ("framework=fsdp_full", 1)]
     # two spellings of one configuration are one cell
     assert len(expand(["launcher.nproc=2,2", "debug=fast"])) == 1
 

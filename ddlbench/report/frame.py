@@ -19,6 +19,12 @@ SCALING_FREE = {("launcher", "nproc"), ("run", "global_batch"), ("run", "micro_b
                 ("launcher", "threads_per_rank")}
 
 
+def _window_began(record: dict) -> float | None:
+    spans = (record.get("timing") or {}).get("per_rank_window_unix_s") or []
+    starts = [span[0] for span in spans if isinstance(span, (list, tuple)) and span and span[0] is not None]
+    return min(starts) if starts else None
+
+
 def ac_policy(cfg: dict) -> str | None:
     """The run's activation checkpointing policy (ddlbench/models/checkpointing.py); None where its
     framework has no such option (a pipeline, Horovod)."""
@@ -200,6 +206,8 @@ def summary_row(record: dict, path: str = "") -> dict:
         "window_outlier": steady.get("outlier"),
         # the measured window's seconds and how much its slowest step alone moves the window's figure
         "window_s": steady.get("window_s"),
+        # when the measured window began (its first rank's start, unix s): whether repeats interleaved
+        "window_began_unix": _window_began(record),
         "slowest_step_moves": steady.get("slowest_step_moves"),
         "model_state_bytes_theory": (record.get("memory") or {}).get("model_state_bytes_per_rank_theory"),
         "rss_above_baseline_bytes": _rss_above_baseline(record),

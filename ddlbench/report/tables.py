@@ -47,6 +47,10 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
             "samples_per_s": sps[0], "samples_per_s_ci_low": sps[1], "samples_per_s_ci_high": sps[2],
             "time_to_target_s": ttt[0], "time_to_target_ci_low": ttt[1], "time_to_target_ci_high": ttt[2],
             "samples_per_s_range": sps_range, "time_to_target_range": ttt_range,
+            # each ok run's figure and when its window began: the verdict's test (ddlbench/metrics/compare.py)
+            "samples_per_s_runs": [float(x) for x in ok["samples_per_s"] if not missing(x)],
+            "began_runs": [None if missing(t) else float(t) for t, x in
+                           zip(ok.get("window_began_unix", [None] * len(ok)), ok["samples_per_s"]) if not missing(x)],
             "scaling_efficiency": _median(ok["scaling_efficiency"]), "scaling_kind": _first(ok["scaling_kind"]),
             "peak_memory_bytes": _median(ok["peak_memory_bytes"]),
             "tracker_peak_bytes": _median(ok["tracker_peak_bytes"]) if "tracker_peak_bytes" in ok else None,

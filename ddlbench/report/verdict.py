@@ -1,32 +1,59 @@
 """The report's first lines: who is fastest, who needs the least memory, who reaches the target
 first, per model and world size (and precision), with how sure the reader can be, and what makes
-the comparison unfair or incomplete. Pure: the report's tables in, sentences out."""
+the comparison unfair or incomplete. A framework is called fastest only when it is faster than
+every other beyond the run-to-run noise (ddlbench/metrics/compare.py: a rank-sum test over
+interleaved repeats, with the ratio's interval); otherwise the line says which are
+indistinguishable and how many repeats would separate them. Pure: the report's tables in,
+sentences out."""
 from __future__ import annotations
 
 import pandas as pd
 
+from ddlbench.metrics.compare import compare
 from ddlbench.report.fmt import human_bytes as _bytes
 from ddlbench.report.fmt import missing
 
 
-def _spread(row) -> tuple[float, float] | None:
-    """The interval (95% CI) or the range of the repeats behind a median; None from one run."""
-    if not missing(row.get("samples_per_s_ci_low")):
-        return row["samples_per_s_ci_low"], row["samples_per_s_ci_high"]
-    rng = row.get("samples_per_s_range")
-    if not missing(rng) and rng[2] >= 2:
-        return rng[0], rng[1]
-    return None
+def runs_of(row) -> list[float]:
+    """The throughput of each ok run behind a configuration's row (one figure where the row does
+    not list them)."""
+    runs = row.get("samples_per_s_runs")
+    if isinstance(runs, (list, tuple)) and len(runs):
+        return [float(x) for x in runs]
+    return [] if missing(row.get("samples_per_s")) else [float(row["samples_per_s"])]
 
 
-def _certainty(best, second) -> str:
-    """How sure the lead is: separated intervals, overlapping ones, or single runs."""
-    a, b = _spread(best), _spread(second)
-    if a is None and b is None:
-        return "one run each, no repeats: rerun with run.repeats>=5 to know if it holds"
-    if a is None or b is None:
-        return f"{'the first' if a is None else 'the second'} ran once: too few repeats to tell (run.repeats>=5)"
-    return "their repeats do not overlap" if a[0] > b[1] else "within the spread of their repeats: not a clear lead"
+def _blocked(a, b) -> bool:
+    """Whether two configurations' runs ran in blocks (all of one before all of the other), by
+    their windows' start times: then a machine that drifted reads as a difference."""
+    ta, tb = a.get("began_runs"), b.get("began_runs")
+    if not isinstance(ta, (list, tuple)) or not isinstance(tb, (list, tuple)) or len(ta) < 2 or len(tb) < 2:
+        return False
+    ta, tb = [t for t in ta if not missing(t)], [t for t in tb if not missing(t)]
+    return bool(ta and tb) and (max(ta) < min(tb) or max(tb) < min(ta))
+
+
+def _ranked(rows: pd.DataFrame, named) -> str:
+    """The fastest of `rows` (sorted, fastest first) against the others, by the rule of
+    ddlbench/metrics/compare.py: a winner only when it is faster than every other beyond the
+    run-to-run noise; otherwise which are indistinguishable, and what would separate them."""
+    top = rows.iloc[0]
+    pairs = [(r, compare(runs_of(top), runs_of(r))) for _, r in rows.iloc[1:].iterrows()]
+    second, first_pair = pairs[0]
+    lead = (f"{named(top)} {top['samples_per_s']:.1f} samples/s, "
+            f"{top['samples_per_s'] / second['samples_per_s']:.2f}x {named(second)}")
+    blocked = [named(r) for r, _ in pairs if _blocked(top, r)]
+    note = (f"; runs in blocks, not interleaved ({named(top)} against {', '.join(blocked)}): a drifting machine "
+            "reads as a difference" if blocked else "")
+    if all(c.decided and c.ratio > 1 for _, c in pairs):
+        return f"fastest: {lead} ({first_pair.why()}){note}"
+    tied = [named(top)] + [named(r) for r, c in pairs if not (c.decided and c.ratio > 1)]
+    slower = [named(r) for r, c in pairs if c.decided and c.ratio > 1]
+    out = (f"no clear winner: {', '.join(tied)} not told apart from the run-to-run noise (by the median: "
+           f"{lead}; {first_pair.why()})")
+    if slower:
+        out += f"; slower beyond the noise: {', '.join(slower)}"
+    return out + note
 
 
 def _settings_line(g: pd.DataFrame) -> str | None:
@@ -35,13 +62,12 @@ def _settings_line(g: pd.DataFrame) -> str | None:
     runs = g[g["ok"] > 0].dropna(subset=["samples_per_s"]).sort_values("samples_per_s", ascending=False)
     if len(runs) < 2:
         return None
-    best, second = runs.iloc[0], runs.iloc[1]
 
     def named(row) -> str:
         settings = row.get("settings")
         return f"{row['label']} ({settings})" if isinstance(settings, str) and settings else row["label"]
-    return (f"fastest setting: {named(best)} {best['samples_per_s']:.1f} samples/s, "
-            f"{best['samples_per_s'] / second['samples_per_s']:.2f}x {named(second)} ({_certainty(best, second)})")
+    line = _ranked(runs, named)
+    return line.replace("fastest: ", "fastest setting: ", 1).replace("no clear winner: ", "no clear winner among settings: ", 1)
 
 
 def group_lines(g: pd.DataFrame) -> list[str]:
@@ -51,10 +77,7 @@ def group_lines(g: pd.DataFrame) -> list[str]:
           .drop_duplicates("label"))
     lines = []
     if len(ok) >= 2:
-        best, second = ok.iloc[0], ok.iloc[1]
-        lines.append(f"fastest: {best['label']} {best['samples_per_s']:.1f} samples/s, "
-                     f"{best['samples_per_s'] / second['samples_per_s']:.2f}x {second['label']} "
-                     f"({_certainty(best, second)})")
+        lines.append(_ranked(ok, lambda row: row["label"]))
     elif len(ok) == 1:
         lines.append(_settings_line(g) or
                      f"only {ok.iloc[0]['label']} ran ok ({ok.iloc[0]['samples_per_s']:.1f} samples/s): nothing to compare")

@@ -42,7 +42,8 @@ def label(combo: list[str], swept: set[str]) -> str:
 
 
 def expand(overrides: list[str], repeats: int = 1, readable_names: bool = False) -> list[Cell]:
-    """Hydra multirun semantics (cross product of comma lists, glob/range), times `repeats`.
+    """Hydra multirun semantics (cross product of comma lists, glob/range), times `repeats`, the
+    repeats interleaved (A B A B, not A A B B).
     Every cell is composed and validated before anything is written or submitted.
     `readable_names`: each cell's directory is <index>_<swept values> instead of its id."""
     from ddlbench.planning.config import plan_from_overrides
@@ -56,8 +57,11 @@ def expand(overrides: list[str], repeats: int = 1, readable_names: bool = False)
     cells: list[Cell] = []
     seen: set[str] = set()
     swept = swept_keys(overrides)
-    for combo in expand_sweep(overrides):
-        for r in range(repeats):
+    combos = expand_sweep(overrides)
+    # repeats interleaved (every configuration once, then again): a machine that drifts over the
+    # sweep moves every configuration alike (ddlbench/metrics/compare.py)
+    for r in range(repeats):
+        for combo in combos:
             cell_overrides = [*combo, f"run.repeat={r}"] if repeats > 1 else list(combo)
             plan = plan_from_overrides(cell_overrides)
             cid = cell_id(plan.raw)
