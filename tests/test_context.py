@@ -52,8 +52,43 @@ def test_llama_tiny_on_a_small_device_fits_512_tokens_and_1024_ends_oom(tmp_path
     (("model=resnet18_tiny", "framework=ddp"), "has no sequence"),
     (("framework=ddp",), "model= is required"),
     (("model=llama_tiny", "framework=ddp", "seq_lens=[a]"), "seq_lens"),
+    # issue 66 (8): 1e10 tokens tried to build an 80 GB example batch
+    (("model=llama_tiny", "framework=ddp", "seq_lens=[10000000000]"), "exceed 4,194,304 tokens"),
+    # issue 66 (10): a file where the output directory goes, said before the work
+    (("model=llama_tiny", "framework=ddp", "out={tmp}/a_file"), "cannot make the output directory"),
 ])
 def test_bad_input_is_refused_with_the_reason(args, message, tmp_path):
-    proc = bench("context", *args, "measure=false", f"out={tmp_path}")
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    (tmp_path / "a_file").write_text("not a directory")
+    args = [a.format(tmp=tmp_path) for a in args]
+    out = [] if any(a.startswith("out=") for a in args) else [f"out={tmp_path}"]
+    proc = bench("context", *args, "measure=false", *out)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_stop_signal_stops_the_run_it_measures_and_nothing_writes_after(tmp_path):
+    """Issue 66 (6): SIGTERM to `bench context` while it measured left the run's agent and rank
+    training under pid 1 (subprocess.run SIGKILLs its direct child only); they wrote an ok result
+    21 s after `bench context` exited. The run is stopped through its launcher and waited for."""
+    import signal
+    import time
+
+    from conftest import HOLD_AT_STEP_3, bench_background, wait_until_held
+    out = tmp_path / "ctx"
+    proc = bench_background("context", "model=llama_tiny", "framework=ddp", "launcher.nproc=1", "run.global_batch=2",
+                            "run.device_memory_gb=1", "seq_lens=[128]", *HOLD_AT_STEP_3, f"out={out}")
+    try:
+        run_dir = out / "runs" / "seq_128"
+        wait_until_held(run_dir)             # the measured run holds at step 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 128 + signal.SIGTERM
+    finally:
+        proc.assert_nothing_left()           # no agent, no rank outlived it
+    err = proc.completed().stderr
+    assert "the run at seq_len 128: SIGTERM received; stopping it" in err and "Traceback" not in err, err[-2000:]
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "failed" and rec["error"]["signal"] == "SIGTERM"
+    files = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+    time.sleep(2)
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == files   # no late write
+    assert not (out / "context.json").exists()

@@ -166,6 +166,12 @@ BAD_INPUT = [
      "budget_GBps must be > 0, got 0"),
     ("truncated", ["project", "{dir}/good", "network={dir}/inf.yaml"], "dimension 'node' size must be a whole number >= 1, got inf"),
     ("truncated", ["project", "{dir}/good", "network={dir}/nan.yaml"], "bandwidth_GBps must be a finite number > 0, got nan"),
+    # issue 66 (1): another model's step priced this run; (10): out= a file, said before any work
+    ("compute_from", ["project", "{dir}/two", "network=dgx_h100", "compute_from={dir}/llama"],
+     "is not a 1-rank result of this run's configuration: its model is llama_tiny"),
+    ("compute_from", ["project", "{dir}/two", "network=dgx_h100", "compute_from={dir}/two"], "it ran on 2 ranks"),
+    ("compute_from", ["project", "{dir}/two", "network=dgx_h100", "out={dir}/a_file"], "cannot make the output directory"),
+    ("compute_from", ["project", "{dir}/bad_group", "network=dgx_h100"], "communication group '0,1@1' is not <ranks>@<nodes>"),
     ("manifest", ["sweep", "status", "{dir}"], "damaged sweep manifest (line 2: not valid JSON"),
     ("manifest", ["sweep", "resume", "{dir}"], "damaged sweep manifest (line 2: not valid JSON"),
     ("sweep_json", ["sweep", "status", "{dir}"], "damaged sweep description (not valid JSON"),
@@ -195,6 +201,14 @@ def _setup(kind: str, d: Path) -> None:
         write(d, make_record("good"))
         (d / "cut").mkdir()
         (d / "cut" / "result.json").write_text('{"schema": "ddlbench.result/1", "st')
+    elif kind == "compute_from":
+        two = make_record("two", world=2)
+        two["comm"] = {"per_step_bytes": {"all_reduce": 4e6}, "per_step_bytes_by_group": {"all_reduce": {"2@1": 4e6}}}
+        write(d, two)
+        write(d, {**two, "run_id": "bad_group", "comm": {**two["comm"], "per_step_bytes_by_group": {"all_reduce": {"0,1@1": 4e6}}}})
+        llama = make_record("llama")
+        llama["model"]["name"] = "llama_tiny"
+        write(d, llama)
     elif kind in ("manifest", "sweep_json"):
         (d / "sweep.json").write_text('{"backend": "local", "jobs": []}' if kind == "manifest" else '{"backend": "lo')
         (d / "manifest.jsonl").write_text('{"index": 0, "id": "a", "overrides": [], "repeat": 0}\n{"index": 1, "i\n')

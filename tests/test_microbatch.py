@@ -137,6 +137,33 @@ def test_a_sweeps_memory_profile_is_computed_once_per_key(tmp_path, monkeypatch)
     assert len(measured) == 4
 
 
+def test_a_cache_file_of_another_key_is_not_used_and_an_unusable_cache_is_skipped(tmp_path, monkeypatch, capsys):
+    """Issue 66 (3, 9): llama_tiny's profile under gpt2_tiny's name made gpt2_tiny run llama_tiny's
+    micro-batch; the key stored inside the file is compared now. A cache directory that cannot be
+    made (a file in its place) is skipped with a warning: it saves time, it never fails a run."""
+    import json
+
+    import ddlbench.estimate.profile as prof_mod
+    from ddlbench.planning.config import plan_from_overrides
+    monkeypatch.setattr(prof_mod, "_memo", {})
+    gpt2 = plan_from_overrides(["model=gpt2_tiny"]).cfg.model
+    llama = plan_from_overrides(["model=llama_tiny"]).cfg.model
+    own, _ = prof_mod.cached_profile(gpt2, "fp32", "cpu", cache_dir=tmp_path / "a")
+    prof_mod.cached_profile(llama, "fp32", "cpu", cache_dir=tmp_path / "b")
+    [g], [lf] = (tmp_path / "a").glob("profile-*.json"), (tmp_path / "b").glob("profile-*.json")
+    g.write_text(lf.read_text())                           # llama's file under gpt2's name
+    prof_mod._memo.clear()
+    again, how = prof_mod.cached_profile(gpt2, "fp32", "cpu", cache_dir=tmp_path / "a")
+    assert again == own and how.startswith("measured") and "not used (" in how and "holds the profile of key" in how
+    assert "memory-profile cache:" in capsys.readouterr().err
+    assert json.loads(g.read_text())["key"] == prof_mod.cache_key(gpt2, "fp32", "cpu")   # rewritten with its own
+    (tmp_path / "file").write_text("not a directory")
+    prof_mod._memo.clear()
+    prof, how = prof_mod.cached_profile(gpt2, "fp32", "cpu", cache_dir=tmp_path / "file" / "cache")
+    assert prof == own and how.startswith("measured; cache not cached: ")
+    assert "bench: warning: memory-profile cache: not cached:" in capsys.readouterr().err
+
+
 def test_a_sweeps_cells_share_the_profile(tmp_path):
     """A 2-cell run.micro_batch=auto sweep: the model is profiled once for the whole sweep."""
     from conftest import bench

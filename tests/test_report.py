@@ -69,6 +69,24 @@ def test_failures_table_lists_failed_and_unreadable(known, tmp_path):
     assert "rank 1 raised at step 2" in html and "unreadable_result" in html
 
 
+def test_a_sweep_where_every_run_failed_gets_a_report_of_its_failures(tmp_path):
+    """Issue 66 (7): no ok run at all (or only a torn result) was a pandas ValueError."""
+    root = tmp_path / "runs"
+    write(root, make_record("hvd2", framework="horovod", world=2, status="failed", message="rank 1 raised at step 2"))
+    (root / "torn").mkdir()
+    (root / "torn" / "result.json").write_text('{"schema": "ddlbench.res')
+    rep = report.build([str(root)], tmp_path / "out", progress=False)
+    assert set(rep.failures["run_id"]) == {"hvd2", "torn"}
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "rank 1 raised at step 2" in html and "unreadable_result" in html
+    only_torn = tmp_path / "torn_only"
+    (only_torn / "t").mkdir(parents=True)
+    (only_torn / "t" / "result.json").write_text('{"schema"')
+    proc = bench("report", str(only_torn), "-o", str(tmp_path / "out2"))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "unreadable_result" in (tmp_path / "out2" / "report.md").read_text()
+
+
 def test_pipeline_stages_are_listed_per_rank(tmp_path):
     root = tmp_path / "runs"
     rec = make_record("pp2", framework="pipeline", variant="1f1b", world=2)

@@ -193,25 +193,46 @@ def cached_profile(model_cfg, precision: str = "fp32", device_type: str = "cpu",
     key = cache_key(model_cfg, precision, device_type)
     path = Path(cache_dir) / f"profile-{key}.json" if cache_dir else None
 
+    unusable: list[str] = []     # why the cache could not be used: said, never a failed run (it only saves time)
+
     def keep(prof: ModelProfile) -> None:
         _memo[key] = prof
-        if path is not None and not path.is_file():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, {"key": key, "precision": precision, "device": device_type,
-                                     "profile": prof.to_dict()})
+        try:
+            if path is not None and not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(path, {"key": key, "precision": precision, "device": device_type,
+                                         "profile": prof.to_dict()})
+        except OSError as exc:
+            unusable.append(f"not cached: {path}: {exc.strerror or exc}")
     if key in _memo:      # this process (or the sweep it was forked from) profiled it already
         keep(_memo[key])
-        return _memo[key], "computed earlier in this process (a sweep validates its cells before it forks them)"
+        return _memo[key], _said("computed earlier in this process (a sweep validates its cells before it forks them)",
+                                 unusable)
     if path is not None and path.is_file():
         try:
-            prof = ModelProfile.from_dict(read_json(path, "memory-profile cache")["profile"])
+            stored = read_json(path, "memory-profile cache")
+            if stored.get("key") != key:    # a file under this key's name made for another model or setting
+                raise KeyError(f"it holds the profile of key {stored.get('key')!r}, not {key!r}")
+            prof = ModelProfile.from_dict(stored["profile"])
             _memo[key] = prof
             return prof, f"cached {path}"
-        except (DamagedFile, KeyError, TypeError, OSError):
-            path.unlink(missing_ok=True)
+        except (DamagedFile, KeyError, TypeError, AttributeError, OSError) as exc:
+            unusable.append(f"{path} not used ({exc}): measured again")
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass
     prof = profile(model_cfg, precision, device_type)
     keep(prof)
-    return prof, f"measured, cached in {path}" if path is not None else "measured"
+    return prof, _said(f"measured, cached in {path}" if path is not None and not unusable else "measured", unusable)
+
+
+def _said(where: str, unusable: list[str]) -> str:
+    """Where a profile came from, with what kept the cache from being used (a warning on stderr too)."""
+    import sys
+    for why in unusable:
+        print(f"bench: warning: memory-profile cache: {why}", file=sys.stderr)
+    return where + "".join(f"; cache {why}" for why in unusable)
 
 
 def profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> ModelProfile:

@@ -6,6 +6,8 @@ the command then prints one line and exits 128 + the signal's number. No traceba
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)   # SIGINT: Python raises KeyboardInterrupt itself
 ALL_STOP_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
@@ -49,3 +51,37 @@ def shield() -> None:
     second (a repeated Ctrl-C, a scheduler's repeated SIGTERM); the process is ending anyway."""
     for sig in ALL_STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+CHILD_STOP_GRACE_S = 60.0
+
+
+def stop_child(proc, exc: BaseException, what: str, grace_s: float = CHILD_STOP_GRACE_S) -> None:
+    """A stop signal reached this command while `proc` (a `bench` child: a sweep's cell, `bench
+    context`'s run) runs: pass it on (the child's launcher kills its ranks and writes a
+    `terminated`/`interrupted` result), wait for it (bounded; then SIGKILL), so nothing it started
+    outlives this command or writes after it ended. Where the signal went to the whole group
+    (Ctrl-C, scancel) the child has it already: it ignores a second one once stopping (shield)."""
+    shield()
+    sig = signum_of(exc)
+    print(f"{what}: {name_of(exc)} received; stopping it", file=sys.stderr, flush=True)
+    try:
+        proc.send_signal(signal.SIGTERM if isinstance(proc, subprocess.Popen) and sig == signal.SIGINT else sig)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def run_child(cmd: list[str], what: str, **popen) -> int:
+    """subprocess.run for a child that starts processes of its own (`bench run`): on a stop signal
+    the child is stopped through its own clean-up (stop_child), never SIGKILLed alone with its
+    ranks left running (subprocess.run kills only its direct child). Its exit code."""
+    proc = subprocess.Popen(cmd, **popen)
+    try:
+        return proc.wait()
+    except (KeyboardInterrupt, Stopped) as exc:
+        stop_child(proc, exc, what)
+        raise

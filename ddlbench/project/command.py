@@ -40,6 +40,41 @@ def numbers(kv, sizes: list[int]) -> dict:
             "device_cost": kv.number("device_cost", 0.0, low=0.0)}
 
 
+def compute_from_mismatch(rec: dict, single: dict) -> list[str]:
+    """What makes `single` unfit to give `rec`'s compute time (issue 66: a llama_tiny step priced a
+    gpt2_tiny projection): it must be one rank, of the same model (shape), precision and sequence."""
+    def model(r):
+        m = r.get("model") or {}
+        return m.get("name"), m.get("params")
+
+    def seq(r):
+        return ((r.get("config") or {}).get("model") or {}).get("seq_len")
+    out = []
+    world = (single.get("parallel") or {}).get("world_size")
+    if world != 1:
+        out.append(f"it ran on {world} ranks")
+    if model(single) != model(rec):
+        out.append(f"its model is {model(single)[0]} ({model(single)[1]} parameters), the run's "
+                   f"{model(rec)[0]} ({model(rec)[1]})")
+    if single.get("precision") != rec.get("precision"):
+        out.append(f"its precision is {single.get('precision')}, the run's {rec.get('precision')}")
+    if seq(single) != seq(rec):
+        out.append(f"its sequence is {seq(single)} tokens, the run's {seq(rec)}")
+    if single.get("status") != "ok":
+        out.append(f"its status is {single.get('status')}")
+    return out
+
+
+def _out_dir(out: Path) -> Path:
+    """The output directory, made before any work (a file in its place, or one that cannot be
+    made, is said at once, not after the traces)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"out={out}: cannot make the output directory ({exc.strerror or exc})") from None
+    return out
+
+
 def _record(path: Path) -> dict:
     from ddlbench.record.results import load_result
     from ddlbench.record.rundir import RunDir
@@ -68,7 +103,15 @@ def run(args: list[str]) -> int:
     scaling = o.choice("scaling", ("weak", "strong"), "weak")
     num = numbers(o, sizes)
     overlap = num["overlap"]
-    compute_from = workload.from_record(_record(Path(o.text("compute_from")))) if o.text("compute_from") else None
+    compute_from = None
+    if o.text("compute_from"):
+        single = _record(Path(o.text("compute_from")))
+        wrong = compute_from_mismatch(rec, single)
+        if wrong:
+            raise ConfigError(f"compute_from={o.text('compute_from')} is not a 1-rank result of this run's configuration: "
+                              + "; ".join(wrong))
+        compute_from = workload.from_record(single)
+    out = _out_dir(Path(o.text("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}")))
     replanned = None
     if work.world == 1 and not work.collectives:      # a 1-rank run sent nothing: re-plan, never price zero
         work, replanned = workload.replanned(rec, work)
@@ -83,8 +126,6 @@ def run(args: list[str]) -> int:
         raise ConfigError("a GPU (nccl) result needs measured_on=<the network it ran on> or compute_from=<1-rank result>")
     compute_s, compute_src = proj.compute_seconds(work, measured_on, compute_from, algorithm)
     rows = proj.project(work, net, sizes, compute_s, scaling, algorithm, overlap)
-    out = Path(o.text("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}"))
-    out.mkdir(parents=True, exist_ok=True)
     doc = {"run_id": rec.get("run_id"), "strategy": work.label, "network": net.name, "network_file": net.source,
            "scaling": scaling, "overlap": overlap, "algorithm": algorithm,
            "compute_s": compute_s, "compute_source": compute_src, "measured_step_s": work.step_s,

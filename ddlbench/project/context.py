@@ -15,12 +15,15 @@ import sys
 from pathlib import Path
 
 from ddlbench.errors import ConfigError
+from ddlbench.lifecycle.signals import run_child
 from ddlbench.record.results import atomic_write_json
 
 KEYS = {"seq_lens", "measure", "out"}
 USAGE = ("usage: bench context model=NAME framework=NAME launcher.nproc=N run.device_memory_gb=X "
          "[seq_lens=[128,256,...]] [measure=true|false] [out=DIR] [any run override]")
 GROWTH = 6          # default candidates: the preset's length x 2^0 .. 2^GROWTH
+MAX_SEQ_LEN = 1 << 22   # 4,194,304 tokens: past any model's context here; 1e10 tried to build an 80 GB batch
+MAX_CANDIDATES = 64
 
 
 def candidates(base: int, given: list[int] | None) -> list[int]:
@@ -68,9 +71,10 @@ def estimate_all(overrides: list[str], seqs: list[int]) -> tuple[list[dict], int
 def measure(overrides: list[str], seq: int, out: Path) -> dict:
     """One `bench run` at this length (its own process, its own run directory): status, peak, speed."""
     run_dir = out / "runs" / f"seq_{seq}"
-    subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", *overrides, f"model.seq_len={seq}",
-                    f"run.dir={run_dir}", "logger=none", "run.progress=false"], check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # a stop signal to `bench context` stops this run through its launcher and waits for it
+    run_child([sys.executable, "-m", "ddlbench.cli", "run", *overrides, f"model.seq_len={seq}",
+               f"run.dir={run_dir}", "logger=none", "run.progress=false"], f"the run at seq_len {seq}",
+              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     from ddlbench.record.rundir import RunDir
     path = RunDir(run_dir).result
     if not path.is_file():
@@ -98,11 +102,21 @@ def run(args: list[str]) -> int:
     base = plan_from_overrides(overrides).cfg.model
     if getattr(base, "seq_len", None) is None:
         raise ConfigError(f"bench context: {base.name} has no sequence (a language model is needed)")
-    seqs = candidates(base.seq_len, kv.integers("seq_lens"))
+    given = kv.integers("seq_lens")
+    too_long = [s for s in given or () if s > MAX_SEQ_LEN]
+    if too_long:
+        raise ConfigError(f"bench context: seq_lens {too_long} exceed {MAX_SEQ_LEN:,} tokens (the example batch "
+                          "alone would not fit a host)")
+    if given is not None and len(set(given)) > MAX_CANDIDATES:
+        raise ConfigError(f"bench context: at most {MAX_CANDIDATES} seq_lens, got {len(set(given))}")
+    seqs = candidates(base.seq_len, given)
+    out = Path(kv.text("out") or f"context_{base.name}")
+    try:          # before any work: a file in its place is said now, not after the runs
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"bench context: out={out}: cannot make the output directory ({exc.strerror or exc})") from None
     rows, limit, source = estimate_all(overrides, seqs)
     answer = longest([(r["seq_len"], r["estimate_bytes"]) for r in rows], limit)
-    out = Path(kv.text("out") or f"context_{base.name}")
-    out.mkdir(parents=True, exist_ok=True)
     measured = []
     if kv.choice("measure", ("true", "false"), "true") == "true":
         at = [answer] if answer is not None else []

@@ -47,8 +47,17 @@ class Workload:
     tokens_per_sample: int | None = None
 
 
+def group_key(key: str) -> tuple[int, int]:
+    """(ranks, nodes) of a result's group key '<ranks>@<nodes>'; a damaged one is said, not a traceback."""
+    try:
+        ranks, nodes = (int(x) for x in str(key).split("@"))
+    except ValueError:
+        raise ConfigError(f"damaged result record: communication group {key!r} is not <ranks>@<nodes>") from None
+    return ranks, nodes
+
+
 def scope_of(key: str, world: int) -> str | None:
-    ranks, nodes = (int(x) for x in str(key).split("@"))
+    ranks, nodes = group_key(key)
     if ranks <= 1:
         return None                     # a group of one sends nothing
     if ranks == world:
@@ -93,7 +102,7 @@ def from_record(rec: dict) -> Workload:
             for key, gb in by_group[kind].items():
                 scope = scope_of(key, world)
                 if scope and gb > 0:
-                    out.append(Collective(kind, float(gb), scope, group_size(key), int(str(key).split("@")[1]),
+                    out.append(Collective(kind, float(gb), scope, group_size(key), group_key(key)[1],
                                           calls.get(kind, {}).get(key, 1.0)))
         elif b > 0 and world > 1:       # counted without groups (Horovod's own counter): world
             issued = tuple((float(h), float(n)) for h, n in (comm.get("issued") or {}).get(kind, []))

@@ -247,6 +247,8 @@ def add_scaling(df: pd.DataFrame) -> None:
     (strong) or the per-device batch (weak). A run in both kinds of series is labelled strong."""
     df["scaling_efficiency"] = df["scaling_efficiency"].astype(object)
     ok = df[(df["status"] == "ok") & df["samples_per_s"].notna()].copy()
+    if ok.empty:      # every run failed (or none measured): no series, and the report still lists the failures
+        return
     ok["per_device_batch"] = ok["global_batch"] / ok["world_size"]
     for kind, held in (("weak", "per_device_batch"), ("strong", "global_batch")):  # strong wins
         keys = ok[["scaling_group", held]].astype(str).agg("|".join, axis=1)

@@ -9,14 +9,13 @@ import fcntl
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from ddlbench.errors import ConfigError
 from ddlbench.launch.forked import Forked
-from ddlbench.lifecycle.signals import Stopped, name_of, shield, signum_of
+from ddlbench.lifecycle.signals import Stopped, name_of, stop_child
 from ddlbench.lifecycle.stop import ForwardUsr1
 from ddlbench.record import rundir
 from ddlbench.sweep import manifest
@@ -92,26 +91,10 @@ def run_cell(sweep_dir: Path, index: int, extra_env: dict | None = None) -> int:
                 raise
 
 
-CELL_STOP_GRACE_S = 60.0
-
-
 def stop_cell(proc, exc: BaseException, cell_id: str) -> None:
-    """A stop signal reached the sweep: pass it on to the running cell (its launcher kills its
-    ranks and writes a `terminated`/`interrupted` result, which resume runs again), wait for it
-    (bounded; then SIGKILL), so nothing of the cell outlives the sweep or writes after it ended.
-    Where the signal went to the whole group (Ctrl-C, scancel) the cell has it already: its
-    launcher ignores a second one once it is stopping (ddlbench.lifecycle.signals.shield)."""
-    shield()
-    sig = signum_of(exc)
-    print(f"cell {cell_id}: {name_of(exc)} received; stopping the cell", file=sys.stderr, flush=True)
-    try:
-        proc.send_signal(signal.SIGTERM if isinstance(proc, subprocess.Popen) and sig == signal.SIGINT else sig)
-        proc.wait(timeout=CELL_STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+    """A stop signal reached the sweep: the running cell is stopped through its own clean-up and
+    waited for (ddlbench.lifecycle.signals.stop_child); resume runs it again."""
+    stop_child(proc, exc, f"cell {cell_id}")
 
 
 def srun_command(launcher, args: list[str]) -> list[str]:
