@@ -25,9 +25,9 @@ $(STAMP):
 	$(BIN)/python -m pip install -q -e '.[dev,deepspeed,fairscale]' $(TORCH_PINS)
 	bash scripts/build_horovod.sh $(VENV) cpu   # ~6 min once; CPU + gloo (see the script)
 	# DeepSpeed JIT-builds its CPU Adam op and its shared-memory communication op (every CPU run's
-	# init_distributed) on first use (~1.5 min and ~35 s; cached in ~/.cache/torch_extensions under
-	# this venv's path): build them here, once, not inside the first test that starts DeepSpeed
-	$(BIN)/python -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load(); \
+	# init_distributed) on first use (~1.5 min and ~35 s; cached in $(VENV)/torch_extensions: importing
+	# ddlbench sets TORCH_EXTENSIONS_DIR there): build them here, once, not inside the first test that starts DeepSpeed
+	$(BIN)/python -c "import ddlbench; from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load(); \
 	    from deepspeed.accelerator import get_accelerator as a; a().create_op_builder('ShareMemCommBuilder').load()"
 	touch $@
 

@@ -58,15 +58,23 @@ def cmd_table(paths: list[str]) -> int:
     return 0
 
 
-def cmd_report(paths: list[str], out: str | None, wandb: bool) -> int:
+REPORT_FILES = ["summary.csv", "report.md", "report.html"]
+
+
+def cmd_report(paths: list[str], out: str | None, wandb: bool, replace: bool = False) -> int:
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
         raise ConfigError(f"no such path: {', '.join(missing)}")
     from ddlbench import report
+    from ddlbench.lifecycle.ownership import claim_output
 
     out_dir = Path(out) if out else Path(paths[0]) / "report"
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"-o {out_dir}: exists and is not a directory (the report is a directory of files)")
+    from ddlbench.record.results import find_results
+    if not find_results(paths) and not report.load.missing_cells(paths):
+        raise ConfigError("no result.json found under: " + " ".join(paths))
+    claim_output(out_dir, "bench report", REPORT_FILES, "pass --replace", replace)
     try:
         rep = report.build(paths, out_dir, progress=sys.stderr.isatty())
     except FileNotFoundError as exc:
@@ -96,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p_rep = sub.add_parser("report", help="comparison report (csv, md, html, png) of results under dirs")
     p_rep.add_argument("paths", nargs="+", help="sweep or run directories (searched for result.json)")
     p_rep.add_argument("-o", "--out", help="output directory (default: <first path>/report)")
+    p_rep.add_argument("--replace", action="store_true",
+                       help="replace summary.csv, report.md and report.html in an output directory ddlbench did not write")
     p_rep.add_argument("--wandb", action="store_true",
                        help="also build a W&B Report over the runs (saved online; offline: spec file)")
     p_proj = sub.add_parser("project", help="project a result to other world sizes on a modelled network: "
@@ -167,7 +177,7 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             from ddlbench.commbench.command import run as commbench
             return commbench(args.args)
         if args.command == "report":
-            return cmd_report(args.paths, args.out, args.wandb)
+            return cmd_report(args.paths, args.out, args.wandb, args.replace)
         return cmd_table(args.paths)
     except ConfigError as exc:
         print(f"bench: config error: {exc}", file=sys.stderr)

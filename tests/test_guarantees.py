@@ -170,8 +170,14 @@ BAD_INPUT = [
     ("compute_from", ["project", "{dir}/two", "network=dgx_h100", "compute_from={dir}/llama"],
      "is not a 1-rank result of this run's configuration: its model is llama_tiny"),
     ("compute_from", ["project", "{dir}/two", "network=dgx_h100", "compute_from={dir}/two"], "it ran on 2 ranks"),
-    ("compute_from", ["project", "{dir}/two", "network=dgx_h100", "out={dir}/a_file"], "cannot make the output directory"),
+    ("compute_from", ["project", "{dir}/two", "network=dgx_h100", "out={dir}/a_file"], "exists and is not a directory"),
     ("compute_from", ["project", "{dir}/bad_group", "network=dgx_h100"], "communication group '0,1@1' is not <ranks>@<nodes>"),
+    # issue 66 (4): a user's directory was written into; (10) a dangling symlink was a FileExistsError
+    ("foreign", ["run", "run.dir={dir}/user", "debug=fast"],
+     "holds files ddlbench did not write (config.json, config.yaml, events.jsonl, thesis.tex)"),
+    ("foreign", ["run", "run.dir={dir}/link", "debug=fast"], "(a symlink to "),
+    ("foreign", ["run", "run.dir={dir}/dangling", "debug=fast"], "which does not exist"),
+    ("foreign", ["run", "run.dir={dir}/a_file", "debug=fast"], "exists and is not a directory"),
     ("manifest", ["sweep", "status", "{dir}"], "damaged sweep manifest (line 2: not valid JSON"),
     ("manifest", ["sweep", "resume", "{dir}"], "damaged sweep manifest (line 2: not valid JSON"),
     ("sweep_json", ["sweep", "status", "{dir}"], "damaged sweep description (not valid JSON"),
@@ -209,6 +215,14 @@ def _setup(kind: str, d: Path) -> None:
         llama = make_record("llama")
         llama["model"]["name"] = "llama_tiny"
         write(d, llama)
+    elif kind == "foreign":
+        user = d / "user"
+        user.mkdir()
+        for name, text in (("config.json", '{"mine": 1}'), ("config.yaml", "mine: 1\n"), ("events.jsonl", "not json\n"),
+                           ("thesis.tex", "\\documentclass{article}\n")):
+            (user / name).write_text(text)
+        (d / "link").symlink_to(user)
+        (d / "dangling").symlink_to(d / "nowhere")
     elif kind in ("manifest", "sweep_json"):
         (d / "sweep.json").write_text('{"backend": "local", "jobs": []}' if kind == "manifest" else '{"backend": "lo')
         (d / "manifest.jsonl").write_text('{"index": 0, "id": "a", "overrides": [], "repeat": 0}\n{"index": 1, "i\n')
@@ -229,6 +243,10 @@ def test_bad_input_and_damaged_files_are_one_line_exit_2_never_a_traceback(tmp_p
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("bench: warning:")]
     assert len(lines) == 1, proc.stderr
     assert not list(d.rglob("projection.json")) and not (d / "a").exists()   # nothing written
+    if kind == "foreign":      # the user's files as they were, nothing added
+        user = d / "user"
+        assert sorted(p.name for p in user.iterdir()) == ["config.json", "config.yaml", "events.jsonl", "thesis.tex"]
+        assert (user / "config.json").read_text() == '{"mine": 1}' and not (d / "nowhere").exists()
 
 
 # ---------------------------------------------------------------- what we write is strict JSON
@@ -368,3 +386,34 @@ def test_under_srun_a_rank_that_fails_while_stopping_keeps_rank_0s_timeout_resul
     assert stop.stopping()
     slurm._record_failure(plan, run_dir, 1, lost)
     assert not (run_dir / "result.json").exists()
+
+
+def test_report_and_projection_never_replace_files_ddlbench_did_not_write(tmp_path):
+    """Issue 66 (5): `bench report -o` and `bench project out=` replaced a user's report.html and
+    projection.json. Refused, naming them; a directory ddlbench wrote before is written again; an
+    explicit --replace / replace=true replaces on purpose."""
+    from reportdata import make_record, write
+    runs = tmp_path / "runs"
+    two = make_record("two", world=2)
+    two["comm"] = {"per_step_bytes": {"all_reduce": 4e6}, "per_step_bytes_by_group": {"all_reduce": {"2@1": 4e6}}}
+    write(runs, two)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.html").write_text("my own report")
+    (mine / "projection.json").write_text('{"mine": true}')
+    proc = bench("report", str(runs), "-o", str(mine))
+    assert proc.returncode == 2 and "holds report.html, which ddlbench did not write" in proc.stderr
+    assert "--replace" in proc.stderr and (mine / "report.html").read_text() == "my own report"
+    proc = bench("project", str(runs / "two"), "network=dgx_h100", f"out={mine}")
+    assert proc.returncode == 2 and "holds projection.json, which ddlbench did not write" in proc.stderr
+    assert "replace=true" in proc.stderr and (mine / "projection.json").read_text() == '{"mine": true}'
+    assert "Traceback" not in proc.stderr
+    # a directory of ours is written again; a new one is made
+    for _ in range(2):
+        proc = bench("report", str(runs), "-o", str(tmp_path / "ours"))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = bench("report", str(runs), "-o", str(mine), "--replace")
+    assert proc.returncode == 0 and (mine / "report.html").read_text() != "my own report"
+    proc = bench("project", str(runs / "two"), "network=dgx_h100", f"out={mine}", "replace=true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((mine / "projection.json").read_text())["run_id"] == "two"

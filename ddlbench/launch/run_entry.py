@@ -40,6 +40,7 @@ def run(overrides: list[str]) -> int:
 
     # before anything is written: a second run on this directory is refused (its agent and ranks
     # inherit the lock); the result check again under the lock (a run that finished meanwhile)
+    ownership.refuse_foreign(run_dir)        # a directory of the user's is never written into
     with ownership.take(run_dir, "bench run") as owner:
         if rd.result.exists():
             raise ConfigError(f"run.dir {run_dir} already holds a result.json; choose another run.dir")

@@ -101,6 +101,50 @@ class Owner:
         self.release()
 
 
+def refuse_foreign(directory: Path) -> None:
+    """A run directory is ddlbench's own or refused (issue 66: a user's config.json, events.jsonl
+    and thesis.tex were written over without a word): it must not exist yet, be empty, or hold an
+    owner.lock (a run of ours that ended without a result: its attempt is run again). Followed
+    through a symlink; a dangling link, or a file in the directory's place, is said."""
+    directory = Path(directory)
+    if directory.is_symlink() and not directory.exists():
+        raise ConfigError(f"run.dir {directory} is a symlink to {os.readlink(directory)}, which does not exist")
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise ConfigError(f"run.dir {directory} exists and is not a directory")
+    entries = sorted(p.name for p in directory.iterdir())
+    if entries and rundir.OWNER not in entries:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise ConfigError(f"run.dir {directory}{' (a symlink to ' + str(directory.resolve()) + ')' if directory.is_symlink() else ''} "
+                          f"holds files ddlbench did not write ({shown}); give a new or empty directory")
+
+
+def claim_output(directory: Path, command: str, names: list[str], replace_hint: str, replace: bool = False) -> Path:
+    """An output directory for `command`'s files `names` (issue 66: `bench report -o` and `bench
+    project out=` replaced a user's report.html and projection.json): new, or one ddlbench wrote
+    before (its marker, rundir.OUTPUT_MARKER), or one that holds none of `names`; otherwise
+    refused, naming the files and `replace_hint` (how to replace them on purpose). Made before any
+    work, so a file in its place is said at once."""
+    from ddlbench.record.results import atomic_write_json
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{directory}: exists and is not a directory (the output is a directory of files)")
+    marker = directory / rundir.OUTPUT_MARKER
+    if directory.is_dir() and not marker.exists() and not replace:
+        clash = sorted(n for n in names if (directory / n).exists())
+        if clash:
+            raise ConfigError(f"{directory} holds {', '.join(clash)}, which ddlbench did not write: give another "
+                              f"directory, or {replace_hint} to replace them")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(marker, {"command": command, "files": sorted(names),
+                                   "written": _dt.datetime.now().astimezone().isoformat(timespec="seconds")})
+    except OSError as exc:
+        raise ConfigError(f"{directory}: cannot make the output directory ({exc.strerror or exc})") from None
+    return directory
+
+
 def take(directory: Path, command: str, *, inherited: bool = True, quiet: bool = False) -> Owner:
     """Own `directory` (created if needed) for this process's life, or ConfigError naming the owner.
     `inherited`: forked children keep the lock (a run's agent and ranks), else they close it."""

@@ -9,13 +9,13 @@ from ddlbench.errors import ConfigError
 from ddlbench.record.results import atomic_write_json
 
 DEFAULT_WORLD_SIZES = [8, 64, 512, 4096, 32768, 100000]
-KEYS = {"network", "world_sizes", "scaling", "overlap", "algorithm", "measured_on", "compute_from", "out",
+KEYS = {"network", "world_sizes", "scaling", "overlap", "algorithm", "measured_on", "compute_from", "out", "replace",
         "allocate", "budget_GBps", "budget_cost", "devices", "min_GBps", "max_GBps", "device_cost"}
 
 
 USAGE = ("usage: bench project RESULT network=NAME [world_sizes=[8,64,...]] [scaling=weak|strong] "
          "[overlap=0..1] [algorithm=auto|best|ring|tree|hierarchical|gloo] [measured_on=NETWORK] "
-         "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [device_cost=Z] [out=DIR]")
+         "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [device_cost=Z] [out=DIR] [replace=true]")
 
 
 def parse(args: list[str]):
@@ -65,14 +65,6 @@ def compute_from_mismatch(rec: dict, single: dict) -> list[str]:
     return out
 
 
-def _out_dir(out: Path) -> Path:
-    """The output directory, made before any work (a file in its place, or one that cannot be
-    made, is said at once, not after the traces)."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"out={out}: cannot make the output directory ({exc.strerror or exc})") from None
-    return out
 
 
 def _record(path: Path) -> dict:
@@ -111,7 +103,7 @@ def run(args: list[str]) -> int:
             raise ConfigError(f"compute_from={o.text('compute_from')} is not a 1-rank result of this run's configuration: "
                               + "; ".join(wrong))
         compute_from = workload.from_record(single)
-    out = _out_dir(Path(o.text("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}")))
+    out = spec_command.claim_out(Path(o.text("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}")), o)
     replanned = None
     if work.world == 1 and not work.collectives:      # a 1-rank run sent nothing: re-plan, never price zero
         work, replanned = workload.replanned(rec, work)

@@ -18,9 +18,9 @@ from ddlbench.errors import ConfigError
 from ddlbench.lifecycle.signals import run_child
 from ddlbench.record.results import atomic_write_json
 
-KEYS = {"seq_lens", "measure", "out"}
+KEYS = {"seq_lens", "measure", "out", "replace"}
 USAGE = ("usage: bench context model=NAME framework=NAME launcher.nproc=N run.device_memory_gb=X "
-         "[seq_lens=[128,256,...]] [measure=true|false] [out=DIR] [any run override]")
+         "[seq_lens=[128,256,...]] [measure=true|false] [out=DIR] [replace=true] [any run override]")
 GROWTH = 6          # default candidates: the preset's length x 2^0 .. 2^GROWTH
 MAX_SEQ_LEN = 1 << 22   # 4,194,304 tokens: past any model's context here; 1e10 tried to build an 80 GB batch
 MAX_CANDIDATES = 64
@@ -110,11 +110,10 @@ def run(args: list[str]) -> int:
     if given is not None and len(set(given)) > MAX_CANDIDATES:
         raise ConfigError(f"bench context: at most {MAX_CANDIDATES} seq_lens, got {len(set(given))}")
     seqs = candidates(base.seq_len, given)
-    out = Path(kv.text("out") or f"context_{base.name}")
-    try:          # before any work: a file in its place is said now, not after the runs
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"bench context: out={out}: cannot make the output directory ({exc.strerror or exc})") from None
+    from ddlbench.lifecycle.ownership import claim_output
+    # before any work: a file in its place, or files ddlbench did not write, said now, not after the runs
+    out = claim_output(Path(kv.text("out") or f"context_{base.name}"), "bench context", ["context.json", "context.png"],
+                       "pass replace=true", kv.choice("replace", ("true", "false"), "false") == "true")
     rows, limit, source = estimate_all(overrides, seqs)
     answer = longest([(r["seq_len"], r["estimate_bytes"]) for r in rows], limit)
     measured = []

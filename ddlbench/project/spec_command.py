@@ -11,7 +11,7 @@ from ddlbench.errors import ConfigError
 from ddlbench.record.results import atomic_write_json
 
 KEYS = {"network", "world_sizes", "hardware", "peak_tflops", "local_batch", "ac", "mfu", "calibrate",
-        "device_memory_gb", "per_node", "algorithm", "max_efficiency", "out"}
+        "device_memory_gb", "per_node", "algorithm", "max_efficiency", "out", "replace"}
 DEFAULT_WORLD_SIZES = [8, 128, 1024]
 DEFAULT_MFU = 0.4
 # the most of a dense datasheet peak a calibration may solve for: the best published bf16 training runs
@@ -152,8 +152,7 @@ def run(args: list[str]) -> int:
     except ValueError as exc:        # the network model or the schedule refusing a layout
         raise ConfigError(f"bench project: {exc}") from None
     name = "_".join(a.split("=", 1)[1] for a in kv.passed if a.startswith(("model=", "framework=")))
-    out = Path(kv.text("out") or f"projection_{name}_{net.name}")
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_out(Path(kv.text("out") or f"projection_{name}_{net.name}"), kv)
     doc = {"specification": list(spec.overrides), "network": net.name, "network_file": net.source, "algorithm": algorithm,
            "peak_flops": peak, "peak_source": peak_src, "efficiency": eff, "efficiency_source": eff_src, "ac": ac,
            "local_batch": spec.local_batch, "per_node": spec.per_node, "method": (
@@ -218,6 +217,17 @@ def _print(doc: dict, out: Path) -> None:
         print(f"  {out / name}")
 
 
+OUT_FILES = ["projection.json", "projection.csv", "projection.png"]
+
+
+def claim_out(out: Path, kv) -> Path:
+    """`bench project`'s output directory (ddlbench.lifecycle.ownership.claim_output): files
+    ddlbench did not write are never replaced unless replace=true."""
+    from ddlbench.lifecycle.ownership import claim_output
+    return claim_output(out, "bench project", OUT_FILES, "pass replace=true",
+                        kv.choice("replace", ("true", "false"), "false") == "true")
+
+
 def project_record(rec: dict, path: Path, o, sizes: list[int]) -> int:
     """A run of a model-parallel layout (tp, pp or cp > 1) at other world sizes: its configuration
     re-planned at each (ddlbench/project/spec.py), the step simulated with the framework's rules,
@@ -257,8 +267,7 @@ def project_record(rec: dict, path: Path, o, sizes: list[int]) -> int:
         raise
     except ValueError as exc:
         raise ConfigError(f"bench project: {exc}") from None
-    out = Path(o.text("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_out(Path(o.text("out") or ((path if path.is_dir() else path.parent) / f"projection_{net.name}")), o)
     doc = {"run_id": rec.get("run_id"), "specification": [f"run {rec.get('run_id')}"], "network": net.name,
            "network_file": net.source, "algorithm": target_alg, "peak_flops": float(peak),
            "peak_source": "the run's flops.peak_per_device", "efficiency": eff,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 RESULT = "result.json"
 OWNER = "owner.lock"
+OUTPUT_MARKER = ".made-by-ddlbench.json"   # in a report's, projection's or context's output directory: its files are ours
 OUTPUTS = Path("outputs")
 
 
