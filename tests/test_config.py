@@ -76,6 +76,10 @@ BAD = [
     (["experiment=convex_logreg", "data.train_samples=1798"], "exceeds the 1797 training samples"),
     (["model=resnet18_tiny", "data=digits", "data.train_samples=1500"], "exceeds the 1438 training samples"),
     (["run.final_objective=true"], "run.final_objective is computed over a dataset's training split"),
+    # issue 66: accepted, then ended at run.timeout_s with nothing measured
+    (["run.min_window_s=1e9"], "run.min_window_s=1e+09 s cannot fit in run.timeout_s=900 s"),
+    (["framework=fsdp_full", "framework.options.activation_checkpointing=selective_layer:99"],
+     "activation_checkpointing=selective_layer:99 checkpoints none of gpt2_tiny's 2 blocks"),
     (["launcher.nproc=0"], "launcher.nproc: Input should be greater than 0"),
     (["launcher.nproc=3"], "run.global_batch 8 is not divisible by dp=3"),
     (["launcher.nproc=2", "run.micro_batch=3"], "dp ranks x run.micro_batch = 2 x 3"),

@@ -172,6 +172,8 @@ BAD_INPUT = [
     ("compute_from", ["project", "{dir}/two", "network=dgx_h100", "compute_from={dir}/two"], "it ran on 2 ranks"),
     ("compute_from", ["project", "{dir}/two", "network=dgx_h100", "out={dir}/a_file"], "exists and is not a directory"),
     ("compute_from", ["project", "{dir}/bad_group", "network=dgx_h100"], "communication group '0,1@1' is not <ranks>@<nodes>"),
+    ("compute_from", ["project", "{dir}/two", "network=dgx_h100", f"world_sizes=[{','.join(map(str, range(2, 72)))}]"],
+     "at most 64 world_sizes, got 70"),
     # issue 66 (4): a user's directory was written into; (10) a dangling symlink was a FileExistsError
     ("foreign", ["run", "run.dir={dir}/user", "debug=fast"],
      "holds files ddlbench did not write (config.json, config.yaml, events.jsonl, thesis.tex)"),
@@ -414,6 +416,7 @@ def test_report_and_projection_never_replace_files_ddlbench_did_not_write(tmp_pa
         assert proc.returncode == 0, proc.stderr[-2000:]
     proc = bench("report", str(runs), "-o", str(mine), "--replace")
     assert proc.returncode == 0 and (mine / "report.html").read_text() != "my own report"
-    proc = bench("project", str(runs / "two"), "network=dgx_h100", f"out={mine}", "replace=true")
+    proc = bench("project", str(runs / "two"), "network=dgx_h100", f"out={mine}", "replace=true", "world_sizes=[64,8,8]")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads((mine / "projection.json").read_text())["run_id"] == "two"
+    doc = json.loads((mine / "projection.json").read_text())
+    assert doc["run_id"] == "two" and [r["devices"] for r in doc["rows"]] == [8, 64]    # each size once, ascending

@@ -100,6 +100,9 @@ def test_data_parallel_only_and_ok_only():
 
 @pytest.mark.parametrize("args,needle", [
     (["network=nope"], "unknown network"),
+    # issue 66: a path that is no network file said "known: " with an empty list
+    (["network=/etc/passwd"], "not a network description"),
+    (["network=/nonexistent/net"], "no such network file (a path to a .yaml file like conf/network/*.yaml, or one of: "),
     (["network=dgx_a100_fat_tree", "world_sizes=[8,1000000]"], "exceed network"),
     (["network=dgx_a100_fat_tree", "colour=blue"], "unknown option"),
     (["network=dgx_a100_fat_tree", "overlap=2"], "overlap"),

@@ -136,6 +136,29 @@ def test_user_strings_are_escaped(tmp_path):
     assert "a\\|b \\<img" in md and "<script>" not in md and "&lt;" not in md and "&gt;" not in md
 
 
+def test_summary_csv_cells_never_start_a_formula(tmp_path):
+    """Issue 66: a user string starting with = + - @ was a raw summary.csv cell, which a spreadsheet
+    runs as a formula; such a cell is written with a leading apostrophe (OWASP's CSV advice), and
+    numbers, negative ones too, stay numbers."""
+    root = tmp_path / "runs"
+    write(root, make_record("=HYPERLINK(\"http://x\")", sps=10.0))
+    write(root, make_record("y", world=1, status="failed", message="@SUM(1+1)*cmd|' /C calc'!A0"))
+    report.build([str(root)], tmp_path / "out", progress=False)
+    with open(tmp_path / "out" / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    cells = [v for r in rows for v in r.values() if v]
+    assert not [v for v in cells if v[0] in "=+@\t\r" or (v[0] == "-" and not _number(v))], cells
+    assert "'=HYPERLINK(\"http://x\")" in {r["run_id"] for r in rows}
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def test_wandb_report_offline_writes_a_valid_spec(known, tmp_path):
     from ddlbench.report.wandb_report import build_report, publish
 

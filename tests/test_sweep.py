@@ -140,3 +140,25 @@ def test_an_array_task_asks_slurm_for_its_cells_shape():
     cmd = srun_command(two, ["framework=ddp", "run.dir='/x'"])
     assert cmd[:4] == ["srun", "--nodes=2", "--ntasks=4", "--kill-on-bad-exit=1"]
     assert cmd[-4:] == ["ddlbench.cli", "run", "framework=ddp", "run.dir='/x'"]
+
+
+def test_a_stopped_sweep_says_how_its_owner_goes_on(tmp_path, monkeypatch, capsys):
+    """Issue 66: a stopped `bench advise` suggested `bench sweep resume <dir>/calibration`; a sweep
+    started by advise names `bench advise resume <dir>`, a plain sweep its own resume."""
+    from ddlbench.lifecycle.signals import Stopped
+    from ddlbench.sweep import local, manifest
+    from ddlbench.sweep.cells import Cell
+
+    def stopped(sweep_dir, index):
+        raise Stopped(15)
+    monkeypatch.setattr(local, "run_cell", stopped)
+    for name, meta, hint in (("plain", {}, "bench sweep resume {d}"),
+                             ("advice/calibration", {"resume_command": "bench advise resume {p}"},
+                              "bench advise resume {p}")):
+        d = tmp_path / name
+        meta = {k: v.format(p=d.parent) for k, v in meta.items()}
+        manifest.create(d, [Cell(index=0, id="a", overrides=["run.seed=0"], repeat=0)],
+                        {"backend": "local", "jobs": [], **meta})
+        with pytest.raises(Stopped):
+            local.run(d, [0])
+        assert f"continue with `{hint.format(d=d, p=d.parent)}`" in capsys.readouterr().err

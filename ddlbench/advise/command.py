@@ -128,7 +128,9 @@ def _sweep(sweep_dir: Path, overrides: list[list[str]], backend: str, raws: list
 
     raws = raws or [plan_from_overrides(o).raw for o in overrides]
     cells = [Cell(index=i, id=cell_id(raw), overrides=o, repeat=0) for i, (o, raw) in enumerate(zip(overrides, raws))]
-    start_cells(sweep_dir, cells, {"overrides": ["(bench advise)"], "repeats": 1}, backend,
+    # a stop says how to go on: the advice resumes its sweeps, not the other way round
+    start_cells(sweep_dir, cells, {"overrides": ["(bench advise)"], "repeats": 1,
+                                   "resume_command": f"bench advise resume {sweep_dir.parent}"}, backend,
                 job_name="ddlbench-advise")
 
 

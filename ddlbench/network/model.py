@@ -70,13 +70,25 @@ def load(name_or_path: str, conf_dir: Path | None = None) -> Network:
     import yaml
 
     from ddlbench.errors import ConfigError
+    conf = conf_dir or Path(__file__).resolve().parents[2] / "conf" / "network"
     path = Path(name_or_path)
-    if not path.suffix:
-        path = (conf_dir or Path(__file__).resolve().parents[2] / "conf" / "network") / f"{name_or_path}.yaml"
+    named = not path.suffix and "/" not in name_or_path
+    if named:
+        path = conf / f"{name_or_path}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ConfigError(f"unknown network '{name_or_path}' (known: {', '.join(known)})")
-    return from_dict(yaml.safe_load(path.read_text()) or {}, path)
+        known = ", ".join(sorted(p.stem for p in conf.glob("*.yaml")))
+        if named:
+            raise ConfigError(f"unknown network '{name_or_path}' (known: {known})")
+        raise ConfigError(f"network={name_or_path}: no such network file (a path to a .yaml file like "
+                          f"conf/network/*.yaml, or one of: {known})")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"network={name_or_path}: not a network description ({type(exc).__name__})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"network={name_or_path}: not a network description (expected a YAML mapping with "
+                          "name and dimensions)")
+    return from_dict(doc, path)
 
 
 def for_world_sizes(name_or_path: str, sizes: list[int]) -> "Network":

@@ -153,7 +153,19 @@ def validate(raw: dict[str, Any], chosen: Optional[dict] = None) -> Plan:
                         nodes=cfg.launcher.nodes, **variant.parallel_shape(cfg))
     variant.check_config(cfg, dims)  # raises ConfigError for cross-key problems
     check_data(cfg)
+    _check_checkpointing(cfg, variant)
     return Plan(cfg=cfg, raw=raw, dims=dims, variant=variant, choices=choices)
+
+
+def _check_checkpointing(cfg: BenchCfg, variant) -> None:
+    """A checkpointing policy that would checkpoint no block of the model (selective_layer:99 on a
+    2-block model) is refused, not run as `none` under another name (issue 66)."""
+    from ddlbench.models.checkpointing import chosen_blocks
+    policy = variant.ac_policy()
+    blocks = getattr(cfg.model, "n_layer", None)
+    if policy != "none" and isinstance(blocks, int) and blocks > 0 and not chosen_blocks(policy, blocks):
+        raise ConfigError(f"activation_checkpointing={policy} checkpoints none of {cfg.model.name}'s {blocks} blocks "
+                          "(every K-th block, counting from 1): choose K <= n_layer, or none")
 
 
 def _settle(cfg: BenchCfg, variant) -> BenchCfg:

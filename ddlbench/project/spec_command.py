@@ -96,7 +96,8 @@ def run(args: list[str]) -> int:
     from ddlbench.project.spec import Spec, rows, solve_efficiency, timed_pieces
 
     kv = parse(args)
-    sizes = kv.integers("world_sizes", DEFAULT_WORLD_SIZES)
+    from ddlbench.project.command import world_sizes
+    sizes = world_sizes(kv, DEFAULT_WORLD_SIZES)
     net = model.for_world_sizes(kv.text("network"), sizes)
     try:
         ac = normalize(kv.text("ac", "none"))

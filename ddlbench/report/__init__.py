@@ -44,9 +44,28 @@ def build(paths: list[str], out: Path, progress: bool = True) -> Report:
     rep.advice = load_advice(paths)
     out.mkdir(parents=True, exist_ok=True)
     ordered = SUMMARY_COLUMNS + [c for c in df.columns if c not in SUMMARY_COLUMNS]
-    df[ordered].to_csv(out / "summary.csv", index=False)
+    csv_safe(df[ordered]).to_csv(out / "summary.csv", index=False)
     rep.plots = plots.draw_all(rep.cells, plots.convergence_jobs(df, rep.records, out), out)
     from ddlbench.report.sections import write_html, write_markdown
     write_markdown(rep)
     write_html(rep)
     return rep
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Text cells a spreadsheet would run as a formula (a run id, a label or an error message that
+    starts with = + - @, a tab or a carriage return) get a leading apostrophe (OWASP's advice for
+    CSV); numbers, negative ones too, are left as they are."""
+    def safe(v):
+        if isinstance(v, str) and v.startswith(FORMULA_STARTS):
+            try:
+                float(v)
+                return v
+            except ValueError:
+                return "'" + v
+        return v
+    text = pd.api.types.is_object_dtype, pd.api.types.is_string_dtype
+    return df.apply(lambda col: col.map(safe) if any(t(col) for t in text) else col)

@@ -306,6 +306,10 @@ class RunCfg(Strict):
         if self.min_window_s is not None and self.warmup_steps < 1:
             raise ValueError("run.min_window_s needs run.warmup_steps >= 1: the window's length is sized from the "
                              "last warm-up step's time")
+        if self.min_window_s is not None and self.min_window_s >= self.timeout_s:
+            raise ValueError(f"run.min_window_s={self.min_window_s:g} s cannot fit in run.timeout_s={self.timeout_s:g} s "
+                             "(the run would end at its timeout with nothing measured): raise run.timeout_s or "
+                             "shorten the window")
         return self
 
 
