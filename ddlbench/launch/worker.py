@@ -42,6 +42,12 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     from ddlbench.rank import runner
     quiet.install()      # a spawned rank imports the model's libraries itself
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)   # the agent ignores it; a rank must not
+    # a forked rank inherits the launcher's stop handlers (ddlbench.lifecycle.signals: raise) and torch
+    # elastic's agent's (raise SignalException): a rank its launcher kills on the way out would print
+    # that exception's traceback on the user's terminal (rank 0 keeps it) before it died. It just ends.
+    from ddlbench.lifecycle.signals import STOP_SIGNALS
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
     from ddlbench.lifecycle.stop import block_stop_signal
     block_stop_signal()      # before any thread exists: only install_rank_handler's thread takes it
     # a run past run.timeout_s: the launcher asks every rank for its Python stacks

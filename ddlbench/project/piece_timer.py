@@ -126,7 +126,12 @@ def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: in
     out = {"embedding": emb, "block": block, "head": head, "model_s": dict(whole)}
     if stepped:   # what one more parameter costs the optimizer's step: the slope over the MORE blocks
         (t_more, n_more), (t_one, n_one) = stepped[1 + MORE], stepped[1]
-        out["optimizer_s_per_param"] = max(t_more - t_one, 0.0) / (n_more - n_one)
+        slope = (t_more - t_one) / (n_more - n_one)
+        # the slope, or where the two steps are within the timing noise (a busy machine) the mean per
+        # parameter at 1 + MORE blocks (an upper bound: it carries the step's fixed cost), never 0
+        out["optimizer_s_per_param"] = slope if slope > 0 else t_more / n_more
+        out["optimizer_rule"] = ("slope over the blocks" if slope > 0 else
+                                 f"mean per parameter at {1 + MORE} blocks: the slope was within the timing noise")
         out["optimizer_step_s"] = {1 + MORE: t_more, 1: t_one}
     return out
 

@@ -160,7 +160,7 @@ def timed_pieces(spec: Spec, world: int, repeats: int = 5, with_framework: bool 
     at = plan if framework_world in (None, world) else plan_at(spec, framework_world)
     with cpu_threads(at if device.type == "cpu" else None) as threads:
         timed = time_pieces(plan.cfg.model, precision, device, mb, repeats, optim_cfg=plan.cfg.optim)
-        optimizer = {k: timed.pop(k) for k in ("optimizer_s_per_param", "optimizer_step_s")}
+        optimizer = {k: timed.pop(k) for k in ("optimizer_s_per_param", "optimizer_step_s", "optimizer_rule") if k in timed}
         if device.type == "cuda":
             torch.cuda.empty_cache()      # the framework's step below runs in a process of its own on this GPU
         framework = framework_factor(at, prof, timed, optimizer, device.type) if with_framework else None

@@ -133,7 +133,8 @@ def run(args: list[str]) -> int:
             eff_src = ("per piece, timed on this host's " + got["device"] + f" at micro-batch {got['micro_batch']}, "
                        f"{got['precision']}, a block as the model at 5 blocks less 1, over 4 (ms forward/backward: " + ", ".join(
                            f"{k} {f * 1e3:.2f}/{b * 1e3:.2f}" for k, (f, b) in got["timed"].items())
-                       + f"); the optimizer's step {per_param * 1e9:.3f} ns per parameter stepped; "
+                       + f"); the optimizer's step {per_param * 1e9:.3f} ns per parameter stepped "
+                       f"({got['optimizer'].get('optimizer_rule', 'slope over the blocks')}); "
                        + (f"x {factor:.3f} for the framework's own step at {fw['world']} ranks (over a fake group)"
                           if factor else f"the framework's own step not timed ({fw.get('error', 'not asked')})"))
         elif kv.text("calibrate"):
@@ -168,6 +169,7 @@ def run(args: list[str]) -> int:
         doc["framework_timed"] = got["framework"]
         doc["optimizer_timed"] = {"s_per_param": per_param,
                                   "step_s_at_blocks": {str(k): v for k, v in got["optimizer"]["optimizer_step_s"].items()},
+                                  "s_per_param_from": got["optimizer"].get("optimizer_rule"),
                                   "rule": "optimizer_s = s_per_param x the parameters the busiest rank steps (its "
                                           "shard where the framework shards optimizer state), after the schedule"}
     write(doc, out)
