@@ -31,6 +31,9 @@ def test_a_winner_needs_three_interleaved_runs_a_side_all_above():
     close = compare([105, 106, 100.5], [100, 101, 99])
     assert not close.decided and close.p == pytest.approx(2 / 20) and close.p > ALPHA
     assert "within the noise" in close.why() and close.needed is not None
+    # a 1% difference at a 5% spread: said to be too small to chase, not "~1596 repeats"
+    tiny = compare([101, 96, 106], [100, 95, 105])
+    assert not tiny.decided and tiny.needed > 100 and "would take more than 100 repeats each" in tiny.why()
     # two runs a side never decide, however far apart
     two = compare([200, 210], [100, 101])
     assert not two.decided and "2 and 2 runs" in two.why()

@@ -24,6 +24,7 @@ import numpy as np
 
 ALPHA = 0.05
 MIN_REPEATS = 3          # fewer runs a side cannot reach p <= ALPHA
+MAX_USEFUL_REPEATS = 100  # beyond this the verdict says the difference is too small to chase
 POWER_Z = 1.6449 + 0.8416    # z(1 - ALPHA) + z(0.8)
 RANK_EFFICIENCY = 3 / math.pi  # Wilcoxon vs t under normal noise (asymptotic relative efficiency)
 
@@ -117,7 +118,10 @@ class Comparison:
         interval = f"{self.ratio:.2f}x [{self.low:.2f}, {self.high:.2f}]"
         if self.decided:
             return f"{interval}, rank-sum p={self.p:.3f} over {n_a}+{n_b} interleaved runs"
-        more = f"; ~{self.needed} repeats each would separate a difference this size" if self.needed else ""
+        if self.needed and self.needed > MAX_USEFUL_REPEATS:
+            more = f"; a difference this size would take more than {MAX_USEFUL_REPEATS} repeats each to separate"
+        else:
+            more = f"; ~{self.needed} repeats each would separate a difference this size" if self.needed else ""
         return f"{interval}, rank-sum p={self.p:.2f} over {n_a}+{n_b} runs: within the noise{more}"
 
 
