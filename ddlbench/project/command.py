@@ -13,17 +13,6 @@ KEYS = {"network", "world_sizes", "scaling", "overlap", "algorithm", "measured_o
         "allocate", "budget_GBps", "budget_cost", "devices", "min_GBps", "max_GBps", "device_cost"}
 
 
-MAX_WORLD_SIZES = 64     # rows of one projection (3,000 sizes ran past 200 s without a word)
-
-
-def world_sizes(kv, default: list[int] = DEFAULT_WORLD_SIZES) -> list[int]:
-    """world_sizes=[...]: ascending, each once, at most MAX_WORLD_SIZES of them."""
-    sizes = sorted(set(kv.integers("world_sizes", default)))
-    if len(sizes) > MAX_WORLD_SIZES:
-        raise ConfigError(f"bench project: at most {MAX_WORLD_SIZES} world_sizes, got {len(sizes)}")
-    return sizes
-
-
 USAGE = ("usage: bench project RESULT network=NAME [world_sizes=[8,64,...]] [scaling=weak|strong] "
          "[overlap=0..1] [algorithm=auto|best|ring|tree|hierarchical|gloo] [measured_on=NETWORK] "
          "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [device_cost=Z] [out=DIR] [replace=true]")
@@ -35,7 +24,8 @@ def parse(args: list[str]):
     kv = parse_key_values(args, "bench project", KEYS, positional=True, required=("network",), usage=USAGE)
     if len(kv.positional) != 1:
         raise ConfigError(USAGE)
-    sizes = world_sizes(kv)
+    from ddlbench.project.spec_command import world_sizes
+    sizes = world_sizes(kv, DEFAULT_WORLD_SIZES)
     numbers(kv, sizes)          # every number checked before anything is read
     return Path(kv.positional[0]), kv, sizes
 

@@ -96,7 +96,6 @@ def run(args: list[str]) -> int:
     from ddlbench.project.spec import Spec, rows, solve_efficiency, timed_pieces
 
     kv = parse(args)
-    from ddlbench.project.command import world_sizes
     sizes = world_sizes(kv, DEFAULT_WORLD_SIZES)
     net = model.for_world_sizes(kv.text("network"), sizes)
     try:
@@ -218,6 +217,17 @@ def _print(doc: dict, out: Path) -> None:
     print(f"not priced: {doc['not_priced']}")
     for name in ("projection.json", "projection.csv"):
         print(f"  {out / name}")
+
+
+MAX_WORLD_SIZES = 64     # rows of one projection (3,000 sizes ran past 200 s without a word)
+
+
+def world_sizes(kv, default: list[int]) -> list[int]:
+    """world_sizes=[...]: ascending, each once, at most MAX_WORLD_SIZES of them."""
+    sizes = sorted(set(kv.integers("world_sizes", default)))
+    if len(sizes) > MAX_WORLD_SIZES:
+        raise ConfigError(f"bench project: at most {MAX_WORLD_SIZES} world_sizes, got {len(sizes)}")
+    return sizes
 
 
 OUT_FILES = ["projection.json", "projection.csv", "projection.png"]
