@@ -91,9 +91,14 @@ def trace_all(cases: list[tuple], timeout_s: float = 600, workers: int = 2,
     if start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
     # a process forked from the server starts without the parent's quiet start: it filters the same chatter
-    with ctx.Pool(max(1, min(workers, len(cases))), maxtasksperchild=1, initializer=quiet.install) as pool:
-        return pool.starmap_async(_trace_case, [(o if isinstance(o, dict) else list(o), *rest) for o, *rest in cases],
-                                  chunksize=1).get(timeout_s)
+    try:
+        with ctx.Pool(max(1, min(workers, len(cases))), maxtasksperchild=1, initializer=quiet.install) as pool:
+            return pool.starmap_async(_trace_case, [(o if isinstance(o, dict) else list(o), *rest) for o, *rest in cases],
+                                      chunksize=1).get(timeout_s)
+    finally:
+        if start_method == "forkserver":   # stopped and waited for here: it must not outlive the command
+            from multiprocessing import forkserver
+            getattr(forkserver._forkserver, "_stop", lambda: None)()
 
 
 def time_step(config: dict, world: int, steps: int = 3, device: str = "cpu", timeout_s: float = 900) -> dict:
