@@ -98,9 +98,64 @@ def test_python_policy_changes_nothing_and_a_wrong_name_is_refused():
     policy.before_loop()
     policy.after_first_step()
     assert gc.isenabled() and gc.get_freeze_count() == 0 and not policy.in_step(50)
-    assert policy.after_loop() == {"policy": "python", "before_loop_s": policy.record["before_loop_s"]}
+    assert policy.after_loop() == {"policy": "python", "before_loop_s": policy.record["before_loop_s"],
+                                   "inherited_frozen_objects": 0}
     with pytest.raises(ValueError, match="run.gc='off'"):
         GcPolicy("off")
+
+
+def _in_a_forked_child(check) -> dict:
+    """check() in a child started as the launcher starts agents and ranks (ddlbench.launch.forked):
+    what it returned, as JSON through a pipe."""
+    import json
+    import os
+
+    from ddlbench.launch.forked import Forked
+    r, w = os.pipe()
+
+    def child():
+        os.write(w, json.dumps(check()).encode())
+        return 0
+    proc = Forked(child)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    assert proc.wait(timeout=60) == 0, out
+    return json.loads(out)
+
+
+def test_a_forked_child_starts_with_its_parents_objects_frozen_and_the_parent_keeps_its_own():
+    """fork without exec (ddlbench/launch/forked.py): the child's collections skip what the parent made
+    (the collection before a rank's loop walked and copied ~500,000 objects); the parent's collector is
+    untouched. Policy `freeze` keeps the inherited objects frozen after the loop; `python` and
+    `torchtitan` unfreeze them first, so their collections walk what a fresh interpreter's would."""
+    from ddlbench.rank.gcpolicy import GcPolicy
+    made = [[i] for i in range(5000)]                                     # noqa: F841 - the parent's objects
+    assert gc.get_freeze_count() == 0
+
+    def freeze_policy():
+        from ddlbench.launch.forked import freeze_for_forked_ranks
+        freeze_for_forked_ranks()               # as the agent does before torch forks its ranks
+        inherited = gc.get_freeze_count()
+        policy = GcPolicy("freeze")
+        policy.before_loop()
+        policy.after_first_step()
+        record = policy.after_loop()
+        return {"inherited": inherited, "after": gc.get_freeze_count(), "record": record}
+
+    def python_policy():
+        policy = GcPolicy("python")
+        policy.before_loop()
+        return {"after": gc.get_freeze_count(), "record": policy.after_loop()}
+
+    frozen = _in_a_forked_child(freeze_policy)
+    record = frozen["record"]
+    assert frozen["inherited"] >= 5000 and record["inherited_frozen_objects"] == frozen["inherited"]
+    # counted without walking the frozen objects: the inherited count plus what the rank froze itself
+    assert frozen["after"] == record["frozen_objects"] >= record["frozen_objects_before_loop"] > frozen["inherited"]
+    plain = _in_a_forked_child(python_policy)
+    assert plain["after"] == 0 and plain["record"]["inherited_frozen_objects"] == 0   # no agent's count
+    assert gc.get_freeze_count() == 0                     # the parent: nothing frozen
 
 
 def test_the_collector_policy_is_a_parity_field(tmp_path):

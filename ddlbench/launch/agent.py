@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ddlbench.launch.failures import describe_failure
+from ddlbench.launch.forked import INHERITED_FROZEN_ENV, freeze_for_forked_ranks
 from ddlbench.lifecycle import events
 from ddlbench.record.results import atomic_write_json
 from ddlbench.record.rundir import RunDir
@@ -72,6 +73,10 @@ def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method
         logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(run_dir).logs),
                                     redirects={r: Std.ALL for r in range(1, nproc)}),
     )
+    if start_method == "fork":      # forked ranks start from this heap frozen (ddlbench/launch/forked.py)
+        freeze_for_forked_ranks()
+    else:
+        os.environ.pop(INHERITED_FROZEN_ENV, None)
     try:
         elastic_launch(config, rank_main)(str(run_dir), threads)
     except ChildFailedError as exc:

@@ -21,11 +21,20 @@ Policies (the same for every framework; recorded as `timing.host_events.gc_polic
   collection before the loop and one every `run.gc_every` steps (torchtitan's `gc_freq`, default
   50) at the start of the step, timed with it.
 After the loop automatic collection is restored and frozen objects are unfrozen.
+
+A rank forked on CPU starts with its launcher's objects already frozen (ddlbench/launch/forked.py:
+a collection in a forked child walked them all and copied every page they sit on). `freeze` keeps
+them so (`inherited_frozen_objects`: the agent's count); `python` and `torchtitan` unfreeze them
+before the loop, so their collections walk what a rank started as a fresh interpreter would. The
+frozen counts are that inherited count plus the objects the rank freezes itself, counted while
+they are still tracked (`gc.get_freeze_count()` walks every frozen object: ~0.25 s a call).
 """
 from __future__ import annotations
 
 import gc
 import time
+
+from ddlbench.launch.forked import inherited_frozen
 
 POLICIES = ("freeze", "python", "torchtitan")
 
@@ -37,14 +46,17 @@ class GcPolicy:
         self.name, self.every = name, every
         self.record: dict = {"policy": name}
         self._was_enabled = gc.isenabled()
+        self._inherited = inherited_frozen()
 
     def before_loop(self) -> None:
         """Outside every step: the collection (and freeze) the policy starts from."""
         t0 = time.perf_counter()
+        self.record["inherited_frozen_objects"] = self._inherited
+        if self.name != "freeze":
+            gc.unfreeze()       # what a forked rank inherited frozen: as in a fresh interpreter (module docstring)
+            self._inherited = 0
         if self.name == "freeze":
-            gc.collect()
-            gc.freeze()
-            self.record["frozen_objects_before_loop"] = gc.get_freeze_count()
+            self.record["frozen_objects_before_loop"] = self._inherited + _freeze_what_survives()
         elif self.name == "torchtitan":
             gc.disable()
             gc.collect(1)
@@ -55,9 +67,7 @@ class GcPolicy:
         """Outside every step, after step 0: what that step made to stay (optimizer state) frozen too."""
         if self.name == "freeze":
             t0 = time.perf_counter()
-            gc.collect()
-            gc.freeze()
-            self.record["frozen_objects"] = gc.get_freeze_count()
+            self.record["frozen_objects"] = self.record["frozen_objects_before_loop"] + _freeze_what_survives()
             self.record["after_first_step_s"] = time.perf_counter() - t0
 
     def in_step(self, step: int) -> bool:
@@ -68,9 +78,18 @@ class GcPolicy:
         return False
 
     def after_loop(self) -> dict:
-        """Automatic collection as it was before the loop, nothing frozen; what the policy did."""
-        if self.name == "freeze":
+        """Automatic collection as it was before the loop, nothing frozen but what the rank inherited
+        frozen (unfreezing it would have the next full collection walk and copy it); what the policy did."""
+        if self.name == "freeze" and not self._inherited:
             gc.unfreeze()
         if self._was_enabled:
             gc.enable()
         return self.record
+
+
+def _freeze_what_survives() -> int:
+    """A full collection, then what survived (every object still tracked) frozen: how many."""
+    gc.collect()
+    kept = len(gc.get_objects())
+    gc.freeze()
+    return kept
