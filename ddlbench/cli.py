@@ -72,11 +72,12 @@ def cmd_report(paths: list[str], out: str | None, wandb: bool, replace: bool = F
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"-o {out_dir}: exists and is not a directory (the report is a directory of files)")
     from ddlbench.record.results import find_results
-    if not find_results(paths) and not report.load.missing_cells(paths):
+    found = find_results(paths), report.load.missing_cells(paths)    # walked once: a sweep may hold 10k+ runs
+    if not any(found):
         raise ConfigError("no result.json found under: " + " ".join(paths))
     claim_output(out_dir, "bench report", REPORT_FILES, "pass --replace", replace)
     try:
-        rep = report.build(paths, out_dir, progress=sys.stderr.isatty())
+        rep = report.build(paths, out_dir, progress=sys.stderr.isatty(), found=found)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
     n_bad = int((rep.summary["status"] != "ok").sum())

@@ -155,6 +155,16 @@ def _warm_up() -> None:
 
     from ddlbench import models  # noqa: F401
     from ddlbench.rank import runner  # noqa: F401
+    if not Path("/dev/nvidiactl").exists():
+        # what launchers preload before forking CPU ranks (ddlbench/launch/starters.py), once per
+        # worker instead of once per run: DeepSpeed and torch's compiler (~5-10 s of imports each
+        # run). Not where a GPU is: DeepSpeed's accelerator detection would touch CUDA here.
+        import importlib
+
+        from ddlbench.adapters.deepspeed import DeepSpeed
+        from ddlbench.launch.starters import COMPILER_MODULES
+        for module in (*DeepSpeed.preload_modules, *COMPILER_MODULES):
+            importlib.import_module(module)
 
 
 _warm_up()

@@ -23,8 +23,11 @@ from conftest import run_record
 from ddlbench.errors import ConfigError
 from ddlbench.planning.config import group_options, plan_from_overrides
 
+# run.comm_profile=false: the gate reads the probe step's counted and written bytes, never the
+# profiled step's comm time (tests/test_runs.py reads it), which cost a
+# 2-rank run ~1 CPU-s of torch.profiler (suite time: 59 runs)
 STEPS = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8",
-         "run.param_fingerprint=true")
+         "run.param_fingerprint=true", "run.comm_profile=false")
 # Variants that are their base strategy at 2 ranks run where they differ, against DDP at the
 # same world size: DASO over 2 nodes of 2 ranks (one node is plain DDP), TP x FSDP with
 # dp_shard 2 (at 2 ranks dp_shard is 1), HSDP on a 2 x 2 mesh (at 2 ranks it is 1 x 2).

@@ -137,3 +137,28 @@ def test_fairscale_fsdp_is_its_own_strategy_not_oss():
     assert plan.variant.analytic_comm(plan.dims, "fp32", 1000).payload_psi == {"all_gather": 2.0, "reduce_scatter": 1.0}
     with pytest.raises(ConfigError, match="flatten_parameters=false"):
         plan_from_overrides(["framework=fairscale_fsdp", "launcher.nproc=2", "optim.exclude_from_decay=bias_and_norm"])
+
+
+def test_what_launchers_preload_before_forking_cpu_ranks_starts_no_thread():
+    """ddlbench/launch/starters.py imports, once before forking CPU ranks, the variant's framework
+    (DeepSpeed and the Muon module its engines import at initialize) and, under run.compile, torch's
+    compiler. A module that started a thread at import would hang the forked ranks
+    (ddlbench/launch/forked.py): a fresh interpreter counts its threads before and after."""
+    import sys
+
+    from conftest import run_bounded
+
+    from ddlbench.launch.starters import preload_modules
+    from ddlbench.planning.config import plan_from_overrides
+    ds = plan_from_overrides(["framework=deepspeed_zero2", "run.compile=true"])
+    modules = preload_modules(ds)
+    assert {"deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer", "torch._inductor.compile_fx"} <= set(modules)
+    assert "deepspeed" not in preload_modules(plan_from_overrides(["framework=ddp"]))
+    code = ("import os, importlib, torch; from ddlbench.rank import runner; "
+            "before = len(os.listdir('/proc/self/task')); "
+            f"[importlib.import_module(m) for m in {list(modules)!r}]; "
+            "print(before, len(os.listdir('/proc/self/task')))")
+    out = run_bounded([sys.executable, "-c", code], 120, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = map(int, out.stdout.split()[-2:])
+    assert after == before, f"{after - before} thread(s) started by importing {modules}"

@@ -74,6 +74,11 @@ class DeepSpeed(Variant):
     name = "deepspeed"
     Options = DeepSpeedOptions
     strategy = "ddlbench.adapters.deepspeed:DeepSpeedStrategy"
+    # imported once by the launcher before it forks CPU ranks, not by each rank (4.8 s median of a
+    # rank's model_build in the suite's runs): deepspeed, and the Muon optimizer module that every
+    # ZeRO engine imports at initialize (zero/utils.py: is_zero_supported_optimizer), whose
+    # torch.compile decorator pulls in torch's compiler
+    preload_modules = ("deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer")
 
     def abilities(self):
         s = self.options.stage     # compiles through its engine (DeepSpeedEngine.compile)

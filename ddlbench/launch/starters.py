@@ -38,5 +38,18 @@ def preload(plan) -> None:
 
     from ddlbench import models
     from ddlbench.rank import runner  # noqa: F401
-    for module in (*models.modules_for(plan.cfg.model), *plan.variant.preload_modules):
-        importlib.import_module(module)
+    for module in preload_modules(plan, models.modules_for(plan.cfg.model)):
+        try:
+            importlib.import_module(module)
+        except ImportError:     # not installed: the rank that needs it says so in its own error
+            pass
+
+
+# torch.compile's compiler: each rank imports it at its first compiled step otherwise (~3 s on a 2-core VM)
+COMPILER_MODULES = ("torch._dynamo", "torch._inductor.compile_fx")
+
+
+def preload_modules(plan, model_modules=()) -> tuple[str, ...]:
+    """What preload() imports for `plan`: the model's library, the variant's framework, the compiler
+    when run.compile is on."""
+    return (*model_modules, *plan.variant.preload_modules, *(COMPILER_MODULES if plan.cfg.run.compile else ()))

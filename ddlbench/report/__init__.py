@@ -29,9 +29,9 @@ class Report:
     advice: list = field(default_factory=list)     # advice.json (bench advise) found under the paths
 
 
-def build(paths: list[str], out: Path, progress: bool = True) -> Report:
-    files = find_results(paths)
-    missing = missing_cells(paths)
+def build(paths: list[str], out: Path, progress: bool = True, found=None) -> Report:
+    """`found`: (result files, missing cells) of `paths` when the caller has already walked them."""
+    files, missing = found if found is not None else (find_results(paths), missing_cells(paths))
     if not files and not missing:
         raise FileNotFoundError("no result.json found under: " + " ".join(paths))
     with paused_gc():
