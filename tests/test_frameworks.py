@@ -63,6 +63,10 @@ def test_horovod_counts_its_own_allreduces_without_lr_scaling(run_dir):
     assert all(h >= 0 for h in heads) and heads == sorted(heads, reverse=True) and heads[0] > heads[-1]
     assert all("issued" not in r["all_reduce"] for r in rec["comm"]["per_rank"])
     assert rec["framework"]["native_config"]["lr_scaled_by_world_size"] is False
+    # horovodrun's commands had their ranks forked by the launcher's rank server (ddlbench/launch/rankserver.py),
+    # which started from the launcher's imports, frozen
+    for r in rec["timing"]["host_events"]["per_rank"]:
+        assert r["gc_policy"]["inherited_frozen_objects"] > 10_000
     # what ran: Horovod 0.28.1's own default (operations.cc), which its cost model (advise) uses too
     from ddlbench.adapters.cost import ModelProfile
     from ddlbench.adapters.horovod import DEFAULT_FUSION_THRESHOLD_MB, Horovod

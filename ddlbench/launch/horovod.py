@@ -1,6 +1,8 @@
 """Horovod's starter (ddlbench/launch/starters.py): `horovodrun --gloo` on one machine; under srun,
 the slots and the rendezvous horovodrun would have provided (ddlbench/launch/hvd_slurm.py). The
-ranks run ddlbench.launch.hvd_worker, which maps HOROVOD_* to torch's env:// variables."""
+ranks run ddlbench.launch.hvd_worker, which maps HOROVOD_* to torch's env:// variables. On CPU
+(start method fork) horovodrun's commands are clients of a rank server that forks the ranks
+(ddlbench/launch/rankserver.py); on GPUs they are the workers themselves (spawned)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +10,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from ddlbench.launch.forked import Forked
 
 
 class Horovodrun:
@@ -18,10 +22,18 @@ class Horovodrun:
         env = dict(os.environ)
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
         env.update(plan.variant.launch_env())
-        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-        cmd = [horovodrun, "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
-               sys.executable, "-m", "ddlbench.launch.hvd_worker", str(run_dir), str(threads)]
-        proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+        horovodrun = [str(Path(sys.executable).with_name("horovodrun")), "--gloo", "-np", str(nproc),
+                      "-H", f"localhost:{nproc}"]
+        if method == "fork":     # CPU: ranks forked by the launcher's rank server (ddlbench/launch/rankserver.py)
+            from ddlbench.launch import rankserver
+            from ddlbench.launch.starters import preload
+            preload(plan)
+            name = rankserver.address()
+            cmd = [*horovodrun, sys.executable, "-m", "ddlbench.launch.hvd_shim", name, str(run_dir), str(threads)]
+            proc = Forked(lambda: rankserver.serve_horovodrun(cmd, env, name), new_session=True)
+        else:
+            cmd = [*horovodrun, sys.executable, "-m", "ddlbench.launch.hvd_worker", str(run_dir), str(threads)]
+            proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, env=env)
         proc.held_port = held      # rank 0's store port stays this run's while the process object lives
         return proc
 
