@@ -14,8 +14,9 @@ FAST = ("run.warmup_steps=1", "run.measure_steps=3")
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_ddp_writes_a_valid_result(run_dir, nproc):
-    # at 2 ranks: one more step under torch.profiler after everything, and a window sized by time
-    more = ("run.trace=true", "run.min_window_s=1.5") if nproc == 2 else ()
+    # at 2 ranks: the product's default profiled comm step (run_record turns it off), one more step under
+    # torch.profiler after everything, and a window sized by time
+    more = ("run.comm_profile=true", "run.trace=true", "run.min_window_s=1.5") if nproc == 2 else ()
     proc, rec = run_record(run_dir, "framework=ddp", "model=gpt2_tiny", f"launcher.nproc={nproc}", *FAST, *more)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert check_record(rec) == []
