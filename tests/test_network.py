@@ -151,12 +151,12 @@ def test_bench_project_writes_table_json_csv_and_plot(tmp_path):
 @pytest.mark.slow
 def test_predicted_vs_measured_step_time_on_this_machine_is_in_the_report(tmp_path):
     """DDP at 1 and 2 ranks, one thread per rank: the report's projection check predicts the
-    2-rank step from the 1-rank compute and the 2-rank run's all-reduce on local_gloo. The
-    model is coarse (no Python or process overheads). Measured here: -3.8% and -7.2% (two runs,
-    2026-11-23; run-to-run noise on this VM is about 10%), and -47.6% in a full-suite run the same
-    day while the VM ran everything ~1.5x slower (2 ranks sharing 2 slowed cores suffer more than
-    1). The bound, 75%, is that loaded case with a 1.5x margin; the accuracy itself is what
-    benchmarks/comm_strategies.py prints."""
+    2-rank step from the 1-rank compute and the 2-rank run's all-reduce on local_gloo. How close
+    it comes depends on the machine and what else runs on it (-3.8% and -7.2% alone on this VM,
+    2026-11-23; -47.6% and -81% in full-suite runs on a busy VM): the accuracy is what
+    benchmarks/comm_strategies.py prints, never a bound here (tests/conftest.py). What must hold on
+    every machine: the prediction is the measured compute plus the priced exposed comm, its error is
+    against the 2-rank run's own step, and the report shows that error."""
     from ddlbench.network.model import load
     from ddlbench.project.validate import predict
     common = ("run.warmup_steps=2", "run.measure_steps=8", "launcher.threads_per_rank=1")
@@ -166,7 +166,10 @@ def test_predicted_vs_measured_step_time_on_this_machine_is_in_the_report(tmp_pa
     print(f"predicted {p['predicted_step_s'] * 1e3:.1f} ms, measured {p['measured_step_s'] * 1e3:.1f} ms, "
           f"error {p['relative_error']:+.1%}")
     assert p["comm_s"] > 0 and p["compute_s"] == pytest.approx(one["timing"]["step_time_s"]["median"])
-    assert abs(p["relative_error"]) < 0.75
+    assert 0 < p["exposed_comm_s"] <= p["comm_s"]
+    assert p["predicted_step_s"] == pytest.approx(p["compute_s"] + p["exposed_comm_s"])
+    assert p["measured_step_s"] == pytest.approx(two["timing"]["step_time_s"]["median"])
+    assert p["relative_error"] == pytest.approx(p["predicted_step_s"] / p["measured_step_s"] - 1)
     out = bench("report", str(tmp_path), "-o", str(tmp_path / "rep"))
     assert out.returncode == 0, out.stderr
     md = (tmp_path / "rep" / "report.md").read_text()
