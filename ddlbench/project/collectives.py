@@ -22,6 +22,12 @@ def traceable(variant) -> Optional[str]:
     return variant.abilities().fake_group
 
 
+# Where every collective follows the parameters, the positions a traced step computes on change no
+# payload, only its work (~ tokens x parameters): re-planning the H200 llama_1b record at 8 and 1,024
+# ranks traced 64 positions of bf16 on a 2-core VM's CPU for 60-120 s
+PARAMETER_BOUND_TOKENS = 8
+
+
 def follows_parameters(plan) -> bool:
     """Whether every collective of the plan's step is sized by the parameters, never by the batch:
     data parallelism alone (no tensor, pipeline or context split, no experts over ranks)."""
@@ -135,8 +141,8 @@ def _on_meta(build):
 def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int = 0, device: str = "cpu") -> dict:
     """`overrides`: a list of `bench run` overrides, or a resolved config (a record's `config`,
     launcher.nproc and run.device set here). `max_tokens`: language batches cut to their first
-    max_tokens positions, and to one sample per micro-batch where every payload follows the
-    parameters (follows_parameters). `time_steps`: that many more steps timed on `device`
+    max_tokens positions, and to one sample per micro-batch (and, with no step timed, to
+    PARAMETER_BOUND_TOKENS positions) where every payload follows the parameters (follows_parameters). `time_steps`: that many more steps timed on `device`
     (parameters a meta build left empty are filled first, and on a CPU denormals flushed: what a
     fake gather leaves in its output is never read as data)."""
     import os
@@ -194,9 +200,11 @@ def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int
         data = SyntheticData(spec, cfg.run.seed, plan.dims.global_batch, 0, plan.dims.local_batch, 1, where)
         batch = data.batch(0)
         if max_tokens and "input_ids" in batch:
-            batch = {k: v[:, :max_tokens] for k, v in batch.items()}
             if follows_parameters(plan):     # one sample per micro-batch: the same collectives, ~1/micro_batch of the work
+                if not time_steps:           # ... and, untimed, PARAMETER_BOUND_TOKENS positions of it
+                    max_tokens = min(max_tokens, PARAMETER_BOUND_TOKENS)
                 batch = {k: v[: plan.dims.grad_accum] for k, v in batch.items()}
+            batch = {k: v[:, :max_tokens] for k, v in batch.items()}
         strategy.train_step(batch)          # the first step builds what later steps reuse
         counter = CollectiveCounter([0] * world)
         with counter:
