@@ -155,16 +155,14 @@ def _warm_up() -> None:
 
     from ddlbench import models  # noqa: F401
     from ddlbench.rank import runner  # noqa: F401
-    if not Path("/dev/nvidiactl").exists():
-        # what launchers preload before forking CPU ranks (ddlbench/launch/starters.py), once per
-        # worker instead of once per run: DeepSpeed and torch's compiler (~5-10 s of imports each
-        # run). Not where a GPU is: DeepSpeed's accelerator detection would touch CUDA here.
-        import importlib
-
-        from ddlbench.adapters.deepspeed import DeepSpeed
-        from ddlbench.launch.starters import COMPILER_MODULES
-        for module in (*DeepSpeed.preload_modules, *COMPILER_MODULES):
-            importlib.import_module(module)
+    # Hydra composed once here: its plugins found and its search path built before the forks, so each
+    # run's own composition costs ~0.3-0.6 CPU-s less (a sweep's or advise's parent does the same for
+    # its cells: it validates them before forking them)
+    from ddlbench.planning.config import plan_from_overrides
+    plan_from_overrides(["framework=ddp"])
+    # Not DeepSpeed or torch's compiler, though launchers preload them for their runs: imported here
+    # they made every run forked from this process ~1 CPU-s dearer (a larger heap to fork and copy:
+    # 3.7 -> 4.7 CPU-s for a 2-rank gpt2_tiny run of 10 steps), more than DeepSpeed's runs saved.
 
 
 _warm_up()
