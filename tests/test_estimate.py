@@ -171,3 +171,22 @@ def test_project_replans_the_one_gpu_llama_record_of_the_issue(tmp_path):
     assert sent == {"all_gather": pytest.approx(2 * 2 * params, rel=0.01), "reduce_scatter": pytest.approx(4 * params, rel=0.01)}
     rows = {r["devices"]: r for r in doc["rows"]}
     assert rows[8]["comm_s"] > 0 and rows[1024]["scaling_efficiency"] < 0.99
+
+
+def _answer_or_die(n: int) -> dict:
+    import os
+    if n == 1:
+        os.abort()           # a native crash inside a case (SIGABRT), as seen once in FSDP2's all-gather
+    return {"n": n}
+
+
+def test_a_trace_process_that_dies_is_its_cases_error_and_the_others_still_answer():
+    """ddlbench/project/collectives.py: one process per case; a pool lost the task of a worker that
+    died and its caller waited out the whole bound (600 s in the suite)."""
+    import multiprocessing
+
+    from ddlbench.project.collectives import _run_cases
+    out = _run_cases(multiprocessing.get_context("fork"), [(0,), (1,), (2,), (3,)], 2, 120, lambda: None,
+                     target=_answer_or_die)
+    assert out[0] == {"n": 0} and out[2] == {"n": 2} and out[3] == {"n": 3}
+    assert "ended without an answer" in out[1]["error"] and "-6" in out[1]["error"]

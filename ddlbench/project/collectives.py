@@ -98,13 +98,62 @@ def trace_all(cases: list[tuple], timeout_s: float = 600, workers: int = 2,
         ctx.set_forkserver_preload(PRELOAD)
     # a process forked from the server starts without the parent's quiet start: it filters the same chatter
     try:
-        with ctx.Pool(max(1, min(workers, len(cases))), maxtasksperchild=1, initializer=quiet.install) as pool:
-            return pool.starmap_async(_trace_case, [(o if isinstance(o, dict) else list(o), *rest) for o, *rest in cases],
-                                      chunksize=1).get(timeout_s)
+        return _run_cases(ctx, [(o if isinstance(o, dict) else list(o), *rest) for o, *rest in cases],
+                          max(1, workers), timeout_s, quiet.install)
     finally:
         if start_method == "forkserver":   # stopped and waited for here: it must not outlive the command
             from multiprocessing import forkserver
             getattr(forkserver._forkserver, "_stop", lambda: None)()
+
+
+def _run_cases(ctx, cases: list[tuple], workers: int, timeout_s: float, initializer, target=None) -> list[dict]:
+    """Each case in a process of its own, `workers` at a time, its answer through a pipe; a process
+    that dies without one (a native abort: seen once, SIGABRT inside FSDP2's all-gather over the fake
+    group) is that case's {'error'}, not a wait for the answer that will not come (a pool's lost task
+    hung its caller until `timeout_s`). multiprocessing.TimeoutError after `timeout_s`, every process killed.
+    `target(*case)` gives a case's answer (default: _trace_case)."""
+    import multiprocessing
+    import time
+    from multiprocessing.connection import wait
+    deadline = time.monotonic() + timeout_s
+    results: list = [None] * len(cases)
+    pending, running = list(enumerate(cases)), {}
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                i, case = pending.pop(0)
+                receive, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_case_process, args=(send, case, initializer, target or _trace_case),
+                                   daemon=True)
+                proc.start()
+                send.close()
+                running[i] = (proc, receive)
+            for i, (proc, receive) in list(running.items()):
+                if receive.poll():
+                    try:
+                        results[i] = receive.recv()
+                    except EOFError:      # it ended without sending
+                        proc.join()
+                        results[i] = {"error": f"the trace process ended without an answer (exit code {proc.exitcode})"}
+                    proc.join()
+                    receive.close()
+                    del running[i]
+            if running and time.monotonic() > deadline:
+                raise multiprocessing.TimeoutError(f"trace cases still running after {timeout_s:g} s")
+            if running:
+                wait([r for _, r in running.values()] + [p.sentinel for p, _ in running.values()], timeout=0.5)
+    finally:
+        for proc, receive in running.values():
+            proc.kill()
+            proc.join()
+            receive.close()
+    return results
+
+
+def _case_process(send, case: tuple, initializer, target) -> None:
+    initializer()
+    send.send(target(*case))
+    send.close()
 
 
 def time_step(config: dict, world: int, steps: int = 3, device: str = "cpu", timeout_s: float = 900) -> dict:
