@@ -154,11 +154,12 @@ def _warm_up() -> None:
     import transformers.models.gpt2.modeling_gpt2  # noqa: F401
 
     from ddlbench import models  # noqa: F401
+    from ddlbench.planning.config import plan_from_overrides
     from ddlbench.rank import runner  # noqa: F401
+
     # Hydra composed once here: its plugins found and its search path built before the forks, so each
     # run's own composition costs ~0.3-0.6 CPU-s less (a sweep's or advise's parent does the same for
     # its cells: it validates them before forking them)
-    from ddlbench.planning.config import plan_from_overrides
     plan_from_overrides(["framework=ddp"])
     # Not DeepSpeed or torch's compiler, though launchers preload them for their runs: imported here
     # they made every run forked from this process ~1 CPU-s dearer (a larger heap to fork and copy:

@@ -181,11 +181,12 @@ def test_the_fingerprint_sees_moved_values():
 
 # Bytes on gloo's sockets exceed the counted payloads by control messages: gloo's, 576 B per
 # 2-rank all-reduce (`bench commbench launcher.nproc=2`, its 4 KiB row: 4672 written for 4096),
-# 3% of PowerSGD's tiny all-reduces; Horovod's negotiation, 770 B (fp32) to 1170 B (fp16
-# compression) per tensor per step on gpt2_tiny, up to 2,400 B when the tensors reach the
-# coordinator over more of its cycles (seen once, fp16, on a busy 2-core machine: 67 KB over 28
-# tensors). Allowed: 1% + these rounded up, per call.
-CONTROL_BYTES_PER_CALL = {"horovod": 3000}
+# 3% of PowerSGD's tiny all-reduces. Allowed: 1% + this rounded up, per call. Horovod's negotiation
+# has no such bound: its background thread exchanges requests every cycle until the step's
+# tensors are all ready, so its bytes grow with how long the step takes (770-1,170 B per tensor on
+# an idle 2-core VM; 2,400 B, then 4,100 B, per tensor seen on a busy one): for Horovod only the
+# payload is checked (every counted byte written, and more).
+CONTROL_BYTES_PER_CALL = {"horovod": None}
 # The analytic volumes leave out scalar all-reduces (DeepSpeed's norm / overflow checks: 4-8 B)
 # and are checked on gpt2_tiny only: on resnet18_tiny DDP-based strategies also broadcast the
 # BatchNorm buffers every forward (broadcast_buffers), which no Psi formula includes.
@@ -201,8 +202,12 @@ def check_wire_bytes(rec: dict) -> None:
     calls = sum(v for k, v in c["per_step_calls"].items() if k != "recv")
     written, wire = c["written_bytes_mean"], c["wire_bytes_mean"]
     print(f"{rec['framework']['variant']}: written/wire {written / wire:.4f}, {calls:g} calls")
-    allowed = 0.01 * wire + CONTROL_BYTES_PER_CALL.get(rec["framework"]["name"], 600) * calls
-    assert abs(written - wire) <= allowed, f"written {written} vs counted wire {wire} (allowed {allowed:.0f})"
+    per_call = CONTROL_BYTES_PER_CALL.get(rec["framework"]["name"], 600)
+    if per_call is None:           # timing-dependent control traffic: the payload at least went out
+        assert written >= 0.99 * wire, f"written {written} < counted wire {wire}"
+    else:
+        allowed = 0.01 * wire + per_call * calls
+        assert abs(written - wire) <= allowed, f"written {written} vs counted wire {wire} (allowed {allowed:.0f})"
     if c["analytic_wire_bytes_per_rank"] is not None and rec["model"]["name"] == "gpt2_tiny":
         assert wire == pytest.approx(c["analytic_wire_bytes_per_rank"], rel=ANALYTIC_RTOL)
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import kill_and_reap, leftovers, subreaper, wait_for
+from conftest import children, kill_and_reap, leftovers, subreaper, wait_for
 
 from ddlbench.launch import rankserver
 from ddlbench.launch.forked import Forked
@@ -61,8 +61,8 @@ def test_the_server_forks_each_clients_rank_passes_its_exit_and_kills_a_rank_who
     script.write_text(FAKE_HOROVODRUN)
     out = tmp_path / "out.txt"
     name = rankserver.address()
+    before = set(children())     # what this worker already had (a resource tracker, say) is not the test's
     subreaper(True)
-    before = set()
     try:
         with open(out, "w") as f:
             leader = Forked(lambda: rankserver.serve_horovodrun([sys.executable, str(script), name, str(tmp_path)],
@@ -98,6 +98,7 @@ def test_a_signal_to_the_client_reaches_its_rank_and_the_client_exits_as_the_ran
                       "p = subprocess.Popen([sys.executable, '-m', 'ddlbench.launch.hvd_shim', sys.argv[1], sys.argv[2]])\n"
                       "print('client', p.pid, flush=True)\n"
                       "sys.exit(128 - p.wait())\n")
+    before = set(children())
     subreaper(True)
     try:
         with open(tmp_path / "out.txt", "w") as f:
@@ -111,7 +112,7 @@ def test_a_signal_to_the_client_reaches_its_rank_and_the_client_exits_as_the_ran
         # the client died of SIGTERM as its rank did: the script exits 128 - (-15)
         assert leader.returncode == 128 + signal.SIGTERM, (tmp_path / "out.txt").read_text()
     finally:
-        left = leftovers(set(), grace_s=5)
+        left = leftovers(before, grace_s=5)
         kill_and_reap(left)
         subreaper(False)
     assert not left, left

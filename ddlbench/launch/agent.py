@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 from ddlbench.launch.failures import describe_failure
-from ddlbench.launch.forked import INHERITED_FROZEN_ENV, freeze_for_forked_ranks
+from ddlbench.launch.forked import freeze_for_forked_ranks
 from ddlbench.lifecycle import events
+from ddlbench.rank.gcpolicy import INHERITED_FROZEN_ENV
 from ddlbench.record.results import atomic_write_json
 from ddlbench.record.rundir import RunDir
 

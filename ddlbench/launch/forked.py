@@ -29,6 +29,7 @@ from typing import Callable
 
 from ddlbench.lifecycle.signals import Stopped
 from ddlbench.lifecycle.signals import exit_code as _stop_exit_code
+from ddlbench.rank.gcpolicy import INHERITED_FROZEN_ENV
 
 RESET_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
 
@@ -36,9 +37,6 @@ RESET_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
 def rank_start_method(device_type: str) -> str:
     """How the elastic agent starts ranks: fork on CPU (imports inherited); spawn on CUDA."""
     return "fork" if device_type == "cpu" else "spawn"
-
-
-INHERITED_FROZEN_ENV = "DDLBENCH_INHERITED_FROZEN"   # how many objects a forked rank starts with frozen
 
 
 def fork_frozen() -> int:
@@ -59,11 +57,6 @@ def freeze_for_forked_ranks() -> None:
     2-core VM: once here rather than in each rank; ddlbench/rank/gcpolicy.py records it)."""
     gc.freeze()
     os.environ[INHERITED_FROZEN_ENV] = str(gc.get_freeze_count())
-
-
-def inherited_frozen() -> int:
-    """The objects this rank inherited frozen from the agent that forked it (0: none, or spawned)."""
-    return int(os.environ.get(INHERITED_FROZEN_ENV) or 0)
 
 
 def exit_code(status: int) -> int:

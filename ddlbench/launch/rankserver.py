@@ -27,7 +27,8 @@ import socket
 import struct
 import subprocess
 
-from ddlbench.launch.forked import INHERITED_FROZEN_ENV, Forked, freeze_for_forked_ranks
+from ddlbench.launch.forked import Forked, freeze_for_forked_ranks
+from ddlbench.rank.gcpolicy import INHERITED_FROZEN_ENV
 
 STREAMS = 3                       # the client's stdin, stdout, stderr
 _LENGTH = struct.Struct("!I")

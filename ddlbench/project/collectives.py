@@ -107,17 +107,18 @@ def trace_all(cases: list[tuple], timeout_s: float = 600, workers: int = 2,
 
 
 def _run_cases(ctx, cases: list[tuple], workers: int, timeout_s: float, initializer, target=None) -> list[dict]:
-    """Each case in a process of its own, `workers` at a time, its answer through a pipe; a process
-    that dies without one (a native abort: seen once, SIGABRT inside FSDP2's all-gather over the fake
-    group) is that case's {'error'}, not a wait for the answer that will not come (a pool's lost task
-    hung its caller until `timeout_s`). multiprocessing.TimeoutError after `timeout_s`, every process killed.
+    """Each case in a process of its own, `workers` at a time, its answer through a pipe. A process
+    killed by a signal before answering (a native abort: seen once, SIGABRT inside FSDP2's all-gather
+    over the fake group, in the suite) runs its case once more in a fresh one, the answer then saying
+    so (`first_attempt`); a second death, or an exit without an answer, is the case's {'error'}: never
+    a wait for an answer that will not come (a pool lost such a task, and its caller waited out `timeout_s`). multiprocessing.TimeoutError after `timeout_s`, every process killed.
     `target(*case)` gives a case's answer (default: _trace_case)."""
     import multiprocessing
     import time
     from multiprocessing.connection import wait
     deadline = time.monotonic() + timeout_s
     results: list = [None] * len(cases)
-    pending, running = list(enumerate(cases)), {}
+    pending, running, died = list(enumerate(cases)), {}, {}
     try:
         while pending or running:
             while pending and len(running) < workers:
@@ -132,9 +133,16 @@ def _run_cases(ctx, cases: list[tuple], workers: int, timeout_s: float, initiali
                 if receive.poll():
                     try:
                         results[i] = receive.recv()
+                        if i in died:      # said, never hidden
+                            results[i] = {**results[i], "first_attempt": died[i]}
                     except EOFError:      # it ended without sending
                         proc.join()
-                        results[i] = {"error": f"the trace process ended without an answer (exit code {proc.exitcode})"}
+                        why = f"the trace process ended without an answer (exit code {proc.exitcode})"
+                        if proc.exitcode is not None and proc.exitcode < 0 and i not in died:
+                            died[i] = why + "; the case ran again"    # a signal: once more, in a fresh process
+                            pending.insert(0, (i, cases[i]))
+                        else:
+                            results[i] = {"error": why + (f" (and before: {died[i]})" if i in died else "")}
                     proc.join()
                     receive.close()
                     del running[i]

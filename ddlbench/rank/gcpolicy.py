@@ -34,7 +34,7 @@ from __future__ import annotations
 import gc
 import time
 
-from ddlbench.launch.forked import inherited_frozen
+INHERITED_FROZEN_ENV = "DDLBENCH_INHERITED_FROZEN"   # how many objects a forked rank starts with frozen (its agent's count)
 
 POLICIES = ("freeze", "python", "torchtitan")
 
@@ -85,6 +85,13 @@ class GcPolicy:
         if self._was_enabled:
             gc.enable()
         return self.record
+
+
+def inherited_frozen() -> int:
+    """The objects this rank inherited frozen from the agent that forked it (0: none, or spawned;
+    ddlbench/launch/forked.py: freeze_for_forked_ranks)."""
+    import os
+    return int(os.environ.get(INHERITED_FROZEN_ENV) or 0)
 
 
 def _freeze_what_survives() -> int:
