@@ -39,14 +39,21 @@ def rank_start_method(device_type: str) -> str:
     return "fork" if device_type == "cpu" else "spawn"
 
 
+# True in a process whose heap was frozen here (a child of fork_frozen, or after freeze_for_forked_ranks);
+# inherited by its own children. A flag, not gc.get_freeze_count(), which walks every frozen object.
+_frozen = False
+
+
 def fork_frozen() -> int:
     """os.fork() with everything the parent made frozen in the child (see the module docstring). The
     parent's collector as it was: unfrozen again at once, unless it had frozen objects already (a
     forked child forking in turn: what it inherited frozen stays so, and what it made since with it)."""
-    already = gc.get_freeze_count()
+    global _frozen
     gc.freeze()
     pid = os.fork()
-    if pid != 0 and not already:
+    if pid == 0:
+        _frozen = True
+    elif not _frozen:
         gc.unfreeze()
     return pid
 
@@ -55,6 +62,8 @@ def freeze_for_forked_ranks() -> None:
     """In the agent, before torch forks its ranks: its objects frozen for them, and how many in the
     environment they inherit (counting walks every frozen object, ~0.25 s for 470,000 on a busy
     2-core VM: once here rather than in each rank; ddlbench/rank/gcpolicy.py records it)."""
+    global _frozen
+    _frozen = True
     gc.freeze()
     os.environ[INHERITED_FROZEN_ENV] = str(gc.get_freeze_count())
 
