@@ -12,6 +12,8 @@ peer does not send back, cannot run so (`traceable` says why). Processes of thei
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Optional
 
 # what the fork server imports once, its quiet start first (ddlbench/project/trace_server.py)
@@ -124,12 +126,14 @@ def _run_cases(ctx, cases: list[tuple], workers: int, timeout_s: float, initiali
             while pending and len(running) < workers:
                 i, case = pending.pop(0)
                 receive, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_case_process, args=(send, case, initializer, target or _trace_case),
+                fd, crash = tempfile.mkstemp(prefix="ddlbench-trace-", suffix=".crash")
+                os.close(fd)
+                proc = ctx.Process(target=_case_process, args=(send, case, initializer, target or _trace_case, crash),
                                    daemon=True)
                 proc.start()
                 send.close()
-                running[i] = (proc, receive)
-            for i, (proc, receive) in list(running.items()):
+                running[i] = (proc, receive, crash)
+            for i, (proc, receive, crash) in list(running.items()):
                 if receive.poll():
                     try:
                         results[i] = receive.recv()
@@ -137,7 +141,8 @@ def _run_cases(ctx, cases: list[tuple], workers: int, timeout_s: float, initiali
                             results[i] = {**results[i], "first_attempt": died[i]}
                     except EOFError:      # it ended without sending
                         proc.join()
-                        why = f"the trace process ended without an answer (exit code {proc.exitcode})"
+                        why = (f"the trace process ended without an answer (exit code {proc.exitcode})"
+                               + _where_it_died(crash))
                         if proc.exitcode is not None and proc.exitcode < 0 and i not in died:
                             died[i] = why + "; the case ran again"    # a signal: once more, in a fresh process
                             pending.insert(0, (i, cases[i]))
@@ -145,23 +150,58 @@ def _run_cases(ctx, cases: list[tuple], workers: int, timeout_s: float, initiali
                             results[i] = {"error": why + (f" (and before: {died[i]})" if i in died else "")}
                     proc.join()
                     receive.close()
+                    _remove(crash)
                     del running[i]
             if running and time.monotonic() > deadline:
                 raise multiprocessing.TimeoutError(f"trace cases still running after {timeout_s:g} s")
             if running:
-                wait([r for _, r in running.values()] + [p.sentinel for p, _ in running.values()], timeout=0.5)
+                wait([r for _, r, _ in running.values()] + [p.sentinel for p, _, _ in running.values()], timeout=0.5)
     finally:
-        for proc, receive in running.values():
+        for proc, receive, crash in running.values():
             proc.kill()
             proc.join()
             receive.close()
+            _remove(crash)
     return results
 
 
-def _case_process(send, case: tuple, initializer, target) -> None:
-    initializer()
-    send.send(target(*case))
-    send.close()
+def _case_process(send, case: tuple, initializer, target, crash: str) -> None:
+    import faulthandler
+    with open(crash, "w") as out:     # a native abort's Python stack, for the case's error
+        faulthandler.enable(out, all_threads=True)
+        initializer()
+        send.send(target(*case))
+        send.close()
+        faulthandler.disable()
+
+
+def _where_it_died(crash: str, frames: int = 4) -> str:
+    """'; Fatal Python error: ...; in f (file.py:N) < g (file.py:M)' from the faulthandler dump a killed
+    case left (its own thread's innermost frames first, multiprocessing's own left out), or ''."""
+    import re
+    try:
+        with open(crash) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    fatal = next((line for line in lines if line.startswith("Fatal Python error")), "")
+    start = next((n for n, line in enumerate(lines) if line.startswith(("Current thread", "Thread 0x"))), None)
+    stack = []
+    for line in lines[start + 1:] if start is not None else []:
+        m = re.match(r'\s+File "(.*)", line (\d+) in (.*)', line)
+        if not m:
+            break
+        if "/multiprocessing/" not in m[1]:
+            stack.append(f"{m[3]} ({os.path.basename(m[1])}:{m[2]})")
+    where = " < ".join(stack[:frames])
+    return "".join(f"; {x}" for x in (fatal, f"in {where}" if where else "") if x)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def time_step(config: dict, world: int, steps: int = 3, device: str = "cpu", timeout_s: float = 900) -> dict:
