@@ -1,7 +1,8 @@
 """The equivalence gate (docs/design.md §7): every mathematically equivalent strategy gives DDP's loss
 series (10 steps, fp32, same seed and global batch, 2 ranks) within 1e-5 relative, and the same
-final parameters, on gpt2_tiny and resnet18_tiny, and on llama_tiny one variant of each framework
-family (suite time: the families share their code paths across variants); on qwen3_tiny tensor
+final parameters, on gpt2_tiny; on resnet18_tiny (BatchNorm buffers, convolutions; 11.2M parameters:
+a run there costs ~3x a gpt2_tiny one) and llama_tiny one variant of each framework family, and
+each pipeline split (suite time: the families share their code paths across variants); on qwen3_tiny tensor
 parallelism (its per-head q/k norms); on moe_tiny FSDP2 and expert parallelism (the variants that
 need experts run there only).
 
@@ -53,7 +54,9 @@ MODEL_EXTRA = {"moe_tiny": ("model.moe.aux_loss_coef=0",), "moe_shared_tiny": ("
 MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", "moe_shared_tiny"]
 # llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny, moe_tiny
 # and moe_shared_tiny (a shared expert beside the routed ones): what their families change
-MODEL_VARIANTS = {"llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b",
+MODEL_VARIANTS = {"resnet18_tiny": {"fsdp_full", "deepspeed_zero2", "deepspeed_zero3", "fairscale_oss", "horovod",
+                                    "pipeline_1f1b", "pipeline_interleaved"},
+                  "llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b",
                                  "tensor_parallel", "tensor_parallel_sp", "deepspeed_ulysses", "context_parallel"},
                   "qwen3_tiny": {"tensor_parallel", "tensor_parallel_sp"},
                   "moe_tiny": {"fsdp_full", "deepspeed_zero2", "expert_parallel", "expert_parallel_tp"},
