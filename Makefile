@@ -35,15 +35,16 @@ $(STAMP):
 # BENCH_REPEATS times each, the repeats interleaved (every framework once, then again: run.repeat
 # is the outer sweep key), beside a 1-rank DDP baseline; then the table and the report, whose
 # verdict names a winner only beyond the run-to-run noise (ddlbench/metrics/compare.py: 3 runs a
-# side is the fewest that can). A failed run is shown, not hidden: the table and report are
-# still written, and make exits non-zero.
+# side is the fewest that can). Each run's warm-up lasts until its steps settle (at most 30 steps:
+# ddlbench/metrics/warmup.py), so no window starts on steps still falling. A failed run is shown,
+# not hidden: the table and report are still written, and make exits non-zero.
 BENCH_FRAMEWORKS ?= ddp,fsdp_full,deepspeed_zero2,deepspeed_zero3,horovod,fairscale_oss,pipeline_1f1b,tensor_parallel
 BENCH_REPEATS ?= 3
 bench: setup
 	rm -rf $(BENCH_DIR)
 	$(BIN)/bench run framework=ddp model=gpt2_tiny launcher.nproc=1 run.progress=false run.dir=$(BENCH_DIR)/baseline_ddp_n1
 	rc=0; $(BIN)/bench run -m "run.repeat=range(0,$(BENCH_REPEATS))" framework=$(BENCH_FRAMEWORKS) model=gpt2_tiny \
-	    launcher.nproc=2 run.progress=false run.dir=$(BENCH_DIR)/n2 || rc=$$?; \
+	    launcher.nproc=2 run.warmup_max_steps=30 run.progress=false run.dir=$(BENCH_DIR)/n2 || rc=$$?; \
 	$(BIN)/bench table $(BENCH_DIR) && $(BIN)/bench report $(BENCH_DIR) -o $(BENCH_DIR)/report && exit $$rc
 
 test: setup system-deps lint

@@ -289,3 +289,34 @@ def test_a_window_sized_by_time_needs_a_warm_up_step_and_no_epochs():
     with pytest.raises(ConfigError, match="min_window_s"):
         plan_from_overrides(["run.min_window_s=0"])
     assert plan_from_overrides(["run.min_window_s=2.5"]).cfg.run.min_window_s == 2.5
+
+
+def test_warm_up_ends_when_the_steps_settle_by_hand():
+    """ddlbench/metrics/warmup.py on a series that settles late (the shape of the H200 per-expert loop's
+    first steps): span 3, step 0 left out. After 10 steps: median(1.17, 0.87, 0.72) = 0.87 before,
+    median(0.71, 0.72, 0.715) = 0.715 last, drift -17.8%; after 11: 0.72 before, 0.715 last, -0.7%: settled."""
+    from ddlbench.metrics.warmup import drift, settled, warmup_end
+    s = [5.0, 2.08, 1.52, 1.25, 1.17, 0.87, 0.72, 0.71, 0.72, 0.715, 0.71, 0.72, 0.71, 0.72, 0.71]
+    assert drift(s[:6]) is None and not settled(s[:6])            # 5 steps after step 0: too few to judge
+    assert drift(s[:7]) == pytest.approx(0.87 / 1.52 - 1)
+    assert drift(s[:10]) == pytest.approx(0.715 / 0.87 - 1) and not settled(s[:10])
+    assert drift(s[:11]) == pytest.approx(0.715 / 0.72 - 1) and settled(s[:11])
+    assert warmup_end(s, 3, 14) == (11, "settled")
+    assert warmup_end(s, 3, 9) == (9, "cap")            # never settled within the cap
+    assert warmup_end(s, 12, 14) == (12, "settled")     # never fewer than run.warmup_steps
+    assert warmup_end(s, 3, None) == (3, "fixed")
+    flat = [3.0] + [0.5, 0.52, 0.49, 0.9, 0.5, 0.51, 0.5, 0.5]   # one slow step among three moves no median
+    assert warmup_end(flat, 3, 8) == (7, "settled")
+    with pytest.raises(ValueError, match="cannot say where"):
+        warmup_end(s[:5], 3, 14)
+
+
+def test_warm_up_until_settled_needs_a_throughput_run_and_a_cap_above_the_minimum():
+    from ddlbench.planning.config import ConfigError, plan_from_overrides
+    assert plan_from_overrides(["run.warmup_max_steps=20"]).cfg.run.warmup_max_steps == 20
+    with pytest.raises(ConfigError, match="run.warmup_max_steps=3 needs 1 <= run.warmup_steps"):
+        plan_from_overrides(["run.warmup_max_steps=3"])
+    with pytest.raises(ConfigError, match="run.warmup_max_steps=5 needs 1 <= run.warmup_steps"):
+        plan_from_overrides(["run.warmup_max_steps=5", "run.warmup_steps=0"])
+    with pytest.raises(ConfigError, match="quality mode"):
+        plan_from_overrides(["run.warmup_max_steps=20", "run.epochs=1", "data=markov"])

@@ -15,8 +15,8 @@ FAST = ("run.warmup_steps=1", "run.measure_steps=3")
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_ddp_writes_a_valid_result(run_dir, nproc):
     # at 2 ranks: the product's default profiled comm step (run_record turns it off), one more step under
-    # torch.profiler after everything, and a window sized by time
-    more = ("run.comm_profile=true", "run.trace=true", "run.min_window_s=1.5") if nproc == 2 else ()
+    # torch.profiler after everything, a warm-up until the steps settle and a window sized by time after it
+    more = ("run.comm_profile=true", "run.trace=true", "run.warmup_max_steps=10", "run.min_window_s=1.5") if nproc == 2 else ()
     proc, rec = run_record(run_dir, "framework=ddp", "model=gpt2_tiny", f"launcher.nproc={nproc}", *FAST, *more)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert check_record(rec) == []
@@ -44,8 +44,16 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
         assert rule["measure_steps"] == steps and rule["requested_measure_steps"] == 3 and rule["min_window_s"] == 1.5
         assert steady["window_s"] == pytest.approx(max(t["per_rank_window_s"]))
         assert 0 <= steady["slowest_step_moves"] <= 1
+        # warm-up: at least 1 step, then until every rank's steps settled (metrics/warmup.py), at most 10
+        warm = t["warmup_rule"]
+        assert warm["steps"] == t["warmup_steps"] and warm["min_steps"] == 1 and warm["max_steps"] == 10
+        if warm["stopped"] == "settled":     # 6 steps after step 0 are the fewest the rule judges
+            assert 7 <= t["warmup_steps"] <= 10 and all(abs(d) <= 0.05 for d in warm["drift_per_rank"])
+        else:
+            assert warm["stopped"] == "cap" and t["warmup_steps"] == 10
+        assert len(rec["convergence"]["train_loss"]) == t["warmup_steps"] + steps
     else:
-        assert "window_rule" not in t
+        assert "window_rule" not in t and "warmup_rule" not in t and t["warmup_steps"] == 1
     assert t["measured_steps"] == steps and len(t["series_s"]) == steps
     # the host's own events in the window, per rank (ddlbench/rank/hostevents.py): GC seconds per step, no CUDA allocator
     events = t["host_events"]
@@ -77,9 +85,9 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
     assert all(m["setup_peak_rss_bytes"] <= m["peak_rss_bytes"] for m in rec["memory"]["per_rank"])
     assert rec["env"]["backend"] == "gloo" and rec["env"]["threads_per_rank"] >= 1
     assert rec["framework"]["native_config"]["gradient_as_bucket_view"] is True
-    assert len(rec["convergence"]["train_loss"]) == 1 + steps
+    assert len(rec["convergence"]["train_loss"]) == t["warmup_steps"] + steps
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 1 + steps and json.loads(lines[-1])["phase"] == "measure"
+    assert len(lines) == t["warmup_steps"] + steps and json.loads(lines[-1])["phase"] == "measure"
     if nproc == 2:
         bucket_bytes = sum(rec["framework"]["native_config"]["bucket_sizes_bytes"])
         assert bucket_bytes == 4 * rec["model"]["params"]          # every fp32 grad, once

@@ -222,6 +222,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
                                         "slowest_step": slowest_step(step_times, stats["median"], per_rank)}
     if gathered[0].get("window_rule"):     # run.min_window_s: agreed over ranks, so rank 0's is every rank's
         record.timing["window_rule"] = gathered[0]["window_rule"]
+    if gathered[0].get("warmup_rule"):     # run.warmup_max_steps: agreed over ranks, as above
+        record.timing["warmup_rule"] = gathered[0]["warmup_rule"]
     if cfg.run.step_split:
         record.timing["step_split"] = gather_split([g.get("step_split") for g in gathered])
     if all("host_time_s" in g for g in gathered):

@@ -30,7 +30,9 @@ class Progress:
         if self.bar is not None:
             self.bar.write("  ".join(f"{k}={v:.4f}" for k, v in values.items()))
 
-    def resize(self, total: int) -> None:
+    def resize(self, total: int, warmup: int | None = None) -> None:
+        if warmup is not None:
+            self.warmup = warmup
         if self.bar is not None:
             self.bar.total = total
             self.bar.refresh()

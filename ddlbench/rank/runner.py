@@ -130,6 +130,8 @@ class Window:
     step_split: dict | None = None        # run.step_split: forward / backward / optimizer (metrics/step_split.py)
     host_events: dict | None = None       # GC and allocator retries in the window (ddlbench/rank/hostevents.py)
     window_rule: dict | None = None       # run.min_window_s: how the window's length was set (metrics/window.py)
+    warmup_steps: int = 0                 # warm-up as it ran (run.warmup_max_steps: until settled)
+    warmup_rule: dict | None = None       # run.warmup_max_steps: where warm-up ended and why (metrics/warmup.py)
 
 
 def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads: int) -> None:
@@ -144,7 +146,7 @@ def run(plan: Plan, ctx: RankContext, run_dir: Path, baseline_rss: int, threads:
         setup = set_up(plan, ctx, run_dir, spec, tracking)
         window = train(plan, ctx, run_dir, setup, tracking)
     warnings: list[str] = []
-    warmup = cfg.run.warmup_steps
+    warmup = window.warmup_steps
     if warmup >= len(window.step_s):  # quality mode: fewer steps than warm-up (short epochs, early stop)
         warnings.append(f"run.warmup_steps {warmup} >= the {len(window.step_s)} steps trained; "
                         "timing statistics use the last step only")
@@ -206,7 +208,8 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
         w.evals.append({**evaluate(0), "wall_s": 0.0})
     t_prev = time.perf_counter()
     step = -1
-    while step + 1 < setup.total:      # setup.total may grow after the warm-up (run.min_window_s)
+    settling = cfg.run.warmup_max_steps is not None and not cfg.run.epochs
+    while step + 1 < setup.total:      # setup.total may grow in and after the warm-up (run.warmup_max_steps, min_window_s)
         step += 1
         if fault.active:
             fault.at_step(step)
@@ -241,8 +244,16 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
             collections.start()
             events.mark(run_dir, "first_step", ctx.rank, t=w.first_step_end)
             t_prev = time.perf_counter()
+        if step == warmup - 1 and settling:     # after a warm-up step, outside every step: settled on every rank?
+            w.warmup_rule = _settle(w.step_s, warmup, cfg.run.warmup_steps, cfg.run.warmup_max_steps, ctx.world_size)
+            if w.warmup_rule["stopped"] is None:   # one more warm-up step (a strategy with phases is told)
+                warmup, setup.total = warmup + 1, setup.total + 1
+                _replan(setup)
+                stop.expose(w.step_s, w.losses, warmup)
+                progress.resize(setup.total, warmup)
+            t_prev = time.perf_counter()
         if step == warmup - 1 and cfg.run.min_window_s:   # after the warm-up, outside the window
-            w.window_rule = _size_window(setup, cfg, w.step_s[-1], ctx.world_size)
+            w.window_rule = _size_window(setup, cfg, warmup, w.step_s[-1], ctx.world_size)
             progress.resize(setup.total)
             t_prev = time.perf_counter()
         if evaluate and evaluate.due(step + 1):
@@ -253,6 +264,7 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
                 break
             t_prev = time.perf_counter()  # evaluation is not part of any step
     w.wall_s = time.perf_counter() - wall0
+    w.warmup_steps = warmup
     retries = hostevents.alloc_retries(ctx.device)
     w.host_events = hostevents.summary(collections.stop(), None if cfg.run.epochs else w.start, w.step_s[warmup:],
                                        None if retries is None else retries - retries0)
@@ -266,16 +278,33 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     return w
 
 
-def _size_window(setup: Setup, cfg, last_warm_step_s: float, world_size: int) -> dict:
+def _settle(step_s: list[float], warmup: int, min_steps: int, max_steps: int, world_size: int) -> dict:
+    """run.warmup_max_steps: whether warm-up ends after these `warmup` steps, agreed over ranks
+    (every rank's steps settled, or the cap reached): {'steps', 'stopped': 'settled' | 'cap' | None
+    (go on), 'drift_per_rank', ...} (metrics/warmup.py)."""
+    from ddlbench.metrics import warmup as rule
+    drifts: list = [None] * world_size
+    dist.all_gather_object(drifts, rule.drift(step_s))
+    settled = all(d is not None and abs(d) <= rule.TOLERANCE for d in drifts)
+    stopped = "settled" if settled else "cap" if warmup >= max_steps else None
+    return {"steps": warmup, "stopped": stopped, "drift_per_rank": drifts, "min_steps": min_steps,
+            "max_steps": max_steps, "span": rule.SPAN, "tolerance": rule.TOLERANCE, "rule": rule.RULE}
+
+
+def _replan(setup: Setup) -> None:
+    if isinstance(setup.strategy, Periodic):
+        setup.strategy.plan_steps(setup.total, None)
+
+
+def _size_window(setup: Setup, cfg, warmup: int, last_warm_step_s: float, world_size: int) -> dict:
     """run.min_window_s: the slowest rank's last warm-up step, agreed once over ranks, sets how many
     steps fill the window (metrics/window.py); a strategy with phases is told the new total."""
     paces: list = [None] * world_size
     dist.all_gather_object(paces, last_warm_step_s)
     pace = max(paces)
     measure = window_steps(cfg.run.measure_steps, cfg.run.min_window_s, pace)
-    setup.total = cfg.run.warmup_steps + measure
-    if isinstance(setup.strategy, Periodic):
-        setup.strategy.plan_steps(setup.total, None)
+    setup.total = warmup + measure
+    _replan(setup)
     return {"min_window_s": cfg.run.min_window_s, "warm_step_s": pace, "measure_steps": measure,
             "requested_measure_steps": cfg.run.measure_steps,
             "rule": "measured steps = max(run.measure_steps, ceil(run.min_window_s / the slowest rank's last "
@@ -331,6 +360,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "moe": _router_stats(strategy),
         "host_events": w.host_events,
         "window_rule": w.window_rule,
+        "warmup_rule": w.warmup_rule,
     }
     return local, {"objective": objective, "fingerprint": fingerprint, "comm_steps": comm["steps"],
                    "comm_profiled": "time" in comm}

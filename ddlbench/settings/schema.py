@@ -246,6 +246,9 @@ class HardwareCfg(Strict):
 
 class RunCfg(Strict):
     warmup_steps: NonNegativeInt = 3
+    # set: warm-up goes on past warmup_steps until the step times settle, at most this many steps
+    # (ddlbench/metrics/warmup.py; timing.warmup_rule says where it ended and why)
+    warmup_max_steps: Optional[PositiveInt] = None
     measure_steps: PositiveInt = 10
     # a time-based window: at least this many seconds of measured steps (more than measure_steps where
     # the steps are short), from the last warm-up step's time agreed over ranks (ddlbench/metrics/window.py)
@@ -306,6 +309,13 @@ class RunCfg(Strict):
         if self.min_window_s is not None and self.warmup_steps < 1:
             raise ValueError("run.min_window_s needs run.warmup_steps >= 1: the window's length is sized from the "
                              "last warm-up step's time")
+        if self.warmup_max_steps is not None and self.epochs:
+            raise ValueError("run.warmup_max_steps ends the warm-up of a throughput run when its steps settle; "
+                             "run.epochs (quality mode) trains whole epochs: set one of them")
+        if self.warmup_max_steps is not None and not 1 <= self.warmup_steps < self.warmup_max_steps:
+            raise ValueError(f"run.warmup_max_steps={self.warmup_max_steps} needs 1 <= run.warmup_steps "
+                             f"(now {self.warmup_steps}) < run.warmup_max_steps: warm-up runs at least "
+                             "warmup_steps, then until the steps settle, at most warmup_max_steps")
         if self.min_window_s is not None and self.min_window_s >= self.timeout_s:
             raise ValueError(f"run.min_window_s={self.min_window_s:g} s cannot fit in run.timeout_s={self.timeout_s:g} s "
                              "(the run would end at its timeout with nothing measured): raise run.timeout_s or "
