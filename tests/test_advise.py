@@ -344,6 +344,15 @@ def test_collect_recommends_the_first_to_reach_the_target_when_there_is_one():
     assert Advice.from_json(state.to_json()) == state
     with pytest.raises(ValueError, match="colour"):
         Advice.from_json({**state.to_json(), "colour": "red"})
+    # a malformed candidate or round is refused by name, not a KeyError in a later phase (issue 66)
+    broken = state.to_json()
+    del broken["candidates"][1]["label"]
+    with pytest.raises(ValueError, match=r"candidates\[1\]\.label must be a JSON string, got nothing"):
+        Advice.from_json(broken)
+    with pytest.raises(ValueError, match=r"candidates\[0\] must be a JSON object"):
+        Advice.from_json({**state.to_json(), "candidates": ["c1"]})
+    with pytest.raises(ValueError, match=r"rounds\[0\]\.cells holds \['c9', 0\]"):
+        Advice.from_json({**state.to_json(), "phase": "measure", "rounds": [{"dir": "measure", "cells": [["c9", 0]]}]})
 
 
 def test_default_network_and_devices_per_node_follow_the_device():

@@ -69,9 +69,36 @@ class Advice:
             raise ValueError(f"phase {obj['phase']!r} without candidates")
         if obj.get("phase") == "measure" and not obj.get("rounds"):
             raise ValueError("phase 'measure' without the rounds it measures")
+        _check_candidates(obj.get("candidates") or [], obj.get("rounds") or [])
         cal = obj.get("calibration") or {}
         cal_names = {f.name for f in fields(Calibration)}
         if set(cal) - cal_names:
             raise ValueError(f"calibration has fields this version does not know: {', '.join(sorted(set(cal) - cal_names))}")
         return cls(**{**{k: v for k, v in obj.items() if k in names},
                       "calibration": Calibration(**cal)})
+
+
+# what every candidate row holds from the grid on (rank.candidate_row), and its type
+CANDIDATE_KEYS = {"id": str, "label": str, "framework": str, "overrides": list}
+
+
+def _check_candidates(candidates: list, rounds: list) -> None:
+    """ValueError naming the first candidate or round that advise could not continue from (a
+    KeyError deep in a later phase, before)."""
+    ids = set()
+    for n, c in enumerate(candidates):
+        if not isinstance(c, dict):
+            raise ValueError(f"candidates[{n}] must be a JSON object, got {type(c).__name__}")
+        for key, kind in CANDIDATE_KEYS.items():
+            if not isinstance(c.get(key), kind):
+                got = "nothing" if key not in c else type(c[key]).__name__
+                raise ValueError(f"candidates[{n}].{key} must be a JSON {'string' if kind is str else 'list'}, got {got}")
+        if not all(isinstance(o, str) for o in c["overrides"]):
+            raise ValueError(f"candidates[{n}].overrides must hold strings")
+        ids.add(c["id"])
+    for n, r in enumerate(rounds):
+        if not isinstance(r, dict) or not isinstance(r.get("dir"), str) or not isinstance(r.get("cells"), list):
+            raise ValueError(f"rounds[{n}] must be a JSON object with a 'dir' string and a 'cells' list")
+        for cell in r["cells"]:
+            if not (isinstance(cell, list) and len(cell) == 2 and cell[0] in ids and isinstance(cell[1], int)):
+                raise ValueError(f"rounds[{n}].cells holds {cell!r}: each cell is [a candidate's id, a repeat index]")
