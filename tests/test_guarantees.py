@@ -303,6 +303,42 @@ def test_a_quiet_start(tmp_path):
     assert "is an Enum subclass" in (d / "third_party.log").read_text()   # torchao is in the venv (float8)
 
 
+def test_a_stopped_bench_project_says_one_line_and_leaves_nothing(tmp_path):
+    """`bench project` for a GPU (hardware=H100) measures the model's memory profile in a spawned
+    process (ddlbench/estimate/profile.py). SIGINT while it does, in a fresh interpreter (what a user
+    types): exit 130, the one line, no traceback, and no "leaked semaphore" warning (a pool's
+    semaphores were, issue 66); the spawned process goes with the command."""
+    import subprocess
+
+    from conftest import BENCH_EXE, REPO
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["DDLBENCH_PROFILE_CACHE"] = str(tmp_path / "cache")      # measured, not read from a cache
+    proc = subprocess.Popen([BENCH_EXE, "project", "model=llama_tiny", "framework=fsdp_full", "network=dgx_h100",
+                             "hardware=H100", "world_sizes=[8]", f"out={tmp_path / 'p'}"], cwd=REPO, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spawned: list[int] = []
+
+    def profiling() -> bool:
+        for cmd in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                stat = (cmd.parent / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == proc.pid and b"spawn_main" in cmd.read_bytes():
+                    spawned.append(int(cmd.parent.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return bool(spawned)
+    try:
+        wait_for(profiling, 120, "bench project's spawned profile process", 0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert err.strip() == "bench: stopped by SIGINT", err
+    assert not Path(f"/proc/{spawned[0]}").exists() or "Z" in Path(f"/proc/{spawned[0]}/stat").read_text().split()[2]
+    assert not (tmp_path / "p").exists()
+
+
 def test_a_stop_signal_to_commbench_ends_its_ranks(tmp_path):
     """`bench commbench` starts its ranks itself (torch.multiprocessing): SIGTERM to its pid ends
     them too, one line, exit 143, no record written."""

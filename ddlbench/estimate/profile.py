@@ -244,10 +244,41 @@ def profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mod
     if device_type != "cuda":
         return _profile(model_cfg, precision, device_type)
     import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)     # a process and a pipe: no pool, whose semaphores a stop would leak
+    proc = ctx.Process(target=_profile_into, args=(send, model_cfg, precision, device_type), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        ok, answer = receive.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"the memory profile's process ended without an answer (exit code {proc.exitcode})") from None
+    except BaseException:      # a stop (SIGINT, SIGTERM): the process goes with the command
+        proc.kill()
+        proc.join()
+        raise
+    finally:
+        receive.close()
+    proc.join()
+    if not ok:
+        raise answer
+    return answer
 
+
+def _profile_into(send, model_cfg, precision: str, device_type: str) -> None:
+    """_profile in a spawned process, with the parent's quiet start: (True, profile) or (False, the exception)."""
     from ddlbench.lifecycle import quiet
-    with multiprocessing.get_context("spawn").Pool(1, initializer=quiet.install) as pool:   # the parent's quiet start
-        return pool.apply(_profile, (model_cfg, precision, device_type))
+    quiet.install()
+    try:
+        answer = (True, _profile(model_cfg, precision, device_type))
+    except Exception as exc:   # noqa: BLE001 - raised again in the parent
+        answer = (False, exc)
+    try:
+        send.send(answer)
+        send.close()
+    except BrokenPipeError:    # the command stopped meanwhile: nobody to answer
+        pass
 
 
 def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> ModelProfile:
