@@ -36,6 +36,7 @@ STEPS = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8",
 # ep=2 x tp=2; at 2 ranks (ep=2, the experts unsharded) tests/test_moe.py holds it to one rank.
 GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            "tensor_parallel_fsdp": (4, ()),
+           "pipeline_fsdp": (4, ()),          # pp 2 x dp_shard 2: FSDP2 inside each stage
            "fsdp_hybrid": (4, ("framework.options.hybrid_shard_size=2",)),
            "expert_parallel": (4, ()), "expert_parallel_tp": (4, ()),
            # DeepSpeed-Ulysses wraps SDPA (the DDP reference runs eager attention: the same math)
@@ -43,7 +44,8 @@ GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            # ring attention runs SDPA with is_causal (no mask); the reference the same kernel's math on one rank
            "context_parallel": (2, ("model.attention=sdpa_causal",))}
 # where each GATE_AT case runs (the first also validates the variant); the rest: gpt2_tiny
-GATE_MODELS = {"expert_parallel": ("moe_tiny", "moe_shared_tiny"), "expert_parallel_tp": ("moe_tiny",),
+GATE_MODELS = {"pipeline_fsdp": ("llama_tiny", "gpt2_tiny"),     # untied, and GPT-2's weight tied across stages
+               "expert_parallel": ("moe_tiny", "moe_shared_tiny"), "expert_parallel_tp": ("moe_tiny",),
                "deepspeed_moe": ("moe_tiny",), "tensor_parallel_sp": ("llama_tiny",),
                "deepspeed_ulysses": ("llama_tiny",), "context_parallel": ("llama_tiny",)}
 # The router's load-balancing loss is computed over each data-parallel rank's micro-batch (as
@@ -56,7 +58,7 @@ MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", 
 # and moe_shared_tiny (a shared expert beside the routed ones): what their families change
 MODEL_VARIANTS = {"resnet18_tiny": {"fsdp_full", "deepspeed_zero2", "deepspeed_zero3", "fairscale_oss", "horovod",
                                     "pipeline_1f1b", "pipeline_interleaved"},
-                  "llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b",
+                  "llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b", "pipeline_fsdp",
                                  "tensor_parallel", "tensor_parallel_sp", "deepspeed_ulysses", "context_parallel"},
                   "qwen3_tiny": {"tensor_parallel", "tensor_parallel_sp"},
                   "moe_tiny": {"fsdp_full", "deepspeed_zero2", "expert_parallel", "expert_parallel_tp"},
@@ -224,6 +226,8 @@ def assert_differs_from_base(framework: str, rec: dict) -> None:
         assert (par["tp"], par["dp_shard"]) == (2, 2), par
     elif framework == "fsdp_hybrid":
         assert native["mesh"]["shape"] == [2, 2], native["mesh"]
+    elif framework == "pipeline_fsdp":       # FSDP2 inside each of 2 stages
+        assert (par["pp"], par["dp_shard"]) == (2, 2) and native["fsdp"]["reshard_after_forward"] is False, par
     elif framework == "expert_parallel":       # (efsdp, ep, tp): the experts FSDP2-sharded over 2
         assert native["mesh"]["shape"] == [2, 2, 1] and rec["moe"]["experts_fsdp_ranks"] == 2, native["mesh"]
     elif framework == "expert_parallel_tp":
@@ -260,3 +264,22 @@ def test_strategy_matches_ddp(tmp_path_factory, model, framework, equivalent, rt
         assert rtol <= 1e-5, "an equivalent strategy must meet the 1e-5 gate"
         assert_same_params(rec["final_params"]["fingerprint"], ref["final_params"]["fingerprint"],
                            PARAM_RTOL.get(framework, rtol), _zero_gradient_params(model))
+
+
+@pytest.mark.slow
+def test_fsdp_x_tp_x_pp_matches_ddp_at_8_ranks(tmp_path_factory):
+    """torchtitan's 3-D layout at 8 ranks, as its Llama 3.1 405B recipe runs it: pp 2 x dp_shard 2 x
+    tp 2 on llama_tiny, FSDP2 inside each stage over tensor-parallel blocks, every block checkpointed,
+    against DDP over 8 ranks."""
+    extra = ("framework.options.tp=2", "framework.options.activation_checkpointing=full")
+    ref = _run(tmp_path_factory, "llama_tiny", "ddp", 8)
+    rec = _run(tmp_path_factory, "llama_tiny", "pipeline_fsdp", 8, extra)
+    assert ref["status"] == "ok", ref["error"]
+    assert rec["status"] == "ok", rec["error"]
+    par = rec["parallel"]
+    assert (par["pp"], par["dp_shard"], par["tp"], par["dp_replicate"]) == (2, 2, 2, 1), par
+    native = rec["framework"]["native_config"]
+    assert native["tensor_parallel"] and native["fsdp"] and native["checkpointed_blocks_this_rank"] == 1, native
+    assert _losses(rec) == pytest.approx(_losses(ref), rel=1e-5)
+    assert_same_params(rec["final_params"]["fingerprint"], ref["final_params"]["fingerprint"], 1e-5,
+                       _zero_gradient_params("llama_tiny"))

@@ -100,7 +100,7 @@ class Sharded:
 def apply_fully_shard(model: nn.Module, mesh, precision: str, *, reduce_dtype: Literal["fp32", "param"] = "fp32",
                       reshard_after_forward: bool = True, wrap: Literal["blocks", "root"] = "blocks",
                       cpu_offload: bool = False, batch_norm_units: Literal["one", "per_layer"] = "one",
-                      experts: tuple = (), experts_mesh=None) -> Sharded:
+                      experts: tuple = (), experts_mesh=None, blocks: Optional[list] = None) -> Sharded:
     """FSDP2 (torch.distributed.fsdp.fully_shard) per block (wrap=blocks) and at the root, over
     `mesh`. At bf16/fp16 precision is FSDP2's MixedPrecisionPolicy (parameters in the run's dtype,
     gradients reduced in fp32 or that dtype), not autocast. BatchNorm layers get fp32 units of their
@@ -113,7 +113,8 @@ def apply_fully_shard(model: nn.Module, mesh, precision: str, *, reduce_dtype: L
     made contiguous first (inputs stay channels_last; cuDNN converts the weights); found on an H200.
     `experts` (expert parallelism): every MoE layer's experts a unit of its own over `experts_mesh`
     (the data-parallel ranks that hold the same experts), first, as torchtitan shards them (FSDP2
-    averages their gradients over experts_mesh only: the strategy divides by the ep ranks too)."""
+    averages their gradients over experts_mesh only: the strategy divides by the ep ranks too).
+    `blocks`: the units below the root where `model` has no blocks() of its own (a pipeline stage's)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     made_contiguous = 0
@@ -141,7 +142,8 @@ def apply_fully_shard(model: nn.Module, mesh, precision: str, *, reduce_dtype: L
             fully_shard(bn, **fp32)
     for unit in experts:
         fully_shard(unit, **{**kw, "mesh": experts_mesh})
-    blocks = model.blocks() if wrap == "blocks" else []
+    if blocks is None:
+        blocks = model.blocks() if wrap == "blocks" else []
     for block in blocks:
         fully_shard(block, **kw)
     fully_shard(model, **kw)

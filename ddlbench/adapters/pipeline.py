@@ -1,19 +1,23 @@
 """Pipeline parallelism with `torch.distributed.pipelining` (GPipe, 1F1B, interleaved 1F1B,
-zero-bubble), optionally x data parallel (dp) and x tensor parallel (tp) on one DeviceMesh.
+zero-bubble), optionally x data parallel (dp replicas, and FSDP2 inside every stage: dp_shard) and
+x tensor parallel (tp) on one DeviceMesh: torchtitan's 3-D layout (FSDP x TP x PP). What a rank
+does to its stages beyond the schedule (tied copies, FSDP2 per stage): ddlbench/adapters/stages.py.
 
 How a model becomes stages: every rank builds the whole model with the run's seed (the same
 initial weights as a single process), cuts it into pieces (ddlbench/models/pipeline.py), keeps the
 contiguous pieces of its own stages and drops the rest. Stage placement follows the schedule:
 one stage per rank (gpipe, 1f1b), `stages_per_rank` stages in a loop (interleaved_1f1b,
 interleaved_zero_bubble: stage s on rank s mod pp) or in a V (zbv_zero_bubble: rank r holds
-stages r and 2pp-1-r). Order of application per stage: TP plan -> stage wrapper.
+stages r and 2pp-1-r). Per stage: TP plan -> checkpointing -> FSDP2 -> stage wrapper.
 
 Tied weights (GPT-2 lm_head = wte): a rank holding both ends keeps one Parameter; when the
 embedding and the head sit on different ranks each keeps a copy, and after every backward
 their gradients are summed over the two ranks (one all-reduce on a 2-rank group), so both
 copies take the same optimizer step and stay equal - what Megatron-LM does with its
 embedding group. Data parallelism: gradients averaged over the dp group after the schedule
-(one flattened all-reduce per rank, no overlap with backward).
+(one flattened all-reduce per rank, no overlap with backward); with dp_shard > 1, FSDP2 in every
+stage as torchtitan applies it to each model part (stages.shard_stages), gradients reduce-scattered
+at the last micro-batch's backward (torch.distributed.pipelining drives FSDP's gradient sync).
 
 Loss: per micro-batch on the last stage (mean over micro-batches; the schedule scales
 gradients by 1/n_microbatches, so the update equals the full local batch's mean loss).
@@ -30,10 +34,11 @@ from torch import nn
 from ddlbench.adapters.base import ModelParallel, StepOut, Strategy
 from ddlbench.adapters.common import canonical_parameters, full_tensor, local_tensor, param_row, recv_any, send_any
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, autocast_copies, pipeline_share, split
+from ddlbench.adapters.stages import data_parallel_traffic
 from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import optimizer_state_bytes_per_param
-from ddlbench.metrics.pipeline import analytic_bubble, measured_idle
+from ddlbench.metrics.pipeline import analytic_bubble, pipeline_summary
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
 from ddlbench.settings.dims import ParallelSize, model_fit_errors
@@ -48,8 +53,9 @@ MULTI = ("interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble")
 class PipelineOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble"] = "1f1b"
-    pp: ParallelSize = -1                # pipeline ranks; -1 = world / (dp * tp)
-    dp: ParallelSize = 1                 # data-parallel replicas of the pipeline
+    pp: ParallelSize = -1                # pipeline ranks; -1 = world / (dp * dp_shard * tp)
+    dp: ParallelSize = 1                 # data-parallel replicas of the pipeline (-1: what the world leaves)
+    dp_shard: ParallelSize = 1           # FSDP2 inside every stage over this many ranks (-1: what the world leaves)
     tp: PositiveInt = 1                        # tensor parallel inside every stage (3-D)
     stages_per_rank: PositiveInt = 1           # > 1 only for the multi-stage schedules
     n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
@@ -67,17 +73,22 @@ class Pipeline(Variant):
 
     def taxonomy(self) -> dict:
         options = self.options
-        kinds = ["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["data"] if options.dp != 1 else [])
-        return taxonomy_labels(" + ".join(kinds), "sync", "p2p" + (" + all-reduce" if len(kinds) > 1 else ""),
-                               "layers across stages")
+        kinds = (["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["data"] if options.dp != 1 else [])
+                 + (["sharded data"] if options.dp_shard != 1 else []))
+        comm = "p2p" + (" + all-gather + reduce-scatter" if options.dp_shard != 1 else "") + (
+            " + all-reduce" if options.tp > 1 or options.dp != 1 else "")
+        return taxonomy_labels(" + ".join(kinds), "sync", comm,
+                               "layers across stages" + (", sharded inside each" if options.dp_shard != 1 else ""))
 
     def parallel_shape(self, cfg) -> dict:
         options = self.options
         m = options.n_microbatches
         if m is None and cfg.run.micro_batch is None:
-            pp = options.pp if options.pp != -1 else max(1, cfg.launcher.nproc // max(1, options.dp * options.tp))
+            pp = options.pp if options.pp != -1 else max(1, cfg.launcher.nproc // max(1, options.dp * options.dp_shard
+                                                                                       * options.tp))
             m = pp
-        return {"tp": options.tp, "pp": options.pp, "dp_replicate": options.dp, "n_microbatches": m}
+        return {"tp": options.tp, "pp": options.pp, "dp_replicate": options.dp, "dp_shard": options.dp_shard,
+                "n_microbatches": m}
 
     def stages_per_rank(self) -> int:
         return 2 if self.options.schedule == "zbv_zero_bubble" else self.options.stages_per_rank
@@ -98,6 +109,10 @@ class Pipeline(Variant):
             raise ConfigError("framework.options.stages_per_rank: zbv_zero_bubble places exactly 2 stages per rank")
         if options.schedule in ("interleaved_1f1b", "interleaved_zero_bubble") and v < 2:
             raise ConfigError(f"framework.options.stages_per_rank must be >= 2 for {options.schedule}")
+        if dims.dp_shard > 1 and options.schedule in ("interleaved_zero_bubble", "zbv_zero_bubble"):
+            raise ConfigError(f"framework.options.dp_shard {dims.dp_shard}: FSDP2 inside the stages runs under the "
+                              "gpipe, 1f1b and interleaved_1f1b schedules; the zero-bubble schedules split backward "
+                              "into input and weight passes, which this adapter does not drive with FSDP2")
         if options.n_microbatches is not None and cfg.run.micro_batch is not None \
                 and dims.grad_accum != options.n_microbatches:
             raise ConfigError(f"framework.options.n_microbatches {options.n_microbatches} disagrees with "
@@ -111,8 +126,7 @@ class Pipeline(Variant):
         Per micro-batch it sends its stages' outputs forward and their gradients backward (v
         boundaries each way, in the activations' dtype), to the next/previous stage dp x tp ranks
         away; inside a stage, tensor parallelism all-reduces a block's output twice in forward and
-        twice in backward. After the schedule, one flattened fp32 all-reduce of the gradients over
-        dp. Bubble: (pp - 1) micro-batch slots for GPipe and 1F1B, (pp - 1) / v interleaved
+        twice in backward. Data parallelism: stages.data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for GPipe and 1F1B, (pp - 1) / v interleaved
         (Narayanan et al. 2021); zero-bubble schedules have no closed form: the interleaved bound.
         Activations in flight: GPipe all micro-batches, 1F1B pp - r on stage r (the last stage,
         whose head and loss save the most, holds one), the others at most pp on every rank. Stages are cut as
@@ -134,25 +148,30 @@ class Pipeline(Variant):
                          what="activations and their gradients", data_parallel=False)
                    + split("all_reduce", act * tp, 1, tp, per_step=sum(model.tp_all_reduces()) * (model.blocks // pp) * m,
                            what="block outputs (tensor parallel)", data_parallel=False)
-                   + split("all_reduce", 4.0 * piece, 1, dp, stride=tp, what="gradients"))
+                   + data_parallel_traffic(dims, model, piece, precision, v))
         tied = model.stage_tied_params(tp) if pp > 1 else 0.0
         if tied:     # the first and the last stage each hold a copy: their gradients summed (_sync_grads)
             traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * tp,
                              what="tied weight's gradient (first and last stage)", data_parallel=False)
-        buffers = autocast_copies(piece, precision)
+        shard = dims.dp_shard
+        buffers = autocast_copies(piece, precision) if shard == 1 else {
+            "every unit of the rank's stages gathered through the step": DTYPE_BYTES[precision] * piece}
         if pp > 1:
             buffers["send and receive buffers"] = 2 * 2 * act
             # the last stage keeps every micro-batch's output until the next step (output_chunks)
             buffers["last stage's outputs, every micro-batch"] = (m * dims.micro_batch * model.output_bytes_per_sample
                                                                   / tp)
         return CostModel(
-            f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank", piece, shard_ranks=dp,
-            buffers=buffers, activation_share=mine.activations, in_flight=in_flight,
+            f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank"
+            + (f", FSDP2 over {shard} ranks inside each" if shard > 1 else ""), piece, shard_ranks=shard if shard > 1 else dp,
+            shard_optimizer=shard > 1, shard_grads=shard > 1, shard_params=shard > 1, buffers=buffers, activation_share=mine.activations, in_flight=in_flight,
             compute_share=mine.compute, bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
             pipeline_stages=pp if v == 1 and pp > 1 else 0, traffic=tuple(traffic))
 
     def advise_options(self, devices: int) -> list[dict]:
-        """Every pipeline depth > 1 that divides the ranks, data parallelism over the rest."""
+        """Every pipeline depth > 1 that divides the ranks, the rest replicas (or, with dp_shard, FSDP2)."""
+        if self.options.dp_shard != 1:
+            return [{"pp": p, "dp": 1, "dp_shard": devices // p} for p in range(2, devices) if devices % p == 0]
         return [{"pp": p, "dp": devices // p} for p in range(2, devices + 1) if devices % p == 0]
 
     def dry_run_info(self, cfg, dims) -> dict:
@@ -189,7 +208,8 @@ class PipelineStrategy(ModelParallel, Strategy):
         self.pp_rank, self.tp_rank, self.dp_rank = coords["pp"], coords["tp"], dims.dp_rank(ctx.rank)
         self.pp_group = self.mesh["pp"].get_group()
         self.pp_ranks = dist.get_process_group_ranks(self.pp_group)
-        self.dp_group = self.mesh["dp_replicate"].get_group() if dims.dp > 1 else None
+        # the flattened all-reduce after the schedule: plain replicas only (FSDP2 syncs its own gradients)
+        self.dp_group = self.mesh["dp_replicate"].get_group() if dims.dp > 1 and dims.dp_shard == 1 else None
 
         full = build_model()
         self.params = count_params(full)
@@ -210,6 +230,7 @@ class PipelineStrategy(ModelParallel, Strategy):
                                             len(piece_list), o.activation_checkpointing)
         self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
         self._tied = self._untie(tied_parameters(piece_list))
+        self.sharded = self._shard(len(piece_list)) if dims.dp_shard > 1 else None
         self.model = nn.ModuleList(self.stage_modules)
         local = {id(p): p for m in self.stage_modules for p in m.parameters()}
         self.local_params = list(local.values())
@@ -241,27 +262,26 @@ class PipelineStrategy(ModelParallel, Strategy):
                 self._inputs[stage_id] = args[0].detach()
         return hook
 
+    def _shard(self, n_pieces: int):
+        """FSDP2 on every local stage (adapters/stages.py); the tied copies found again."""
+        from ddlbench.adapters.precision import FrameworkCast
+        from ddlbench.adapters.stages import shard_stages
+        dims, ctx = self.dims, self.ctx
+        mesh = self.mesh["dp_shard"] if dims.dp_replicate == 1 else self.mesh["dp_replicate", "dp_shard"]
+        blocks = [[m[j] for j, i in enumerate(self.ranges[s]) if 0 < i < n_pieces - 1]
+                  for m, s in zip(self.stage_modules, self.local_ids)]
+        sharded, self._tied, self._copies = shard_stages(self.stage_modules, blocks, mesh, ctx.precision,
+                                                         self._tied, self._copies)
+        if sharded.mp_policy is not None:    # FSDP2 casts: no autocast on top
+            self.precision = FrameworkCast(ctx.device, ctx.precision, sharded.precision_summary(" over dp_shard"),
+                                           master_weights="fp32 sharded parameters (cast when gathered)")
+        return sharded
+
     def _untie(self, tied) -> list[tuple[list[nn.Parameter], Optional[dist.ProcessGroup]]]:
-        """Each stage its own copy of every tied parameter (models.pipeline.untie) and, where the
-        copies sit on two pipeline ranks, a group of those ranks per (dp, tp) coordinate. Every
-        rank creates every group (new_group is collective). Returns [(local copies, group or None)]."""
-        from ddlbench.models.pipeline import untie
-        stage_of = {i: s for s, r in enumerate(self.ranges) for i in r}
-        untied, self._copies = untie(tied, stage_of, dict(zip(self.local_ids, self.stage_modules)))
-        columns = torch.arange(self.dims.world_size).reshape(self.dims.pp, -1)
-        out = []
-        for copies, stages in untied:
-            holders = sorted({self.owners[s] for s in stages})
-            mine = None
-            if len(holders) > 1:
-                for col in range(columns.shape[1]):
-                    ranks = [int(columns[h, col]) for h in holders]
-                    group = dist.new_group(ranks)
-                    if self.ctx.rank in ranks:
-                        mine = group
-            if copies or mine is not None:
-                out.append((copies, mine))
-        return out
+        from ddlbench.adapters.stages import untie_across_ranks
+        untied, self._copies = untie_across_ranks(tied, self.ranges, self.owners, self.local_ids, self.stage_modules,
+                                                  self.dims, self.ctx.rank)
+        return untied
 
     # ---- steps ----
     def _input_key(self, batch: dict) -> str:
@@ -280,13 +300,8 @@ class PipelineStrategy(ModelParallel, Strategy):
         return StepOut(loss=loss)
 
     def _sync_grads(self) -> None:
-        for copies, group in self._tied:  # tied weight: sum over every copy, local and remote
-            grads = [c.grad for c in copies if c.grad is not None]
-            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(copies[0])
-            if group is not None:
-                dist.all_reduce(total, group=group)
-            for c in copies:
-                c.grad = total.clone()
+        from ddlbench.adapters.stages import sum_tied_gradients
+        sum_tied_gradients(self._tied)
         if self.dp_group is None:
             return
         grads = [local_tensor(p.grad) for p in self.local_params if p.grad is not None]
@@ -324,7 +339,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         communication, and the micro-batches per step. None with tensor parallelism inside the
         stages (their passes communicate: they cannot be timed without their peers' waits) or
         before anything was captured. The adapter reads no clock (ddlbench/rank/runner.py times these)."""
-        if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1:
+        if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1 or self.dims.dp_shard > 1:
             return None
 
         def one_pass(module, x):
@@ -349,23 +364,8 @@ class PipelineStrategy(ModelParallel, Strategy):
                 "model_state_bytes_theory": self.local_param_count * (4 + 4 + opt_bytes)}
 
     def summarize_rank_stats(self, stats: list[dict], per_rank_median_s: list[float]) -> dict:
-        o, dims = self.options, self.dims
-        v = self.variant.stages_per_rank()
-        for st, median in zip(stats, per_rank_median_s):
-            busy = st.get("busy_s_per_step")
-            st["idle_fraction_measured"] = None if busy is None else measured_idle(median, busy)
-        measured = [s["idle_fraction_measured"] for s in stats if s["idle_fraction_measured"] is not None]
-        return {
-            "kind": "pipeline", "schedule": o.schedule, "pp": dims.pp, "stages_per_rank": v,
-            "n_microbatches": self.n_microbatches,
-            "bubble_fraction_analytic": analytic_bubble(o.schedule, dims.pp, self.n_microbatches, v),
-            "idle_fraction_measured_mean": sum(measured) / len(measured) if measured else None,
-            "per_rank": stats,
-            "note": "analytic: (p-1)/(m+p-1), interleaved (p-1)/(v*m+p-1), none for zero-bubble; "
-                    "measured: 1 - busy/step time per rank, busy = m x (fastest forward+backward of the rank's stages on one "
-                    "micro-batch, timed alone after the window, untimed by the runner; none with tp > 1, whose "
-                    "stages communicate inside forward/backward; none where that estimate exceeds the step)",
-        }
+        return pipeline_summary(self.options.schedule, self.dims.pp, self.variant.stages_per_rank(),
+                                self.n_microbatches, stats, per_rank_median_s)
 
     def param_stats(self) -> list[tuple[int, list[float]]]:
         mine = [(key, (p.ndim, param_row(canon(full_tensor(p))))) for key, p, canon in self._ordered]
@@ -384,7 +384,14 @@ class PipelineStrategy(ModelParallel, Strategy):
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
             "tied_weights": "gradient summed between the two pipeline ranks holding a copy"
                             if self._tied else "none across ranks",
-            "dp_gradient_sync": "flattened all-reduce (mean) over dp after the schedule" if dims.dp > 1 else None,
+            "dp_gradient_sync": ("flattened all-reduce (mean) over dp after the schedule" if self.dp_group is not None
+                                 else "FSDP2 reduce-scatter over dp_shard at the last micro-batch's backward"
+                                 + (" + all-reduce over dp_replicate (HSDP)" if dims.dp_replicate > 1 else "")
+                                 if dims.dp_shard > 1 else None),
+            "fsdp": None if self.sharded is None else {
+                "api": "torch.distributed.fsdp.fully_shard per block and per stage", "units_per_stage": self.sharded.units,
+                "reshard_after_forward": False, "mixed_precision": self.sharded.mp_record(),
+                "order": "tensor parallel -> activation checkpointing -> FSDP2 (torchtitan's)"},
             "tensor_parallel": "ddlbench.models.tensor_parallel plan on every stage" if dims.tp > 1 else None,
             "activation_checkpointing": describe_ac(o.activation_checkpointing),
             "checkpointed_blocks_this_rank": self.checkpointed,

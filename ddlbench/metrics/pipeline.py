@@ -26,3 +26,22 @@ def measured_idle(step_time_s: float, busy_s: float):
     if busy_s > step_time_s:
         return None
     return 1.0 - busy_s / step_time_s
+
+
+def pipeline_summary(schedule: str, pp: int, v: int, m: int, stats: list[dict], per_rank_median_s: list[float]) -> dict:
+    """result.json's pipeline section: each rank's measured idle fraction (from its busy time a step,
+    where the probe could time it) beside the schedule's analytic bubble."""
+    for st, median in zip(stats, per_rank_median_s):
+        busy = st.get("busy_s_per_step")
+        st["idle_fraction_measured"] = None if busy is None else measured_idle(median, busy)
+    measured = [s["idle_fraction_measured"] for s in stats if s["idle_fraction_measured"] is not None]
+    return {
+        "kind": "pipeline", "schedule": schedule, "pp": pp, "stages_per_rank": v, "n_microbatches": m,
+        "bubble_fraction_analytic": analytic_bubble(schedule, pp, m, v),
+        "idle_fraction_measured_mean": sum(measured) / len(measured) if measured else None,
+        "per_rank": stats,
+        "note": "analytic: (p-1)/(m+p-1), interleaved (p-1)/(v*m+p-1), none for zero-bubble; "
+                "measured: 1 - busy/step time per rank, busy = m x (fastest forward+backward of the rank's stages on one "
+                "micro-batch, timed alone after the window, untimed by the runner; none with tp > 1 or FSDP2 inside "
+                "the stages, whose stages communicate inside forward/backward; none where that estimate exceeds the step)",
+    }

@@ -27,10 +27,9 @@ from ddlbench.comm import threads as commthreads
 from ddlbench.lifecycle import events, stop
 from ddlbench.metrics.convergence import reached, resolve_target
 from ddlbench.metrics.step_split import StepSplit
-from ddlbench.metrics.window import window_steps
 from ddlbench.models.datasets import build_dataset
 from ddlbench.planning.config import Plan
-from ddlbench.rank import hostevents
+from ddlbench.rank import hostevents, pace
 from ddlbench.rank.collect import build_ok_record, fill_convergence, write_metrics_jsonl
 from ddlbench.rank.faults import FaultInjector
 from ddlbench.rank.gcpolicy import GcPolicy
@@ -245,15 +244,15 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
             events.mark(run_dir, "first_step", ctx.rank, t=w.first_step_end)
             t_prev = time.perf_counter()
         if step == warmup - 1 and settling:     # after a warm-up step, outside every step: settled on every rank?
-            w.warmup_rule = _settle(w.step_s, warmup, cfg.run.warmup_steps, cfg.run.warmup_max_steps, ctx.world_size)
+            w.warmup_rule = pace.settle(w.step_s, warmup, cfg.run.warmup_steps, cfg.run.warmup_max_steps, ctx.world_size)
             if w.warmup_rule["stopped"] is None:   # one more warm-up step (a strategy with phases is told)
                 warmup, setup.total = warmup + 1, setup.total + 1
-                _replan(setup)
+                pace.replan(setup)
                 stop.expose(w.step_s, w.losses, warmup)
                 progress.resize(setup.total, warmup)
             t_prev = time.perf_counter()
         if step == warmup - 1 and cfg.run.min_window_s:   # after the warm-up, outside the window
-            w.window_rule = _size_window(setup, cfg, warmup, w.step_s[-1], ctx.world_size)
+            w.window_rule = pace.size_window(setup, cfg, warmup, w.step_s[-1], ctx.world_size)
             progress.resize(setup.total)
             t_prev = time.perf_counter()
         if evaluate and evaluate.due(step + 1):
@@ -276,39 +275,6 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
     w.gpu["measured_steps"] = max(len(w.losses) - warmup, 0) if w.start is not None else 0
     w.step_split = split.result() if split else None   # after the last step's sync: the events are done
     return w
-
-
-def _settle(step_s: list[float], warmup: int, min_steps: int, max_steps: int, world_size: int) -> dict:
-    """run.warmup_max_steps: whether warm-up ends after these `warmup` steps, agreed over ranks
-    (every rank's steps settled, or the cap reached): {'steps', 'stopped': 'settled' | 'cap' | None
-    (go on), 'drift_per_rank', ...} (metrics/warmup.py)."""
-    from ddlbench.metrics import warmup as rule
-    drifts: list = [None] * world_size
-    dist.all_gather_object(drifts, rule.drift(step_s))
-    settled = all(d is not None and abs(d) <= rule.TOLERANCE for d in drifts)
-    stopped = "settled" if settled else "cap" if warmup >= max_steps else None
-    return {"steps": warmup, "stopped": stopped, "drift_per_rank": drifts, "min_steps": min_steps,
-            "max_steps": max_steps, "span": rule.SPAN, "tolerance": rule.TOLERANCE, "rule": rule.RULE}
-
-
-def _replan(setup: Setup) -> None:
-    if isinstance(setup.strategy, Periodic):
-        setup.strategy.plan_steps(setup.total, None)
-
-
-def _size_window(setup: Setup, cfg, warmup: int, last_warm_step_s: float, world_size: int) -> dict:
-    """run.min_window_s: the slowest rank's last warm-up step, agreed once over ranks, sets how many
-    steps fill the window (metrics/window.py); a strategy with phases is told the new total."""
-    paces: list = [None] * world_size
-    dist.all_gather_object(paces, last_warm_step_s)
-    pace = max(paces)
-    measure = window_steps(cfg.run.measure_steps, cfg.run.min_window_s, pace)
-    setup.total = warmup + measure
-    _replan(setup)
-    return {"min_window_s": cfg.run.min_window_s, "warm_step_s": pace, "measure_steps": measure,
-            "requested_measure_steps": cfg.run.measure_steps,
-            "rule": "measured steps = max(run.measure_steps, ceil(run.min_window_s / the slowest rank's last "
-                    "warm-up step)), agreed over ranks after the warm-up"}
 
 
 def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: int, tracking,
