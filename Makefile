@@ -7,9 +7,10 @@ BIN := $(VENV)/bin
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile scripts/build_horovod.sh | sha1sum | cut -c1-12)
 BENCH_DIR ?= outputs/make-bench
-# pytest workers (pytest-xdist): the suite waits on processes, Slurm and shaped links about half its
-# time on two cores; tests/conftest.py groups the files that share something machine-wide
-TEST_WORKERS ?= 2
+# pytest workers (pytest-xdist): the suite waits on processes, Slurm and shaped links much of its
+# time; on two cores 3 workers kept them busier than 2 (pytest 1284 s against 1796 s, 2026-11-29,
+# docs/setup.md); tests/conftest.py groups the files that share something machine-wide
+TEST_WORKERS ?= 3
 
 .PHONY: bench test lint setup system-deps clean
 setup: $(STAMP)

@@ -30,6 +30,7 @@ def needs(group: str, option: str, data_dirs) -> list[str]:
             ("experiment", "seed_vgg16_imagenet"): [f"data.path={data_dirs / 'images'}", "model.num_classes=10"],
             ("experiment", "seed_gpt2_medium_wikitext103"): [f"data.path={data_dirs / 'text'}", "data.tokenizer=byte"],
             ("framework", "tensor_parallel_fsdp"): ["launcher.nproc=4"],   # tp 2 x dp_shard 2
+            ("framework", "pipeline_fsdp"): ["launcher.nproc=4"],          # pp 2 x dp_shard 2
             # sequence parallelism: tp > 1 and a Llama-like family
             ("framework", "tensor_parallel_sp"): ["model=llama_tiny", "launcher.nproc=2"],
             ("framework", "deepspeed_ulysses"): ["model=llama_tiny", "model.attention=sdpa", "launcher.nproc=2"],
