@@ -126,8 +126,8 @@ class Pipeline(Variant):
         Per micro-batch it sends its stages' outputs forward and their gradients backward (v
         boundaries each way, in the activations' dtype), to the next/previous stage dp x tp ranks
         away; inside a stage, tensor parallelism all-reduces a block's output twice in forward and
-        twice in backward. Data parallelism: stages.data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for GPipe and 1F1B, (pp - 1) / v interleaved
-        (Narayanan et al. 2021); zero-bubble schedules have no closed form: the interleaved bound.
+        twice in backward; data parallelism: stages.data_parallel_traffic. Bubble: (pp - 1) micro-batch slots
+        for GPipe and 1F1B, (pp - 1) / v interleaved (Narayanan et al. 2021); zero-bubble: the interleaved bound.
         Activations in flight: GPipe all micro-batches, 1F1B pp - r on stage r (the last stage,
         whose head and loss save the most, holds one), the others at most pp on every rank. Stages are cut as
         the adapter cuts them (models.pipeline.partition, stage_owners): the embedding joins the
@@ -159,12 +159,12 @@ class Pipeline(Variant):
         if pp > 1:
             buffers["send and receive buffers"] = 2 * 2 * act
             # the last stage keeps every micro-batch's output until the next step (output_chunks)
-            buffers["last stage's outputs, every micro-batch"] = (m * dims.micro_batch * model.output_bytes_per_sample
-                                                                  / tp)
+            buffers["last stage's outputs, every micro-batch"] = m * dims.micro_batch * model.output_bytes_per_sample / tp
         return CostModel(
-            f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank"
-            + (f", FSDP2 over {shard} ranks inside each" if shard > 1 else ""), piece, shard_ranks=shard if shard > 1 else dp,
-            shard_optimizer=shard > 1, shard_grads=shard > 1, shard_params=shard > 1, buffers=buffers, activation_share=mine.activations, in_flight=in_flight,
+            f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank" + (
+                f", FSDP2 over {shard} ranks inside each" if shard > 1 else ""), piece,
+            shard_ranks=shard if shard > 1 else dp, shard_optimizer=shard > 1, shard_grads=shard > 1,
+            shard_params=shard > 1, buffers=buffers, activation_share=mine.activations, in_flight=in_flight,
             compute_share=mine.compute, bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
             pipeline_stages=pp if v == 1 and pp > 1 else 0, traffic=tuple(traffic))
 
