@@ -332,6 +332,10 @@ def run_record(run_dir: Path, *overrides: str, timeout: float = 240) -> tuple[su
         # a rank stuck connecting to the agent's store (seen about once a suite: 127 s lost at the
         # default 120 s) is restarted sooner; here ranks join their group within ~1 s of starting
         overrides = (*overrides, "run.form_timeout_s=45")
+    if not any(o.startswith("run.form_retries=") for o in overrides):
+        # ... and given a second restart: an 8-rank run under one busy core had a rank stuck there in both of
+        # its attempts (2026-11-29, tests/test_equivalence.py's FSDP x TP x PP case; cause not found yet)
+        overrides = (*overrides, "run.form_retries=2")
     proc = bench("run", "logger=none", "run.progress=false", f"run.dir={run_dir}", *overrides,
                  timeout=timeout)
     path = run_dir / "result.json"
