@@ -331,11 +331,20 @@ def test_a_stopped_bench_project_says_one_line_and_leaves_nothing(tmp_path):
         wait_for(profiling, 120, "bench project's spawned profile process", 0.05)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
+        try:       # read before the clean-up below: gone, or a zombie its parent no longer reaps
+            gone = "Z" in Path(f"/proc/{spawned[0]}/stat").read_text().split()[2]
+        except FileNotFoundError:
+            gone = True
     finally:
         proc.kill()
+        for pid in spawned:      # a failed test leaves no profile process behind either
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     assert proc.returncode == 128 + signal.SIGINT, err
     assert err.strip() == "bench: stopped by SIGINT", err
-    assert not Path(f"/proc/{spawned[0]}").exists() or "Z" in Path(f"/proc/{spawned[0]}/stat").read_text().split()[2]
+    assert gone, f"the profile process {spawned[0]} outlived the command"
     assert not (tmp_path / "p").exists()
 
 

@@ -26,10 +26,14 @@ def drift(step_s: list[float], span: int = SPAN) -> Optional[float]:
     return statistics.median(last) / statistics.median(before) - 1
 
 
+def within(d: Optional[float], tolerance: float = TOLERANCE) -> bool:
+    """Whether a drift (None: too few steps to judge) is within tolerance."""
+    return d is not None and abs(d) <= tolerance
+
+
 def settled(step_s: list[float], span: int = SPAN, tolerance: float = TOLERANCE) -> bool:
     """Whether the steps so far have settled (drift within tolerance)."""
-    d = drift(step_s, span)
-    return d is not None and abs(d) <= tolerance
+    return within(drift(step_s, span), tolerance)
 
 
 def warmup_end(step_s: list[float], min_steps: int, max_steps: Optional[int], span: int = SPAN,

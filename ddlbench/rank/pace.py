@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ddlbench.adapters.base import Periodic
+from ddlbench.metrics import warmup as rule
 from ddlbench.metrics.window import window_steps
 
 
@@ -13,10 +14,9 @@ def settle(step_s: list[float], warmup: int, min_steps: int, max_steps: int, wor
     """run.warmup_max_steps: whether warm-up ends after these `warmup` steps, agreed over ranks
     (every rank's steps settled, or the cap reached): {'steps', 'stopped': 'settled' | 'cap' | None
     (go on), 'drift_per_rank', ...} (metrics/warmup.py)."""
-    from ddlbench.metrics import warmup as rule
     drifts: list = [None] * world_size
     dist.all_gather_object(drifts, rule.drift(step_s))
-    settled = all(d is not None and abs(d) <= rule.TOLERANCE for d in drifts)
+    settled = all(rule.within(d) for d in drifts)
     stopped = "settled" if settled else "cap" if warmup >= max_steps else None
     return {"steps": warmup, "stopped": stopped, "drift_per_rank": drifts, "min_steps": min_steps,
             "max_steps": max_steps, "span": rule.SPAN, "tolerance": rule.TOLERANCE, "rule": rule.RULE}
