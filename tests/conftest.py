@@ -329,12 +329,13 @@ def run_record(run_dir: Path, *overrides: str, timeout: float = 240) -> tuple[su
         # of 2 ranks as much CPU as its steps; a test that reads rec["comm"]["time"] asks for it
         overrides = (*overrides, "run.comm_profile=false")
     if not any(o.startswith("run.form_timeout_s=") for o in overrides):
-        # a rank stuck connecting to the agent's store (seen about once a suite: 127 s lost at the
-        # default 120 s) is restarted sooner; here ranks join their group within ~1 s of starting
+        # a rendezvous that hangs (a rank stuck connecting to the agent's store was seen about once a
+        # suite, 127 s lost at the default 120 s, before ddlbench/launch/forked.py's await_siblings)
+        # is restarted sooner; here ranks join their group within ~1 s of starting
         overrides = (*overrides, "run.form_timeout_s=45")
     if not any(o.startswith("run.form_retries=") for o in overrides):
         # ... and given a second restart: an 8-rank run under one busy core had a rank stuck there in both of
-        # its attempts (2026-11-29, tests/test_equivalence.py's FSDP x TP x PP case; cause not found yet)
+        # its attempts (2026-11-29, tests/test_equivalence.py's FSDP x TP x PP case; its cause is removed)
         overrides = (*overrides, "run.form_retries=2")
     proc = bench("run", "logger=none", "run.progress=false", f"run.dir={run_dir}", *overrides,
                  timeout=timeout)

@@ -4,10 +4,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from ddlbench.launch.forked import Forked, rank_start_method
+from ddlbench.launch.forked import Forked, await_siblings, children_of, rank_start_method, scan_children
 from ddlbench.launch.local import start_method
 from ddlbench.lifecycle import events
 from ddlbench.planning.config import plan_from_overrides
@@ -73,6 +74,54 @@ def test_forked_child_in_a_new_session_leads_its_own_process_group():
     sid, pgid = map(int, os.read(r, 100).split())
     os.close(r)
     assert sid == pgid == child.pid != os.getsid(0)
+
+
+def test_children_are_listed_by_the_kernel_and_by_the_scan_alike():
+    kids = [Forked(lambda: signal.pause()) for _ in range(2)]
+    try:
+        listed, scanned = set(children_of(os.getpid())), set(scan_children(os.getpid()))
+        assert {k.pid for k in kids} <= listed and listed == scanned
+    finally:
+        for k in kids:
+            k.send_signal(signal.SIGKILL)
+            k.wait(timeout=30)
+    assert not {k.pid for k in kids} & set(children_of(os.getpid()))   # reaped: no longer listed
+
+
+def _agent_forking(expected: int, forks: int, gap_s: float, timeout_s: float) -> list[str]:
+    """A stand-in for the elastic agent, in its own process (so it has no other children): it forks
+    `forks` ranks `gap_s` apart; the first waits for `expected` siblings. The events in the order written."""
+    r, w = os.pipe()
+
+    def first_rank():
+        ok = await_siblings(expected, timeout_s=timeout_s)
+        os.write(w, f"first rank passed {ok}\n".encode())
+
+    def agent():
+        ranks = []
+        for i in range(forks):
+            if i:
+                time.sleep(gap_s)
+                os.write(w, f"forking rank {i}\n".encode())
+            ranks.append(Forked(first_rank if i == 0 else (lambda: signal.pause())))
+        ranks[0].wait(timeout=60)
+        for k in ranks[1:]:
+            k.send_signal(signal.SIGKILL)
+            k.wait(timeout=30)
+
+    assert Forked(agent).wait(timeout=120) == 0
+    os.close(w)
+    with os.fdopen(r) as f:
+        return f.read().splitlines()
+
+
+def test_a_forked_rank_connects_only_once_its_agent_forked_them_all():
+    # forked.py's third hazard: a fork while the agent's store thread holds glibc's resolver lock
+    assert _agent_forking(expected=3, forks=3, gap_s=0.2, timeout_s=60) == [
+        "forking rank 1", "forking rank 2", "first rank passed True"]
+    # a sibling that never comes (one that ended before the last fork): bounded, and says so
+    assert _agent_forking(expected=3, forks=2, gap_s=0.05, timeout_s=0.3) == [
+        "forking rank 1", "first rank passed False"]
 
 
 class _Failure:

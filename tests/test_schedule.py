@@ -233,6 +233,54 @@ def test_a_pipeline_waits_where_torchs_schedules_wait():
     assert s.end["S>0.0"] - s.start["S>0.0"] < 3 and s.step_s < 18
 
 
+def test_interleaved_1f1b_runs_each_rank_in_torchs_order():
+    """rules.interleaved_order against torch's own ScheduleInterleaved1F1B arithmetic
+    (torch.distributed.pipelining.schedules: _get_warmup_ops, _get_1f1b_rank_ops; its no-op
+    padding only aligns the ranks' lists) over ranks, depths, stages per rank and micro-batches."""
+    from torch.distributed.pipelining.schedules import _ComputationType, _get_1f1b_rank_ops, _get_warmup_ops
+
+    def torchs(rank, pp, v, m):
+        per = m // max(1, m // pp)
+        warm = _get_warmup_ops(rank, v, per, pp, m, multiply_factor=2)
+        steady = v * m - warm
+        ops = _get_1f1b_rank_ops(v, pp, warm, steady, v * m - steady, rank,
+                                 lambda i: (i // per) % v * pp + rank,
+                                 lambda i: (v - 1 - ((i - warm) // per) % v) * pp + rank)
+        return [("F" if a.computation_type == _ComputationType.FORWARD else "B", a.stage_index, a.microbatch_index)
+                for a in ops if a is not None]
+
+    cases = [(pp, v, m) for pp in (2, 3, 4, 8) for v in (2, 3, 4) for m in (pp, 2 * pp, 8, 10, 12, 32)
+             if m % max(1, m // pp) == 0]
+    for pp, v, m in cases:
+        for r in range(pp):
+            assert rules.interleaved_order(r, pp, v, m) == torchs(r, pp, v, m), (pp, v, m, r)
+    with pytest.raises(ValueError, match="not a multiple of its 2 rounds"):
+        rules.interleaved_order(0, 4, 2, 9)     # 9 // 4 = 2 rounds, 9 % 2: torch refuses it too
+
+
+def test_interleaved_1f1b_halves_the_bubble_by_hand():
+    """pp 2, 2 stages a rank (stages 0, 2 on rank 0; 1, 3 on rank 1), 2 micro-batches, each stage
+    forward 1 and backward 2, free sends. Orders (torch's): rank 0 F0.0 F0.1 F2.0 F2.1 B2.0 B2.1 B0.0
+    B0.1; rank 1 F1.0 F1.1 F3.0 B3.0 F3.1 B3.1 B1.0 B1.1. By hand: rank 0 F0.0 0-1, F0.1 1-2; rank 1
+    F1.0 1-2, F1.1 2-3; rank 0 F2.0 2-3, F2.1 3-4; rank 1 F3.0 3-4, B3.0 4-6, F3.1 6-7, B3.1 7-9;
+    rank 0 B2.0 6-8, B2.1 9-11; rank 1 B1.0 9-11, B1.1 11-13; rank 0 B0.0 11-13, B0.1 13-15: 15, the
+    12 s of compute a rank and (pp - 1) / v = half of a 6 s slot. One stage a rank (forward 2,
+    backward 4): (m + pp - 1) x 6 = 18."""
+    s = simulate(rules.pipeline([(1, 2)] * 4, 2, 0.0, "interleaved_1f1b", "send@link", stages_per_rank=2))
+    assert s.step_s == 15
+    assert [s.end[n] for n in ("F2.1", "B3.0", "F3.1", "B2.0", "B1.0", "B0.1")] == [4, 6, 7, 8, 11, 15]
+    assert simulate(rules.pipeline([(2, 4)] * 2, 2, 0.0, "1f1b", "send@link")).step_s == 18
+    # sends go over each rank's own link, the wrap-around (rank 1 -> rank 0) too, and a rank ends
+    # once its sends are delivered; the data-parallel all-reduce of each rank waits for that
+    t = rules.pipeline([(1, 2)] * 4, 2, 0.5, "interleaved_1f1b", "send@link", reduce=[(1, "ar"), (1, "ar")],
+                       stages_per_rank=2)
+    links = {x.name: x.stream for x in t if x.name.startswith("S")}
+    assert (links["S>1.0"], links["S>2.0"], links["S<1.0"], links["S<0.0"]) == (">1", ">0", "<1", "<0")
+    s = simulate(t)
+    assert s.end["stage0.sent"] >= max(s.end[n] for n in links if n.startswith(("S>0", "S>2", "S<1")))
+    assert s.start["AR0"] == s.end["stage0.sent"] and s.step_s > 15
+
+
 def test_a_pool_serves_whichever_task_is_ready_first():
     """A shared stream (schedule.POOL) does not keep the listed order: b, ready at 1, runs before a,
     ready at 3; an ordinary stream would run a first."""

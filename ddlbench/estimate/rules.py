@@ -18,8 +18,8 @@ On a device without streams (CPU), FSDP2 blocks on every collective where it iss
 (fsdp_blocking): nothing overlaps.
 Tensor parallelism: a block's forward waits on its activations' all-reduces (two a block, Megatron's
 f/g), and so does its backward: exposed, on a stream of their own so the schedule names them.
-Pipelines (GPipe, 1F1B; one stage a rank): each stage a compute stream running its micro-batches'
-forwards and backwards in the schedule's order, each stage boundary two links (activations forward,
+Pipelines (GPipe, 1F1B one stage a rank; interleaved 1F1B v stages a rank, in a loop): each rank a
+compute stream running its micro-batches' forwards and backwards in the schedule's order, each stage boundary two links (activations forward,
 their gradients back), each send on its direction's stream; after the schedule the stages' tied
 copies summed (the first and the last stage), then each stage's data-parallel all-reduce.
 """
@@ -226,7 +226,8 @@ def bucketed(pieces: list[Piece], bucket_s: list[tuple[str, float]], grad_accum:
 
 def pipeline(stage_s: list[tuple[float, float]], micro_batches: int, send_s: float, schedule: str,
              send_kind: str, tied: tuple[float, str] | None = None,
-             reduce: list[tuple[float, str]] | None = None, replicas: int = 1) -> list[Task]:
+             reduce: list[tuple[float, str]] | None = None, replicas: int = 1,
+             stages_per_rank: int = 1) -> list[Task]:
     """A one-stage-per-rank pipeline as torch.distributed.pipelining runs it. stage_s: (forward,
     backward) seconds per micro-batch of each stage; send_s: one boundary send (either way); tied:
     (seconds, kind) of the tied weight's all-reduce between the first and the last stage; reduce:
@@ -245,9 +246,15 @@ def pipeline(stage_s: list[tuple[float, float]], micro_batches: int, send_s: flo
     processor and each boundary's links (`bench cluster` on a small host: a node's devices share its
     one core and its link): a shared stream serves whichever of their tasks is ready first
     (schedule.POOL), each at the whole processor's or link's speed; each replica's tasks stay in
-    their own order. The data-parallel all-reduce of a stage waits for every replica."""
-    pp, m = len(stage_s), micro_batches
-    one = [t for s in range(pp) for t in _stage(s, pp, m, *stage_s[s], send_s, send_kind, schedule)]
+    their own order. The data-parallel all-reduce of a stage waits for every replica.
+    interleaved_1f1b (stages_per_rank v > 1): stage_s lists the pp x v stages, stage k on rank k mod pp;
+    see `interleaved`. `reduce` is then per rank."""
+    m, v = micro_batches, stages_per_rank
+    pp = len(stage_s) // v
+    if schedule == "interleaved_1f1b":
+        one = interleaved(stage_s, pp, m, send_s, send_kind)
+    else:
+        one = [t for s in range(pp) for t in _stage(s, pp, m, *stage_s[s], send_s, send_kind, schedule)]
     tasks = one if replicas == 1 else [t for r in range(replicas) for t in _replica(one, r)]
     tags = [f"#{r}" for r in range(replicas)] if replicas > 1 else [""]
     done = {s: [next(t.name for t in reversed(one) if t.stream == f"stage{s}") + tag for tag in tags] for s in range(pp)}
@@ -260,6 +267,63 @@ def pipeline(stage_s: list[tuple[float, float]], micro_batches: int, send_s: flo
         if seconds > 0:
             tasks.append(Task(f"AR{s}", f"reduce{s}", seconds, tuple(dict.fromkeys(done[s])), kind,
                               (f"{kind.partition('@')[2]}:{s}",)))
+    return tasks
+
+
+def interleaved_order(rank: int, pp: int, v: int, m: int) -> list[tuple[str, int, int]]:
+    """Rank `rank`'s compute under torch's ScheduleInterleaved1F1B, in its order: ('F' or 'B', stage,
+    micro-batch), stage k on rank k mod pp (torch.distributed.pipelining.schedules: _get_warmup_ops
+    and _get_1f1b_rank_ops without their no-op padding, which only aligns the ranks' lists; tested
+    against torch's own). Micro-batches go in rounds of m // max(1, m // pp), which must divide m;
+    a rank runs `warmup` forwards (its later stages' first round, two more per hop from the last
+    rank), then a forward and a backward in turn, then the backwards left; a round's forwards go to
+    one stage, then the next (depth first), and the backwards come back the other way."""
+    rounds = max(1, m // pp)
+    if m % rounds:
+        raise ValueError(f"interleaved 1F1B: {m} micro-batches are not a multiple of its {rounds} rounds")
+    per_round, total = m // rounds, m * v
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)
+    steady = total - warmup
+    ops, nf, nb = [], [0] * (pp * v), [0] * (pp * v)
+
+    def op(kind: str, stage: int, seen: list[int]) -> None:
+        ops.append((kind, stage, seen[stage]))
+        seen[stage] += 1
+
+    for i in range(warmup + steady + warmup):
+        if i < warmup + steady:
+            op("F", (i // per_round) % v * pp + rank, nf)
+        if i >= warmup:
+            op("B", (v - 1 - ((i - warmup) // per_round) % v) * pp + rank, nb)
+    return ops
+
+
+def interleaved(stage_s: list[tuple[float, float]], pp: int, m: int, send_s: float, send_kind: str) -> list[Task]:
+    """Interleaved 1F1B's tasks: each rank's stream `stage{r}` runs `interleaved_order`; a forward
+    waits for its input (stage k-1's output, sent over the link from rank k-1 mod pp: `>b` with b
+    the sender's rank, b = pp - 1 the wrap-around to rank 0), a backward for its gradient (`<b`, b
+    the receiving rank) or, on the last stage, for its own forward. torch's runtime posts sends
+    without waiting and waits for every one of them at the end of the step (a zero-second marker
+    on the rank's stream); each link carries its sender's messages in the order they are made."""
+    n = len(stage_s)
+    tasks: list[Task] = []
+    for r in range(pp):
+        sent = []
+        for kind, k, i in interleaved_order(r, pp, n // pp, m):
+            f, b = stage_s[k]
+            if kind == "F":
+                tasks.append(Task(f"F{k}.{i}", f"stage{r}", f, (f"S>{k - 1}.{i}",) if k else ()))
+                if k < n - 1:
+                    sent.append(f"S>{k}.{i}")
+                    tasks.append(Task(sent[-1], f">{r}", send_s, (f"F{k}.{i}",), send_kind, (f">{r}",)))
+            else:
+                tasks.append(Task(f"B{k}.{i}", f"stage{r}", b, (f"S<{k}.{i}",) if k < n - 1 else (f"F{k}.{i}",)))
+                if k:
+                    to = (k - 1) % pp
+                    sent.append(f"S<{k - 1}.{i}")
+                    tasks.append(Task(sent[-1], f"<{to}", send_s, (f"B{k}.{i}",), send_kind, (f"<{to}",)))
+        if sent:
+            tasks.append(Task(f"stage{r}.sent", f"stage{r}", 0.0, tuple(sent)))
     return tasks
 
 

@@ -294,18 +294,27 @@ def _whole_link(network: Network, name: str, ways: int) -> Network:
 
 
 def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict, ranks_per_core: int = 1) -> dict:
-    """A one-stage-per-rank pipeline (GPipe, 1F1B): each stage's forward and backward per micro-batch
-    and the boundary's sends simulated in the schedule's order (rules.pipeline; other schedules: the
+    """A pipeline (GPipe, 1F1B; interleaved 1F1B with its stages_per_rank): each stage's forward and
+    backward per micro-batch and the boundary's sends simulated in the schedule's order
+    (rules.pipeline; the bubble stated as the ideal (pp - 1) / v slots; the zero-bubble schedules: the
     busiest stage's slot through ddlbench.estimate.step.pipeline_step's flow shop), then a tied
     weight's gradient summed between the first and the last stage, then each stage's data-parallel
     all-reduce (both exposed)."""
     d, o = plan.dims, plan.options
     nb, pp = len(prof.pieces), d.pp
-    blocks = nb - 2
-    per = math.ceil(blocks / pp)
-    stages = [list(range(1 + s * per, 1 + min(blocks, (s + 1) * per))) for s in range(pp)]
-    stages[0].insert(0, 0)
-    stages[-1].append(nb - 1)
+    schedule = getattr(o, "schedule", "1f1b")
+    v = getattr(o, "stages_per_rank", 1) if schedule == "interleaved_1f1b" else 1
+    if v > 1:       # pp x v stages cut as the adapter cuts them, stage k on rank k mod pp
+        from ddlbench.models.pipeline import partition
+        virtual = [list(r) for r in partition(nb, pp * v)]
+        stages = [[i for k in range(r, pp * v, pp) for i in virtual[k]] for r in range(pp)]
+    else:
+        blocks = nb - 2
+        per = math.ceil(blocks / pp)
+        stages = [list(range(1 + s * per, 1 + min(blocks, (s + 1) * per))) for s in range(pp)]
+        stages[0].insert(0, 0)
+        stages[-1].append(nb - 1)
+        virtual = stages
     stage_s = [(sum(times[i][0] for i in st), sum(times[i][1] for i in st)) for st in stages]
     slot = max(f + b for f, b in stage_s)
     send = 0.0
@@ -318,7 +327,7 @@ def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict
     label = pricing.label("all_reduce", d.dp, d.tp)
     send_label = pricing.label("send", pp, d.tp * d.dp) if pp > 1 else "send"
     comm[label] = comm.get(label, 0.0) + max(ar)
-    comm[send_label] = comm.get(send_label, 0.0) + 2 * send * d.grad_accum
+    comm[send_label] = comm.get(send_label, 0.0) + 2 * send * d.grad_accum * v
     compute = slot * d.grad_accum
     tied = prof.stage_tied_params(d.tp) if pp > 1 else 0.0
     tied_s, tied_label = 0.0, None
@@ -327,21 +336,20 @@ def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict
         tied_s = pricing.seconds("all_reduce", grad_b * tied, 2, stride)
         tied_label = pricing.label("all_reduce", 2, stride)
         comm[tied_label] = comm.get(tied_label, 0.0) + tied_s
-    schedule = getattr(o, "schedule", "1f1b")
-    if schedule in ("gpipe", "1f1b") and getattr(o, "stages_per_rank", 1) == 1:
+    if schedule in ("gpipe", "1f1b", "interleaved_1f1b"):
         # ranks sharing a processor: the replicas of a stage on one node (pp outermost: dp x tp ranks
         # a stage) side by side, taking turns on its processor and on the boundary's link, each task
         # at the whole processor's and link's speed, instead of all at a share of it in step
         k = ranks_per_core
         replicas = k if k > 1 and d.tp == 1 and d.dp % k == 0 else 1
-        whole = stage_s
+        whole = [(sum(times[i][0] for i in st), sum(times[i][1] for i in st)) for st in virtual]
         if replicas > 1:
-            whole = [(f / k, b / k) for f, b in stage_s]
+            whole = [(f / k, b / k) for f, b in whole]
             net = _whole_link(pricing.network, send_label.partition("@")[2], k)
             send = collective_time("send", prof.boundary_bytes_per_sample * d.micro_batch,
                                    kind_spans(net, "send", spans(net, pp, d.tp * d.dp)), pricing.algorithm)[0]
         tasks = rules.pipeline(whole, d.grad_accum, send, schedule, send_label,
-                               (tied_s, tied_label) if tied_s else None, [(a, label) for a in ar], replicas)
+                               (tied_s, tied_label) if tied_s else None, [(a, label) for a in ar], replicas, v)
         dims = pricing.buckets(ranks_per_core)
 
         def bucket(key: str) -> float:     # '>0' / '<0': a boundary's links; 'node:1': stage 1's dp links
@@ -354,7 +362,7 @@ def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict
         body = pipeline_step(slot, d.grad_accum, pp, send)
         after_tied = body + tied_s
         step = after_tied + max(ar)
-    exposed = {"pipeline bubble": (pp - 1) * slot, send_label: max(0.0, body - compute - (pp - 1) * slot)}
+    exposed = {"pipeline bubble": (pp - 1) * slot / v, send_label: max(0.0, body - compute - (pp - 1) * slot)}
     if tied_label:
         exposed[tied_label] = exposed.get(tied_label, 0.0) + after_tied - body
     exposed[label] = exposed.get(label, 0.0) + step - after_tied

@@ -8,6 +8,15 @@ Two hazards decide when forking is safe, each kept in a pure function with a tes
   only import torch; they never compute with it before they fork.
 - CUDA: a child forked after the parent touched the CUDA driver (even `torch.cuda.is_available()`)
   cannot use the GPU. Ranks on GPUs are therefore spawned (fresh interpreters), never forked.
+- A lock held by another thread at the fork stays locked in the child. The elastic agent forks its
+  ranks one after another while its TCPStore's server thread serves the ranks forked before; that
+  thread formats each peer's address with getnameinfo(), which holds glibc's resolver lock
+  (resolv/resolv_conf.c `get_locked_global`) for a moment. A rank forked in that moment hangs in
+  its own connect (c10d's SocketImpl formats the address too) until its timeout: seen as one rank
+  of eight "stuck in `_create_c10d_store`" under load, and reproduced by a process serving a
+  TCPStore while it forks clients (gdb: the child waits on that lock). So a forked rank connects
+  only once its agent has forked all of them (`await_siblings`), when no fork is left to catch the
+  lock.
 
 The child starts with everything the parent had made frozen (`gc.freeze()` just before the fork;
 the parent unfreezes at once), as Python's gc documentation advises for fork without exec: the
@@ -25,6 +34,7 @@ import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Callable
 
 from ddlbench.lifecycle.signals import Stopped
@@ -58,6 +68,12 @@ def fork_frozen() -> int:
     return pid
 
 
+def inherited_heap() -> bool:
+    """True in a process forked here or from a parent that froze its heap for forked ranks (and in
+    such a parent); False in a spawned interpreter."""
+    return _frozen
+
+
 def freeze_for_forked_ranks() -> None:
     """In the agent, before torch forks its ranks: its objects frozen for them, and how many in the
     environment they inherit (counting walks every frozen object, ~0.25 s for 470,000 on a busy
@@ -66,6 +82,42 @@ def freeze_for_forked_ranks() -> None:
     _frozen = True
     gc.freeze()
     os.environ[INHERITED_FROZEN_ENV] = str(gc.get_freeze_count())
+
+
+SIBLINGS_WAIT_S = 30.0   # bounds the wait when a sibling ended (reaped) before the last was forked
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes `pid` has forked and not yet reaped: Linux's /proc/PID/task/PID/children
+    (children of its main thread, which is where torch forks ranks), or `scan_children` where the
+    kernel lacks that file."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return scan_children(pid)
+
+
+def scan_children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, from every /proc/N/stat (field 4, after the name)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def await_siblings(expected: int, timeout_s: float = SIBLINGS_WAIT_S, poll_s: float = 0.002) -> bool:
+    """In a forked rank, before it connects to anything: wait until this process's parent has
+    forked `expected` children (the module docstring's third hazard). True once it has; False at
+    the deadline (a sibling that ended before the last fork: the launch fails on its own)."""
+    parent = os.getppid()
+    deadline = time.monotonic() + timeout_s
+    while len(children_of(parent)) < expected:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def exit_code(status: int) -> int:

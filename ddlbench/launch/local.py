@@ -123,7 +123,8 @@ def formed(evts: list[dict], nproc: int) -> bool:
 def wait_formed(proc, run_dir: Path, nproc: int, bound_s: float) -> bool:
     """Wait until the ranks formed their process group or the run ended (True), or `bound_s`
     passed without either (False: a rendezvous that hangs; seen here as one gloo rank stuck
-    connecting to the agent's store while the others waited for it)."""
+    connecting to the agent's store while the others waited for it, until forked ranks waited for
+    their siblings: ddlbench/launch/forked.py)."""
     deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
         if proc.poll() is not None or formed(events.read(run_dir), nproc):

@@ -133,6 +133,9 @@ LOST_PEER_GRACE_S = 1.0
 
 @record
 def rank_main(run_dir: str, threads: int) -> None:
+    from ddlbench.launch.forked import await_siblings, inherited_heap
+    if inherited_heap():     # forked by the agent: connect once it forks no more (forked.py's hazards)
+        await_siblings(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     try:
         run_rank(run_dir, threads)
     except Exception as exc:
