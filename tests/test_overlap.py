@@ -37,6 +37,35 @@ def test_comm_time_means_over_ranks_and_busbw():
     assert out["exposed_fraction"] == pytest.approx(0.25 / 0.3)
 
 
+def test_periods_are_split_at_the_markers_and_their_spread_kept():
+    """Three periods of 2 steps between markers at 0, 10, 20, 30. Period 1: all-reduce 1-5 while
+    compute runs 0-4 and 8-10 (6 s; 3 hidden); period 2: all-reduce 12-20 (8 s), compute 8-14 cut to
+    10-14 (2 hidden); period 3: all-reduce 29-31 (starts in it: 2 s, no compute), all-gather 21-22
+    while compute 20-25. Per step (/2): all-reduce 2, 4, 1 s; mean 7/3; totals 2, 4, 1.5."""
+    from ddlbench.comm.exposed import split_periods
+    comm = {"all_reduce": [(1, 5), (12, 20), (29, 31)], "all_gather": [(21, 22)]}
+    out = split_periods(comm, [(0, 4), (8, 14), (20, 25)], [0, 10, 20, 30], steps=2)
+    assert [p["kinds"].get("all_reduce") for p in out["periods"]] == [2, 4, 1]
+    assert [p["time_s"] for p in out["periods"]] == [2, 4, 1.5]
+    assert [p["exposed_s"] for p in out["periods"]] == [0.5, 3, 1]
+    assert out["kinds"]["all_reduce"]["time_s"] == pytest.approx(7 / 3)
+    assert out["kinds"]["all_gather"] == pytest.approx({"count": 1 / 6, "time_s": 1 / 6, "overlapped_s": 1 / 6,
+                                                        "exposed_s": 0})
+    assert out["compute_s"] == pytest.approx((6 + 4 + 5) / 6) and out["steps"] == 2
+    # no markers (an older caller): one period, everything in it
+    assert split_periods(comm, [], [], steps=1)["time_s"] == 4 + 8 + 2 + 1
+    # over ranks: each period's mean over the ranks, then its fastest, median and slowest
+    r0, r1 = ({"kinds": {"all_reduce": {"count": 1, "time_s": t, "overlapped_s": 0.0, "exposed_s": t}},
+               "time_s": t, "overlapped_s": 0.0, "exposed_s": t, "compute_s": 1.0,
+               "periods": [{"time_s": x, "exposed_s": x, "kinds": {"all_reduce": x}} for x in xs]}
+              for t, xs in ((0.2, (0.1, 0.3, 0.2)), (0.4, (0.5, 0.3, 0.4))))
+    got = comm_time([r0, r1], {"all_reduce": 3e8}, world=2)
+    assert got["periods"] == 3 and got["time_s_spread"] == pytest.approx([0.3, 0.3, 0.3])
+    assert got["kinds"]["all_reduce"]["time_s_spread"] == pytest.approx([0.3, 0.3, 0.3])
+    r1["periods"][0] = {"time_s": 0.9, "exposed_s": 0.9, "kinds": {"all_reduce": 0.9}}
+    assert comm_time([r0, r1], {}, world=2)["kinds"]["all_reduce"]["time_s_spread"] == pytest.approx([0.3, 0.3, 0.5])
+
+
 def _ev(name, thread, start_us, end_us, parent=None):
     return SimpleNamespace(name=name, thread=thread, cpu_parent=parent,
                            time_range=SimpleNamespace(start=start_us, end=end_us, elapsed_us=lambda: end_us - start_us))

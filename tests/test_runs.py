@@ -98,10 +98,14 @@ def test_ddp_writes_a_valid_result(run_dir, nproc):
         assert rec["comm"]["source"] == "c10d_dispatch"
         assert rec["comm"]["wire_bytes_per_rank"] == pytest.approx(rec["comm"]["analytic_wire_bytes_per_rank"])
         assert len(json.loads(lines[-1])["per_rank_step_time_s"]) == 2
-        ct = rec["comm"]["time"]["kinds"]["all_reduce"]     # the profiled step: comm time
+        ct = rec["comm"]["time"]["kinds"]["all_reduce"]     # the profiled steps: comm time
         assert ct["count"] >= 1 and ct["time_s"] > 0 and ct["busbw_Bps"] > 0
         assert ct["overlapped_s"] + ct["exposed_s"] == pytest.approx(ct["time_s"])
         assert 0 <= rec["comm"]["time"]["exposed_fraction"] <= 1
+        # run.comm_profile_repeats (3) periods, their mean the figure, their spread kept around it
+        fastest, median, slowest = ct["time_s_spread"]
+        assert rec["comm"]["time"]["periods"] == 3 and fastest <= median <= slowest
+        assert fastest <= ct["time_s"] * (1 + 1e-9) and ct["time_s"] <= slowest * (1 + 1e-9)
     assert "samples/s" in proc.stdout and "result:" in proc.stdout
 
 

@@ -1,5 +1,8 @@
-"""Communication time on one extra, untimed, profiled step after the window (torch.profiler):
-per collective kind, the time it ran, the part overlapped with compute and the exposed part.
+"""Communication time on extra, untimed, profiled steps after the window (torch.profiler):
+per collective kind, the time it ran, the part overlapped with compute and the exposed part, per
+probe period (one step, or a strategy's communication period) and their mean: one step's figure
+is a draw of the noise (four runs of one 2-node DDP recorded 14.8 to 37.1 ms for the same
+all-reduce, issue 70), so several are profiled and their spread kept.
 
 CPU / gloo: a collective is the `gloo:<kind>` record on gloo's worker thread, from enqueue to
 completion (so it includes waiting for the slowest peer); compute is the training thread's
@@ -18,7 +21,8 @@ import tempfile
 from ddlbench.comm.probe import op_kind
 from ddlbench.metrics.overlap import overlap_summary, subtract, union
 
-BLOCKING = ("c10d::", "gloo:", "nccl:", "_c10d_functional", "record_param_comms", "ProfilerStep")
+PERIOD = "ddlbench:period"     # a zero-length marker between profiled periods (never compute)
+BLOCKING = ("c10d::", "gloo:", "nccl:", "_c10d_functional", "record_param_comms", "ProfilerStep", PERIOD)
 KERNEL_KINDS = (("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
                 ("broadcast", "broadcast"), ("reduce", "reduce"), ("sendrecv", "send"), ("send", "send"),
                 ("recv", "recv"), ("alltoall", "all_to_all"))
@@ -103,29 +107,54 @@ def quiet_kineto():
             sys.stderr.flush()
 
 
-def profile_comm(adapter, batches, device, steps: int) -> dict | None:
-    """Run `steps` training steps under torch.profiler; the overlap summary, per step."""
+def profile_comm(adapter, batches, device, steps: int, repeats: int = 1) -> dict | None:
+    """Run `repeats` periods of `steps` training steps under torch.profiler, a marker between
+    periods; the overlap summary per step, the mean over the periods (`split_periods`), and in
+    `periods` each period's own summary per step."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with quiet_kineto():
         with profile(activities=activities) as prof:
-            for _ in range(steps):
-                adapter.train_step(next(batches))
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            for _ in range(repeats):
+                with record_function(PERIOD):
+                    pass
+                for _ in range(steps):
+                    adapter.train_step(next(batches))
+                if device.type == "cuda":       # the period's kernels end before the next marker
+                    torch.cuda.synchronize(device)
+            with record_function(PERIOD):
+                pass
         events = prof.events()
     comm, compute = cuda_intervals(events) if device.type == "cuda" else cpu_intervals(events)
     if not comm:
         return None
-    out = overlap_summary(comm, compute)
+    marks = sorted(e.time_range.start / 1e6 for e in events if e.name == PERIOD)
+    return split_periods(comm, compute, marks, steps)
+
+
+def split_periods(comm: dict[str, list], compute: list, marks: list[float], steps: int) -> dict:
+    """The overlap summary of each period between consecutive `marks` (a collective in the period it
+    starts in; compute cut at the marks), per step (/ `steps`), and their mean in the summary's own
+    fields; `periods` lists each period's {time_s, exposed_s, kinds: {kind: time_s}}. Pure."""
+    bounds = list(zip(marks, marks[1:])) or [(float("-inf"), float("inf"))]
+    per = []
+    for lo, hi in bounds:
+        mine = {k: [iv for iv in ivs if lo <= iv[0] < hi] for k, ivs in comm.items()}
+        clipped = [(max(a, lo), min(b, hi)) for a, b in compute if b > lo and a < hi]
+        per.append(overlap_summary({k: v for k, v in mine.items() if v}, clipped))
+    n = len(per)
+    out = {"kinds": {}, "steps": steps, "periods": []}
     for key in ("time_s", "overlapped_s", "exposed_s", "compute_s"):
-        out[key] /= steps
-    for k in out["kinds"].values():
-        for key in ("time_s", "overlapped_s", "exposed_s", "count"):
-            k[key] /= steps
-    out["steps"] = steps
+        out[key] = sum(p[key] for p in per) / n / steps
+    for kind in sorted(comm):
+        rows = [p["kinds"].get(kind, {}) for p in per]
+        out["kinds"][kind] = {key: sum(r.get(key, 0.0) for r in rows) / n / steps
+                              for key in ("count", "time_s", "overlapped_s", "exposed_s")}
+    for p in per:
+        out["periods"].append({"time_s": p["time_s"] / steps, "exposed_s": p["exposed_s"] / steps,
+                               "kinds": {k: v["time_s"] / steps for k, v in p["kinds"].items()}})
     return out
 
 

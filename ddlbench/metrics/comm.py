@@ -1,6 +1,7 @@
 """Communication accounting: counters fed where collectives are issued, and analytic volumes."""
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -261,7 +262,22 @@ def comm_time(per_rank: list[dict], per_step_bytes: dict, world: int) -> dict:
     for key in ("time_s", "overlapped_s", "exposed_s", "compute_s"):
         out[key] = sum(r[key] for r in per_rank) / n
     out["exposed_fraction"] = out["exposed_s"] / out["time_s"] if out["time_s"] > 0 else None
+    periods = [r.get("periods") or [] for r in per_rank]
+    count = min(len(p) for p in periods)
+    if count:       # each profiled period's mean over ranks: the fastest, the median, the slowest
+        out["periods"] = count
+        mean = [sum(p[i]["time_s"] for p in periods) / n for i in range(count)]
+        out["time_s_spread"] = spread(mean)
+        out["exposed_s_spread"] = spread([sum(p[i]["exposed_s"] for p in periods) / n for i in range(count)])
+        for kind, row in out["kinds"].items():
+            row["time_s_spread"] = spread([sum(p[i]["kinds"].get(kind, 0.0) for p in periods) / n
+                                           for i in range(count)])
     return out
+
+
+def spread(values: list[float]) -> list[float]:
+    """[fastest, median, slowest] of a list."""
+    return [min(values), statistics.median(values), max(values)]
 
 
 def group_size(key: str) -> int:

@@ -100,10 +100,12 @@ def _comm(gathered: list, world: int, params: int | None, analytic, backend: str
     times = [g["comm"].get("time") for g in gathered]
     if all(t is not None for t in times):
         out["time"] = comm_time(times, per_step_bytes, world)
-        out["time_note"] = ("per step, mean over ranks, from one extra untimed step under torch.profiler: "
+        out["time_note"] = ("per step, mean over ranks and over the profiled periods (run.comm_profile_repeats "
+                            "periods of the probe's steps, untimed, under torch.profiler, after the window): "
                             "time a collective ran (gloo: enqueue to completion, waiting for peers included), "
-                            "the part overlapped with compute, the exposed part; busbw = payload / time x "
-                            "nccl-tests factor (compare with `bench commbench`)")
+                            "the part overlapped with compute, the exposed part; *_spread: [fastest, median, "
+                            "slowest] period; busbw = payload / time x nccl-tests factor (compare with "
+                            "`bench commbench`)")
     return out
 
 

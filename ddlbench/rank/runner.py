@@ -294,7 +294,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
     comm = _probe_comm(strategy, setup.batches, ctx)
     if cfg.run.comm_profile and ctx.world_size > 1:
         from ddlbench.comm.exposed import profile_comm
-        comm["time"] = profile_comm(strategy, setup.batches, ctx.device, comm["steps"])
+        comm["time"] = profile_comm(strategy, setup.batches, ctx.device, comm["steps"], cfg.run.comm_profile_repeats)
     fingerprint = param_fingerprint(strategy) if cfg.run.param_fingerprint else None
     adapter_stats = strategy.rank_stats() if isinstance(strategy, ModelParallel) else {}
     busy = _busy_probe(strategy, ctx.device)
@@ -367,7 +367,8 @@ def write_record(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, w: W
     if probes["fingerprint"] is not None:
         more["final_params"] = {
             "fingerprint": probes["fingerprint"],
-            "after_steps": len(w.losses) + probes["comm_steps"] * (2 if probes["comm_profiled"] else 1),
+            "after_steps": len(w.losses) + probes["comm_steps"] * (1 + (plan.cfg.run.comm_profile_repeats
+                                                                        if probes["comm_profiled"] else 0)),
             "note": "[sum, sum of squares, sum of |x|, sum of x_i (i+1)/n over the row-major elements "
                     "(order-sensitive)] per parameter after the training loop, the comm-probe steps and the "
                     "comm-profile steps"}

@@ -186,16 +186,17 @@ STRAGGLER_NOTE = ("Ranks that join their steps late: per step, a rank's host tim
 
 
 def comm_time_table(rep) -> tuple[list[str], list[list[str]]]:
-    """One row per run and collective kind from the profiled step (result.json comm.time), with the
-    best busbw `bench commbench` measured for that kind on the same backend and world size."""
+    """One row per run and collective kind from the profiled steps (result.json comm.time): their
+    mean, and the fastest and slowest profiled period, with the best busbw `bench commbench`
+    measured for that kind on the same backend and world size."""
     from ddlbench.commbench.command import ceilings
     best = {}
     for cb in rep.commbench:
         for kind, bw in ceilings(cb).items():
             key = (cb.get("backend"), cb.get("world_size"), kind)
             best[key] = max(best.get(key, 0.0), bw)
-    head = ["run", "framework", "ranks", "collective", "calls/step", "time/step (ms)", "exposed (ms)",
-            "overlapped", "busbw (GB/s)", "commbench ceiling (GB/s)"]
+    head = ["run", "framework", "ranks", "collective", "calls/step", "time/step (ms)", "fastest-slowest (ms)",
+            "exposed (ms)", "overlapped", "busbw (GB/s)", "commbench ceiling (GB/s)"]
     rows = []
     for run_id, rec in rep.records.items():
         ct = (rec.get("comm") or {}).get("time")
@@ -205,14 +206,21 @@ def comm_time_table(rep) -> tuple[list[str], list[list[str]]]:
         for kind, k in ct["kinds"].items():
             ceiling = best.get(((rec.get("env") or {}).get("backend"), world, kind))
             rows.append([str(rec.get("run_id", run_id)), f"{fw.get('name')}:{fw.get('variant')}", str(world), kind,
-                         _num(k["count"], ".0f"), _num(k["time_s"] * 1e3, ".2f"), _num(k["exposed_s"] * 1e3, ".2f"),
+                         _num(k["count"], ".0f"), _num(k["time_s"] * 1e3, ".2f"), _range_ms(k.get("time_s_spread")),
+                         _num(k["exposed_s"] * 1e3, ".2f"),
                          f"{k['overlapped_s'] / k['time_s']:.0%}" if k["time_s"] else "-",
                          _num(k["busbw_Bps"] / 1e9 if k.get("busbw_Bps") else None, ".3f"),
                          _num(ceiling / 1e9 if ceiling else None, ".3f")])
     return head, rows[:MAX_RUN_ROWS]
 
 
-COMM_TIME_NOTE = ("From one extra untimed step under torch.profiler: per collective, the time it ran (gloo: enqueue "
+def _range_ms(spread: list | None) -> str:
+    """[fastest, median, slowest] seconds -> 'fastest-slowest' in ms; '-' for a record without them."""
+    return f"{spread[0] * 1e3:.2f}-{spread[-1] * 1e3:.2f}" if spread else "-"
+
+
+COMM_TIME_NOTE = ("From extra untimed steps under torch.profiler after the window (run.comm_profile_repeats "
+                  "periods, the mean and the fastest and slowest period): per collective, the time it ran (gloo: enqueue "
                   "to completion, so waiting for the slowest peer counts), the exposed part (nothing computed "
                   "meanwhile) and the share overlapped with compute; busbw = payload / time x the nccl-tests "
                   "factor, beside the best `bench commbench` measured for that collective on the same backend "

@@ -277,7 +277,8 @@ class RunCfg(Strict):
     progress: bool = True
     final_objective: bool = False     # after training: mean loss over the whole training split
                                       # + weight_decay/2 x sum of decayed parameters squared
-    comm_profile: bool = True         # one more untimed step under torch.profiler: comm time, overlap
+    comm_profile: bool = True         # more untimed steps under torch.profiler: comm time, overlap
+    comm_profile_repeats: PositiveInt = 3   # how many probe periods it profiles (their spread is recorded)
     memory_tracker: bool = False      # every step under torch's MemTracker: memory.tracker per rank (slow)
     param_fingerprint: bool = False   # record [sum, sum^2, sum |x|, position-weighted sum] per final parameter (gathers!)
     compile: bool = False             # torch.compile, applied as each framework recommends (adapters/parallelize.py)
