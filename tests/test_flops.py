@@ -52,6 +52,23 @@ def test_llama_tiny_flops_by_hand():
     assert out["palm_flops"] == T * (6 * n_params + 12 * L * 4 * 32 * T)
 
 
+def test_hfu_under_selective_op_counts_what_the_run_recomputes_by_hand():
+    """selective_op (torchtitan's policy) saves every odd matmul of a block and the fused attention
+    kernels' outputs, and recomputes the rest in backward. llama_tiny's block runs its matmuls in the
+    order q, k, v, o, gate, up, down: k (2 d kv), o (2 d^2) and up (2 d I) are recomputed per token.
+    Under eager attention QK^T and PV (2 T d each per token) are recomputed too; under SDPA they are
+    one saved kernel, so hfu must not count them (the eager count did: issue 70's 32k run read 66.6%
+    for ~55% real)."""
+    L, d, kv, inter, T = 2, 128, 2 * 32, 256, 128
+
+    def extra(attention):
+        cfg = plan_from_overrides(["model=llama_tiny", f"model.attention={attention}"]).cfg.model
+        out = train_flops_per_sample(models.build(cfg, "cuda"), recompute_blocks="selective_op")
+        return out["hardware_flops"] - out["flops"]
+    assert extra("sdpa") == T * L * (2 * d * kv + 2 * d * d + 2 * d * inter)
+    assert extra("eager") == T * L * (2 * d * kv + 2 * d * d + 2 * d * inter + 4 * T * d)
+
+
 @pytest.mark.parametrize("model,shape", [
     ("gpt2_tiny", []), ("gpt2_tiny", ["model.n_layer=3", "model.n_embd=96", "model.n_head=3", "model.seq_len=64"]),
     ("llama_tiny", []), ("llama_tiny", ["model.n_layer=3", "model.n_embd=96", "model.n_head=6", "model.n_kv_head=3"]),

@@ -15,10 +15,10 @@ them the estimate of Llama 1B at micro-batch 4 was 2.0x the measured peak."""
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddlbench.adapters.cost import ModelProfile, Piece
+from ddlbench.models.flops import ScoreFlops
 from ddlbench.record import rundir
 
 
@@ -82,24 +82,6 @@ def _saved_bytes(spec, batch_size: int, checkpointed: bool | str, dtype=torch.fl
     return sum(saved.values()), (boundary[0] if boundary else 0)
 
 
-class _ScoreFlops(TorchDispatchMode):
-    """Forward FLOPs (2 per multiply-add, as the flop counter counts) of the batched matmuls over a
-    (T x T) tensor: eager attention's QK^T (its output T x T) and its probabilities times V (its
-    input T x T, V's T rows), which a fused causal kernel computes only on and below the diagonal."""
-
-    def __init__(self, seq_len: int | None):
-        super().__init__()
-        self.seq_len, self.flops = seq_len, 0.0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.seq_len and func is torch.ops.aten.bmm.default:
-            a, b, tt = args[0], args[1], (self.seq_len, self.seq_len)
-            if tuple(out.shape[-2:]) == tt or (tuple(a.shape[-2:]) == tt and b.shape[-2] == self.seq_len):
-                self.flops += 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
-        return out
-
-
 def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int, float]], int]:
     """[(forward FLOPs, bytes saved for backward, of the FLOPs the (T x T) attention matmuls')] of
     each pipeline piece for one batch on meta, the pieces applied in order as the pipeline stages
@@ -116,7 +98,7 @@ def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int, flo
     out, seen = [], set()       # a tensor two pieces save (one's output, the next one's input) counts once
     for i, piece in enumerate(plist):
         saved: dict[int, int] = {}
-        counter, scores = FlopCounterMode(display=False), _ScoreFlops(spec.tokens_per_sample)
+        counter, scores = FlopCounterMode(display=False), ScoreFlops(spec.tokens_per_sample)
         with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved, seen, _fused_len(spec)),
                                                       lambda t: t), counter, scores:
             x = piece(x)

@@ -7,19 +7,47 @@ the same model with eager attention, the same matmuls (ModelSpec.count_factory);
 formula and the eager matmuls both count the full T x T scores (the non-causal convention, as
 PaLM's 12*L*H*Q*T does). Model FLOPs (MFU) count one forward and one
 backward; hardware FLOPs (HFU) count what runs, i.e. with activation checkpointing the block
-forwards a second time, counted the same way on a model with the same checkpointing applied. For transformers the PaLM formula
+forwards a second time, counted the same way on a model with the same checkpointing applied
+(except, under selective_op with a fused attention kernel, the eager count's recomputed attention
+matmuls: the policy saves the fused kernel's output, so that recompute does not run). For transformers the PaLM formula
 (Chowdhery et al. 2022, appendix B: 6N + 12*L*H*Q*T per token) is reported beside it.
 """
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddlbench.models.moe import param_counts as moe_param_counts
 from ddlbench.models.spec import ModelSpec, count_params, example_batch
 
 
-def _count(spec: ModelSpec, device: str, recompute_blocks: bool | str = False) -> int:
+class ScoreFlops(TorchDispatchMode):
+    """FLOPs (2 per multiply-add, as the flop counter counts) of the batched matmuls over a (T x T)
+    tensor: eager attention's QK^T (its output T x T) and its probabilities times V (its input
+    T x T, V's T rows), which a fused causal kernel computes only on and below the diagonal, and
+    in backward their gradients' matmuls alike."""
+
+    def __init__(self, seq_len: int | None):
+        super().__init__()
+        self.seq_len, self.flops = seq_len, 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.seq_len and func is torch.ops.aten.bmm.default:
+            a, b, tt = args[0], args[1], (self.seq_len, self.seq_len)
+            if tuple(out.shape[-2:]) == tt or (tuple(a.shape[-2:]) == tt and b.shape[-2] == self.seq_len):
+                self.flops += 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+        return out
+
+
+def fused_attention(spec: ModelSpec) -> bool:
+    """The run's attention is a fused kernel (SDPA, flash), not eager's matmuls and softmax."""
+    return spec.kind == "language" and (spec.config or {}).get("attn_implementation", "eager") != "eager"
+
+
+def _count(spec: ModelSpec, device: str, recompute_blocks: bool | str = False) -> tuple[int, float]:
+    """(training FLOPs per sample, of them the (T x T) attention matmuls' per sample)."""
     from ddlbench.models import checkpointing
     with torch.device(device):
         model = (spec.count_factory or spec.factory)()
@@ -29,9 +57,10 @@ def _count(spec: ModelSpec, device: str, recompute_blocks: bool | str = False) -
     n = 2
     batch = example_batch(spec, n, device)
     counter = FlopCounterMode(display=False)
-    with counter:
+    scores = ScoreFlops(spec.tokens_per_sample if spec.kind == "language" else None)
+    with counter, scores:
         model(**batch).backward()
-    return int(counter.get_total_flops()) // n
+    return int(counter.get_total_flops()) // n, scores.flops / n
 
 
 def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool | str = False) -> dict:
@@ -40,11 +69,17 @@ def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool | str = False
     count per sample | None, 'params': {'total', 'active'} | None}. For a Mixture-of-Experts model
     every count is of active FLOPs (each token through its top-k experts) and PaLM's 6N uses the
     active parameters."""
-    flops = _count(spec, "meta")
+    flops, scores = _count(spec, "meta")
     method = "flop_counter(meta)" + (", eager attention (the same matmuls)" if spec.count_factory else "")
     if spec.top_k:
         method += ", experts on uniform routing (each token through its top-k experts: the active FLOPs)"
-    hardware = _count(spec, "meta", recompute_blocks) if recompute_blocks not in (False, "none") else flops
+    hardware = flops
+    if recompute_blocks not in (False, "none"):
+        from ddlbench.models.checkpointing import normalize
+        hardware, hw_scores = _count(spec, "meta", recompute_blocks)
+        if normalize(recompute_blocks) == "selective_op" and fused_attention(spec):
+            # the eager count recomputes QK^T and PV; the run's fused kernel is in the policy's save list
+            hardware -= int(round(hw_scores - scores))
     palm = params = analytic = None
     if spec.kind == "language":
         c = spec.config     # the transformers config's names (a value equal to its default is left out)
