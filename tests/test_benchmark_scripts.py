@@ -54,7 +54,9 @@ def test_runner_overhead_memory_check_uses_the_driver():
 def test_gpu_matrix_refuses_old_results_and_rebases_mfu(tmp_path):
     """benchmarks/gpu_matrix.py: MFU re-based from the table's peak to the measured one, by hand;
     the whole matrix (every variant x model x precision) is planned; an OUT with results stops it."""
-    from gpu_matrix import advise_ok, cells, mfu_on_measured_peak, nproc2_refused, sweep_ok, variants
+    from gpu_matrix import advise_ok, cells, nproc2_refused, record_figures, sweep_ok, variants
+
+    from ddlbench.rank.collect import rebase_mfu as mfu_on_measured_peak
     assert nproc2_refused({"status": "failed", "message": "launcher.nproc=2 but 1 GPU(s) are visible: one rank per GPU"})
     assert not nproc2_refused({"status": "ok", "message": None})            # trained: the check failed
     assert not nproc2_refused({"status": "failed", "message": "NCCL error"})
@@ -65,6 +67,15 @@ def test_gpu_matrix_refuses_old_results_and_rebases_mfu(tmp_path):
     assert mfu_on_measured_peak(0.40, 989e12, 700e12) == pytest.approx(0.40 * 989 / 700)
     assert mfu_on_measured_peak(None, 989e12, 700e12) is None
     assert mfu_on_measured_peak(0.4, None, 700e12) is None
+    # a cell's row states its record's figures, the MFU on the record's own measured peak, never on
+    # this script's host-timed probe (one set of figures: issue 70)
+    rec = {"throughput": {"samples_per_s": 2.0, "tokens_per_s": 4096.0}, "mfu": 0.532,
+           "flops": {"peak_dtype": "bf16", "peak_per_device": 989.4e12, "measured_peak_per_device": 795.1e12,
+                     "measured_peak_source": "CUDA events, cached", "mfu_on_measured_peak": 0.665},
+           "memory": {"per_rank": [{"peak_allocated_bytes": 7}]}}
+    row = record_figures(rec)
+    assert (row["mfu"], row["mfu_measured_peak"], row["measured_peak"], row["table_peak"]) == (0.532, 0.665, 795.1e12,
+                                                                                              989.4e12)
     every = variants()
     assert {"ddp", "deepspeed_zero3_offload", "horovod", "fsdp_full"} <= set(every)
     planned = cells(every, ["gpt2_small", "resnet50"], ["fp32", "bf16"])
