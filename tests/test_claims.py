@@ -195,6 +195,56 @@ CLAIMS += [
 ]
 
 
+def _records27() -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(H200_27.glob("*/runs/*/result.json"))]
+
+
+def _estimate_errors() -> list[str]:
+    """docs/gpu.md's memory-estimator ranges from table.json (benchmarks/gpu_table.py over the records)."""
+    rows = [r for r in json.loads((H200_27 / "table.json").read_text()) if r.get("error") is not None]
+
+    def pct(x: float) -> str:
+        return f"{100 * x:+.1f}%".replace("+-", "-")
+    dense = [r["error"] for r in rows if r["setting"].startswith("T=") and "experts" not in r["setting"]]
+    short = [e for r, e in zip([r for r in rows if r["setting"].startswith("T=") and "experts" not in r["setting"]],
+                               dense) if int(r["setting"][2:].split(",")[0]) <= 16384]
+    at32 = {r["setting"].split("ac=")[1].split(",")[0]: r["error"] for r in rows
+            if r["setting"].startswith("T=32768") and "ac=" in r["setting"]}
+    moe = [r["error"] for r in rows if "experts" in r["setting"]]
+    resnet = {r["framework"]: r["error"] for r in rows if "batch norm" in r["setting"] or r["setting"] == "mb None/128"}
+    return [str(len(rows)), pct(min(short)).lstrip("+"), pct(max(short)), pct(at32["selective_op"]).lstrip("+"),
+            pct(at32["full"]).lstrip("+"), pct(min(moe)).lstrip("+"), pct(max(moe)), pct(resnet["fsdp2:full_shard"]).lstrip("+"),
+            pct(resnet["ddp:default"])]
+
+
+def _energy27() -> list[str]:
+    ok = [r for r in _records27() if r["status"] == "ok"]
+    assert all((r.get("gpu") or {}).get("energy_per_sample_j") for r in ok)     # "all": every ok record has it
+    return [str(len(ok))]
+
+
+def _peaks27() -> list[str]:
+    by_session = {}
+    for r in _records27():
+        peak = (r.get("flops") or {}).get("measured_peak_per_device")
+        if peak:
+            by_session.setdefault(r["env"]["git_sha"][:7], set()).add(f"{peak / 1e12:.1f}")
+    first, second = by_session["471ae85"], by_session["b755877"]
+    assert len(first) == len(second) == 1, by_session      # one measured peak per session
+    return [first.pop(), second.pop()]
+
+
+CLAIMS += [
+    ("docs/gpu.md", "(reports/gpu-h200/2026-11-27/table.md, the {} records with an estimate): the dense language runs up\n"
+                    "  to 16k tokens {}..{}; at 32k {} (`selective_op`) and {} (`full`); the MoE models\n"
+                    "  {} (the per-expert loop under DDP) to {}; ResNet-50 {} under FSDP2 and **{} under\n  DDP**",
+     _estimate_errors),
+    ("docs/gpu.md", "it is in all {} ok records of 2026-11-27 on an H200", _energy27),
+    (README_27, "CUDA-event probe, best of n = 4096, 8192, 16384): {} TFLOP/s in every record of M, L and X (the\n"
+                "first session), {} in C and CA (the second)", _peaks27),
+]
+
+
 PIECES = REPO / "reports" / "pieces-check" / "2026-11-27"
 
 
