@@ -19,9 +19,10 @@ On a device without streams (CPU), FSDP2 blocks on every collective where it iss
 Tensor parallelism: a block's forward waits on its activations' all-reduces (two a block, Megatron's
 f/g), and so does its backward: exposed, on a stream of their own so the schedule names them.
 Pipelines (GPipe, 1F1B one stage a rank; interleaved 1F1B v stages a rank, in a loop): each rank a
-compute stream running its micro-batches' forwards and backwards in the schedule's order, each stage boundary two links (activations forward,
-their gradients back), each send on its direction's stream; after the schedule the stages' tied
-copies summed (the first and the last stage), then each stage's data-parallel all-reduce.
+compute stream running its micro-batches' forwards and backwards in the schedule's order, each
+boundary between ranks two links (activations forward, their gradients back), each send on its
+direction's stream; after the schedule the stages' tied copies summed (the first and the last
+stage), then each rank's data-parallel all-reduce.
 """
 from __future__ import annotations
 
