@@ -63,6 +63,19 @@ def test_pipeline_busiest_rank_compute_and_activations():
     assert cost.activation_share == pytest.approx(max((10 + 200) * 2, (200 + 50) * 1) / 2 / 460)
 
 
+def test_interleaved_holds_what_torchs_order_holds():
+    """pp 2, 2 stages a rank, 4 micro-batches (2 rounds of 2). Rank 0 runs 4 forwards first (its
+    second stage's first round, 2 more for its hop from the last rank), then forward-backward pairs:
+    5 stage-micro-batches at the peak, 2.5 of its whole; rank 1 2 forwards first: 3, 1.5. Ranks hold
+    [embed b | b] = 210 and [b | b head] = 250: max(210 x 2.5, 250 x 1.5) / 2.5 of 460."""
+    from ddlbench.metrics.pipeline import interleaved_in_flight
+    assert [interleaved_in_flight(r, 2, 2, 4) for r in (0, 1)] == [2.5, 1.5]
+    assert interleaved_in_flight(0, 8, 2, 32) == (8 + 2 * 7 + 1) / 2       # 1F1B's first stage: 8
+    cost = cost_of("pipeline_interleaved", dp=1, pp=2, mb=1, ga=4, model=PIECES)
+    assert cost.in_flight == 2.5
+    assert cost.activation_share == pytest.approx(max(210 * 2.5, 250 * 1.5) / 2.5 / 460)
+
+
 def test_without_pieces_the_split_is_uniform():
     from costs import PROF
     assert cost_of("tensor_parallel", dp=1, tp=2).piece == PROF.params / 2

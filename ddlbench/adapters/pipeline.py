@@ -38,7 +38,7 @@ from ddlbench.adapters.stages import data_parallel_traffic
 from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import optimizer_state_bytes_per_param
-from ddlbench.metrics.pipeline import analytic_bubble, pipeline_summary
+from ddlbench.metrics.pipeline import analytic_bubble, interleaved_in_flight, pipeline_summary
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
 from ddlbench.settings.dims import ParallelSize, model_fit_errors
@@ -122,25 +122,25 @@ class Pipeline(Variant):
             raise ConfigError("; ".join(errors))
 
     def cost_model(self, dims, model, precision, per_node=None):
-        """A rank holds 1/pp of the blocks (v stage pieces of 1/(pp v) each), split again by tp.
-        Per micro-batch it sends its stages' outputs forward and their gradients backward (v
-        boundaries each way, in the activations' dtype), to the next/previous stage dp x tp ranks
-        away; inside a stage, tensor parallelism all-reduces a block's output twice in forward and
-        twice in backward; data parallelism: stages.data_parallel_traffic. Bubble: (pp - 1) micro-batch slots
-        for GPipe and 1F1B, (pp - 1) / v interleaved (Narayanan et al. 2021); zero-bubble: the interleaved bound.
-        Activations in flight: GPipe all micro-batches, 1F1B pp - r on stage r (the last stage,
-        whose head and loss save the most, holds one), the others at most pp on every rank. Stages are cut as
-        the adapter cuts them (models.pipeline.partition, stage_owners): the embedding joins the
-        first stage and the head (GPT-2: a second copy of the tied embedding) the last; memory and
-        compute are the busiest rank's (the most parameters, the most compute and the most
-        activations, each over the ranks: an upper bound where different ranks have them). The
-        last stage keeps its output of every micro-batch until the next step begins (the stage's
-        output_chunks; GPT-2: the logits, found with torch's MemTracker)."""
+        """A rank holds 1/pp of the blocks (v stage pieces of 1/(pp v) each), split again by tp. Per micro-batch
+        it sends its stages' outputs forward and their gradients backward (v boundaries each way, in the
+        activations' dtype) to the next/previous stage dp x tp ranks away; inside a stage tensor parallelism
+        all-reduces a block's output twice in forward and twice in backward; data parallelism:
+        stages.data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for GPipe and 1F1B, (pp - 1) / v
+        interleaved (Narayanan et al. 2021); zero-bubble: the interleaved bound. Activations in flight: GPipe
+        all micro-batches, 1F1B pp - r on stage r (the last stage, whose head and loss save the most, one),
+        interleaved 1F1B the peak along torch's order (interleaved_in_flight: rank 0 at pp 8, v 2: 11.5), the
+        zero-bubble ones at most pp. Stages are cut as the adapter cuts them (models.pipeline.partition,
+        stage_owners): the embedding joins the first stage, the head (GPT-2: a second copy of the tied
+        embedding) the last; memory and compute are the busiest rank's (the most parameters, compute and
+        activations, each over the ranks: an upper bound where different ranks have them). The last stage
+        keeps its output of every micro-batch until the next step begins (output_chunks; GPT-2: the logits)."""
         o, pp, tp, dp, m = self.options, dims.pp, dims.tp, dims.dp, dims.grad_accum
         v = self.stages_per_rank()
-        in_flight = m if o.schedule == "gpipe" else min(pp, m)
-        # 1F1B: stage r holds min(pp - r, m) micro-batches (the last stage, with the head, one)
-        flights = [min(pp - r, m) for r in range(pp)] if o.schedule == "1f1b" else [in_flight] * pp
+        flights = ([m] * pp if o.schedule == "gpipe" else [min(pp - r, m) for r in range(pp)] if o.schedule == "1f1b"
+                   else [interleaved_in_flight(r, pp, v, m) for r in range(pp)] if o.schedule == "interleaved_1f1b"
+                   else [min(pp, m)] * pp)      # 1F1B: stage r min(pp - r, m), the last stage one
+        in_flight = max(flights)
         mine = pipeline_share(model, o.schedule, pp, v, tp, flights)
         piece = mine.params
         act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / tp

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from itertools import count
 
 from ddlbench.estimate.schedule import COMPUTE, Task
+from ddlbench.metrics.pipeline import interleaved_order
 
 
 @dataclass(frozen=True)
@@ -269,34 +270,6 @@ def pipeline(stage_s: list[tuple[float, float]], micro_batches: int, send_s: flo
             tasks.append(Task(f"AR{s}", f"reduce{s}", seconds, tuple(dict.fromkeys(done[s])), kind,
                               (f"{kind.partition('@')[2]}:{s}",)))
     return tasks
-
-
-def interleaved_order(rank: int, pp: int, v: int, m: int) -> list[tuple[str, int, int]]:
-    """Rank `rank`'s compute under torch's ScheduleInterleaved1F1B, in its order: ('F' or 'B', stage,
-    micro-batch), stage k on rank k mod pp (torch.distributed.pipelining.schedules: _get_warmup_ops
-    and _get_1f1b_rank_ops without their no-op padding, which only aligns the ranks' lists; tested
-    against torch's own). Micro-batches go in rounds of m // max(1, m // pp), which must divide m;
-    a rank runs `warmup` forwards (its later stages' first round, two more per hop from the last
-    rank), then a forward and a backward in turn, then the backwards left; a round's forwards go to
-    one stage, then the next (depth first), and the backwards come back the other way."""
-    rounds = max(1, m // pp)
-    if m % rounds:
-        raise ValueError(f"interleaved 1F1B: {m} micro-batches are not a multiple of its {rounds} rounds")
-    per_round, total = m // rounds, m * v
-    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)
-    steady = total - warmup
-    ops, nf, nb = [], [0] * (pp * v), [0] * (pp * v)
-
-    def op(kind: str, stage: int, seen: list[int]) -> None:
-        ops.append((kind, stage, seen[stage]))
-        seen[stage] += 1
-
-    for i in range(warmup + steady + warmup):
-        if i < warmup + steady:
-            op("F", (i // per_round) % v * pp + rank, nf)
-        if i >= warmup:
-            op("B", (v - 1 - ((i - warmup) // per_round) % v) * pp + rank, nb)
-    return ops
 
 
 def interleaved(stage_s: list[tuple[float, float]], pp: int, m: int, send_s: float, send_kind: str) -> list[Task]:

@@ -1,8 +1,48 @@
-"""Pipeline bubble arithmetic (pure functions, hand-checked in tests/test_metrics.py)."""
+"""Pipeline bubble and schedule arithmetic (pure functions, hand-checked in tests/test_metrics.py and
+tests/test_schedule.py)."""
 from __future__ import annotations
 
 from typing import Optional
 
+
+def interleaved_order(rank: int, pp: int, v: int, m: int) -> list[tuple[str, int, int]]:
+    """Rank `rank`'s compute under torch's ScheduleInterleaved1F1B, in its order: ('F' or 'B', stage,
+    micro-batch), stage k on rank k mod pp (torch.distributed.pipelining.schedules: _get_warmup_ops
+    and _get_1f1b_rank_ops without their no-op padding, which only aligns the ranks' lists; tested
+    against torch's own). Micro-batches go in rounds of m // max(1, m // pp), which must divide m;
+    a rank runs `warmup` forwards (its later stages' first round, two more per hop from the last
+    rank), then a forward and a backward in turn, then the backwards left; a round's forwards go to
+    one stage, then the next (depth first), and the backwards come back the other way."""
+    rounds = max(1, m // pp)
+    if m % rounds:
+        raise ValueError(f"interleaved 1F1B: {m} micro-batches are not a multiple of its {rounds} rounds")
+    per_round, total = m // rounds, m * v
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)
+    steady = total - warmup
+    ops, nf, nb = [], [0] * (pp * v), [0] * (pp * v)
+
+    def op(kind: str, stage: int, seen: list[int]) -> None:
+        ops.append((kind, stage, seen[stage]))
+        seen[stage] += 1
+
+    for i in range(warmup + steady + warmup):
+        if i < warmup + steady:
+            op("F", (i // per_round) % v * pp + rank, nf)
+        if i >= warmup:
+            op("B", (v - 1 - ((i - warmup) // per_round) % v) * pp + rank, nb)
+    return ops
+
+
+def interleaved_in_flight(rank: int, pp: int, v: int, m: int) -> float:
+    """The most micro-batches' activations `rank` holds at once under interleaved 1F1B, in whole
+    micro-batches of the rank (each of its v stages holds 1/v of its layers): the peak of forwards
+    done minus backwards done along `interleaved_order`, over v. Rank 0 of pp 8, v 2 at 8+
+    micro-batches: (8 + 2 x 7 + 1) / 2 = 11.5 (1F1B's stage 0: 8)."""
+    held = peak = 0
+    for kind, _, _ in interleaved_order(rank, pp, v, m):
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak / v
 
 def analytic_bubble(schedule: str, p: int, m: int, v: int = 1) -> Optional[float]:
     """Idle fraction of a pipeline step with equal stage times: GPipe and 1F1B
