@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import subprocess
 import sys
 import time
 
@@ -69,7 +70,8 @@ def serve_and_fork(waves: int, ranks: int, wait: bool) -> tuple[int, int, float]
             locked += on_lock
             slow += not on_lock
             if on_lock and os.environ.get("DDLBENCH_GDB"):
-                os.system(f"gdb -p {pid} -batch -ex bt 2>/dev/null | grep -E '^#([0-9]|1[0-9]) ' | cut -c1-160")
+                gdb = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "bt"], capture_output=True, text=True)
+                print("\n".join(line[:160] for line in gdb.stdout.splitlines() if line.startswith("#"))[:4000])
             os.kill(pid, 9)
             os.waitpid(pid, 0)
         slowest = max(slowest, time.monotonic() - t0)
