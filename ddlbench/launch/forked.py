@@ -2,7 +2,7 @@
 already imported (torch alone costs ~3 s per interpreter on a 2-core machine; torch with
 transformers' GPT-2 ~9 s).
 
-Two hazards decide when forking is safe, each kept in a pure function with a test:
+Three hazards decide when forking is safe, each with a test:
 - OpenMP: a child forked after the parent ran a multi-threaded OpenMP region hangs in its
   first parallel region (GNU libgomp's pool does not survive fork). The launcher and the sweep
   only import torch; they never compute with it before they fork.
@@ -11,12 +11,13 @@ Two hazards decide when forking is safe, each kept in a pure function with a tes
 - A lock held by another thread at the fork stays locked in the child. The elastic agent forks its
   ranks one after another while its TCPStore's server thread serves the ranks forked before; that
   thread formats each peer's address with getnameinfo(), which holds glibc's resolver lock
-  (resolv/resolv_conf.c `get_locked_global`) for a moment. A rank forked in that moment hangs in
-  its own connect (c10d's SocketImpl formats the address too) until its timeout: seen as one rank
-  of eight "stuck in `_create_c10d_store`" under load, and reproduced by a process serving a
-  TCPStore while it forks clients (gdb: the child waits on that lock). So a forked rank connects
-  only once its agent has forked all of them (`await_siblings`), when no fork is left to catch the
-  lock.
+  (resolv/resolv_conf.c `get_locked_global`) through the lookup: an IPv6 address /etc/hosts does
+  not name goes to DNS, up to the resolver's 5 s timeout where a query is lost. A rank forked then
+  hangs in its own connect (c10d's SocketImpl formats the address too) until its timeout: seen as
+  one rank of eight "stuck in `_create_c10d_store`" under load, and reproduced by a process serving
+  a TCPStore while it forks clients (gdb: the child waits on that lock; benchmarks/
+  fork_store_hazard.py). So a forked rank connects only once its agent has forked all of them
+  (`await_siblings`), when no fork is left to catch the lock.
 
 The child starts with everything the parent had made frozen (`gc.freeze()` just before the fork;
 the parent unfreezes at once), as Python's gc documentation advises for fork without exec: the
