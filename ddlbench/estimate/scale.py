@@ -296,8 +296,9 @@ def _whole_link(network: Network, name: str, ways: int) -> Network:
 def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict, ranks_per_core: int = 1) -> dict:
     """A pipeline (GPipe, 1F1B; interleaved 1F1B with its stages_per_rank): each stage's forward and
     backward per micro-batch and the boundary's sends simulated in the schedule's order
-    (rules.pipeline; the bubble stated as the ideal (pp - 1) / v slots; the zero-bubble schedules: the
-    busiest stage's slot through ddlbench.estimate.step.pipeline_step's flow shop), then a tied
+    (rules.pipeline; the bubble stated as the ideal (pp - 1) / v slots, at most what the schedule
+    idled; the zero-bubble schedules: the busiest stage's slot through
+    ddlbench.estimate.step.pipeline_step's flow shop), then a tied
     weight's gradient summed between the first and the last stage, then each stage's data-parallel
     all-reduce (both exposed)."""
     d, o = plan.dims, plan.options
@@ -362,7 +363,8 @@ def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict
         body = pipeline_step(slot, d.grad_accum, pp, send)
         after_tied = body + tied_s
         step = after_tied + max(ar)
-    exposed = {"pipeline bubble": (pp - 1) * slot / v, send_label: max(0.0, body - compute - (pp - 1) * slot)}
+    bubble = min((pp - 1) * slot / v, max(0.0, body - compute))    # the ideal bubble, never more than the schedule idled
+    exposed = {"pipeline bubble": bubble, send_label: max(0.0, body - compute - bubble)}
     if tied_label:
         exposed[tied_label] = exposed.get(tied_label, 0.0) + after_tied - body
     exposed[label] = exposed.get(label, 0.0) + step - after_tied
