@@ -41,6 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS = ("gpt2_small", "resnet50")
 PARTS = ("fork", "cells", "nproc2", "overhead", "report")
 PRECISIONS = ("fp32", "bf16")
+# a run that ends at its own run.timeout_s still writes its record (a timed-out offload cell took 12.6-13.6 s
+# more on the H200): the harness kills a cell only this long after that
+RECORD_GRACE_S = 30
 
 
 def variants() -> list[str]:
@@ -69,6 +72,32 @@ def merged(common: list[str], overrides: tuple) -> list[str]:
     """The common overrides, less the keys a cell sets itself, then the cell's."""
     mine = {o.split("=", 1)[0] for o in overrides}
     return [c for c in common if c.split("=", 1)[0] not in mine] + list(overrides)
+
+
+def cell_kill_s(overrides: list[str]) -> float:
+    """How long the harness lets a cell's `bench run` go: its own run.timeout_s (the last one given,
+    as Hydra reads them) and RECORD_GRACE_S for the record it writes on its timeout."""
+    timeouts = [float(o.split("=", 1)[1]) for o in overrides if o.startswith("run.timeout_s=")]
+    if not timeouts:
+        raise ValueError("a cell's overrides must give run.timeout_s (the harness's kill follows from it)")
+    return timeouts[-1] + RECORD_GRACE_S
+
+
+def keep(prefix: Path | None, checks: dict, rec: dict | None = None, name: str = "") -> None:
+    """--keep PREFIX: as each cell ends, its record appended to PREFIX.records.jsonl (flushed to disk)
+    and the rows so far to PREFIX.checks.json, so a call killed at its limit returns every record it
+    finished (the device tool brings back what is under $OUT, at most 8 files)."""
+    if prefix is None:
+        return
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    if rec is not None:
+        with open(f"{prefix}.records.jsonl", "a") as f:
+            f.write(json.dumps({"cell": name, "record": rec}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    tmp = Path(f"{prefix}.checks.json.tmp")
+    tmp.write_text(json.dumps(checks, indent=1))
+    tmp.replace(f"{prefix}.checks.json")
 
 
 def expand_plan(argv: list[str]) -> list[str]:
@@ -198,6 +227,9 @@ def main() -> int:
                     help=f"comma list of {','.join(PARTS)} (the matmul peak is always measured)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds from start after which no further cell starts (rows listed as not_run)")
+    ap.add_argument("--project-timeout", type=float, default=360, help="seconds per --project run")
+    ap.add_argument("--keep", type=Path, default=None, metavar="PREFIX",
+                    help="as each cell ends: its record appended to PREFIX.records.jsonl, the rows to PREFIX.checks.json")
     a = ap.parse_args(expand_plan(sys.argv[1:]))
     parts = set(a.parts.split(","))
     if parts - set(PARTS):
@@ -229,6 +261,7 @@ def main() -> int:
     if "fork" in parts:
         checks.update(fork_checks(a.out, a.device, log, a.timeout))
         save(a.out, checks)
+        keep(a.keep, checks)
         print(f"two-cell sweep: {'ok' if checks['sweep_ok'] else 'FAILED'}; "
               f"advise: {'ok' if checks['advise_ok'] else 'FAILED'}", flush=True)
 
@@ -242,8 +275,9 @@ def main() -> int:
             continue
         cell_start = time.monotonic()
         d = runs / name
-        why = bench(["run", f"framework={fw}", f"model={model}", f"run.precision={prec}", f"run.dir={d}",
-                     *merged(common, overrides)], log, a.timeout + 60)
+        over = merged(common, overrides)
+        why = bench(["run", f"framework={fw}", f"model={model}", f"run.precision={prec}", f"run.dir={d}", *over],
+                    log, cell_kill_s(over))
         rec = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
         row = {"framework": fw, "model": model, "precision": prec, "overrides": list(overrides),
                "status": rec["status"] if rec else "no result"}
@@ -256,6 +290,7 @@ def main() -> int:
         row["wall_s"] = round(time.monotonic() - cell_start, 1)
         checks["cells"].append(row)
         save(a.out, checks)   # a matrix stopped half-way keeps the rows it made
+        keep(a.keep, checks, rec, name)
         print(f"[{i}/{len(todo)}] {name}: {row['status']} ({row['wall_s']} s)"
               + (f" {row['samples_per_s']:.1f} samples/s" if row.get("samples_per_s") else "")
               + (f" -- {row['error'][:160]}" if row.get("error") else ""), flush=True)
@@ -265,7 +300,7 @@ def main() -> int:
     if a.device == "cuda" and "nproc2" in parts:   # 2 ranks on one GPU must be refused with the reason
         d = runs / "nproc2-on-one-gpu"
         why = bench(["run", "framework=ddp", "model=gpt2_small", f"run.dir={d}", *common[:1], "launcher.nproc=2",
-                     *common[2:]], log, a.timeout, env={"CUDA_VISIBLE_DEVICES": "0"})
+                     *common[2:]], log, a.timeout + RECORD_GRACE_S, env={"CUDA_VISIBLE_DEVICES": "0"})
         rec = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else {}
         checks["nproc2_on_one_gpu"] = {"status": rec.get("status", "no result"),
                                        "message": (rec.get("error") or {}).get("message") or why}
@@ -289,11 +324,12 @@ def main() -> int:
                 checks["runner_overhead"].append({"spec": spec, "error": str(exc)})
             print("runner overhead:", checks["runner_overhead"][-1], flush=True)
             save(a.out, checks)
+            keep(a.keep, checks)
     if a.project:    # after the cells: a projection times pieces on the GPU the cells were measured on
         checks["projections"] = []
         for i, spec in enumerate(a.project):
             out = a.out / "projections" / str(i)
-            why = bench(["project", *shlex.split(spec), f"out={out}"], log, 3 * (a.timeout + 60))
+            why = bench(["project", *shlex.split(spec), f"out={out}"], log, a.project_timeout)
             doc = json.loads((out / "projection.json").read_text()) if (out / "projection.json").exists() else {}
             checks["projections"].append({"spec": spec, "error": why, "efficiency_source": doc.get("efficiency_source"),
                                           "rows": [{k: r.get(k) for k in ("devices", "step_s", "tokens_per_s_per_device",
@@ -301,6 +337,7 @@ def main() -> int:
                                                    for r in doc.get("rows", [])]})
             print("projection:", checks["projections"][-1], flush=True)
             save(a.out, checks)
+            keep(a.keep, checks)
     report_error = ""
     if "report" in parts and runs.exists():
         report_error = bench(["report", str(runs), "--out", str(a.out / "report")], log, 600)
@@ -323,6 +360,7 @@ def main() -> int:
         if part in parts and not ok]
     checks["failed_checks"] = failed
     save(a.out, checks)
+    keep(a.keep, checks)
     print("failed checks: " + (", ".join(failed) if failed else "none"))
     return int(bool(failed))
 

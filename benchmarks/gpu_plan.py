@@ -1,44 +1,44 @@
 """The GPU plan: what a session lent a GPU runs first, unattended, in steps that each fit one
-device call (under 10 minutes: the deadline, the last cell's timeout and the install). A session's
-15 device-minutes hold one step and most of the next (the machine's start included; the deadline
-lists what a step did not reach as not_run). Each step is benchmarks/gpu_matrix.py with the step's cells, deadline
-and reference-loop runs; on the lent machine (no network, the wheels carried):
+device call with margin, in the order of what has never run on a GPU. On the lent machine (no
+network, the wheels carried):
 
-    run(carry=[".whl"], command="bash scripts/device_gpu_matrix.sh A --plan A")   # one step, into $OUT
-    python benchmarks/gpu_plan.py                                # here: every cell validated on CPU
+    run(carry=[".whl"], timeout_s=WORST, command="bash scripts/device_gpu_matrix.sh G --plan G")
+    python benchmarks/gpu_plan.py                                # here: cells validated, the leases planned
 
-Steps (the order the next session runs them is at the end; a step a session cannot reach waits for the next):
-  M  Mixture of Experts on one GPU, a reduced-depth published shape (Qwen3-30B-A3B's layers, 4 of
-     its 48; Mixtral 8x7B's, 2 of 32): transformers' grouped_mm against the per-expert loop under
-     DDP, FSDP2 and DeepSpeed ZeRO-2 over the whole MoE model, the expert-parallel adapter at ep=1
-     (its code path without the all-to-all) and DeepSpeed-MoE at ep_size=1; ran on one H200
-     (reports/gpu-h200/2026-11-27/)
-  L  long context on one GPU: llama_1b at 8k -> 32k tokens under activation checkpointing none,
-     selective_op and full (what fits, tokens/s; the estimator's saved bytes per policy against the
-     device); ran on one H200 (reports/gpu-h200/2026-11-27/)
-  A  the harness: the bf16 matmul peak (CUDA events, three shapes); the reference loop against the
-     runner on gpt2_small at micro-batch 32, eager and compiled, and on llama_1b at 8; the fast-path
-     cells, one of them with a profiled step (run.trace: a Chrome trace per rank); forward /
-     backward / optimizer by CUDA events (run.step_split) on gpt2_small and llama_1b
-  B  the frameworks: every framework that runs on one GPU, on llama_1b at bf16 with
-     run.micro_batch=auto, DDP twice (its repeat says how far one run is from the next), and FSDP2
-     compiled with float8 matmuls (torchtitan's fastest published recipe)
-  C  memory-bound: llama_3b under run.device_memory_gb=40 (FSDP2 without offload ends OOM with its
-     reason, the offload variants run; llama_8b's offloaded state, ~128 GB, would fill the machine's
-     128 GiB of host memory) and ResNet-50 at batch 128 with each batch-norm recipe; first,
-     llama_1b at micro-batch 2 (4 accumulated) with `sdpa` (a host sync per forward) and
-     `sdpa_causal` (none)
-  G  first next time: the garbage-collector fix on a GPU (the FSDP2 cells whose windows held a full
-     collection, now under run.gc=freeze, beside run.gc=python, in windows of at least 10 s:
-     run.min_window_s), C's two offload cells with fewer
-     steps (at 3 + 20 steps they ran past 120 s), A's fast-path cell the deadline left, and
-     llama_8b's pieces and optimizer timed on the GPU, with FSDP2's own step at 8 ranks over a fake
-     process group, for `bench project calibrate=pieces` (issue 50)
-Run so far: A (without its llama_1b and run.step_split parts) and B on one H200
-(reports/gpu-h200/2026-11-26/); M, L, C (its offload cells timed out) and A's llama_1b parts on one
-H200 (reports/gpu-h200/2026-11-27/). The next session starts with G, then A.
+Each step is benchmarks/gpu_matrix.py with the step's cells, deadline and reference-loop runs. What
+makes it safe to run unattended (tests/test_gpu_plan.py holds each):
+- as each cell ends its record is appended to $OUT/STEP.records.jsonl and the rows to
+  $OUT/STEP.checks.json (gpu_matrix --keep): a call stopped at its limit returns what it finished;
+- a cell's harness kill is its own run.timeout_s + RECORD_GRACE_S (a timed-out run still writes its
+  record inside it);
+- a step's worst case (`worst_case_s`: the install, the probes, the deadline, the slowest cell's
+  kill, the reference-loop runs at their measured length, each projection's timeout) stays
+  CALL_MARGIN_S under the tool's 10-minute limit, and is the call's timeout_s;
+- `leases(ORDER)` packs the steps into 15-minute leases, the machine's start included; the next
+  lease holds the first of them.
+
+Steps, in ORDER (what has never run on a GPU first; a step a lease cannot reach waits for the next):
+  G  first: the garbage-collector fix on a GPU: the FSDP2 cells whose windows held a full
+     collection (reports/gpu-h200/2026-11-27), under run.gc=freeze (the default since) beside
+     run.gc=python, each in a window of at least 10 s (run.min_window_s)
+  P  the pieces calibration: llama_8b's embedding, blocks (1 and 5 of its 32), head and optimizer
+     timed on the GPU, FSDP2's own step at 8 ranks over a fake process group, for `bench project
+     calibrate=pieces` at torchtitan's setting (issue 50); A's GPT-2 fast-path cell
+  O  llama_3b's offload variants in 40 GB at 1 + 4 steps (at 3 + 20 steps they ran past 120 s)
+  A  the harness: a profiled step (run.trace), forward / backward / optimizer by CUDA events
+     (run.step_split) on gpt2_small and llama_1b, the reference loop against the runner on
+     gpt2_small at micro-batch 32, eager and compiled (ran: reports/gpu-h200/2026-11-26, -27)
+  B  every framework that runs on one GPU, on llama_1b at bf16 with run.micro_batch=auto, DDP
+     twice, FSDP2 compiled with float8 matmuls (ran: reports/gpu-h200/2026-11-26)
+  C  llama_1b at micro-batch 2 with `sdpa` and `sdpa_causal`; llama_3b in 40 GB (FSDP2 ends OOM
+     with its reason); ResNet-50 at batch 128 with each batch-norm recipe (ran: 2026-11-27)
+  M  Mixture of Experts on one GPU, reduced-depth published shapes (Qwen3-30B-A3B 4 of 48 layers,
+     Mixtral 8x7B 2 of 32): grouped_mm against the per-expert loop; DDP, FSDP2, ZeRO-2, EP=1,
+     DeepSpeed-MoE at ep_size=1 (ran: 2026-11-27)
+  L  long context: llama_1b at 8k -> 32k tokens under checkpointing none, selective_op and full
+     (ran: 2026-11-27)
 Run here, it validates each cell's configuration (`bench run ... run.dry_run=true run.device=cpu`,
-in-process) and prints the device commands; the suite runs it (tests/test_gpu_plan.py).
+in-process), prints each step's device call with its worst case and the leases; the suite runs it.
 """
 from __future__ import annotations
 
@@ -56,6 +56,19 @@ QMOE = "qwen3_moe_30b_a3b bf16 model.n_layer=4 model.seq_len=2048 run.global_bat
 # llama_3b offloaded in a 40 GB cap: > 3.9 s a step (FSDP2) and DeepSpeed's CPU Adam compiled at first use
 OFFLOAD = ("llama_3b bf16 run.device_memory_gb=40 run.global_batch=4 run.micro_batch=1 run.warmup_steps=1 "
            "run.measure_steps=4 run.timeout_s=170")
+FAST_PATH = "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach run.timeout_s=60"
+
+# the budget of a call and a lease (seconds), from the H200 sessions of 2026-11-26/27
+CALL_LIMIT_S = 600      # the device tool's limit on one command
+CALL_MARGIN_S = 60      # a step's worst case stays this far under it
+LEASE_S = 900           # device time a session is lent, the machine's start and give-back included
+START_S = 100           # outside the calls: 54 s and 65 s of the two leases of 2026-11-27
+INSTALL_S = 60          # the carried wheels and DeepSpeed's build there: 18-30 s
+PROBE_S = 30            # the matmul probes gpu_matrix always runs: three host-timed dtypes, three CUDA-event shapes
+# one reference-loop or runner run of benchmarks/runner_overhead.py there, start-up included: gpt2_small ~22 s at
+# batch 32 (reports/gpu-h200/2026-11-26); llama_1b as long as one of its cells (34-42 s in step B). Not a kill:
+# a reference run past these is cut by the call's timeout_s, the records of the cells before it kept
+RUN_S = {"gpt2_small": 25, "llama_1b": 40}
 # issue 50's per-piece compute: llama_8b's embedding, blocks (at 1 and 5 of its 32) and head timed on the GPU at
 # torchtitan's published setting (local batch 2, 8192 tokens, selective AC), projected to 8 / 128 / 1,024 H200s
 LLAMA8B_PIECES = ("model=llama_8b framework=fsdp_full network=dgx_h100 hardware=H200 run.precision=bf16 "
@@ -63,7 +76,7 @@ LLAMA8B_PIECES = ("model=llama_8b framework=fsdp_full network=dgx_h100 hardware=
                   "world_sizes=[8,128,1024] device_memory_gb=141")
 # step G's windows: at least 10 s of steps (about twice the 20 steps at these shapes), so each record's
 # timing.window_vs_median.slowest_step_moves says whether one outlier still moves the figure by 1% or more
-GC_WINDOW = "run.min_window_s=10"
+GC_WINDOW = "run.min_window_s=10 run.timeout_s=80"
 LONG = "llama_1b bf16 run.global_batch=1 run.micro_batch=1 framework.options.activation_checkpointing"
 
 
@@ -75,10 +88,13 @@ class Step:
     overhead: tuple[str, ...] = ()              # gpu_matrix --overhead specs: 'MODEL PRECISION BATCH [compile] [repeats=N]'
     args: tuple[str, ...] = field(default=())   # more gpu_matrix arguments
     project: tuple[str, ...] = ()               # gpu_matrix --project specs: `bench project` key=value ...
+    timeout_s: int = 120                        # run.timeout_s of a cell that gives none
+    project_timeout_s: int = 200                # each --project run's
 
     def matrix_args(self) -> list[str]:
         parts = "cells,overhead" if self.overhead else "cells"
-        out = ["--parts", parts, "--steps", "20", "--timeout", "120", "--deadline", str(self.deadline_s), *self.args]
+        out = ["--parts", parts, "--steps", "20", "--timeout", str(self.timeout_s), "--deadline", str(self.deadline_s),
+               "--project-timeout", str(self.project_timeout_s), *self.args]
         for c in self.cells:
             out += ["--cell", c]
         for o in self.overhead:
@@ -98,25 +114,24 @@ STEPS = {
         f"deepspeed_zero2 {QMOE}",
         f"deepspeed_moe {QMOE} framework.options.ep_size=1",
         "ddp mixtral_8x7b bf16 model.n_layer=2 model.seq_len=2048 run.global_batch=2 run.micro_batch=1"),
-        deadline_s=350),
+        deadline_s=300),
     "L": Step("long context on one GPU: llama_1b at 8k, 16k and 32k tokens under activation checkpointing "
               "none, selective_op (torchtitan's per-op policy) and full; what fits and its tokens/s", (
         f"fsdp_full {LONG}=none model.seq_len=8192", f"fsdp_full {LONG}=selective_op model.seq_len=8192",
         f"fsdp_full {LONG}=full model.seq_len=8192", f"fsdp_full {LONG}=none model.seq_len=16384",
         f"fsdp_full {LONG}=selective_op model.seq_len=16384", f"fsdp_full {LONG}=full model.seq_len=16384",
         f"fsdp_full {LONG}=selective_op model.seq_len=32768", f"fsdp_full {LONG}=full model.seq_len=32768"),
-        deadline_s=350),
-    "A": Step("the harness against a reference loop; the fast path against the old one; where a step's time goes", (
-        "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach",
+        deadline_s=300),
+    "A": Step("the harness against a reference loop; where a step's time goes", (
         "ddp gpt2_small bf16 run.trace=true",
-        f"ddp {GPT2} run.step_split=true", f"fsdp_full {LLAMA} run.step_split=true"), deadline_s=80,
-        overhead=("gpt2_small bf16 32 repeats=2", "gpt2_small bf16 32 compile repeats=2", "llama_1b bf16 8 repeats=1")),
+        f"ddp {GPT2} run.step_split=true", f"fsdp_full {LLAMA} run.step_split=true"), deadline_s=60,
+        overhead=("gpt2_small bf16 32 repeats=2", "gpt2_small bf16 32 compile repeats=2")),
     "B": Step("every framework that runs on one GPU, llama_1b bf16, micro_batch=auto", (
         f"ddp {LLAMA}", f"fsdp_full {LLAMA}", f"fsdp_full {LLAMA} run.compile=true run.float8=true",
         f"deepspeed_zero3 {LLAMA}", f"fsdp_grad_op {LLAMA}",
         f"deepspeed_zero2 {LLAMA}", f"ddp {LLAMA} run.repeat=1", f"deepspeed_zero1 {LLAMA}",
         f"fsdp_hybrid {LLAMA}", f"deepspeed_zero0 {LLAMA}", f"ddp_bf16_hook {LLAMA}", f"fsdp_offload {LLAMA}",
-        f"deepspeed_zero3_offload {LLAMA}"), deadline_s=350),
+        f"deepspeed_zero3_offload {LLAMA}"), deadline_s=300),
     "C": Step("memory-bound: llama_3b in 40 GB; ResNet-50 batch 128 with each batch-norm recipe; "
               "what transformers' host sync per forward costs under gradient accumulation", (
         "fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa",
@@ -127,18 +142,50 @@ STEPS = {
         "ddp resnet50 bf16 run.global_batch=128",
         "fsdp_full resnet50 bf16 run.global_batch=128",
         "fsdp_full resnet50 bf16 run.global_batch=128 framework.options.batch_norm_units=per_layer"),
-        deadline_s=350),
+        deadline_s=300),
     "G": Step("the collector frozen (run.gc=freeze) against Python's thresholds in the FSDP2 windows that held a "
-              "full collection; llama_3b's offload variants in 40 GB, 1 + 4 steps; A's fast-path cell", (
+              "full collection, each window 10 s or more", (
         f"fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa {GC_WINDOW}",
         f"fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa {GC_WINDOW} run.gc=python",
         f"fsdp_full resnet50 bf16 run.global_batch=128 {GC_WINDOW}",
-        f"fsdp_full resnet50 bf16 run.global_batch=128 {GC_WINDOW} run.gc=python",
-        f"fsdp_offload {OFFLOAD}",
-        f"deepspeed_zero3_offload {OFFLOAD}",
-        "ddp gpt2_small bf16 model.activation=gelu_new model.pad_vocab_to=1 optim.impl=foreach"),
-        deadline_s=240, project=(LLAMA8B_PIECES,)),
+        f"fsdp_full resnet50 bf16 run.global_batch=128 {GC_WINDOW} run.gc=python"), deadline_s=190),
+    "P": Step("llama_8b's pieces timed on the GPU for bench project calibrate=pieces; GPT-2's fast path",
+              (FAST_PATH,), deadline_s=10, project=(LLAMA8B_PIECES,), project_timeout_s=200),
+    "O": Step("llama_3b's offload variants in 40 GB, 1 + 4 steps", (
+        f"fsdp_offload {OFFLOAD}", f"deepspeed_zero3_offload {OFFLOAD}"), deadline_s=100),
 }
+
+
+ORDER = ("G", "P", "O", "A", "B", "C", "M", "L")
+
+
+def worst_case_s(step: Step) -> float:
+    """The longest a step's call can take: the install and probes, cells started until the deadline,
+    the last one running to its kill (its run.timeout_s + gpu_matrix.RECORD_GRACE_S), the
+    reference-loop runs (two per repeat) at their measured length, each projection to its timeout."""
+    from gpu_matrix import cell_kill_s
+    kill = max(cell_kill_s([f"run.timeout_s={step.timeout_s}", *cell_overrides(c)]) for c in step.cells)
+    overhead = sum(2 * _repeats(o) * RUN_S[o.split()[0]] for o in step.overhead)
+    return INSTALL_S + PROBE_S + step.deadline_s + kill + overhead + step.project_timeout_s * len(step.project)
+
+
+def _repeats(spec: str) -> int:
+    return int(next((f.split("=")[1] for f in spec.split() if f.startswith("repeats=")), 3))
+
+
+def leases(order=ORDER, steps=None) -> list[list[str]]:
+    """The steps packed, in order, into leases of LEASE_S: a lease takes the next step while its
+    machine start and the worst cases of its steps fit."""
+    steps = steps or STEPS
+    out, used = [], LEASE_S
+    for name in order:
+        need = worst_case_s(steps[name])
+        if used + need > LEASE_S:
+            out.append([])
+            used = START_S
+        out[-1].append(name)
+        used += need
+    return out
 
 
 def cell_overrides(spec: str) -> list[str]:
@@ -157,7 +204,8 @@ def dry(steps: list[str]) -> int:
     for name in steps:
         step = STEPS[name]
         print(f"step {name}: {step.what}")
-        print(f"  device call: bash scripts/device_gpu_matrix.sh {name} --plan {name}")
+        print(f"  device call (worst case {worst_case_s(step):.0f} s): run(carry=['.whl'], "
+              f"timeout_s={worst_case_s(step):.0f}, command='bash scripts/device_gpu_matrix.sh {name} --plan {name}')")
         print(f"  runs: python benchmarks/gpu_matrix.py --out OUT {shlex.join(step.matrix_args())}")
         for spec in step.cells:
             overrides = cell_overrides(spec)
@@ -177,7 +225,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--step", choices=sorted(STEPS), help="only this step")
     a = ap.parse_args()
-    return int(bool(dry([a.step] if a.step else sorted(STEPS))))
+    bad = dry([a.step] if a.step else list(ORDER))
+    for n, lease in enumerate(leases(), 1):
+        total = START_S + sum(worst_case_s(STEPS[s]) for s in lease)
+        print(f"lease {n}: steps {', '.join(lease)} (worst case {total:.0f} s of {LEASE_S}, start included)")
+    return int(bool(bad))
 
 
 if __name__ == "__main__":

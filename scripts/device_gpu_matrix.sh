@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine (no network; torch 2.11, Python 3.12): install what
 # scripts/device_wheels.sh put in .whl/, print the software seen, run benchmarks/gpu_matrix.py
-# with the arguments given, and pack its output into $OUT (the tool brings back at most 8
-# files, 2 folders down).
+# with the arguments given; as each cell ends its record is appended to $OUT/NAME.records.jsonl
+# and the rows to $OUT/NAME.checks.json (--keep), so a call stopped at its limit returns what it
+# finished; at the end the whole output (traces, reports) is packed into $OUT/NAME.tar.gz (the
+# tool brings back at most 8 files, 2 folders down).
 #   run(carry=[".whl"], command="bash scripts/device_gpu_matrix.sh NAME --models gpt2_small ...")
 set -uo pipefail
 name=$1; shift
@@ -22,9 +24,8 @@ python3 -c "import sys, torch, torchvision, transformers, deepspeed, fairscale, 
 print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), \
 'tv', torchvision.__version__, 'tf', transformers.__version__, 'ds', deepspeed.__version__, 'fs', fairscale.__version__)"
 mkdir -p /tmp/gm
-python3 benchmarks/gpu_matrix.py --out "/tmp/gm/$name" "$@" 2>&1 | tee "$OUT/$name.log"
+python3 benchmarks/gpu_matrix.py --out "/tmp/gm/$name" --keep "$OUT/$name" "$@" 2>&1 | tee "$OUT/$name.log"
 rc=${PIPESTATUS[0]}
-cp "/tmp/gm/$name/checks.json" "$OUT/$name.checks.json" 2>/dev/null
 tar -C /tmp/gm -czf "$OUT/$name.tar.gz" --exclude='*.pt' --exclude='*.ckpt' "$name"
 ls -la "$OUT"
 echo "gpu_matrix rc=$rc, call $(( $(date +%s) - t0 )) s"

@@ -102,7 +102,7 @@ def test_gpu_matrix_cells_share_one_memory_profile(tmp_path):
     cell = "ddp gpt2_tiny fp32 run.micro_batch=auto run.global_batch=4 run.warmup_steps=1"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_matrix.py"), "--out", str(tmp_path),
                            "--device", "cpu", "--parts", "cells", "--steps", "1", "--timeout", "120",
-                           "--cell", cell, "--cell", cell + " run.seed=1"],
+                           "--keep", str(tmp_path / "kept" / "S"), "--cell", cell, "--cell", cell + " run.seed=1"],
                           cwd=REPO, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = sorted((json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")),
@@ -110,6 +110,10 @@ def test_gpu_matrix_cells_share_one_memory_profile(tmp_path):
     sources = [r["parallel"]["micro_batch_auto"]["profile_source"] for r in records]
     assert sources[0].startswith("measured, cached in") and sources[1].startswith("cached "), sources
     assert list((tmp_path / "profile-cache").glob("profile-*.json"))
+    # --keep: the two records as they ended, and the rows (what a device call returns if killed)
+    kept = [json.loads(line) for line in (tmp_path / "kept" / "S.records.jsonl").read_text().splitlines()]
+    assert sorted((k["record"]["run_id"] for k in kept)) == sorted(r["run_id"] for r in records)
+    assert json.loads((tmp_path / "kept" / "S.checks.json").read_text())["failed_checks"] == []
 
 
 def _script(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -1,25 +1,21 @@
 """The GPU plan (benchmarks/gpu_plan.py): every cell of every step is a valid configuration, each
-step fits one device call, and gpu_matrix's --plan stands for the step's arguments."""
+step's worst case fits one device call with margin, the first lease holds what never ran on a GPU,
+a cell's kill leaves its record time to be written, records are kept as each cell ends, and
+gpu_matrix's --plan stands for the step's arguments."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_matrix  # noqa: E402
 import gpu_plan  # noqa: E402
-
-CALL_LIMIT_S = 600      # the device tool's limit on one command
-INSTALL_S = 60          # the carried wheels and DeepSpeed's build there: 18 s on the H200
-# one reference-loop or runner run there, start-up included: gpt2_small ~22 s at batch 32 (step A,
-# reports/gpu-h200/2026-11-26); llama_1b as long as one of its cells (34-42 s in step B)
-RUN_S = {"gpt2_small": 25, "llama_1b": 40}
-# a bench project with calibrate=pieces: the meta profile, llama_8b at 1 and 5 blocks timed with its optimizer, and
-# FSDP2's own step at 8 ranks over a fake group (a spawned process) (not yet run)
-PROJECT_S = 120
 
 
 def test_the_plan_dry_run_validates_every_cell_here():
@@ -28,28 +24,79 @@ def test_the_plan_dry_run_validates_every_cell_here():
     assert out.returncode == 0, out.stdout + out.stderr
     cells = sum(len(s.cells) for s in gpu_plan.STEPS.values())
     assert out.stdout.count("\n  ok ") == cells and "INVALID" not in out.stdout
-    for name in gpu_plan.STEPS:
-        assert f"bash scripts/device_gpu_matrix.sh {name} --plan {name}" in out.stdout
-
-
-def test_each_step_fits_one_device_call():
-    """Cells start until the deadline and the last may run its timeout (+60 s grace); the
-    reference-loop runs are not cut by the deadline: each costs what one took on the H200."""
     for name, step in gpu_plan.STEPS.items():
-        args = step.matrix_args()
-        timeout = float(args[args.index("--timeout") + 1])
+        assert (f"timeout_s={gpu_plan.worst_case_s(step):.0f}, command='bash scripts/device_gpu_matrix.sh {name} "
+                f"--plan {name}'") in out.stdout
+    assert "lease 1: steps G, P (worst case 880 s of 900, start included)" in out.stdout
+
+
+def test_each_steps_worst_case_fits_one_call_with_margin():
+    assert sorted(gpu_plan.ORDER) == sorted(gpu_plan.STEPS)
+    for name, step in gpu_plan.STEPS.items():
         assert step.cells, name
-        overhead_s = sum(2 * _repeats(o) * RUN_S[o.split()[0]] for o in step.overhead)
-        project_s = PROJECT_S * len(step.project)
-        assert step.deadline_s + timeout + 60 + INSTALL_S + overhead_s + project_s <= CALL_LIMIT_S, name
+        assert gpu_plan.worst_case_s(step) <= gpu_plan.CALL_LIMIT_S - gpu_plan.CALL_MARGIN_S, name
 
 
-def _repeats(spec: str) -> int:
-    return int(next((f.split("=")[1] for f in spec.split() if f.startswith("repeats=")), 3))
+def test_worst_case_by_hand():
+    # step P: install 60 + probes 30 + deadline 10 + the fast-path cell's kill (its run.timeout_s 60 + 30)
+    # + the projection's 200 s = 390
+    assert gpu_plan.worst_case_s(gpu_plan.STEPS["P"]) == 60 + 30 + 10 + (60 + 30) + 200
+    # step A: deadline 60, cells at the step's 120 s (+30), two gpt2_small reference comparisons of 2 repeats,
+    # each repeat a reference and a runner run of 25 s
+    assert gpu_plan.worst_case_s(gpu_plan.STEPS["A"]) == 60 + 30 + 60 + 150 + 2 * (2 * 2 * 25)
+
+
+def test_the_leases_hold_first_what_never_ran_on_a_gpu():
+    """The garbage-collector comparison and the pieces calibration in the next lease, the machine's
+    start included; every lease within the device time a session has."""
+    plan = gpu_plan.leases()
+    assert plan[0] == ["G", "P"] and [s for lease in plan for s in lease] == list(gpu_plan.ORDER)
+    for lease in plan:
+        assert gpu_plan.START_S + sum(gpu_plan.worst_case_s(gpu_plan.STEPS[s]) for s in lease) <= gpu_plan.LEASE_S
+    # packing by hand: steps of 500 and 300 s share a lease of 900 (100 s to start); a third of 300 s does not
+    steps = {"x": gpu_plan.Step("x", ("ddp gpt2_tiny fp32",), deadline_s=500 - 60 - 30 - 150),
+             "y": gpu_plan.Step("y", ("ddp gpt2_tiny fp32",), deadline_s=300 - 60 - 30 - 150),
+             "z": gpu_plan.Step("z", ("ddp gpt2_tiny fp32",), deadline_s=300 - 60 - 30 - 150)}
+    assert [gpu_plan.worst_case_s(s) for s in steps.values()] == [500, 300, 300]
+    assert gpu_plan.leases(("x", "y", "z"), steps) == [["x", "y"], ["z"]]
+
+
+def test_a_cells_kill_leaves_time_for_its_record():
+    """The harness kills a cell RECORD_GRACE_S after the cell's own run.timeout_s (the last given
+    wins, as in Hydra), never before: a timed-out offload run wrote its record 12.6-13.6 s after it."""
+    assert gpu_matrix.RECORD_GRACE_S >= 2 * 13.6
+    assert gpu_matrix.cell_kill_s(["run.timeout_s=120", "x=1", "run.timeout_s=170"]) == 170 + gpu_matrix.RECORD_GRACE_S
+    with pytest.raises(ValueError, match="run.timeout_s"):
+        gpu_matrix.cell_kill_s(["x=1"])
+    for step in gpu_plan.STEPS.values():
+        common = [f"run.timeout_s={step.timeout_s}"]
+        for c in step.cells:
+            over = gpu_matrix.merged(common, tuple(gpu_plan.cell_overrides(c)))
+            own = float([o for o in over if o.startswith("run.timeout_s=")][-1].split("=")[1])
+            assert gpu_matrix.cell_kill_s(over) - own == gpu_matrix.RECORD_GRACE_S
+
+
+def test_records_are_kept_as_each_cell_ends(tmp_path):
+    """--keep: each record appended (whole lines, in the order the cells ended) and the rows so far
+    replaced, so what a killed call leaves under $OUT is every record it finished."""
+    prefix = tmp_path / "out" / "G"
+    checks = {"cells": [{"status": "ok"}]}
+    gpu_matrix.keep(prefix, checks, {"status": "ok", "run_id": "a"}, "cell-a")
+    assert json.loads(Path(f"{prefix}.checks.json").read_text()) == checks
+    checks["cells"].append({"status": "timeout"})
+    gpu_matrix.keep(prefix, checks, {"status": "timeout", "run_id": "b"}, "cell-b")
+    gpu_matrix.keep(prefix, checks)                      # rows only (a projection, the end)
+    gpu_matrix.keep(None, checks, {"status": "ok"}, "nowhere")     # without --keep: nothing
+    lines = [json.loads(line) for line in Path(f"{prefix}.records.jsonl").read_text().splitlines()]
+    assert [(x["cell"], x["record"]["run_id"]) for x in lines] == [("cell-a", "a"), ("cell-b", "b")]
+    assert len(json.loads(Path(f"{prefix}.checks.json").read_text())["cells"]) == 2
+    assert sorted(p.name for p in prefix.parent.iterdir()) == ["G.checks.json", "G.records.jsonl"]
 
 
 def test_plan_expands_to_the_steps_arguments():
     assert gpu_matrix.expand_plan(["--out", "X", "--plan", "A"]) == ["--out", "X", *gpu_plan.STEPS["A"].matrix_args()]
     assert gpu_matrix.expand_plan(["--out", "X"]) == ["--out", "X"]
     a = gpu_plan.STEPS["A"].matrix_args()
-    assert a.count("--overhead") == 3 and "cells,overhead" in a
+    assert a.count("--overhead") == 2 and "cells,overhead" in a
+    p = gpu_plan.STEPS["P"].matrix_args()
+    assert p[p.index("--project-timeout") + 1] == "200" and p.count("--project") == 1

@@ -48,16 +48,26 @@ def _key(state: Advice) -> str:
 
 def next_round(state: Advice) -> tuple[list[list], str]:
     """([candidate id, repeat index] to measure next, why): failed candidates of the budget
-    replaced, the two best repeated until their order is clear (ddlbench.advise.rounds)."""
-    from ddlbench.advise.rounds import decide
+    replaced, the two best repeated until their order is clear, then (evaluate=all with
+    grid_repeats) the grid's runs interleaved (ddlbench.advise.rounds)."""
+    from ddlbench.advise.rounds import decide, grid_round
     d = decide(_ranked(state), _budget(state), _key(state), state.options.get("repeats", 1))
     state.decision = d
     by_id = {c["id"]: c for c in state.candidates}
     if d["measure"]:
         return [[i, 0] for i in d["measure"]], "in place of failed candidates"
     if d["repeat"]:
-        return [[i, len(by_id[i]["runs"])] for i in d["repeat"]], "again: the margin between the two best is within their noise"
+        return [[i, len(by_id[i]["runs"])] for i in d["repeat"]], "again: the two best are not yet told apart"
+    if state.options.get("evaluate") == "all":
+        cells = grid_round(_grid(state), state.options.get("grid_repeats", 1))
+        if cells:
+            return cells, f"the grid, run {cells[0][1] + 1} of each"
     return [], ""
+
+
+def _grid(state: Advice) -> list[dict]:
+    """evaluate=all's grid: every ranked candidate that was measured, in predicted order."""
+    return sorted((c for c in state.candidates if c.get("rank") and c.get("runs")), key=lambda c: c["rank"])
 
 
 def _measured(c: dict) -> dict:
@@ -106,7 +116,8 @@ def collect(state: Advice) -> None:
 
 def recommendation(state: Advice, key: str) -> dict | None:
     """The best the advice measured (its budget, failed candidates replaced), with its margin over
-    the runner-up and their run-to-run spread; a tie lists every candidate within that spread."""
+    the runner-up and the verdict rule's comparison of the two; a tie lists every candidate the
+    runs cannot tell from the best (ddlbench.advise.rounds)."""
     from ddlbench.advise.rounds import decide
     d = decide(_ranked(state), _budget(state), key, state.options.get("repeats", 1))
     by_id = {c["id"]: c for c in state.candidates}
@@ -117,7 +128,7 @@ def recommendation(state: Advice, key: str) -> dict | None:
     return {"id": best["id"], "label": best["label"], "overrides": best["overrides"], "by": key,
             "measured_step_s": m["step_s"], "time_to_target_s": m["time_to_target_s"], "samples_per_s": m["samples_per_s"],
             "runs": m["runs"], "runner_up": by_id[d["runner_up"]]["label"] if d["runner_up"] else None,
-            "margin": d["margin"], "spread": d["spread"], "settled": d["settled"],
+            "margin": d["margin"], "spread": d["spread"], "settled": d["settled"], "comparison": d["comparison"],
             "tie": [by_id[i]["label"] for i in d["tie"]] if d["tie"] else None,
             "advice": [c["label"] for c in _advice(state)]}
 
@@ -135,7 +146,8 @@ def _budget(state: Advice) -> int:
 def evaluation(state: Advice, key: str) -> dict:
     """evaluate=all: the advice (its top budget_runs by prediction) against every candidate
     measured (ddlbench.advise.regret), and what finding it cost against measuring the grid."""
-    from ddlbench.advise.regret import evaluate
+    from ddlbench.advise.regret import evaluate, regret_interval
+    from ddlbench.advise.rounds import values
     ranked = sorted((c for c in state.candidates if c.get("rank") and c.get("measured")), key=lambda c: c["rank"])
     if not any(c["measured"]["status"] == "ok" for c in ranked):
         return {"error": "no candidate ran"}
@@ -144,9 +156,11 @@ def evaluation(state: Advice, key: str) -> dict:
     out = evaluate([c["predicted"]["step_s"] for c in ranked], measured, budget=budget or None)
     out["regret"] = {k: (v if math.isfinite(v) else None) for k, v in out["regret"].items()}   # None: all of the top k failed
     advice = _advice(state)
-    # the advice: calibration, its budget (failed ones replaced) with their repeats; the grid: one run each
+    # the advice: calibration, its budget (failed ones replaced) with their repeats; the grid: grid_repeats
+    # runs each (the advice's extra repeats of its two best are not the grid's)
+    repeats = state.options.get("grid_repeats", 1)
     advice_s = state.calibration.device_s + sum(c["measured"]["device_s"] for c in advice)
-    grid_s = sum(c["runs"][0]["device_s"] for c in ranked)
+    grid_s = sum(r["device_s"] for c in ranked for r in c["runs"][:repeats])
     out.update({"by": key, "best": next(c["label"] for c, m in zip(ranked, measured) if m == out["best_measured"]),
                 "advice": [c["label"] for c in advice],
                 "cost": {"advice_device_s": advice_s, "grid_device_s": grid_s,
@@ -155,4 +169,10 @@ def evaluation(state: Advice, key: str) -> dict:
     rec = state.recommendation
     chosen = (rec["measured_step_s"] if key == "step_s" else rec["time_to_target_s"]) if rec else None
     out["regret_of_recommendation"] = chosen / out["best_measured"] if chosen else None
+    # its interval: each candidate's runs resampled (None while any candidate that ran has one run)
+    ran = [c for c in ranked if c["measured"]["status"] == "ok"]
+    out["grid_runs"] = min(len(values(c, key)) for c in ran)
+    mine = [i for i, c in enumerate(ran) if rec and c["id"] == rec["id"]]
+    out["regret_of_recommendation_interval"] = (regret_interval([values(c, key) for c in ran], mine[0])
+                                                if mine else None)
     return out

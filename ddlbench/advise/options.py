@@ -18,12 +18,12 @@ PASS_THROUGH = ("run.", "optim.", "data.", "model.")    # config overrides given
 
 KEYS = {"model", "devices", "global_batch", "micro_batches", "device_memory_gib", "network", "frameworks",
         "budget_runs", "backend", "dir", "verify_pruned", "devices_per_node", "algorithm", "calibrate", "evaluate",
-        "repeats"}
+        "repeats", "grid_repeats"}
 
 
 USAGE = ("usage: bench advise model=PRESET devices=N [global_batch=G] [micro_batches=[1,2,...]] "
          "[device_memory_gib=X] [network=NAME] [frameworks=a,b,...] [budget_runs=K] [backend=local|slurm] "
-         "[verify_pruned=K] [devices_per_node=N] [calibrate=frameworks|ddp] [evaluate=none|all] [repeats=R] [dir=DIR] [run.KEY=VALUE logger=... ...]   |   bench advise resume DIR")
+         "[verify_pruned=K] [devices_per_node=N] [calibrate=frameworks|ddp] [evaluate=none|all [grid_repeats=R]] [repeats=R] [dir=DIR] [run.KEY=VALUE logger=... ...]   |   bench advise resume DIR")
 
 
 def parse(args: list[str]) -> tuple[dict, list[str]]:
@@ -36,7 +36,7 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
                           passes_hint="overrides for every run: run.*, optim.*, data.*, model.*, logger, optim, data, experiment")
     out = {"model": kv.text("model"), "devices": kv.integer("devices"),
            "global_batch": kv.integer("global_batch"), "budget_runs": kv.integer("budget_runs", 3, low=0),
-           "verify_pruned": kv.integer("verify_pruned", 0, low=0), "repeats": kv.integer("repeats", 3),
+           "verify_pruned": kv.integer("verify_pruned", 0, low=0), "repeats": kv.integer("repeats", 3, low=1),
            "devices_per_node": kv.integer("devices_per_node"),
            "micro_batches": kv.integers("micro_batches"),
            "device_memory_gib": kv.number("device_memory_gib", positive=True),
@@ -45,7 +45,11 @@ def parse(args: list[str]) -> tuple[dict, list[str]]:
            "dir": kv.text("dir"), "algorithm": kv.text("algorithm", "auto"),
            "calibrate": kv.choice("calibrate", ("ddp", "frameworks"), "frameworks"),
            # evaluate=all: measure every candidate and judge the advice by its regret
-           "evaluate": kv.choice("evaluate", ("none", "all"), "none")}
+           "evaluate": kv.choice("evaluate", ("none", "all"), "none"),
+           # evaluate=all: runs of every grid candidate, interleaved (A B C A B C): the regret's interval
+           "grid_repeats": kv.integer("grid_repeats", 1, low=1)}
+    if out["grid_repeats"] > 1 and out["evaluate"] != "all":
+        raise ConfigError("bench advise: grid_repeats measures the grid of evaluate=all again; give evaluate=all too")
     unknown = [f for f in out["frameworks"] if f not in group_options("framework")]
     if unknown:       # any conf/framework variant is priced by its adapter's cost model
         raise ConfigError(f"bench advise: no framework config {', '.join(unknown)} "

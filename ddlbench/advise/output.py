@@ -68,16 +68,18 @@ def print_result(state: Advice, out: Path) -> None:
 
 
 def margin_text(rec: dict) -> str:
-    """How sure the recommendation is: its margin over the runner-up against their noise."""
+    """How sure the recommendation is: the verdict rule's comparison with the runner-up
+    (ddlbench.metrics.compare), or the tie it leaves."""
     if rec.get("runner_up") is None:
         return "the only candidate of the advice that ran"
-    margin = f"{rec['margin']:.1%} ahead of {rec['runner_up']}"
+    cmp = rec.get("comparison") or {}
+    why = cmp.get("why") or "an advice from before the rank-sum rule: run it again"
     if rec.get("tie"):
-        return (f"tie: {', '.join(rec['tie'])} are within the run-to-run spread ({rec['spread']:.1%}) of the "
-                f"fastest after {rec['runs']} runs of the two best; any of them")
-    if rec.get("spread") is None:
-        return f"{margin}; run-to-run noise not measured (repeats=1)"
-    return f"{margin}, beyond the run-to-run spread of both ({rec['spread']:.1%})"
+        return (f"no clear winner: {', '.join(rec['tie'])} cannot be told apart by their runs (the best against "
+                f"{rec['runner_up']}: {why}); any of them")
+    if rec.get("settled"):
+        return f"{rec['margin']:.1%} ahead of {rec['runner_up']}: {why}"
+    return f"{rec['margin']:.1%} ahead of {rec['runner_up']}, not yet told apart: {why}"
 
 
 def _evaluation_text(ev: dict) -> str:
@@ -88,7 +90,7 @@ def _evaluation_text(ev: dict) -> str:
              f"  regret {regrets}; true best in the top: " + ", ".join(f"@{k} {'yes' if v else 'no'}"
                                                                        for k, v in ev["best_in_top"].items()),
              f"  the recommendation (failed candidates replaced, the two best repeated): regret "
-             f"{_fmt(ev.get('regret_of_recommendation'), 1, '.3f')}",
+             f"{_fmt(ev.get('regret_of_recommendation'), 1, '.3f')}" + _regret_interval_text(ev),
              "  infeasible in the top: " + ", ".join(f"@{k} {v}" for k, v in ev["infeasible_in_top"].items()),
              f"  Kendall tau-b {_fmt(tau, 1, '.2f')}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
              f"  spread (slowest / fastest) {ev['spread']:.2f}" + (" - every candidate within 5%: low regret is trivial here"
@@ -96,3 +98,10 @@ def _evaluation_text(ev: dict) -> str:
              f"  cost to find: {cost['advice_device_s']:.0f} device-s (calibration + budget) vs {cost['grid_device_s']:.0f} "
              f"for the grid ({_fmt(cost['advice_over_grid'], 100, '.0f')}%; budget {cost['budget_fraction']:.0%} of the grid)"]
     return "\n".join(lines)
+
+
+def _regret_interval_text(ev: dict) -> str:
+    ci = ev.get("regret_of_recommendation_interval")
+    if ci:
+        return f" [{ci[0]:.3f}, {ci[1]:.3f}] over {ev['grid_runs']}+ interleaved runs of every candidate"
+    return " (one run of some candidate: the true best is itself a draw of the noise; grid_repeats=3 gives an interval)"

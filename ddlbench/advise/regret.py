@@ -101,3 +101,19 @@ def evaluate(predicted: Sequence[float], measured: Sequence[Optional[float]], ks
         "kendall_tau_b": kendall_tau_b(px, my), "kendall_tau_b_interval": bootstrap_interval(px, my),
         "spread": spread, "trivial": spread <= TRIVIAL_SPREAD, "budget": budget,
     }
+
+
+def regret_interval(grid: Sequence[Sequence[float]], chosen: int, level: float = 0.95, resamples: int = 2000,
+                    seed: int = 0) -> Optional[tuple[float, float]]:
+    """The percentile-bootstrap interval of a recommendation's regret, median(grid[chosen]) / the
+    best median of the grid (each row a candidate's runs; lower is better): every row resampled
+    within itself. None while a candidate has fewer than two runs (its noise unknown)."""
+    import numpy as np
+    rows = [np.asarray(r, dtype=float) for r in grid]
+    if not rows or any(len(r) < 2 for r in rows):
+        return None
+    rng = np.random.default_rng(seed)
+    medians = np.stack([np.median(r[rng.integers(0, len(r), size=(resamples, len(r)))], axis=1) for r in rows])
+    boot = medians[chosen] / medians.min(axis=0)
+    alpha = (1 - level) / 2
+    return float(np.quantile(boot, alpha)), float(np.quantile(boot, 1 - alpha))
