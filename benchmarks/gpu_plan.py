@@ -188,6 +188,22 @@ def leases(order=ORDER, steps=None) -> list[list[str]]:
     return out
 
 
+def settings_added_since(recorded_run: dict) -> dict:
+    """The run settings a committed GPU record's config.run lacks (added since it ran), with their
+    defaults now: what a new figure compared with that record ran under and it did not. Settings
+    whose default is off (None, False) change nothing and are left out."""
+    from ddlbench.settings.schema import RunCfg
+    return {k: v for k, v in RunCfg().model_dump().items() if k not in recorded_run and v not in (None, False)}
+
+
+def _latest_record() -> tuple[Path, dict] | None:
+    found = sorted(REPO.glob("reports/gpu-*/*/*/runs/*/result.json"), key=lambda p: p.parts[-5])
+    if not found:
+        return None
+    import json
+    return found[-1], json.loads(found[-1].read_text())["config"]["run"]
+
+
 def cell_overrides(spec: str) -> list[str]:
     """A --cell spec as `bench run` overrides."""
     fw, model, prec, *rest = spec.split()
@@ -226,6 +242,11 @@ def main() -> int:
     ap.add_argument("--step", choices=sorted(STEPS), help="only this step")
     a = ap.parse_args()
     bad = dry([a.step] if a.step else list(ORDER))
+    latest = _latest_record()
+    if latest:
+        added = settings_added_since(latest[1])
+        print(f"run settings the committed GPU records lack ({'/'.join(latest[0].relative_to(REPO).parts[:3])}), now: "
+              + (", ".join(f"run.{k}={v}" for k, v in added.items()) or "none"))
     for n, lease in enumerate(leases(), 1):
         total = START_S + sum(worst_case_s(STEPS[s]) for s in lease)
         print(f"lease {n}: steps {', '.join(lease)} (worst case {total:.0f} s of {LEASE_S}, start included)")

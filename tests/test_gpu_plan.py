@@ -100,3 +100,29 @@ def test_plan_expands_to_the_steps_arguments():
     assert a.count("--overhead") == 2 and "cells,overhead" in a
     p = gpu_plan.STEPS["P"].matrix_args()
     assert p[p.index("--project-timeout") + 1] == "200" and p.count("--project") == 1
+
+
+def test_settings_a_committed_record_lacks_are_listed():
+    """A record from before run.gc existed ran under Python's collector: the plan says what a new
+    figure runs under that the committed one did not; settings that are off by default change nothing."""
+    recorded = {"warmup_steps": 3, "measure_steps": 20, "comm_profile": True}
+    added = gpu_plan.settings_added_since(recorded)
+    assert added["gc"] == "freeze" and added["comm_profile_repeats"] == 3
+    assert "warmup_steps" not in added and "warmup_max_steps" not in added and "min_window_s" not in added
+    # the newest committed GPU record is such a one
+    path, run = gpu_plan._latest_record()
+    assert "gc" not in run and "gc" in gpu_plan.settings_added_since(run)
+
+
+def test_docs_state_the_plan_as_the_code_holds_it():
+    doc = (REPO / "docs" / "gpu.md").read_text()
+    order = gpu_plan.ORDER
+    assert f"holds it as {len(order)} steps ({', '.join(order)})" in doc
+    first = gpu_plan.leases()[0]
+    worst = gpu_plan.START_S + sum(gpu_plan.worst_case_s(gpu_plan.STEPS[s]) for s in first)
+    assert f"the next lease holds {' then '.join(first)} (worst\ncase {worst:.0f} of {gpu_plan.LEASE_S} s)" in doc
+    for name, step in gpu_plan.STEPS.items():
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {name} |"))
+        assert f"--plan {name}`" in row
+        if "Worst case" in row:
+            assert f"Worst case {gpu_plan.worst_case_s(step):.0f} s" in row, name

@@ -81,6 +81,9 @@ def run(args: list[str]) -> int:
     from ddlbench.network import model
     from ddlbench.project import projection as proj
     from ddlbench.project import spec_command, workload
+    if any(a.startswith("published=") for a in args):     # a published table, every row predicted
+        from ddlbench.project.published import run as published
+        return published(args)
     if spec_command.is_spec(args):          # no RESULT: a layout from its specification
         return spec_command.run(args)
     path, o, sizes = parse(args)

@@ -1,0 +1,193 @@
+"""`bench project published=FILE`: a published table, committed as data (benchmarks/published/),
+predicted row by row and printed against what was published.
+
+A file holds one source (its url, date, hardware, software, what its figures measure), `common`
+specification arguments, `stacks` (the software recipes its rows ran under, each with the one row
+it is calibrated on) and `rows`: each a `bench project` specification at one world size with the
+published tokens/s per GPU and memory (GiB) where given; `not_modelled` names what the row used that
+the predictor does not price; `unpriced` a row no specification can express yet (with why).
+For each stack the calibration row solves the roofline's efficiency (`calibrate=RATE@WORLD`), every
+other row of the stack is predicted with it (`mfu=`); `pairs` are rows that change one knob within
+the source, their throughput ratios compared. The arithmetic (`errors`, `pair_ratios`, `summary`)
+is pure, hand-checked in tests/test_published.py.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from ddlbench.errors import ConfigError
+
+ROW_KEYS = {"id", "table", "stack", "world", "tokens_per_s", "memory_gib", "spec", "not_modelled", "unpriced"}
+FILE_KEYS = {"source", "url", "date", "hardware", "software", "measured", "common", "stacks", "rows", "pairs"}
+
+
+def load(path: Path) -> dict:
+    """The suite, checked: every row has an id, a stack that exists, a world, a published rate, and
+    a specification unless it says why it is unpriced; every pair and calibration names a row."""
+    import yaml
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"published={path}: cannot read it ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not isinstance(doc.get("stacks"), dict):
+        raise ConfigError(f"published={path}: needs `stacks` (a mapping) and `rows` (a list)")
+    unknown = set(doc) - FILE_KEYS
+    if unknown:
+        raise ConfigError(f"published={path}: unknown keys {sorted(unknown)} (known: {sorted(FILE_KEYS)})")
+    ids = set()
+    for i, row in enumerate(doc["rows"]):
+        where = f"published={path}: rows[{i}]"
+        if not isinstance(row, dict) or set(row) - ROW_KEYS:
+            raise ConfigError(f"{where}: a mapping of {sorted(ROW_KEYS)}")
+        for key in ("id", "stack", "world", "tokens_per_s"):
+            if row.get(key) in (None, ""):
+                raise ConfigError(f"{where}: needs {key}")
+        if row["id"] in ids:
+            raise ConfigError(f"{where}: id {row['id']!r} given twice")
+        ids.add(row["id"])
+        if row["stack"] not in doc["stacks"]:
+            raise ConfigError(f"{where}: stack {row['stack']!r} is not one of {sorted(doc['stacks'])}")
+        if not row.get("spec") and not row.get("unpriced"):
+            raise ConfigError(f"{where}: needs spec (bench project key=value arguments) or unpriced (why not)")
+    for name, stack in doc["stacks"].items():
+        cal = (stack or {}).get("calibrate")
+        row = next((r for r in doc["rows"] if r["id"] == cal), None)
+        if row is None or row["stack"] != name or not row.get("spec"):
+            raise ConfigError(f"published={path}: stack {name!r} calibrates on {cal!r}, which is not a priced row of it")
+    for pair in doc.get("pairs") or []:
+        if not (isinstance(pair, list) and len(pair) == 2 and set(pair) <= ids):
+            raise ConfigError(f"published={path}: pair {pair!r} must name two rows")
+    return doc
+
+
+def predict(doc: dict, project=None) -> list[dict]:
+    """Every row: its stack's calibration row first (efficiency solved), then the rest with that
+    efficiency. `project(args) -> projection.json's doc` (default: `bench project` in-process).
+    A row the predictor refuses keeps the reason."""
+    project = project or _project
+    common = list(doc.get("common") or [])
+    out, eff = [], {}
+    for name, stack in doc["stacks"].items():
+        cal = next(r for r in doc["rows"] if r["id"] == stack["calibrate"])
+        got = project([*common, *cal["spec"], f"world_sizes=[{cal['world']}]",
+                       f"calibrate={cal['tokens_per_s']}@{cal['world']}"])
+        eff[name] = got["efficiency"]
+    for row in doc["rows"]:
+        res = {k: row.get(k) for k in ("id", "table", "stack", "world", "tokens_per_s", "memory_gib", "not_modelled")}
+        res["calibration"] = row["id"] == doc["stacks"][row["stack"]]["calibrate"]
+        res["efficiency"] = eff[row["stack"]]
+        if row.get("unpriced"):
+            res["unpriced"] = row["unpriced"]
+            out.append(res)
+            continue
+        try:
+            got = project([*common, *row["spec"], f"world_sizes=[{row['world']}]", f"mfu={eff[row['stack']]!r}"])
+        except ConfigError as exc:
+            res["unpriced"] = f"refused: {exc}"
+            out.append(res)
+            continue
+        r = got["rows"][0]
+        res.update({"predicted_tokens_per_s": r["tokens_per_s_per_device"],
+                    "predicted_memory_gib": r["memory_per_rank_bytes"] / 2**30, "layout": r.get("layout")})
+        out.append(res)
+    return errors(out)
+
+
+def _project(args: list[str]) -> dict:
+    from ddlbench.project import spec_command
+    with tempfile.TemporaryDirectory(prefix="ddlbench-published-") as tmp:
+        spec_command.run([*args, f"out={tmp}"])
+        return json.loads((Path(tmp) / "projection.json").read_text())
+
+
+def errors(rows: list[dict]) -> list[dict]:
+    """Each priced row's error (predicted / published - 1) for throughput and, where published,
+    memory; rows returned with the fields added."""
+    for r in rows:
+        if r.get("predicted_tokens_per_s") is not None:
+            r["error"] = r["predicted_tokens_per_s"] / r["tokens_per_s"] - 1
+            if r.get("memory_gib"):
+                r["memory_error"] = r["predicted_memory_gib"] / r["memory_gib"] - 1
+    return rows
+
+
+def pair_ratios(rows: list[dict], pairs: list[list[str]]) -> list[dict]:
+    """For each pair [a, b]: the published a/b throughput ratio, the predicted one, and the error
+    of the predicted ratio (None where a row is unpriced)."""
+    by = {r["id"]: r for r in rows}
+    out = []
+    for a, b in pairs:
+        ra, rb = by[a], by[b]
+        pub = ra["tokens_per_s"] / rb["tokens_per_s"]
+        pred = (ra["predicted_tokens_per_s"] / rb["predicted_tokens_per_s"]
+                if ra.get("predicted_tokens_per_s") and rb.get("predicted_tokens_per_s") else None)
+        out.append({"pair": [a, b], "published": pub, "predicted": pred,
+                    "error": pred / pub - 1 if pred is not None else None})
+    return out
+
+
+def summary(rows: list[dict], ratios: list[dict]) -> dict:
+    """Median and worst |error| over the predicted rows (calibration rows left out: they are exact
+    by construction), over memory where published, and over the pairs; how many rows are unpriced."""
+    def stats(values):
+        values = [abs(v) for v in values]
+        return {"n": len(values), "median": statistics.median(values) if values else None,
+                "worst": max(values) if values else None}
+    predicted = [r for r in rows if r.get("error") is not None and not r["calibration"]]
+    return {"throughput": stats(r["error"] for r in predicted),
+            "memory": stats(r["memory_error"] for r in rows if r.get("memory_error") is not None),
+            "pairs": stats(p["error"] for p in ratios if p["error"] is not None),
+            "unpriced": sum(1 for r in rows if r.get("unpriced"))}
+
+
+def text(doc: dict, rows: list[dict], ratios: list[dict], summ: dict) -> str:
+    def pct(x):
+        return "-" if x is None else f"{x:+.1%}"
+    eff = {r["stack"]: r["efficiency"] for r in rows}
+    lines = [f"{doc.get('source')} ({doc.get('date')}); hardware: {doc.get('hardware')}",
+             "stacks: " + "; ".join(f"{n} calibrated on {s['calibrate']} (efficiency {eff[n]:.3f} of the peak)"
+                                    for n, s in doc["stacks"].items()),
+             "| row | table | world | published tok/s/GPU | predicted | error | published GiB | predicted | error | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        note = "calibration" if r["calibration"] else (r.get("unpriced") or
+                                                      (f"not modelled: {r['not_modelled']}" if r.get("not_modelled") else ""))
+        pred = r.get("predicted_tokens_per_s")
+        mem = r.get("predicted_memory_gib")
+        lines.append(f"| {r['id']} | {r['table']} | {r['world']} | {r['tokens_per_s']:,} | "
+                     f"{'-' if pred is None else f'{pred:,.0f}'} | {pct(r.get('error')) if not r['calibration'] else '-'} | "
+                     f"{'-' if not r.get('memory_gib') else r['memory_gib']} | {'-' if mem is None else f'{mem:.1f}'} | "
+                     f"{pct(r.get('memory_error'))} | {note} |")
+    lines += ["", "| pair | published ratio | predicted | error |", "|---|---|---|---|"]
+    for p in ratios:
+        pred = "-" if p["predicted"] is None else f"{p['predicted']:.3f}"
+        lines.append(f"| {p['pair'][0]} / {p['pair'][1]} | {p['published']:.3f} | {pred} | {pct(p['error'])} |")
+    t, m, q = summ["throughput"], summ["memory"], summ["pairs"]
+    lines.append(f"\nthroughput: median |error| {pct(t['median'])}, worst {pct(t['worst'])} over {t['n']} predicted rows; "
+                 f"memory: median {pct(m['median'])}, worst {pct(m['worst'])} over {m['n']}; pairs: median "
+                 f"{pct(q['median'])}, worst {pct(q['worst'])} over {q['n']}; unpriced rows: {summ['unpriced']}")
+    return "\n".join(lines)
+
+
+def run(args: list[str]) -> int:
+    """`bench project published=FILE [out=DIR]`: predicts every row, prints the tables, writes
+    DIR/published.json (default: published_<file stem>)."""
+    from ddlbench.record.results import atomic_write_json
+    from ddlbench.settings.keyvalue import parse_key_values
+    kv = parse_key_values(args, "bench project", {"published", "out"}, usage="bench project published=FILE [out=DIR]",
+                          required=("published",))
+    path = Path(kv.text("published"))
+    doc = load(path)
+    rows = predict(doc)
+    ratios = pair_ratios(rows, doc.get("pairs") or [])
+    summ = summary(rows, ratios)
+    print(text(doc, rows, ratios, summ))
+    out = Path(kv.text("out") or f"published_{path.stem}")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "published.json", {"file": str(path), "source": doc.get("source"), "url": doc.get("url"),
+                                               "rows": rows, "pairs": ratios, "summary": summ})
+    print(f"written: {out / 'published.json'}")
+    return 0
