@@ -344,6 +344,51 @@ CLAIMS += [
 ]
 
 
+def _repeated() -> dict:
+    return _advice("repeated")
+
+
+def _repeated_row(what: str) -> list[str]:
+    import statistics
+    s = _repeated()
+    ev, rec = s["evaluation"], s["recommendation"]
+    ran = [c for c in s["candidates"] if c.get("runs")]
+    if what == "runs":
+        return [str(ev["candidates"]), str(ev["grid_runs"])]
+    if what == "best":
+        return [ev["best"], f"{1e3 * ev['best_measured']:.1f}"]
+    if what == "regret":
+        return [f"{ev['regret'][k]:.3f}" for k in ("1", "3", "5")]
+    if what == "interval":
+        return [f"{ev['regret_of_recommendation']:.3f}", *(f"{x:.3f}" for x in ev["regret_of_recommendation_interval"])]
+    if what == "margin":
+        c = rec["comparison"]
+        return [f"{c['ratio']:.2f}", f"{c['low']:.2f}", f"{c['high']:.2f}", rec["runner_up"], f"{c['p']:.3f}",
+                str(c["runs"][0]), str(c["runs"][1])]
+    if what == "tau":
+        return [f"{ev['kendall_tau_b']:.2f}", *(f"{x:.2f}" for x in ev["kendall_tau_b_interval"])]
+    if what == "spread":
+        return [f"{ev['spread']:.2f}"]
+    if what == "own":
+        spreads = [max(r["step_s"] for r in c["runs"]) / min(r["step_s"] for r in c["runs"]) for c in ran]
+        return [f"{statistics.median(spreads):.2f}", f"{max(spreads):.2f}"]
+    cost = ev["cost"]
+    return [f"{cost['advice_device_s']:.0f}", f"{cost['grid_device_s']:.0f}", f"{100 * cost['advice_over_grid']:.0f}"]
+
+
+CLAIMS += [(EVAL_DOC, text, lambda w=what: _repeated_row(w)) for what, text in (
+    ("runs", "| candidates, runs each | {}, {} |"),
+    ("best", "| the grid's best (median of its runs) | {}, {} ms |"),
+    ("regret", "| regret@1 / @3 / @5 | {} / {} / {} |"),
+    ("interval", "| regret of the recommendation [95% bootstrap] | {} [{}, {}] |"),
+    ("margin", "| the recommendation's margin (the verdict rule) | {}x [{}, {}] over {}, rank-sum p={} over {}+{} "
+               "interleaved runs |"),
+    ("tau", "| Kendall τ-b [95% bootstrap] | {} [{}, {}] |"),
+    ("spread", "| grid spread (slowest / fastest) | {} |"),
+    ("own", "| a candidate's own runs, slowest / fastest: median, worst | {}, {} |"),
+    ("cost", "| cost to find (the grid: 3 runs each) | {} of {} device-s ({}%) |"))]
+
+
 LAYOUT = REPO / "reports" / "network" / "layout-check"
 
 
