@@ -144,3 +144,21 @@ def test_estimate_within_ten_percent_of_memtracker(framework, tmp_path):
     assert any("memory_tracker" in w for w in rec["warnings"])
     got = compare(rec, validate(rec["config"]))
     assert abs(got["error"]) <= 0.10, got
+
+
+def test_the_reserved_over_allocated_factor_is_the_h200_records_median():
+    """RESERVED_OVER_ALLOCATED (what a published reserved peak is compared with) is the median of
+    peak_reserved / peak_allocated over every successful committed H200 record, to two decimals."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from ddlbench.estimate.memory import RESERVED_OVER_ALLOCATED
+    ratios = []
+    for f in sorted((Path(__file__).parents[1] / "reports" / "gpu-h200").glob("*/*/runs/*/result.json")):
+        r = json.loads(f.read_text())
+        m = r["memory"]["per_rank"][0] if r["status"] == "ok" else {}
+        if m.get("peak_allocated_bytes") and m.get("peak_reserved_bytes"):
+            ratios.append(m["peak_reserved_bytes"] / m["peak_allocated_bytes"])
+    assert len(ratios) == 47 and RESERVED_OVER_ALLOCATED == round(statistics.median(ratios), 2)
+    assert 1.01 < min(ratios) and max(ratios) < 1.30

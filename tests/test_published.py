@@ -60,6 +60,7 @@ GOOD = {"source": "x", "common": ["hardware=H100"], "stacks": {"s": {"calibrate"
     (lambda d: d.update(pairs=[["r2", "r9"]]), "must name two rows"),
     (lambda d: d.update(tables=1), "unknown keys"),
     (lambda d: d["rows"][0].update(extra=1), "a mapping of"),
+    (lambda d: d.update(memory_is="peak"), "memory_is must be allocated or reserved"),
 ])
 def test_bad_suites_are_refused_with_the_reason(tmp_path, edit, message):
     doc = json.loads(json.dumps(GOOD))

@@ -619,3 +619,39 @@ def test_a_framework_that_cannot_run_over_a_fake_group_keeps_the_bare_pieces_and
     plan = plan_from_overrides(["framework=pipeline_1f1b", "model=llama_tiny", "launcher.nproc=2"])
     got = framework_factor(plan, None, {}, {}, "cpu")
     assert set(got) == {"error"} and "point to point" in got["error"]
+
+
+def test_tensor_parallel_collectives_by_hand_plain_sp_and_inside_pipeline_stages():
+    """llama_tiny (2 blocks) at bf16, tp 2, micro-batch 2, on dgx_h100 (NVLink): a block's
+    activations are seq x hidden elements a sample at 2 bytes (the profile counts 4 bytes an element).
+    Plain DTensor TP all-reduces them 2 times in forward (row-wise outputs) and 5 in backward (q, k,
+    v, gate, up); Megatron SP (`sequence_parallel`) all-gathers before attention and the MLP and
+    reduce-scatters after, each way; under a pipeline each stage's blocks pay theirs in its slot."""
+    from ddlbench.estimate.profile import cached_profile
+    from ddlbench.estimate.scale import Pricing
+    from ddlbench.network import model
+    from ddlbench.planning.config import plan_from_overrides
+    plan = plan_from_overrides(["model=llama_tiny", "framework=tensor_parallel_fsdp", "run.precision=bf16",
+                                "launcher.nproc=8", "framework.options.tp=2", "run.device=cuda"])
+    prof = cached_profile(plan.cfg.model, "bf16", "cuda")[0]
+    act = 128 * 128 * 2 * 2                      # seq 128 x hidden 128 x 2 bytes x micro-batch 2
+    assert prof.boundary_bytes_per_sample == 128 * 128 * 4 and prof.tp_all_reduces() == (2, 5)
+    p = Pricing(model.load("dgx_h100"))
+    ar, ag, rs = (p.seconds(k, act, 2, 1) for k in ("all_reduce", "all_gather", "reduce_scatter"))
+    tp = ("framework=tensor_parallel_fsdp", "framework.options.tp=2", "run.micro_batch=2")
+    plain = spec_rows(tp, sizes=(8,))[0]
+    assert plain["comm_by_kind_s"]["all_reduce@nvlink"] == pytest.approx((2 + 5) * ar * 2, rel=1e-9)
+    sp = spec_rows((*tp, "framework.options.sequence_parallel=true"), sizes=(8,))[0]
+    # (FSDP2's parameter all-gathers over the 4 shard ranks are on NVLink too: the same in both)
+    sp_tp = sp["comm_by_kind_s"]["all_gather@nvlink"] - plain["comm_by_kind_s"]["all_gather@nvlink"]
+    assert "all_reduce@nvlink" not in sp["comm_by_kind_s"] and sp_tp == pytest.approx(2 * 2 * (ag + rs) * 2, rel=1e-6)
+    assert sp["step_s"] < plain["step_s"]
+    # pp 2 x tp 2 (no data parallelism: no gradient all-reduce), 4 micro-batches: each stage holds one
+    # block; the busiest stage's slot carries its block's 7 all-reduces per micro-batch, exposed
+    pipe = ("framework=pipeline_1f1b", "framework.options.pp=2", "framework.options.tp=2", "framework.options.dp=-1",
+            "run.micro_batch=2", "model.tie_embeddings=false")     # no tied weight's all-reduce between the ends
+    with_tp = spec_rows(pipe, local_batch=8, sizes=(4,))[0]
+    assert (with_tp["layout"]["grad_accum"], with_tp["layout"]["tp"], with_tp["layout"]["dp_replicate"]) == (4, 2, 1)
+    assert with_tp["comm_by_kind_s"]["all_reduce@nvlink"] == pytest.approx(7 * ar * 4, rel=1e-6)
+    assert with_tp["exposed_by_kind_s"]["all_reduce@nvlink"] == pytest.approx(7 * ar * 4, rel=1e-6)
+    assert with_tp["step_s"] >= with_tp["compute_s"] + 7 * ar * 4

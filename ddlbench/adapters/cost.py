@@ -208,6 +208,8 @@ class StepRules:
                                            # 'all_to_all' (Ulysses: heads exchanged for sequence)
     grads_over_world: bool = False         # the gradient groups span every rank (cp folded into data parallel)
     experts: bool = False                  # MoE experts over ep ranks: each MoE block's experts a unit of their own
+    tp_sequence_parallel: bool = False     # tp > 1 with Megatron's SP: a block's activations all-gathered before
+                                           # attention and the MLP and reduce-scattered after them, each way
 
     def __post_init__(self):
         if self.gradients not in ("buckets", "units", "stages"):

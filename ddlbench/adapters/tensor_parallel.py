@@ -41,7 +41,7 @@ class TensorParallel(Variant):
     strategy = "ddlbench.adapters.tensor_parallel:TensorParallelStrategy"
 
     def abilities(self):      # FSDP2 over dp_shard around the tensor-parallel blocks
-        return Abilities(builds_on_meta=True, step=StepRules("units"))
+        return Abilities(builds_on_meta=True, step=StepRules("units", tp_sequence_parallel=self.options.sequence_parallel))
 
     def taxonomy(self) -> dict:
         sharded = self.options.dp_shard != 1

@@ -217,13 +217,24 @@ def _said(where: str, unusable: list[str]) -> str:
     return where + "".join(f"; cache {why}" for why in unusable)
 
 
+# whether a CUDA profile is measured in a spawned process (below); a command that never hands CUDA to a
+# forked child may measure it in its own (`profiles_here`): no process and no torch import per model
+SPAWN_FOR_CUDA = [True]
+
+
+def profiles_here() -> None:
+    """This process forks no child that needs CUDA (`bench project published=`): CUDA profiles are
+    measured in it, not in a spawned process each."""
+    SPAWN_FOR_CUDA[0] = False
+
+
 def profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> ModelProfile:
     """The profile (_profile) for a run on `device_type`. For CUDA it is measured in a spawned
     process of its own: building a transformers model imports torchao where it is installed, and
     torchao's import asks triton about the GPU (torch.cuda.current_device: CUDA initialised), which
     would leave this process (the sweep, advise, the launcher: they fork) unable to give CUDA to
     its children (caught by tests/test_gpu_fork.py's stand-in GPU)."""
-    if device_type != "cuda":
+    if device_type != "cuda" or not SPAWN_FOR_CUDA[0]:
         return _profile(model_cfg, precision, device_type)
     import multiprocessing
     ctx = multiprocessing.get_context("spawn")

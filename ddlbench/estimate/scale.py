@@ -146,10 +146,16 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     # Ulysses: each rank computes 1/sp of every sequence (its attention: the whole sequence, 1/sp of the heads)
     times = [(f / sp, b / sp) for f, b in piece_times(prof, tp, mb, flops_per_s, ac, measured)]
     nb = len(prof.pieces)
-    # a block's all-reduces among the tp ranks: its row-wise outputs in forward, column-wise inputs' gradients in backward
-    one_ar = pricing.seconds("all_reduce", prof.boundary_bytes_per_sample * mb, tp, 1) if tp > 1 else 0.0
+    # a block's all-reduces among the tp ranks: its row-wise outputs in forward, column-wise inputs' gradients in
+    # backward, at the activations' dtype (the profile's boundary is counted at 4 bytes an element)
+    act = prof.boundary_bytes_per_sample * mb / 4 * DTYPE_BYTES[precision]
+    one_ar = pricing.seconds("all_reduce", act, tp, 1) if tp > 1 else 0.0
     tp_f, tp_b = (n * one_ar for n in prof.tp_all_reduces())
     tp_kind = pricing.label("all_reduce", tp, 1) if tp > 1 else "tp"
+    if tp > 1 and step.tp_sequence_parallel:   # Megatron SP: an all-gather before attention and the MLP and a
+        # reduce-scatter after each, mirrored in backward (q, k, v share one gathered input: one reduce-scatter)
+        tp_f = tp_b = 2 * (pricing.seconds("all_gather", act, tp, 1) + pricing.seconds("reduce_scatter", act, tp, 1))
+        tp_kind = pricing.label("all_gather", tp, 1)
     kv = prof.kv_heads / prof.attention_heads if prof.attention_heads else 1.0
     if sp > 1 and step.sequence == "ring":   # ring attention: the cp ranks' k and v gathered in forward and
         part = prof.boundary_bytes_per_sample * mb / 4 / sp * 2 * kv    # backward, their fp32 gradients passed cp times
@@ -188,8 +194,9 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     def add(kind, s, count=1):
         comm[kind] = comm.get(kind, 0.0) + s * count
 
-    if step.gradients == "stages":
-        return _pipeline(plan, prof, pricing, times, cost, grad_b, comm, ranks_per_core)
+    if step.gradients == "stages":   # each stage's blocks run their tensor-parallel collectives, exposed
+        return _pipeline(plan, prof, pricing, times, cost, grad_b, comm, ranks_per_core,
+                         (tp_f, tp_b) if tp > 1 else (0.0, 0.0), tp_kind)
     pieces = [piece(i) for i in range(nb)]
     if tp > 1 or sp > 1:
         add(pricing.label("all_reduce", tp, 1) if ep > 1 else tp_kind, (tp_f + tp_b) * (nb - 2) * m)
@@ -293,16 +300,19 @@ def _whole_link(network: Network, name: str, ways: int) -> Network:
                                        for d in network.dims))
 
 
-def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict, ranks_per_core: int = 1) -> dict:
+def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict, ranks_per_core: int = 1,
+              tp_s: tuple[float, float] = (0.0, 0.0), tp_kind: str = "tp") -> dict:
     """A pipeline (GPipe, 1F1B; interleaved 1F1B with its stages_per_rank): each stage's forward and
     backward per micro-batch and the boundary's sends simulated in the schedule's order
     (rules.pipeline; the bubble stated as the ideal (pp - 1) / v slots, at most what the schedule
     idled; the zero-bubble schedules: the busiest stage's slot through
     ddlbench.estimate.step.pipeline_step's flow shop), then a tied
     weight's gradient summed between the first and the last stage, then each stage's data-parallel
-    all-reduce (both exposed)."""
+    all-reduce (both exposed). `tp_s`: a block's tensor-parallel collectives per micro-batch (forward,
+    backward), in its stage's slot and exposed (no async TP)."""
     d, o = plan.dims, plan.options
     nb, pp = len(prof.pieces), d.pp
+    times = [(f + tp_s[0], b + tp_s[1]) if 0 < i < nb - 1 else (f, b) for i, (f, b) in enumerate(times)]
     schedule = getattr(o, "schedule", "1f1b")
     v = getattr(o, "stages_per_rank", 1) if schedule == "interleaved_1f1b" else 1
     if v > 1:       # pp x v stages cut as the adapter cuts them, stage k on rank k mod pp
@@ -318,6 +328,10 @@ def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict
         virtual = stages
     stage_s = [(sum(times[i][0] for i in st), sum(times[i][1] for i in st)) for st in stages]
     slot = max(f + b for f, b in stage_s)
+    busiest = max(range(pp), key=lambda r: sum(stage_s[r]))
+    tp_slot = sum(tp_s) * sum(1 for i in stages[busiest] if 0 < i < nb - 1)     # of the slot: TP's collectives
+    if tp_slot:
+        comm[tp_kind] = comm.get(tp_kind, 0.0) + tp_slot * d.grad_accum
     send = 0.0
     if pp > 1:      # to the next stage: dp x tp ranks further on (pp outermost)
         send = collective_time("send", prof.boundary_bytes_per_sample * d.micro_batch,
@@ -364,10 +378,11 @@ def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict
         after_tied = body + tied_s
         step = after_tied + max(ar)
     bubble = min((pp - 1) * slot / v, max(0.0, body - compute))    # the ideal bubble, never more than the schedule idled
-    exposed = {"pipeline bubble": bubble, send_label: max(0.0, body - compute - bubble)}
+    exposed = {"pipeline bubble": bubble, send_label: max(0.0, body - compute - bubble),
+               tp_kind: tp_slot * d.grad_accum}
     if tied_label:
         exposed[tied_label] = exposed.get(tied_label, 0.0) + after_tied - body
     exposed[label] = exposed.get(label, 0.0) + step - after_tied
-    return {"step_s": step, "compute_s": compute,
+    return {"step_s": step, "compute_s": compute - tp_slot * d.grad_accum,
             "exposed": {k: v for k, v in exposed.items() if v > 1e-12},
             "comm_s": comm, "layout": layout(d, cost)}

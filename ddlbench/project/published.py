@@ -1,7 +1,8 @@
 """`bench project published=FILE`: a published table, committed as data (benchmarks/published/),
 predicted row by row and printed against what was published.
 
-A file holds one source (its url, date, hardware, software, what its figures measure), `common`
+A file holds one source (its url, date, hardware, software, what its figures measure, whether its
+memory is the allocator's reserved peak: `memory_is`), `common`
 specification arguments, `stacks` (the software recipes its rows ran under, each with the one row
 it is calibrated on) and `rows`: each a `bench project` specification at one world size with the
 published tokens/s per GPU and memory (GiB) where given; `not_modelled` names what the row used that
@@ -21,7 +22,8 @@ from pathlib import Path
 from ddlbench.errors import ConfigError
 
 ROW_KEYS = {"id", "table", "stack", "world", "tokens_per_s", "memory_gib", "spec", "not_modelled", "unpriced"}
-FILE_KEYS = {"source", "url", "date", "hardware", "software", "measured", "common", "stacks", "rows", "pairs"}
+FILE_KEYS = {"source", "url", "date", "hardware", "software", "measured", "memory_is", "common", "stacks", "rows",
+             "pairs"}
 
 
 def load(path: Path) -> dict:
@@ -52,6 +54,9 @@ def load(path: Path) -> dict:
             raise ConfigError(f"{where}: stack {row['stack']!r} is not one of {sorted(doc['stacks'])}")
         if not row.get("spec") and not row.get("unpriced"):
             raise ConfigError(f"{where}: needs spec (bench project key=value arguments) or unpriced (why not)")
+    if doc.get("memory_is", "allocated") not in ("allocated", "reserved"):
+        raise ConfigError(f"published={path}: memory_is must be allocated or reserved (the allocator's reserved peak), "
+                          f"got {doc['memory_is']!r}")
     for name, stack in doc["stacks"].items():
         cal = (stack or {}).get("calibrate")
         row = next((r for r in doc["rows"] if r["id"] == cal), None)
@@ -90,8 +95,9 @@ def predict(doc: dict, project=None) -> list[dict]:
             out.append(res)
             continue
         r = got["rows"][0]
+        mem = r["memory_reserved_per_rank_bytes" if doc.get("memory_is") == "reserved" else "memory_per_rank_bytes"]
         res.update({"predicted_tokens_per_s": r["tokens_per_s_per_device"],
-                    "predicted_memory_gib": r["memory_per_rank_bytes"] / 2**30, "layout": r.get("layout")})
+                    "predicted_memory_gib": mem / 2**30 if mem else None, "layout": r.get("layout")})
         out.append(res)
     return errors(out)
 
@@ -109,7 +115,7 @@ def errors(rows: list[dict]) -> list[dict]:
     for r in rows:
         if r.get("predicted_tokens_per_s") is not None:
             r["error"] = r["predicted_tokens_per_s"] / r["tokens_per_s"] - 1
-            if r.get("memory_gib"):
+            if r.get("memory_gib") and r.get("predicted_memory_gib"):
                 r["memory_error"] = r["predicted_memory_gib"] / r["memory_gib"] - 1
     return rows
 
@@ -148,6 +154,9 @@ def text(doc: dict, rows: list[dict], ratios: list[dict], summ: dict) -> str:
         return "-" if x is None else f"{x:+.1%}"
     eff = {r["stack"]: r["efficiency"] for r in rows}
     lines = [f"{doc.get('source')} ({doc.get('date')}); hardware: {doc.get('hardware')}",
+             f"memory: the {doc.get('memory_is', 'allocated')} peak per GPU"
+             + (" (predicted: the allocated estimate x RESERVED_OVER_ALLOCATED, ddlbench/estimate/memory.py)"
+                if doc.get("memory_is") == "reserved" else ""),
              "stacks: " + "; ".join(f"{n} calibrated on {s['calibrate']} (efficiency {eff[n]:.3f} of the peak)"
                                     for n, s in doc["stacks"].items()),
              "| row | table | world | published tok/s/GPU | predicted | error | published GiB | predicted | error | note |",
@@ -179,8 +188,10 @@ def run(args: list[str]) -> int:
     from ddlbench.settings.keyvalue import parse_key_values
     kv = parse_key_values(args, "bench project", {"published", "out"}, usage="bench project published=FILE [out=DIR]",
                           required=("published",))
+    from ddlbench.estimate.profile import profiles_here
     path = Path(kv.text("published"))
     doc = load(path)
+    profiles_here()       # this command forks nothing: each model's profile measured here, not in a spawned process
     rows = predict(doc)
     ratios = pair_ratios(rows, doc.get("pairs") or [])
     summ = summary(rows, ratios)

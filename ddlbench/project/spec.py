@@ -176,6 +176,7 @@ def timed_pieces(spec: Spec, world: int, repeats: int = 5, with_framework: bool 
 def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float,
          measured: list[tuple[float, float]] | None = None, optimizer_s_per_param: float | None = None) -> list[dict]:
     from ddlbench.estimate.memcheck import predicted
+    from ddlbench.estimate.memory import RESERVED_OVER_ALLOCATED
     out = []
     for w in world_sizes:
         plan = plan_at(spec, w)
@@ -196,6 +197,8 @@ def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float
                "comm_by_kind_s": {k: v for k, v in s["comm_s"].items() if v > 0}, "tokens_per_s_per_device": tokens / s["step_s"] / w,
                "mfu": model_flops / s["step_s"] / w / spec.peak_flops,
                "memory_per_rank_bytes": mem["total"] if mem else None,
+               # what the caching allocator would reserve for it (our H200 records' median ratio)
+               "memory_reserved_per_rank_bytes": mem["total"] * RESERVED_OVER_ALLOCATED if mem else None,
                "memory_parts_bytes": {k: v for k, v in mem.items() if k not in ("total",)} if mem else None}
         if mem and spec.device_memory_bytes:
             row["fits"] = mem["total"] <= spec.device_memory_bytes
