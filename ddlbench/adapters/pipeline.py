@@ -34,7 +34,7 @@ from torch import nn
 from ddlbench.adapters.base import ModelParallel, StepOut, Strategy
 from ddlbench.adapters.common import canonical_parameters, full_tensor, local_tensor, param_row, recv_any, send_any
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, autocast_copies, pipeline_share, split
-from ddlbench.adapters.stages import data_parallel_traffic
+from ddlbench.adapters.stages import data_parallel_traffic, fsdp_stage_buffers
 from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import optimizer_state_bytes_per_param
@@ -154,8 +154,7 @@ class Pipeline(Variant):
             traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * tp,
                              what="tied weight's gradient (first and last stage)", data_parallel=False)
         shard = dims.dp_shard
-        buffers = autocast_copies(piece, precision) if shard == 1 else {
-            "every unit of the rank's stages gathered through the step": DTYPE_BYTES[precision] * piece}
+        buffers = autocast_copies(piece, precision) if shard == 1 else fsdp_stage_buffers(piece, precision, m)
         if pp > 1:
             buffers["send and receive buffers"] = 2 * 2 * act
             # the last stage keeps every micro-batch's output until the next step (output_chunks)

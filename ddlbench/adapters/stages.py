@@ -95,3 +95,16 @@ def data_parallel_traffic(dims, model, piece: float, precision: str, stages_per_
             + split("reduce_scatter", 4.0 * piece, units, shard, stride=tp, what="stage gradients (FSDP2)")
             + split("all_reduce", 4.0 * piece / shard, units, dims.dp_replicate, stride=shard * tp,
                     what="gradient shards (HSDP)"))
+
+
+def fsdp_stage_buffers(piece: float, precision: str, micro_batches: int) -> dict:
+    """FSDP2 inside pipeline stages (reshard_after_forward=False): every unit of the rank's stages
+    stays gathered through the step in the compute dtype; and torch's pipelining turns gradient sync
+    off for every backward but the last (PipelineStage.backward_maybe_with_nosync), so with 2+
+    micro-batches each unit's unsharded gradients accumulate, in the reduce dtype (fp32:
+    FSDPParam.to_accumulated_grad_if_needed), until the step's one reduce-scatter."""
+    from ddlbench.adapters.cost import DTYPE_BYTES
+    out = {"every unit of the rank's stages gathered through the step": DTYPE_BYTES[precision] * piece}
+    if micro_batches > 1:
+        out["unsharded gradients accumulated in fp32 over the micro-batches (sync on the last)"] = 4.0 * piece
+    return out
