@@ -61,6 +61,7 @@ GOOD = {"source": "x", "common": ["hardware=H100"], "stacks": {"s": {"calibrate"
     (lambda d: d.update(tables=1), "unknown keys"),
     (lambda d: d["rows"][0].update(extra=1), "a mapping of"),
     (lambda d: d.update(memory_is="peak"), "memory_is must be allocated or reserved"),
+    (lambda d: d["stacks"]["s"].update(attention_as="s"), "attention_as must name a stack above it"),
 ])
 def test_bad_suites_are_refused_with_the_reason(tmp_path, edit, message):
     doc = json.loads(json.dumps(GOOD))
@@ -119,3 +120,25 @@ def test_docs_table_is_the_committed_suites():
     assert len(table) == len(rec["rows"]) + len(rec["pairs"]) + 1
     missing = [line for line in table if line not in doc]
     assert not missing, missing
+
+
+def test_a_stack_prices_its_attention_at_an_earlier_stacks_efficiency(tmp_path):
+    """attention_as: the earlier stack's calibrated efficiency passed as attention_efficiency= to the
+    later stack's calibration and to each of its rows."""
+    doc = json.loads(json.dumps(GOOD))
+    doc["stacks"] = {"bf16": {"calibrate": "r1"}, "f8": {"calibrate": "r2", "attention_as": "bf16"}}
+    for r in doc["rows"]:
+        r["stack"] = "bf16"
+    doc["rows"][1]["stack"] = "f8"
+    doc["rows"].append({"id": "r4", "stack": "f8", "world": 128, "tokens_per_s": 80, "spec": ["model=llama_8b"]})
+    calls = []
+
+    def fake(args):
+        calls.append(args)
+        eff = 0.3 if "calibrate=100@8" in args else 0.5
+        return {"efficiency": eff, "rows": [{"tokens_per_s_per_device": 90.0, "memory_per_rank_bytes": 2**30}]}
+    rows = pub.predict(pub.load(_write(tmp_path, doc)), fake)
+    assert calls[0][-1] == "calibrate=100@8"                                  # bf16: no attention argument
+    assert calls[1][-2:] == ["calibrate=90@64", "attention_efficiency=0.3"]   # f8's calibration
+    r4 = next(c for c in calls if "world_sizes=[128]" in c)
+    assert r4[-2:] == ["mfu=0.5", "attention_efficiency=0.3"] and rows[-1]["efficiency"] == 0.5

@@ -655,3 +655,22 @@ def test_tensor_parallel_collectives_by_hand_plain_sp_and_inside_pipeline_stages
     assert with_tp["comm_by_kind_s"]["all_reduce@nvlink"] == pytest.approx(7 * ar * 4, rel=1e-6)
     assert with_tp["exposed_by_kind_s"]["all_reduce@nvlink"] == pytest.approx(7 * ar * 4, rel=1e-6)
     assert with_tp["step_s"] >= with_tp["compute_s"] + 7 * ar * 4
+
+
+def test_the_attention_matmuls_at_their_own_rate_by_hand():
+    """attention_efficiency: a block's executed T x T matmuls (half the scores under the causal kernel)
+    timed at their own rate, the rest at the efficiency's. At half the rate they take twice as long:
+    the block's forward grows by exactly their time at the full rate; pieces without them do not."""
+    from ddlbench.estimate.profile import cached_profile
+    from ddlbench.estimate.scale import piece_times
+    from ddlbench.planning.config import plan_from_overrides
+    prof = cached_profile(plan_from_overrides(["model=llama_tiny", "framework=fsdp_full"]).cfg.model, "bf16", "cuda")[0]
+    rate = 1e12
+    same = piece_times(prof, 1, 2, rate, "none")
+    slow = piece_times(prof, 1, 2, rate, "none", attention_flops_per_s=rate / 2)
+    for p, (f0, b0), (f1, b1) in zip(prof.pieces, same, slow):
+        attn = p.attention_flops * (1 - prof.causal_skip) * 2 / rate
+        assert f1 == pytest.approx(f0 + attn, rel=1e-12) and b1 == pytest.approx(2 * f1, rel=1e-12)
+    assert prof.pieces[1].attention_flops > 0 and prof.pieces[0].attention_flops == 0
+    at_rate = piece_times(prof, 1, 2, rate, "none", attention_flops_per_s=rate)
+    assert [x for t in at_rate for x in t] == pytest.approx([x for t in same for x in t], rel=1e-12)

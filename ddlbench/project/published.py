@@ -6,7 +6,9 @@ memory is the allocator's reserved peak: `memory_is`), `common`
 specification arguments, `stacks` (the software recipes its rows ran under, each with the one row
 it is calibrated on) and `rows`: each a `bench project` specification at one world size with the
 published tokens/s per GPU and memory (GiB) where given; `not_modelled` names what the row used that
-the predictor does not price; `unpriced` a row no specification can express yet (with why).
+the predictor does not price; `unpriced` a row no specification can express yet (with why). A
+stack's `attention_as: OTHER` prices its T x T attention matmuls at OTHER's (earlier) calibrated
+efficiency, its calibration then solving the rest's (Float8 speeds only the linear layers).
 For each stack the calibration row solves the roofline's efficiency (`calibrate=RATE@WORLD`), every
 other row of the stack is predicted with it (`mfu=`); `pairs` are rows that change one knob within
 the source, their throughput ratios compared. The arithmetic (`errors`, `pair_ratios`, `summary`)
@@ -57,11 +59,16 @@ def load(path: Path) -> dict:
     if doc.get("memory_is", "allocated") not in ("allocated", "reserved"):
         raise ConfigError(f"published={path}: memory_is must be allocated or reserved (the allocator's reserved peak), "
                           f"got {doc['memory_is']!r}")
+    earlier = []
     for name, stack in doc["stacks"].items():
         cal = (stack or {}).get("calibrate")
         row = next((r for r in doc["rows"] if r["id"] == cal), None)
         if row is None or row["stack"] != name or not row.get("spec"):
             raise ConfigError(f"published={path}: stack {name!r} calibrates on {cal!r}, which is not a priced row of it")
+        if stack.get("attention_as") is not None and stack["attention_as"] not in earlier:
+            raise ConfigError(f"published={path}: stack {name!r}: attention_as must name a stack above it "
+                              f"(its efficiency is the attention's here), got {stack['attention_as']!r}")
+        earlier.append(name)
     for pair in doc.get("pairs") or []:
         if not (isinstance(pair, list) and len(pair) == 2 and set(pair) <= ids):
             raise ConfigError(f"published={path}: pair {pair!r} must name two rows")
@@ -74,11 +81,14 @@ def predict(doc: dict, project=None) -> list[dict]:
     A row the predictor refuses keeps the reason."""
     project = project or _project
     common = list(doc.get("common") or [])
-    out, eff = [], {}
+    out, eff, attn = [], {}, {}
     for name, stack in doc["stacks"].items():
         cal = next(r for r in doc["rows"] if r["id"] == stack["calibrate"])
+        # attention_as: the T x T attention matmuls run at that (earlier) stack's efficiency: Float8
+        # speeds the linear layers only, the calibration solves theirs
+        attn[name] = [f"attention_efficiency={eff[stack['attention_as']]!r}"] if stack.get("attention_as") else []
         got = project([*common, *cal["spec"], f"world_sizes=[{cal['world']}]",
-                       f"calibrate={cal['tokens_per_s']}@{cal['world']}"])
+                       f"calibrate={cal['tokens_per_s']}@{cal['world']}", *attn[name]])
         eff[name] = got["efficiency"]
     for row in doc["rows"]:
         res = {k: row.get(k) for k in ("id", "table", "stack", "world", "tokens_per_s", "memory_gib", "not_modelled")}
@@ -89,7 +99,8 @@ def predict(doc: dict, project=None) -> list[dict]:
             out.append(res)
             continue
         try:
-            got = project([*common, *row["spec"], f"world_sizes=[{row['world']}]", f"mfu={eff[row['stack']]!r}"])
+            got = project([*common, *row["spec"], f"world_sizes=[{row['world']}]", f"mfu={eff[row['stack']]!r}",
+                           *attn[row["stack"]]])
         except ConfigError as exc:
             res["unpriced"] = f"refused: {exc}"
             out.append(res)
@@ -157,7 +168,8 @@ def text(doc: dict, rows: list[dict], ratios: list[dict], summ: dict) -> str:
              f"memory: the {doc.get('memory_is', 'allocated')} peak per GPU"
              + (" (predicted: the allocated estimate x RESERVED_OVER_ALLOCATED, ddlbench/estimate/memory.py)"
                 if doc.get("memory_is") == "reserved" else ""),
-             "stacks: " + "; ".join(f"{n} calibrated on {s['calibrate']} (efficiency {eff[n]:.3f} of the peak)"
+             "stacks: " + "; ".join(f"{n} calibrated on {s['calibrate']} (efficiency {eff[n]:.3f} of the peak"
+                                    + (f"; attention at {s['attention_as']}'s" if s.get("attention_as") else "") + ")"
                                     for n, s in doc["stacks"].items()),
              "| row | table | world | published tok/s/GPU | predicted | error | published GiB | predicted | error | note |",
              "|---|---|---|---|---|---|---|---|---|---|"]

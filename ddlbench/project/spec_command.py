@@ -11,7 +11,7 @@ from ddlbench.errors import ConfigError
 from ddlbench.record.results import atomic_write_json
 
 KEYS = {"network", "world_sizes", "hardware", "peak_tflops", "local_batch", "ac", "mfu", "calibrate",
-        "device_memory_gb", "per_node", "algorithm", "max_efficiency", "out", "replace"}
+        "device_memory_gb", "per_node", "algorithm", "max_efficiency", "out", "replace", "attention_efficiency"}
 DEFAULT_WORLD_SIZES = [8, 128, 1024]
 DEFAULT_MFU = 0.4
 # the most of a dense datasheet peak a calibration may solve for: the best published bf16 training runs
@@ -20,7 +20,7 @@ DEFAULT_MFU = 0.4
 MAX_EFFICIENCY = 0.85
 USAGE = ("usage: bench project model=NAME framework=NAME network=NAME hardware=H100 [world_sizes=[8,128,1024]] "
          "[local_batch=N] [ac=none|full|selective_layer:K|selective_op] [mfu=0.4 | calibrate=TOKENS_PER_S@DEVICES | "
-         "calibrate=pieces] [max_efficiency=0.85] "
+         "calibrate=pieces] [attention_efficiency=F] [max_efficiency=0.85] "
          "[device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical|gloo] [out=DIR] [any run override]")
 
 
@@ -74,7 +74,7 @@ def check_efficiency(spec, pricing, eff: float, world: int, bound: float, asked:
     from ddlbench.project.spec import _profile, plan_at
     plan = plan_at(spec, world)
     s = step_of(plan, _profile(plan, spec.device), pricing, spec.peak_flops * eff, plan.variant.ac_policy(),
-                spec.per_node, ranks_per_core=spec.ranks_per_core)
+                spec.per_node, ranks_per_core=spec.ranks_per_core, attention_flops_per_s=spec.attention_flops())
     def ms(x: float) -> str:
         return f"{x * 1e3:,.1f} ms" if x >= 0.01 else f"{x * 1e3:.3g} ms"
     others = sorted(((k, v) for k, v in s["exposed"].items() if v > 0), key=lambda kv: -kv[1])
@@ -115,8 +115,11 @@ def run(args: list[str]) -> int:
     if kv.text("hardware") and not any(a.startswith("run.device=") for a in overrides):
         # planned for the GPU it names, wherever this runs: its attention (sdpa_causal), padding and streams
         overrides += ("run.device=cuda",)
+    # the T x T attention matmuls at their own fraction of the peak (Float8 speeds only the linear layers):
+    # an assumption the user states; mfu= / calibrate= then give the rest's
+    attn = kv.number("attention_efficiency", low=1e-4, high=1.0) if kv.text("attention_efficiency") else None
     spec = Spec(overrides, kv.integer("local_batch", 1), peak, ac,
-                kv.integer("per_node", net.dims[0].size), mem * 2**30 if mem else None)
+                kv.integer("per_node", net.dims[0].size), mem * 2**30 if mem else None, attention_efficiency=attn)
     pricing = Pricing(net, algorithm)
     measured = per_param = factor = None
     try:
@@ -147,6 +150,8 @@ def run(args: list[str]) -> int:
         else:
             eff = kv.number("mfu", DEFAULT_MFU, low=1e-4, high=1.0)
             eff_src = "mfu= (an assumption)" if kv.text("mfu") else f"assumed {DEFAULT_MFU:g} of peak (no mfu= or calibrate=)"
+        if attn:
+            eff_src += f"; the T x T attention matmuls at {attn:g} of the peak (attention_efficiency=, an assumption)"
         table = rows(spec, pricing, sizes, eff, measured, per_param and per_param * (factor or 1.0))
     except ConfigError:
         raise
@@ -155,7 +160,7 @@ def run(args: list[str]) -> int:
     name = "_".join(a.split("=", 1)[1] for a in kv.passed if a.startswith(("model=", "framework=")))
     out = claim_out(Path(kv.text("out") or f"projection_{name}_{net.name}"), kv)
     doc = {"specification": list(spec.overrides), "network": net.name, "network_file": net.source, "algorithm": algorithm,
-           "peak_flops": peak, "peak_source": peak_src, "efficiency": eff, "efficiency_source": eff_src, "ac": ac,
+           "peak_flops": peak, "peak_source": peak_src, "efficiency": eff, "efficiency_source": eff_src, "attention_efficiency": attn, "ac": ac,
            "local_batch": spec.local_batch, "per_node": spec.per_node, "method": (
                "planned per world size as a run (ddlbench.planning.config), pieces timed by the roofline, each unit's collectives "
                "priced on the network, the step simulated with the framework's rules (ddlbench/estimate/rules.py)"),
