@@ -114,10 +114,18 @@ def predict(doc: dict, project=None) -> list[dict]:
 
 
 def _project(args: list[str]) -> dict:
+    """`bench project` in-process, its own table kept off the terminal (one progress line instead)."""
+    import contextlib
+    import io
+    import sys
+
     from ddlbench.project import spec_command
-    with tempfile.TemporaryDirectory(prefix="ddlbench-published-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ddlbench-published-") as tmp, contextlib.redirect_stdout(io.StringIO()):
         spec_command.run([*args, f"out={tmp}"])
-        return json.loads((Path(tmp) / "projection.json").read_text())
+        doc = json.loads((Path(tmp) / "projection.json").read_text())
+    what = " ".join(a for a in args if a.startswith(("model=", "framework=", "world_sizes=", "calibrate=")))
+    print(f"  priced: {what}", file=sys.stderr, flush=True)
+    return doc
 
 
 def errors(rows: list[dict]) -> list[dict]:
