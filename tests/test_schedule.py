@@ -668,7 +668,7 @@ def test_the_attention_matmuls_at_their_own_rate_by_hand():
     rate = 1e12
     same = piece_times(prof, 1, 2, rate, "none")
     slow = piece_times(prof, 1, 2, rate, "none", attention_flops_per_s=rate / 2)
-    for p, (f0, b0), (f1, b1) in zip(prof.pieces, same, slow):
+    for p, (f0, _b0), (f1, b1) in zip(prof.pieces, same, slow):
         attn = p.attention_flops * (1 - prof.causal_skip) * 2 / rate
         assert f1 == pytest.approx(f0 + attn, rel=1e-12) and b1 == pytest.approx(2 * f1, rel=1e-12)
     assert prof.pieces[1].attention_flops > 0 and prof.pieces[0].attention_flops == 0
