@@ -158,16 +158,13 @@ def test_fsdp_inside_pipeline_stages_within_ten_percent_of_memtracker(tmp_path):
                         "run.global_batch=8", "run.micro_batch=1", *RUN[2:], timeout=270)
     assert rec["status"] == "ok", rec.get("error")
     assert rec["parallel"]["grad_accum"] == 4 and len(rec["memory"]["per_rank"]) == 4
-    got = compare(rec, validate(rec["config"]))
-    assert "unsharded gradients accumulated in fp32 over the micro-batches (sync on the last)" in \
-        validate(rec["config"]).variant.cost_model(validate(rec["config"]).dims, _prof(rec), "fp32").buffers
-    assert abs(got["error"]) <= 0.10, got
-
-
-def _prof(rec):
     from ddlbench.estimate.profile import cached_profile
-    from ddlbench.planning.config import validate
-    return cached_profile(validate(rec["config"]).cfg.model, rec["precision"], "cpu")[0]
+    plan = validate(rec["config"])
+    got = compare(rec, plan)
+    prof = cached_profile(plan.cfg.model, rec["precision"], "cpu")[0]
+    assert "unsharded gradients accumulated in fp32 over the micro-batches (sync on the last)" in \
+        plan.variant.cost_model(plan.dims, prof, "fp32").buffers
+    assert abs(got["error"]) <= 0.10, got
 
 
 def test_the_reserved_over_allocated_factor_is_the_h200_records_median():
