@@ -277,7 +277,10 @@ def _profile_into(send, model_cfg, precision: str, device_type: str) -> None:
 def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> ModelProfile:
     """At bf16/fp16 the activations are counted with the model in that dtype: what DeepSpeed's
     2-byte engine saves; autocast keeps a few in fp32 (norms, softmax, the loss), so for autocast
-    frameworks this is a lower bound. `device_type`: the model as built for that device."""
+    frameworks this is a lower bound. `device_type`: the model as built for that device. The
+    parameters are counted on the whole model; what one forward saves is measured on the whole
+    model too, or, where the family's blocks are all alike, on SHALLOW blocks and scaled to the
+    depth (exact: tests/test_profile_scaling.py; Llama 3.1 405B's 126 blocks in seconds)."""
     from ddlbench.models.registry import build
     from ddlbench.models.spec import count_params
 
@@ -286,9 +289,13 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
         model = _meta_model(spec)
     blocks = model.blocks()
     dtype = DTYPES[precision]
-    full, ckpt, out2, sel, scores = _activation_slopes(spec, dtype, bool(blocks))
-    autocast = _activation_slopes(spec, torch.float32, bool(blocks)) if dtype != torch.float32 else (0,) * 5
-    pieces, output = pieces_profile(spec, dtype)
+    depth = getattr(model_cfg, "n_layer", None)
+    if spec.family is not None and spec.family.uniform_blocks(model_cfg) and isinstance(depth, int) \
+            and depth > SHALLOW and len(blocks) == depth:
+        forward = _scaled(_forward_profile(build(_at_depth(model_cfg, SHALLOW), device_type), dtype, True),
+                          _forward_profile(build(_at_depth(model_cfg, SHALLOW - 1), device_type), dtype, True), depth)
+    else:
+        forward = _forward_profile(spec, dtype, bool(blocks))
     moe = {}
     if spec.top_k:
         from ddlbench.models.moe import experts_of
@@ -300,19 +307,48 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
         params=count_params(model),
         largest_block_params=max((count_params(b) for b in blocks), default=count_params(model)),
         blocks=max(len(blocks), 1),
-        activation_bytes_per_sample=full,
-        checkpointed_bytes_per_sample=ckpt,
-        boundary_bytes_per_sample=out2 // 2,
-        pieces=pieces,
-        output_bytes_per_sample=output,
         largest_weight_params=max((p.numel() for p in model.parameters()), default=0),
         param_numels=tuple(sorted(p.numel() for p in model.parameters())),
-        autocast_activation_bytes_per_sample=autocast[0],
-        autocast_checkpointed_bytes_per_sample=autocast[1], selective_op_bytes_per_sample=sel,
-        autocast_selective_op_bytes_per_sample=autocast[3], attention_scores_bytes_per_sample=scores,
         hidden_size=int(getattr(model_cfg, "n_embd", 0) or 0), attention_heads=int(getattr(model_cfg, "n_head", 0) or 0),
         kv_heads=int(getattr(model_cfg, "n_kv_head", 0) or getattr(model_cfg, "n_head", 0) or 0),
-        causal_skip=causal_skip(spec), **_tp_layers(spec), **moe)
+        causal_skip=causal_skip(spec), **_tp_layers(spec), **moe, **forward)
+
+
+SHALLOW = 3     # blocks a uniform model's forward is measured at (and one fewer): the first, a middle one, the last
+
+
+def _at_depth(model_cfg, blocks: int):
+    """The model's config with `blocks` blocks."""
+    if hasattr(model_cfg, "model_copy"):
+        return model_cfg.model_copy(update={"n_layer": blocks})
+    return {**dict(model_cfg), "n_layer": blocks}
+
+
+def _forward_profile(spec, dtype, has_blocks: bool) -> dict:
+    """What one forward saves for backward (every checkpointing policy, in `dtype` and under
+    autocast) and the pipeline pieces' FLOPs and bytes: ModelProfile's forward fields."""
+    full, ckpt, out2, sel, scores = _activation_slopes(spec, dtype, has_blocks)
+    autocast = _activation_slopes(spec, torch.float32, has_blocks) if dtype != torch.float32 else (0,) * 5
+    pieces, output = pieces_profile(spec, dtype)
+    return {"activation_bytes_per_sample": full, "checkpointed_bytes_per_sample": ckpt,
+            "boundary_bytes_per_sample": out2 // 2, "pieces": pieces, "output_bytes_per_sample": output,
+            "autocast_activation_bytes_per_sample": autocast[0], "autocast_checkpointed_bytes_per_sample": autocast[1],
+            "selective_op_bytes_per_sample": sel, "autocast_selective_op_bytes_per_sample": autocast[3],
+            "attention_scores_bytes_per_sample": scores}
+
+
+SAME_AT_ANY_DEPTH = ("boundary_bytes_per_sample", "output_bytes_per_sample", "attention_scores_bytes_per_sample")
+
+
+def _scaled(at: dict, fewer: dict, depth: int) -> dict:
+    """The forward fields of a uniform model of `depth` blocks from its profiles at SHALLOW and SHALLOW - 1
+    blocks: each per-sample sum grows by one block's share per block; the pieces are the first block, the
+    middle one repeated, the last, between the embedding and the head."""
+    out = {k: v if k in SAME_AT_ANY_DEPTH or k == "pieces" else v + (depth - SHALLOW) * (v - fewer[k])
+           for k, v in at.items()}
+    first, *middle, last = at["pieces"][1:-1]
+    out["pieces"] = (at["pieces"][0], first, *([middle[0]] * (depth - 2)), last, at["pieces"][-1])
+    return out
 
 
 def causal_skip(spec) -> float:

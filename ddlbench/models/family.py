@@ -66,6 +66,9 @@ class Family:
     # (model cfg, vocabulary rows) -> analytic training FLOPs per token {"total", "parts", "convention"};
     # None: counted only (torch's flop counter)
     analytic_flops: Optional[Callable[[object, int], dict]] = None
+    # every block the same at this config (no dense-first layers, no alternating kinds): the memory
+    # profile (ddlbench/estimate/profile.py) measures 3 blocks and scales to n_layer; False: every block
+    uniform_blocks: Callable[[object], bool] = field(default=lambda mc: False)
 
 
 # the model keys some family owns (ddlbench/settings/schema.py LanguageModelCfg); a family names those it uses

@@ -36,4 +36,5 @@ FAMILY = Family(
                                        {**decoder.ATTENTION_DESCRIPTION, **decoder.MLP_DESCRIPTION},
                                        decoder.tp_plan(SPLIT, sequence_parallel=True), decoder.sp_model),
     tp_widths=decoder.tp_widths, linear_layers=True, analytic_flops=analytic_flops, sequence_split=True,
+    uniform_blocks=lambda mc: True,
 )

@@ -34,4 +34,5 @@ FAMILY = Family(
                                         "self_attn.q_norm/k_norm": "replicated, gradient summed over tp (HeadNorm: each rank sees its own heads)"},
                                        decoder.tp_plan(SPLIT, sequence_parallel=True), decoder.sp_model),
     tp_widths=decoder.tp_widths, linear_layers=True, analytic_flops=analytic_flops, sequence_split=True,
+    uniform_blocks=lambda mc: True,
 )
