@@ -242,6 +242,7 @@ def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int
     PARAMETER_BOUND_TOKENS positions) where every payload follows the parameters (follows_parameters). `time_steps`: that many more steps timed on `device`
     (parameters a meta build left empty are filled first, and on a CPU denormals flushed: what a
     fake gather leaves in its output is never read as data)."""
+    import contextlib
     import os
     import statistics
     import time
@@ -256,6 +257,7 @@ def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int
     from ddlbench.comm.probe import CollectiveCounter
     from ddlbench.models.data import SyntheticData
     from ddlbench.planning.config import plan_from_overrides
+    from ddlbench.project.shapes_only import ShapesOnly
 
     if isinstance(overrides, dict):
         from ddlbench.planning.config import validate
@@ -302,10 +304,14 @@ def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int
                     max_tokens = min(max_tokens, PARAMETER_BOUND_TOKENS)
                 batch = {k: v[: plan.dims.grad_accum] for k, v in batch.items()}
             batch = {k: v[:, :max_tokens] for k, v in batch.items()}
-        strategy.train_step(batch)          # the first step builds what later steps reuse
-        counter = CollectiveCounter([0] * world)
-        with counter:
-            strategy.train_step(batch)
+        # untimed on a meta build (values garbage already), the matrix products are left uncomputed
+        # (shapes_only.py): the sizes are the same. A framework built for real may read its values
+        # (DeepSpeed skips the step whose gradients overflow, and gathers nothing after it)
+        with (ShapesOnly() if meta and not time_steps else contextlib.nullcontext()):
+            strategy.train_step(batch)          # the first step builds what later steps reuse
+            counter = CollectiveCounter([0] * world)
+            with counter:
+                strategy.train_step(batch)
         counts = counter.take()
         state = state_bytes(strategy)
         timed = []
