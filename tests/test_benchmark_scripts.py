@@ -56,7 +56,7 @@ def test_gpu_matrix_refuses_old_results_and_rebases_mfu(tmp_path):
     the whole matrix (every variant x model x precision) is planned; an OUT with results stops it."""
     from gpu_matrix import advise_ok, cells, nproc2_refused, record_figures, sweep_ok, variants
 
-    from ddlbench.rank.collect import rebase_mfu as mfu_on_measured_peak
+    from ddlbench.rank.sections import rebase_mfu as mfu_on_measured_peak
     assert nproc2_refused({"status": "failed", "message": "launcher.nproc=2 but 1 GPU(s) are visible: one rank per GPU"})
     assert not nproc2_refused({"status": "ok", "message": None})            # trained: the check failed
     assert not nproc2_refused({"status": "failed", "message": "NCCL error"})

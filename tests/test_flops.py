@@ -163,7 +163,7 @@ def test_both_attention_conventions_by_hand():
     from ddlbench.models.flops import train_flops_per_sample
     from ddlbench.models.registry import build
     from ddlbench.planning.config import plan_from_overrides
-    from ddlbench.rank.collect import causal_mfu
+    from ddlbench.rank.sections import causal_mfu
     plan = plan_from_overrides(["model=llama_tiny", "model.seq_len=512"])
     got = train_flops_per_sample(build(plan.cfg.model, "cpu"))
     a = got["analytic"]

@@ -109,7 +109,7 @@ def test_mfu_on_the_measured_peak_beside_the_datasheets_by_hand(monkeypatch, tmp
     import torch
 
     from ddlbench.machine import hardware
-    from ddlbench.rank import collect
+    from ddlbench.rank import sections as collect
     assert hardware.matmul_rate(1000, 5, 10.0) == 2 * 1000**3 * 5 / 0.01
     assert hardware.gpu_probe_args("tf32") == (torch.float32, True)
     assert hardware.gpu_probe_args("bf16") == (torch.bfloat16, False)
@@ -127,7 +127,7 @@ def test_mfu_on_the_measured_peak_beside_the_datasheets_by_hand(monkeypatch, tmp
 
 
 def test_launch_bound_by_hand():
-    from ddlbench.rank.collect import launch_bound
+    from ddlbench.rank.sections import launch_bound
     assert launch_bound(0.095, 0.100, "cuda", 40.0)["value"] is True   # the host's pace, the GPU idle
     assert launch_bound(0.095, 0.100, "cuda")["value"] is None         # no NVML: cannot tell
     assert launch_bound(0.020, 0.100, "cuda")["value"] is False
@@ -151,7 +151,7 @@ H200_RECORDS = [
 
 @pytest.mark.parametrize("name,issue,step,busy,expected", H200_RECORDS, ids=[r[0] for r in H200_RECORDS])
 def test_launch_bound_on_the_h200_records(name, issue, step, busy, expected):
-    from ddlbench.rank.collect import launch_bound
+    from ddlbench.rank.sections import launch_bound
     assert launch_bound(issue, step, "cuda", busy)["value"] is expected
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from ddlbench.machine.nvml import NvmlSampler, nvml_uuid, summarize
-from ddlbench.rank.collect import gpu_telemetry
+from ddlbench.rank.sections import gpu_telemetry
 
 
 class FakeNvml:
