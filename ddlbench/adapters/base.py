@@ -101,6 +101,12 @@ class Strategy:
         every rank)."""
         return {"ep": 1, "experts_per_rank": "all (no expert parallelism)"}
 
+    def checkpoint_saver(self, group):
+        """What saves this rank's training state (run.checkpoint): DCP of the model's and optimizer's
+        state dicts unless the framework saves its own way (ddlbench/adapters/checkpoint.py)."""
+        from ddlbench.adapters.checkpoint import DcpSaver
+        return DcpSaver(self.model, self.optimizer, group)
+
     def teardown(self) -> None:
         self.model = None
         self.optimizer = None

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from ddlbench.adapters.base import StepOut, Strategy
+from ddlbench.adapters.checkpoint import DCP
 from ddlbench.adapters.common import build_on, fsdp2_no_sync, split_micro
 from ddlbench.adapters.cost import DTYPE_BYTES, StepRules, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard
@@ -61,7 +62,7 @@ class ContextParallel(Variant):
 
     def abilities(self):      # FSDP2 over dp_shard x cp; ring attention runs SDPA with is_causal, no mask
         return Abilities(settles={"model.attention": "sdpa_causal"},
-                         step=StepRules("units", sequence="ring", grads_over_world=True))
+                         step=StepRules("units", sequence="ring", grads_over_world=True), checkpoints=DCP)
 
     def taxonomy(self) -> dict:
         return taxonomy_labels("context (ring attention) + data (sharded)", "sync",

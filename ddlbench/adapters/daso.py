@@ -34,6 +34,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from ddlbench.adapters.base import Periodic, StepOut, Strategy
+from ddlbench.adapters.checkpoint import DCP
 from ddlbench.adapters.common import build_on, forward_backward
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, MiB, autocast_copies, buckets, split
 from ddlbench.adapters.precision import DTYPES
@@ -103,7 +104,8 @@ class DASO(Variant):
     strategy = "ddlbench.adapters.daso:DASOStrategy"
 
     def abilities(self):
-        return Abilities(fake_group="DASO decides its phases from losses across steps; one step says little")
+        return Abilities(fake_group="DASO decides its phases from losses across steps; one step says little",
+                         checkpoints=DCP)
 
     def taxonomy(self) -> dict:
         return taxonomy_labels("data (hierarchical)", "stale (global average every k steps, non-blocking)",

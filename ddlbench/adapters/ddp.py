@@ -14,6 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from ddlbench.adapters.base import Periodic, StepOut, Strategy
+from ddlbench.adapters.checkpoint import DCP
 from ddlbench.adapters.common import build_on, forward_backward
 from ddlbench.adapters.cost import CostModel, MiB, StepRules, autocast_copies, buckets, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, apply_float8
@@ -54,7 +55,7 @@ class DDP(Variant):
                 "powersgd": "PowerSGD reads the all-reduced matrices back, which a fake group does not give",
                 "post_local_sgd": "local SGD averages parameters every few steps; one step says little"}
         return Abilities(compiles=True, float8=True, fake_group=fake.get("fp16" if hook == "bf16" else hook),
-                         step=StepRules("buckets", bucket_bytes=self.options.bucket_cap_mb * MiB))   # the hooks aside
+                         step=StepRules("buckets", bucket_bytes=self.options.bucket_cap_mb * MiB), checkpoints=DCP)   # the hooks aside
 
     def taxonomy(self) -> dict:
         options = self.options

@@ -84,7 +84,7 @@ class DeepSpeed(Variant):
         s = self.options.stage     # compiles through its engine (DeepSpeedEngine.compile)
         step = StepRules("units") if s == 3 else StepRules("buckets", bucket_elements=self.options.reduce_bucket_size,
                                                            gather_after_step=True, reduce_every_micro_batch=s == 2)
-        return Abilities(compiles=True, float8=True, shards_model_state=True, step=step)
+        return Abilities(compiles=True, float8=True, shards_model_state=True, step=step, checkpoints=("sync",))
 
     def taxonomy(self) -> dict:
         options = self.options
@@ -267,6 +267,11 @@ class DeepSpeedStrategy(Strategy):
         """Offload with DeepSpeed's own CPU optimizer (built from the config, not the client)."""
         o = self.options
         return (o.offload_optimizer != "none" or o.offload_param != "none") and o.offload_optimizer_impl == "ds_cpu_adam"
+
+    def checkpoint_saver(self, group):
+        """DeepSpeed saves through its engine (its recommended way), synchronously."""
+        from ddlbench.adapters.checkpoint import EngineSaver
+        return EngineSaver(self.model, self.ctx.rank)
 
     def setup(self, build_model, build_optimizer) -> None:
         import deepspeed

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from ddlbench.adapters.base import StepOut
+from ddlbench.adapters.checkpoint import DCP
 from ddlbench.adapters.common import build_on, canonical_parameters, forward_backward, full_tensor, param_row, unwrap
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, split
 from ddlbench.adapters.parallelize import (
@@ -70,7 +71,8 @@ class ExpertParallel(Variant):
     strategy = "ddlbench.adapters.expert_parallel:ExpertParallelStrategy"
 
     def abilities(self):
-        return Abilities(compiles=True, builds_on_meta=True, shards_model_state=True, step=StepRules("units", experts=True))
+        return Abilities(compiles=True, builds_on_meta=True, shards_model_state=True, step=StepRules("units", experts=True),
+                         checkpoints=DCP)
 
     def taxonomy(self) -> dict:
         tp = self.options.tp > 1

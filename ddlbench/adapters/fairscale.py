@@ -35,7 +35,7 @@ class FairScale(Variant):
     strategy = "ddlbench.adapters.fairscale:FairScaleStrategy"
 
     def abilities(self):
-        return Abilities(shards_model_state=True)
+        return Abilities(shards_model_state=True, checkpoints=("sync",))
 
     def parallel_shape(self, cfg) -> dict:
         """FairScale FSDP shards the parameters over every rank; OSS keeps them whole (dp_replicate)."""
@@ -137,6 +137,21 @@ class FairScaleStrategy(Strategy):
             from torch.nn.parallel import DistributedDataParallel as DDP
             kwargs = {"device_ids": [self.ctx.device.index]} if self.ctx.device.type == "cuda" else {}
             self.model = DDP(model, gradient_as_bucket_view=True, **kwargs)
+
+    def checkpoint_saver(self, group):
+        """FairScale's way: the sharded state gathered to rank 0 (OSS.consolidate_state_dict; FSDP's full
+        state dict and gather_full_optim_state_dict, collectives), rank 0 saves it."""
+        from ddlbench.adapters.checkpoint import Rank0Saver
+        fsdp = self.options.mode == "fsdp"
+
+        def gather() -> dict:
+            model = self.model.state_dict()
+            if fsdp:
+                return {"model": model, "optimizer": self.model.gather_full_optim_state_dict(self.optimizer)}
+            self.optimizer.consolidate_state_dict(recipient_rank=0)
+            return {"model": model, "optimizer": self.optimizer.state_dict() if self.ctx.rank == 0 else None}
+        how = ("FSDP.state_dict + gather_full_optim_state_dict" if fsdp else "OSS.consolidate_state_dict(recipient_rank=0)")
+        return Rank0Saver(gather, self.ctx.rank, f"FairScale: {how}, then rank 0's torch.save, fsynced")
 
     def train_step(self, batch: dict) -> StepOut:
         loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self.model.no_sync)

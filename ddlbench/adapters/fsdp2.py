@@ -13,6 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from ddlbench.adapters.base import StepOut, Strategy
+from ddlbench.adapters.checkpoint import DCP
 from ddlbench.adapters.common import build_on, forward_backward, fsdp2_no_sync
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_compile, apply_float8, apply_fully_shard
@@ -44,7 +45,8 @@ class FSDP2(Variant):
     strategy = "ddlbench.adapters.fsdp2:FSDP2Strategy"
 
     def abilities(self):
-        return Abilities(compiles=True, float8=True, builds_on_meta=True, shards_model_state=True, step=StepRules("units"))
+        return Abilities(compiles=True, float8=True, builds_on_meta=True, shards_model_state=True, step=StepRules("units"),
+                         checkpoints=DCP)
 
     def taxonomy(self) -> dict:
         options = self.options

@@ -41,7 +41,7 @@ class Horovod(Variant):
     rank_starter = "ddlbench.launch.horovod:Horovodrun"   # horovodrun here; its slots and rendezvous under srun
 
     def abilities(self):
-        return Abilities(compiles=True, float8=True, own_collectives=True,
+        return Abilities(compiles=True, float8=True, own_collectives=True, checkpoints=("sync",),
                          fake_group="Horovod's collectives bypass c10d (its own background thread and MPI/gloo rings)")
 
     def taxonomy(self) -> dict:
@@ -88,6 +88,13 @@ class Horovod(Variant):
 
 
 class HorovodStrategy(CountsOwnCollectives, Strategy):
+    def checkpoint_saver(self, group):
+        """Rank 0's torch.save of the model and optimizer (Horovod's examples save so)."""
+        from ddlbench.adapters.checkpoint import Rank0Saver
+        return Rank0Saver(lambda: {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                          self.ctx.rank, "rank 0's torch.save of the model's and optimizer's state dicts, fsynced "
+                                         "(Horovod's examples)")
+
     def setup(self, build_model, build_optimizer) -> None:
         import horovod
         import horovod.torch as hvd

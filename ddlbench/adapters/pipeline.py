@@ -68,7 +68,7 @@ class Pipeline(Variant):
     strategy = "ddlbench.adapters.pipeline:PipelineStrategy"
 
     def abilities(self):
-        return Abilities(step=StepRules("stages"), fake_group="a pipeline schedule exchanges activations with the "
+        return Abilities(step=StepRules("stages"), checkpoints=("sync", "async"), fake_group="a pipeline schedule exchanges activations with the "
                          "other stages' ranks point to point: rank 0 alone waits on receives no fake peer sends")
 
     def taxonomy(self) -> dict:
@@ -230,7 +230,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
         self._tied = self._untie(tied_parameters(piece_list))
         self.sharded = self._shard(len(piece_list)) if dims.dp_shard > 1 else None
-        self.model = nn.ModuleList(self.stage_modules)
+        self.model = nn.ModuleDict({f"stage{s}": m for m, s in zip(self.stage_modules, self.local_ids)})  # keys unique over ranks
         local = {id(p): p for m in self.stage_modules for p in m.parameters()}
         self.local_params = list(local.values())
         # fingerprint order = the model's parameter order: stages in order, each in its own order

@@ -16,6 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from ddlbench.adapters.base import StepOut, Strategy
+from ddlbench.adapters.checkpoint import DCP
 from ddlbench.adapters.common import build_on, forward_backward, fsdp2_no_sync
 from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, autocast_copies, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard, apply_tensor_parallel
@@ -41,7 +42,8 @@ class TensorParallel(Variant):
     strategy = "ddlbench.adapters.tensor_parallel:TensorParallelStrategy"
 
     def abilities(self):      # FSDP2 over dp_shard around the tensor-parallel blocks
-        return Abilities(builds_on_meta=True, step=StepRules("units", tp_sequence_parallel=self.options.sequence_parallel))
+        return Abilities(builds_on_meta=True, step=StepRules("units", tp_sequence_parallel=self.options.sequence_parallel),
+                         checkpoints=DCP)
 
     def taxonomy(self) -> dict:
         sharded = self.options.dp_shard != 1

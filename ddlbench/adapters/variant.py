@@ -48,6 +48,16 @@ def gpu_capability(device_type: str) -> Optional[tuple]:
         return None
 
 
+def checkpoint_reason(variant: "Variant", cfg) -> Optional[str]:
+    """run.checkpoint in a mode the strategy does not save with: a result that says so."""
+    ck = getattr(cfg.run, "checkpoint", None)
+    if ck is None or not ck.every or ck.mode in variant.abilities().checkpoints:
+        return None
+    offered = variant.abilities().checkpoints
+    return (f"run.checkpoint.mode={ck.mode}: the {variant.name} adapter saves "
+            + (f"only in mode {', '.join(offered)}" if offered else "no checkpoint yet") + " (its abilities)")
+
+
 def compile_reason(variant: "Variant", cfg) -> Optional[str]:
     """run.compile on a strategy that does not wire torch.compile: a result that says so."""
     if getattr(cfg.run, "compile", False) and not variant.abilities().compiles:
@@ -98,6 +108,8 @@ class Abilities:
                                                   # validation sets: {'model.attention': 'sdpa'}
     step: Optional[StepRules] = None   # the predictor's shape of its step (ddlbench/estimate/scale.py);
                                        # None: no schedule rules for it yet
+    checkpoints: tuple = ()            # run.checkpoint modes it saves with (ddlbench/adapters/checkpoint.py):
+                                       # ("sync", "async"); (): it does not save yet
 
 
 class Variant:
@@ -136,7 +148,8 @@ class Variant:
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         """Why this variant cannot run here (missing package, device, precision, run.compile,
         run.float8), or None."""
-        return compile_reason(self, cfg) or float8_reason(self, cfg, device_type, gpu_capability(device_type))
+        return (compile_reason(self, cfg) or checkpoint_reason(self, cfg)
+                or float8_reason(self, cfg, device_type, gpu_capability(device_type)))
 
     def taxonomy(self) -> dict:
         """Labels from the survey's taxonomy, shown in the report: parallelism (data, pipeline,

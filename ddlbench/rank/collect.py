@@ -18,6 +18,7 @@ from ddlbench.metrics.timing import (
     window_vs_median,
 )
 from ddlbench.rank.sections import (
+    checkpoint_section,
     env_fields,
     flops_section,
     framework_fields,
@@ -158,6 +159,8 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
     if any(g.get("adapter_stats") for g in gathered):
         record.sections["model_parallel"] = strategy.summarize_rank_stats(
             [g["adapter_stats"] for g in gathered], record.timing["per_rank_median_s"])
+    if gathered[0].get("checkpoint"):
+        record.sections["checkpoint"] = checkpoint_section([g["checkpoint"] for g in gathered])
     record.mfu = mfu_value
     record.sections["gpu"] = gpu_telemetry([g.get("gpu") for g in gathered], dims.global_batch)
     record.sections["flops"] = flops_section(flops, recompute, ctx, peak_dtype(ctx.device.type, ctx.precision, tf32),

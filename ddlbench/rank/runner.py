@@ -110,6 +110,7 @@ class Setup:
     evaluate: Evaluator | None      # quality mode with a validation split
     target: float | None
     peaks: dict                     # setup's memory peaks
+    saves: object = None            # run.checkpoint: ddlbench/rank/saves.py
 
 
 @dataclass
@@ -183,7 +184,11 @@ def set_up(plan: Plan, ctx: RankContext, run_dir: Path, spec, tracking) -> Setup
         strategy.plan_steps(total, steps_per_epoch if cfg.run.epochs else None)
     target = resolve_target(cfg.run.target, cfg.run.target_metric, cfg.run.target_vs_floor,
                             dataset.floor["loss"] if dataset else None)
-    return Setup(strategy, spec, dataset, batches, steps_per_epoch, total, evaluate, target, peaks)
+    saves = None
+    if cfg.run.checkpoint.every:
+        from ddlbench.rank.saves import Saves
+        saves = Saves(cfg, strategy, run_dir, ctx.rank)
+    return Setup(strategy, spec, dataset, batches, steps_per_epoch, total, evaluate, target, peaks, saves)
 
 
 def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -> Window:
@@ -235,7 +240,12 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
             w.start = t_prev                 # the measured window: start of the first measured step
         w.losses.append(out.loss)
         progress.update(step, out.loss, t - t_prev)
+        if setup.saves:
+            setup.saves.after_step(step, warmup, t, t - t_prev)
         t_prev = w.end = t
+        if setup.saves and setup.saves.due(step, warmup):    # between two steps: no step's time holds it
+            setup.saves.save(step)
+            t_prev = time.perf_counter()
         if step == 0:    # the first step made the threads its collectives use and the optimizer's
             w.comm_threads = commthreads.apply(p2p=plan.dims.pp > 1)   # state; not part of any step
             collections.stop()
@@ -264,6 +274,8 @@ def train(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, tracking) -
             t_prev = time.perf_counter()  # evaluation is not part of any step
     w.wall_s = time.perf_counter() - wall0
     w.warmup_steps = warmup
+    if setup.saves:      # every save durable before anything else: never abandoned
+        setup.saves.finish()
     retries = hostevents.alloc_retries(ctx.device)
     w.host_events = hostevents.summary(collections.stop(), None if cfg.run.epochs else w.start, w.step_s[warmup:],
                                        None if retries is None else retries - retries0)
@@ -327,6 +339,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "host_events": w.host_events,
         "window_rule": w.window_rule,
         "warmup_rule": w.warmup_rule,
+        "checkpoint": setup.saves.facts(w.step_s[warmup:]) if setup.saves else None,
     }
     return local, {"objective": objective, "fingerprint": fingerprint, "comm_steps": comm["steps"],
                    "comm_profiled": "time" in comm}

@@ -223,3 +223,31 @@ def flops_section(flops: dict, recompute: str, ctx, key: str, peak, peak_source:
                                 f"matmuls; mfu_float8_weighted counts those at the fp8 peak "
                                 f"({FP8_OVER_BF16:g}x bf16's): ddlbench/metrics/mfu.py"))
     return out
+
+
+def checkpoint_section(per_rank: list[dict]) -> dict:
+    """`checkpoint`: each save over ranks (ddlbench/metrics/checkpoint.summarize_saves), medians, the
+    rate a save reached beside a plain write of the same size to the same directory."""
+    from statistics import median
+
+    from ddlbench.metrics.checkpoint import rate, summarize_saves
+    saves = summarize_saves([r["saves"] for r in per_rank])
+    first = per_rank[0]
+    durable = [s["durable_s"] for s in saves if s["durable_s"] is not None]
+    counted = [s for s in saves if all(b is not None for b in s["bytes_per_rank"]) and s["durable_s"]]
+    plain = [r["plain_write"] for r in per_rank if r.get("plain_write")]
+    slow = [s["slowdown"] for s in saves if s["slowdown"] is not None]
+    return {"mode": first["mode"], "every": first["every"], "dir": first["dir"], "method": first["method"],
+            "saves": saves,
+            "blocked_s_median": median(s["blocked_s"] for s in saves) if saves else None,
+            "durable_s_median": median(durable) if durable else None,
+            "bytes_per_save": counted[-1]["bytes"] if counted else None,
+            "bytes_per_s": median(rate(s["bytes"], s["durable_s"]) for s in counted) if counted else None,
+            "plain_write_bytes_per_s": min(p["bytes_per_s"] for p in plain) if plain else None,
+            "slowdown_median": median(slow) if slow else None,
+            "wait_at_end_s": max(r["wait_s"] for r in per_rank),
+            "note": "per save: blocked_s = the loop stopped between two steps (max over ranks; not in any step time); "
+                    "durable_s = from the call until the last rank's write was on disk; slowdown = the steps that "
+                    "ended while an async save was written, their mean over the window's median step, less 1 "
+                    "(largest over ranks); bytes_per_s = bytes / durable_s, beside plain_write_bytes_per_s: each "
+                    "rank's largest share written to one file in the same directory and fsynced (the slowest rank)"}

@@ -11,6 +11,7 @@
           logs/              torchrun's per-rank stdout and stderr
           agent.log          the elastic agent's log
           wandb/             W&B's offline run
+          checkpoints/step_<N>/  run.checkpoint's saves (run.checkpoint.dir elsewhere; ddlbench/rank/saves.py)
           owner.lock         who owns the directory while it runs (ddlbench/lifecycle/ownership.py)
           third_party.log    library log lines kept off the terminal (ddlbench/lifecycle/quiet.py)
 
@@ -87,6 +88,10 @@ class RunDir:
     @property
     def wandb(self) -> Path:
         return self.path / "wandb"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
 
     def rank_error(self, rank: int, suffix: str = "json") -> Path:
         return self.errors / f"rank{rank}.{suffix}"

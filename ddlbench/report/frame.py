@@ -149,6 +149,15 @@ def recipe_text(recipe: dict | None) -> str | None:
             + (", float8 matmuls" if recipe.get("matmuls") else ""))
 
 
+def checkpoint_columns(ck: dict) -> dict:
+    """The run's saves in summary.csv: mode, blocked and durable seconds, the steps' slowdown while an
+    async save was written, bytes per save, the rate reached beside a plain write's."""
+    return {"checkpoint_mode": ck.get("mode"), "checkpoint_blocked_s": ck.get("blocked_s_median"),
+            "checkpoint_durable_s": ck.get("durable_s_median"), "checkpoint_slowdown": ck.get("slowdown_median"),
+            "checkpoint_bytes": ck.get("bytes_per_save"), "checkpoint_bytes_per_s": ck.get("bytes_per_s"),
+            "checkpoint_plain_write_bytes_per_s": ck.get("plain_write_bytes_per_s")}
+
+
 def summary_row(record: dict, path: str = "") -> dict:
     cfg = record.get("config") or {}
     par = record.get("parallel") or {}
@@ -220,6 +229,8 @@ def summary_row(record: dict, path: str = "") -> dict:
         "moe_imbalance_experts_max": (record.get("moe") or {}).get("imbalance_experts_max"),
         "moe_imbalance_ep_ranks_max": (record.get("moe") or {}).get("imbalance_ep_ranks_max"),
         "moe_all_to_all_bytes_per_step": (record.get("moe") or {}).get("all_to_all_payload_bytes_per_step"),
+        # run.checkpoint (empty without saves): medians over the run's saves (result.json: checkpoint)
+        **checkpoint_columns(record.get("checkpoint") or {}),
         **{f"tax_{k}": v for k, v in ((record.get("framework") or {}).get("taxonomy") or {}).items()},
         "stragglers": ",".join(map(str, (record.get("stragglers") or {}).get("flagged") or [])) or None,
         "error_type": err.get("type"), "error_rank": err.get("rank"),

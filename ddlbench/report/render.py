@@ -334,3 +334,31 @@ def run_table(rep) -> tuple[list[str], list[list[str]]]:
 MODEL_PARALLEL_NOTE = ("Pipeline runs, one row per rank: its stages, parameters and model-state bytes "
                       "(stage imbalance), peak memory, and the idle fraction measured as 1 - busy/step "
                       "next to the schedule's analytic bubble.")
+
+
+def checkpoint_table(rep) -> tuple[list[str], list[list[str]]]:
+    """One row per ok run that saved checkpoints (run.checkpoint): how, what each save cost the loop,
+    when it was on disk, what the steps lost meanwhile, and the rate beside a plain write."""
+    head = ["run", "framework", "model", "ranks", "mode", "saves", "blocked (median)", "durable (median)",
+            "slowdown while written", "bytes/save", "rate (plain write)"]
+    rows = []
+    for run_id, rec in rep.records.items():
+        c = rec.get("checkpoint")
+        if rec.get("status") != "ok" or not c:
+            continue
+        fw, rate, plain = rec.get("framework") or {}, c.get("bytes_per_s"), c.get("plain_write_bytes_per_s")
+        rows.append([str(rec.get("run_id", run_id)), f"{fw.get('name')}:{fw.get('variant')}",
+                     str((rec.get("model") or {}).get("name")), str((rec.get("parallel") or {}).get("world_size")),
+                     str(c.get("mode")), str(len(c.get("saves") or [])), f"{_num(c.get('blocked_s_median'), '.3f')} s",
+                     f"{_num(c.get('durable_s_median'), '.3f')} s",
+                     "-" if c.get("slowdown_median") is None else f"{c['slowdown_median']:+.1%}",
+                     _bytes(c.get("bytes_per_save")),
+                     f"{_bytes(rate)}/s ({_bytes(plain)}/s)" if rate else "-"])
+    return head, rows[:MAX_RUN_ROWS]
+
+
+CHECKPOINT_NOTE = ("Runs that saved checkpoints (run.checkpoint; the record's `checkpoint`): blocked = how long the loop "
+                   "stopped between two steps for a save (slowest rank; no step time holds it), durable = until the "
+                   "last rank's write was on disk; an async save writes while the next steps run, and slowdown is "
+                   "those steps' mean over the window's median step. rate = bytes / durable time, beside a plain "
+                   "fsynced write of as many bytes to the same directory.")

@@ -168,6 +168,7 @@ def sections(rep, head: dict) -> list[Section]:
                 table=t.comm_time_table(rep)),
         Section("flops", "FLOPs: MFU, HFU and the peak behind them", t.FLOPS_NOTE, table=t.flops_table(rep)),
         Section("moe", "Mixture of Experts: load balance and all-to-all", t.MOE_NOTE, table=t.moe_table(rep)),
+        Section("checkpoints", "Checkpoints: what a save costs", t.CHECKPOINT_NOTE, table=t.checkpoint_table(rep)),
         Section("advice", "Advice: predicted vs measured", t.ADVICE_NOTE, table=t.advice_table(rep)),
         Section("runs", "All runs", table=t.run_table(rep), status_column=1, empty="No runs.",
                 after=(f"First {t.MAX_RUN_ROWS} runs shown; summary.csv has every run."

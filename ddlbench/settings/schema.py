@@ -244,6 +244,15 @@ class HardwareCfg(Strict):
     gpu_table: dict[str, PeakFlops] = {}
 
 
+class CheckpointCfg(Strict):
+    """run.checkpoint: the run saves its training state every `every` measured steps, the framework's
+    recommended way (its Variant's abilities().checkpoints: the modes it offers); ddlbench/rank/saves.py."""
+    every: NonNegativeInt = 0                   # measured steps between saves; 0: none
+    mode: Literal["sync", "async"] = "sync"     # async: the write goes on in a thread while training does
+    dir: Optional[str] = None                   # null: <run dir>/checkpoints
+    keep: PositiveInt = 1                       # the newest saves left on disk
+
+
 class RunCfg(Strict):
     warmup_steps: NonNegativeInt = 3
     # set: warm-up goes on past warmup_steps until the step times settle, at most this many steps
@@ -289,6 +298,7 @@ class RunCfg(Strict):
                                       # CUDA events on a GPU): timing.step_split (ddlbench/metrics/step_split.py)
     float8: bool = False              # float8 matmuls in the model's linear layers (torchao Float8Linear, tensorwise
                                       # dynamic scaling, as torchtitan's float8 converter), bf16 around them
+    checkpoint: CheckpointCfg = Field(default_factory=CheckpointCfg)
     dir: Optional[str] = None
 
     @model_validator(mode="before")

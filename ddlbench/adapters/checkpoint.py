@@ -1,0 +1,130 @@
+"""Saving a rank's training state the framework's recommended way (run.checkpoint; the runner's
+ddlbench/rank/saves.py decides when and measures). A saver's `save(path, mode)` returns a Save:
+when it began, how long the caller was blocked, and, for an async save, a future whose completion
+time is noted the moment the write is durable (its callback).
+
+- DcpSaver: torch.distributed.checkpoint (DCP) of `get_state_dict(model, optimizer)`, sync
+  (`dcp.save`) or async (`dcp.async_save`: the state staged, the write in a thread), over a gloo
+  group of the saves' own so a save's collectives never interleave with training's. What torchtitan
+  does for FSDP2, TP, PP and their compositions; DDP's state too (one replica's keys, deduplicated).
+- Rank0Saver: rank 0's `torch.save` of the model's and optimizer's state dicts (Horovod's examples;
+  FairScale's, gathered to rank 0 first, as its docs save them).
+- DeepSpeed saves through its engine (`engine.save_checkpoint`, ddlbench/adapters/deepspeed.py).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+DCP = ("sync", "async")      # the run.checkpoint modes a DCP-saving strategy offers (Abilities.checkpoints)
+
+
+@dataclass
+class Save:
+    """One save on this rank: perf_counter times."""
+    path: str
+    began: float
+    blocked_s: float
+    future: Any = None                 # an async save's concurrent.futures.Future; None: durable on return
+    done: Optional[float] = None       # when the write was durable (set on return, or by the future's callback)
+    nbytes: Optional[int] = None       # this rank's bytes of it, counted once durable
+    error: Optional[str] = None
+    extra: dict = field(default_factory=dict)
+
+    def durable(self) -> bool:
+        return self.done is not None or self.error is not None
+
+
+def fsync_dir(path: Path) -> None:
+    """A checkpoint's files named in their directory on disk (DCP fsyncs its files, not the directory)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DcpSaver:
+    method = ("torch.distributed.checkpoint: get_state_dict(model, optimizer, flattened) saved by dcp.save (sync) or "
+              "dcp.async_save (async: staged, then written in a thread), FileSystemWriter, a gloo group of its own")
+
+    def __init__(self, model, optimizer, group):
+        self.model, self.optimizer, self.group = model, optimizer, group
+
+    def state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        # the optimizer's param groups flattened per parameter (torchtitan's choice): ranks holding
+        # different parameters (pipeline stages) keep each their own, never one rank's for all
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(flatten_optimizer_state_dict=True))
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def save(self, path: Path, mode: str) -> Save:
+        import torch.distributed.checkpoint as dcp
+        began = time.perf_counter()
+        state = self.state()
+        rank = self.group.rank()
+        if mode == "sync":
+            dcp.save(state, checkpoint_id=str(path), process_group=self.group)
+            now = time.perf_counter()
+            return Save(str(path), began, now - began, done=now, nbytes=self.rank_bytes(path, rank))
+        future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
+        save = Save(str(path), began, time.perf_counter() - began, future=future)
+
+        def finished(f) -> None:      # in the writer's thread, the moment the save is durable
+            exc = f.exception()
+            save.error = None if exc is None else f"{type(exc).__name__}: {exc}"[:300]
+            save.nbytes = self.rank_bytes(path, rank) if exc is None else None
+            save.done = time.perf_counter()
+        future.add_done_callback(finished)
+        return save
+
+    @staticmethod
+    def rank_bytes(path: Path, rank: int) -> int:
+        """This rank's share of a DCP checkpoint: its `__<rank>_<n>.distcp` files (the group's rank:
+        DCP names files by the rank in the group it saves over)."""
+        return sum(p.stat().st_size for p in Path(path).glob(f"__{rank}_*.distcp"))
+
+
+class EngineSaver:
+    method = "DeepSpeed's engine.save_checkpoint(dir, tag): its own layout (model states, each rank's ZeRO partition)"
+
+    def __init__(self, engine, rank: int):
+        self.engine, self.rank = engine, rank
+
+    def save(self, path: Path, mode: str) -> Save:
+        began = time.perf_counter()
+        self.engine.save_checkpoint(str(Path(path).parent), tag=Path(path).name)
+        now = time.perf_counter()
+        # this rank's files: its ZeRO partition (zero_pp_rank_<r>_...), and rank 0's model states
+        mine = [p for p in Path(path).glob("*") if f"zero_pp_rank_{self.rank}_" in p.name
+                or (self.rank == 0 and "zero_pp_rank_" not in p.name and p.is_file())]
+        return Save(str(path), began, now - began, done=now, nbytes=sum(p.stat().st_size for p in mine))
+
+
+class Rank0Saver:
+    """Rank 0's torch.save, fsynced, of the state `gather()` returns; every rank calls it first (a
+    collective where the state must be gathered: FairScale's OSS consolidate_state_dict, its FSDP's
+    full state dicts; Horovod's replicas need none)."""
+
+    def __init__(self, gather, rank: int, method: str):
+        self.gather, self.rank, self.method = gather, rank, method
+
+    def save(self, path: Path, mode: str) -> Save:
+        import torch
+        began = time.perf_counter()
+        state = self.gather()
+        nbytes = 0
+        if self.rank == 0:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            with open(Path(path) / "state.pt", "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_dir(Path(path))
+            nbytes = (Path(path) / "state.pt").stat().st_size
+        now = time.perf_counter()
+        return Save(str(path), began, now - began, done=now, nbytes=nbytes)

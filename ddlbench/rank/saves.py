@@ -1,0 +1,123 @@
+"""run.checkpoint on a rank: every `every` measured steps the loop stops between two steps (like an
+evaluation: no step's time holds it) and the strategy's saver (ddlbench/adapters/checkpoint.py)
+saves; an async save's write goes on while the next steps run, and those steps' slowdown is
+measured against the window's median step. At the end every save is waited for (never abandoned),
+its bytes counted, and a plain write of as many bytes to the same directory timed beside it."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ddlbench.metrics.checkpoint import persist_slowdown, rate
+from ddlbench.record.rundir import RunDir
+
+
+class Saves:
+    def __init__(self, cfg, strategy, run_dir: Path, rank: int):
+        import torch.distributed as dist
+        ck = cfg.run.checkpoint
+        self.every, self.mode, self.keep, self.rank = ck.every, ck.mode, ck.keep, rank
+        self.root = Path(ck.dir) if ck.dir else RunDir(run_dir).checkpoints
+        # a save's collectives (DCP's plans, its barrier) on a gloo group of their own: an async
+        # save's thread never interleaves them with training's on the default group
+        self.group = dist.new_group(backend="gloo")
+        self.saver = strategy.checkpoint_saver(self.group)
+        self.saves: list = []
+        self.steps: list[tuple[float, float]] = []    # (end, duration) of each measured step
+        self.wait_s = 0.0
+
+    def due(self, step: int, warmup: int) -> bool:
+        """After measured step `step` (0-based over the run): every `every` measured steps."""
+        return self.every > 0 and step >= warmup and (step - warmup + 1) % self.every == 0
+
+    def after_step(self, step: int, warmup: int, end: float, duration: float) -> None:
+        if step >= warmup:
+            self.steps.append((end, duration))
+
+    def save(self, step: int) -> None:
+        """One save; an async save still being written is waited for first (as torchtitan does: two
+        saves in flight would interleave their collectives on the saves' group), in the blocked time."""
+        path = self.root / f"step_{step + 1}"
+        t0 = time.perf_counter()
+        for s in self.saves:
+            if not s.durable():
+                self._wait(s)
+        waited = time.perf_counter() - t0
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        save = self.saver.save(path, self.mode)
+        returned = time.perf_counter()
+        # the call's times, from its start (the wait included): blocked until it returned; a sync save, or
+        # an async one already written, durable then
+        save.began, save.blocked_s = t0, returned - t0
+        if save.future is None:
+            save.done = returned
+        save.extra.update(step=step + 1, waited_for_previous_s=waited, returned=returned)
+        self.saves.append(save)
+        self._prune()
+
+    def _prune(self) -> None:
+        """The newest `keep` saves stay; an older one goes once it is durable (rank 0 removes it)."""
+        if self.rank != 0:
+            return
+        for old in self.saves[:-self.keep]:
+            if old.durable() and Path(old.path).exists() and not old.extra.get("removed"):
+                shutil.rmtree(old.path, ignore_errors=True)
+                old.extra["removed"] = True
+
+    def finish(self) -> None:
+        """Every save waited for, after the loop (its time recorded as wait_s)."""
+        t0 = time.perf_counter()
+        for s in self.saves:
+            self._wait(s)
+        self.wait_s = time.perf_counter() - t0
+
+    @staticmethod
+    def _wait(s) -> None:
+        if s.future is None:
+            return
+        try:
+            s.future.result()
+        except Exception as exc:   # noqa: BLE001 - recorded, the run goes on
+            s.error = s.error or f"{type(exc).__name__}: {exc}"[:300]
+        while s.done is None and s.error is None:    # the callback runs right after result()
+            time.sleep(0.001)
+
+    def rows(self, baseline: float) -> list[dict]:
+        """This rank's row per save (before any is pruned again): {step, blocked_s, durable_s, bytes, slowdown}."""
+        out = []
+        for s in self.saves:
+            end = None if s.done is None else max(s.done, s.extra["returned"])
+            out.append({"step": s.extra["step"], "blocked_s": s.blocked_s, "waited_s": s.extra["waited_for_previous_s"],
+                        "durable_s": None if end is None else end - s.began, "bytes": s.nbytes, "error": s.error,
+                        "slowdown": (persist_slowdown(self.steps, s.began + s.blocked_s, end, baseline)
+                                     if s.future is not None and end is not None else None)})
+        return out
+
+    def facts(self, measured: list[float]) -> dict:
+        """This rank's saves and a plain write of its largest share to the same directory (after the window)."""
+        rows = self.rows(sorted(measured)[len(measured) // 2] if measured else 0.0)
+        return {"saves": rows, "wait_s": self.wait_s, "method": self.saver.method, "mode": self.mode,
+                "every": self.every, "dir": str(self.root),
+                "plain_write": self.plain_write(max((r["bytes"] or 0 for r in rows), default=0))}
+
+    def plain_write(self, nbytes: int) -> dict | None:
+        """`nbytes` written to one file beside the checkpoints and fsynced, timed, removed: the rate this
+        directory gives a plain write (the checkpoint's own rate is read against it)."""
+        if not nbytes:
+            return None
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f".plain-write-rank{self.rank}"
+        block = b"\0" * min(nbytes, 1 << 24)
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            left = nbytes
+            while left > 0:
+                left -= f.write(block[:left])
+            f.flush()
+            os.fsync(f.fileno())
+        seconds = time.perf_counter() - t0
+        path.unlink()
+        return {"bytes": nbytes, "seconds": seconds, "bytes_per_s": rate(nbytes, seconds)}

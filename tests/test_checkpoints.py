@@ -1,0 +1,129 @@
+"""run.checkpoint (issue 67): every framework family saves its training state inside a run, its own
+recommended way (ddlbench/adapters/checkpoint.py), and the record says what each save cost
+(ddlbench/rank/saves.py, metrics/checkpoint.py); the arithmetic by hand, the refusals with their
+reasons, and one sweep per mode over the families that offer it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import bench, for_runs
+
+from ddlbench.metrics.checkpoint import persist_slowdown, rate, summarize_saves
+from ddlbench.planning.config import plan_from_overrides
+from ddlbench.record.results import load_result
+
+
+def test_persist_slowdown_by_hand():
+    # steps ending at 1..6 s, 1 s each, but the two inside the save's write (2, 4] took 1.5 and 1.3
+    steps = [(1, 1.0), (2, 1.0), (3, 1.5), (4, 1.3), (5, 1.0), (6, 1.0)]
+    got = persist_slowdown(steps, 2.0, 4.0, 1.0)
+    assert got["steps"] == 2 and got["mean_step_s"] == pytest.approx(1.4) and got["excess"] == pytest.approx(0.4)
+    # a write that was durable before the next step ended: no step inside, nothing to say
+    assert persist_slowdown(steps, 6.0, 6.5, 1.0) == {"steps": 0, "mean_step_s": None, "excess": None}
+    assert rate(10, 2.0) == 5.0 and rate(None, 2.0) is None and rate(10, 0) is None
+
+
+def test_saves_over_ranks_by_hand():
+    r0 = [{"step": 4, "blocked_s": 0.1, "waited_s": 0.05, "durable_s": 0.5, "bytes": 100, "slowdown": {"excess": 0.2}}]
+    r1 = [{"step": 4, "blocked_s": 0.3, "waited_s": 0.0, "durable_s": 0.4, "bytes": 60, "slowdown": {"excess": 0.1},
+           "error": "x"}]
+    (row,) = summarize_saves([r0, r1])
+    # the loop waited for its slowest rank; durable when the last write was; bytes summed; the worst slowdown
+    assert row == {"step": 4, "blocked_s": 0.3, "waited_s": 0.05, "durable_s": 0.5, "bytes_per_rank": [100, 60], "bytes": 160,
+                   "slowdown": 0.2, "errors": ["x"]}
+
+
+@pytest.mark.parametrize("framework,mode,why", [
+    ("deepspeed_zero2", "async", "saves only in mode sync"),
+    ("fairscale_oss", "async", "saves only in mode sync"),
+])
+def test_a_mode_the_framework_does_not_offer_is_unsupported_with_the_reason(framework, mode, why):
+    plan = plan_from_overrides([f"framework={framework}", "run.checkpoint.every=2", f"run.checkpoint.mode={mode}"])
+    assert why in plan.variant.unsupported_reason(plan.cfg, "cpu")
+    plan = plan_from_overrides([f"framework={framework}", "run.checkpoint.every=2"])
+    assert plan.variant.unsupported_reason(plan.cfg, "cpu") is None
+
+
+def test_bad_checkpoint_settings_are_config_errors():
+    from ddlbench.errors import ConfigError
+    for bad in ("run.checkpoint.every=-1", "run.checkpoint.mode=later", "run.checkpoint.keep=0"):
+        with pytest.raises(ConfigError, match="run.checkpoint"):
+            plan_from_overrides([bad])
+
+
+# one sweep per mode: the families that offer async save so, the others as they can; records by family
+SWEEPS = {"async": "ddp,fsdp_full,pipeline_1f1b", "sync": "deepspeed_zero2,horovod,fairscale_oss"}
+FAMILIES = {"async": {"ddp", "fsdp2", "pipeline"}, "sync": {"deepspeed", "horovod", "fairscale"}}
+STEPS = ("debug=fast", "launcher.nproc=2", "run.measure_steps=4", "run.checkpoint.every=2", "run.comm_profile=false")
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("ckpt")
+    out = {}
+    for mode, frameworks in SWEEPS.items():
+        proc = bench("run", "-m", f"framework={frameworks}", f"run.checkpoint.mode={mode}", *STEPS,
+                     f"run.dir={root / mode}", timeout=for_runs(3, 90))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for p in sorted((root / mode).glob("*/result.json")):
+            rec = load_result(p)
+            out[rec["framework"]["name"]] = rec
+    return out
+
+
+def test_every_family_saves_and_the_record_says_what_it_cost(records):
+    assert set(records) == FAMILIES["async"] | FAMILIES["sync"]
+    for name, rec in records.items():
+        assert rec["status"] == "ok", (name, rec["error"])
+        ck = rec["checkpoint"]
+        mode = ck["mode"]
+        assert mode == ("async" if name in FAMILIES["async"] else "sync") and ck["every"] == 2
+        # 4 measured steps, a save every 2: after measured steps 2 and 4 (warm-up 1: steps 3 and 5)
+        assert [s["step"] for s in ck["saves"]] == [3, 5], name
+        for s in ck["saves"]:
+            assert not s["errors"] and s["durable_s"] is not None, (name, s)
+            assert 0 < s["blocked_s"] <= s["durable_s"], (name, s)
+            if mode == "sync":
+                assert s["blocked_s"] == s["durable_s"] and s["slowdown"] is None
+            assert len(s["bytes_per_rank"]) == 2 and s["bytes"] == sum(s["bytes_per_rank"]) > 0, (name, s)
+        assert ck["bytes_per_s"] > 0 and ck["plain_write_bytes_per_s"] > 0 and ck["wait_at_end_s"] >= 0
+        # keep=1: only the newest save is left on disk (DeepSpeed adds its `latest` tag and scripts beside it)
+        left = sorted(p.name for p in Path(ck["dir"]).iterdir() if p.is_dir())
+        assert left == ["step_5"], (name, left)
+
+
+def test_a_dcp_checkpoint_holds_every_rank_s_state_under_keys_of_its_own(records):
+    """DCP's metadata: the model's parameters and the optimizer's state per parameter, flattened; a
+    pipeline's stages under keys of their own (stage0..., stage1...), so no rank's state replaces another's."""
+    from torch.distributed.checkpoint import FileSystemReader
+    for name in FAMILIES["async"]:
+        path = Path(records[name]["checkpoint"]["dir"]) / "step_5"
+        keys = set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+        model = {k[len("model."):] for k in keys if k.startswith("model.")}
+        stepped = {k[len("optimizer.state."):-len(".exp_avg")] for k in keys
+                   if k.startswith("optimizer.state.") and k.endswith(".exp_avg")}
+        # every parameter's AdamW state, once: GPT-2's head is its embedding (tied; a pipeline's last
+        # stage holds its own copy, with its own state)
+        assert stepped <= model and model - stepped <= {"net.lm_head.weight"}, (name, sorted(model - stepped))
+        assert any(k.startswith("optimizer.param_groups.") and k.endswith(".lr") for k in keys)   # flattened
+        if name == "pipeline":
+            assert {k.split(".")[0] for k in model} == {"stage0", "stage1"}
+
+
+def test_summary_and_report_carry_the_saves(records):
+    from ddlbench.report.frame import summary_row
+    from ddlbench.report.render import checkpoint_table
+    row = summary_row(records["fsdp2"])
+    ck = records["fsdp2"]["checkpoint"]
+    assert (row["checkpoint_mode"], row["checkpoint_blocked_s"], row["checkpoint_bytes"]) == \
+        ("async", ck["blocked_s_median"], ck["bytes_per_save"])
+
+    class Rep:
+        pass
+    rep = Rep()
+    rep.records = records
+    head, rows = checkpoint_table(rep)
+    assert len(rows) == len(records) and head[4] == "mode"
+    assert json.dumps(rows)          # every cell a string
