@@ -56,7 +56,8 @@ def test_bad_checkpoint_settings_are_config_errors():
 # one sweep per mode: the families that offer async save so, the others as they can; records by family
 SWEEPS = {"async": "ddp,fsdp_full,pipeline_1f1b", "sync": "deepspeed_zero2,horovod,fairscale_oss"}
 FAMILIES = {"async": {"ddp", "fsdp2", "pipeline"}, "sync": {"deepspeed", "horovod", "fairscale"}}
-STEPS = ("debug=fast", "launcher.nproc=2", "run.measure_steps=4", "run.checkpoint.every=2", "run.comm_profile=false")
+STEPS = ("debug=fast", "launcher.nproc=2", "run.measure_steps=4", "run.checkpoint.every=2", "run.checkpoint.keep=2",
+         "run.comm_profile=false")
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +90,10 @@ def test_every_family_saves_and_the_record_says_what_it_cost(records):
                 assert s["blocked_s"] == s["durable_s"] and s["slowdown"] is None
             assert len(s["bytes_per_rank"]) == 2 and s["bytes"] == sum(s["bytes_per_rank"]) > 0, (name, s)
         assert ck["bytes_per_s"] > 0 and ck["plain_write_bytes_per_s"] > 0 and ck["wait_at_end_s"] >= 0
-        # keep=1: only the newest save is left on disk (DeepSpeed adds its `latest` tag and scripts beside it)
+        # keep=2: the two newest saves are left on disk (DeepSpeed adds its `latest` tag and scripts beside them)
         left = sorted(p.name for p in Path(ck["dir"]).iterdir() if p.is_dir())
-        assert left == ["step_5"], (name, left)
+        assert left == ["step_3", "step_5"], (name, left)
+        assert ck["restore"] is None
 
 
 def test_a_dcp_checkpoint_holds_every_rank_s_state_under_keys_of_its_own(records):
@@ -127,3 +129,45 @@ def test_summary_and_report_carry_the_saves(records):
     head, rows = checkpoint_table(rep)
     assert len(rows) == len(records) and head[4] == "mode"
     assert json.dumps(rows)          # every cell a string
+
+
+def _losses(rec: dict) -> list[float]:
+    return [loss for _, loss in rec["convergence"]["train_loss"]]
+
+
+# (the run saved, what resumes from its step_3: framework, ranks, relative tolerance on the losses)
+RESUMES = [("ddp", "ddp", 2, 0.0),                 # the same layout: the same arithmetic, exactly
+           ("deepspeed", "deepspeed_zero2", 2, 0.0),
+           ("fsdp2", "fsdp_full", 1, 1e-6),         # FSDP2 over 2 ranks -> 1 (DCP reshards)
+           ("fsdp2", "ddp", 1, 1e-6)]              # ... and into another strategy
+
+
+def test_resumed_runs_go_on_where_the_saved_one_did(records, tmp_path):
+    """run.checkpoint.resume_from=<dir>/step_3: the next 2 steps' losses are the saved run's steps 3 and 4
+    (exactly where the layout is the same; within 1e-6 relative on another world size or strategy),
+    the restore timed by phase; a layout whose parameters differ in shape is refused, saying which."""
+    for saved, framework, nproc, rtol in RESUMES:
+        src = records[saved]
+        path = Path(src["checkpoint"]["dir"]) / "step_3"
+        proc = bench("run", f"framework={framework}", f"launcher.nproc={nproc}", "debug=fast", "run.measure_steps=1",
+                     "run.comm_profile=false", f"run.checkpoint.resume_from={path}", f"run.dir={tmp_path / framework}-{nproc}")
+        rec = load_result(tmp_path / f"{framework}-{nproc}" / "result.json")
+        assert rec["status"] == "ok", (saved, framework, rec["error"], proc.stderr[-2000:])
+        assert _losses(rec) == pytest.approx(_losses(src)[3:5], rel=rtol, abs=0), (saved, framework)
+        restore = rec["checkpoint"]["restore"]
+        assert restore["step"] == 3 and restore["path"] == str(path) and restore["read_s"] > 0
+        assert restore["first_step_s"] > 0 and restore["load_s"] >= restore["read_s"]
+    # GPT-2 under tensor parallelism holds its Conv1D weights transposed (nn.Linear): not this checkpoint's shape
+    bad = tmp_path / "tp"
+    bench("run", "framework=tensor_parallel", "launcher.nproc=2", "debug=fast", "run.comm_profile=false",
+          f"run.checkpoint.resume_from={Path(records['fsdp2']['checkpoint']['dir']) / 'step_3'}", f"run.dir={bad}")
+    rec = load_result(bad / "result.json")
+    assert rec["status"] == "failed" and "RestoreError" in rec["error"]["type"] + rec["error"]["message"]
+    assert "Size mismatch between saved" in rec["error"]["message"] and "c_attn.weight" in rec["error"]["message"]
+
+
+def test_a_resume_path_must_name_a_save():
+    from ddlbench.rank.saves import RestoreError, resumed_step
+    assert resumed_step("/x/checkpoints/step_12") == 12
+    with pytest.raises(RestoreError, match="not a save's directory"):
+        resumed_step("/x/checkpoints/latest")

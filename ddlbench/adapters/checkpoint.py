@@ -76,11 +76,25 @@ class DcpSaver:
 
         def finished(f) -> None:      # in the writer's thread, the moment the save is durable
             exc = f.exception()
-            save.error = None if exc is None else f"{type(exc).__name__}: {exc}"[:300]
+            save.error = None if exc is None else f"{type(exc).__name__}: {str(exc)[:600]}"
             save.nbytes = self.rank_bytes(path, rank) if exc is None else None
             save.done = time.perf_counter()
         future.add_done_callback(finished)
         return save
+
+    def load(self, path: Path) -> dict:
+        """The state read into this rank's layout (DCP reshards: any world size or sharding that holds
+        the same parameters), then applied; {phase: seconds}."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        t0 = time.perf_counter()
+        state = self.state()        # the target: this rank's shards, which DCP fills in place
+        t1 = time.perf_counter()
+        dcp.load(state, checkpoint_id=str(path), process_group=self.group)
+        t2 = time.perf_counter()
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(flatten_optimizer_state_dict=True))
+        return {"target_s": t1 - t0, "read_s": t2 - t1, "apply_s": time.perf_counter() - t2}
 
     @staticmethod
     def rank_bytes(path: Path, rank: int) -> int:
@@ -104,14 +118,33 @@ class EngineSaver:
                 or (self.rank == 0 and "zero_pp_rank_" not in p.name and p.is_file())]
         return Save(str(path), began, now - began, done=now, nbytes=sum(p.stat().st_size for p in mine))
 
+    def load(self, path: Path) -> dict:
+        """DeepSpeed's engine.load_checkpoint(dir, tag): its files read, each rank's partition applied."""
+        t0 = time.perf_counter()
+        loaded, _ = self.engine.load_checkpoint(str(Path(path).parent), tag=Path(path).name)
+        if loaded is None:
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint under tag {Path(path).name} in {Path(path).parent}")
+        return {"read_s": time.perf_counter() - t0}
+
 
 class Rank0Saver:
     """Rank 0's torch.save, fsynced, of the state `gather()` returns; every rank calls it first (a
     collective where the state must be gathered: FairScale's OSS consolidate_state_dict, its FSDP's
     full state dicts; Horovod's replicas need none)."""
 
-    def __init__(self, gather, rank: int, method: str):
-        self.gather, self.rank, self.method = gather, rank, method
+    def __init__(self, gather, rank: int, method: str, apply=None):
+        self.gather, self.rank, self.method, self.apply = gather, rank, method, apply
+
+    def load(self, path: Path) -> dict:
+        """Every rank reads rank 0's file and applies it (`apply(state)`: the framework's load_state_dict)."""
+        import torch
+        if self.apply is None:
+            raise NotImplementedError("this framework's saver does not load")
+        t0 = time.perf_counter()
+        state = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+        t1 = time.perf_counter()
+        self.apply(state)
+        return {"read_s": t1 - t0, "apply_s": time.perf_counter() - t1}
 
     def save(self, path: Path, mode: str) -> Save:
         import torch

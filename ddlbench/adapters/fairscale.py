@@ -151,7 +151,11 @@ class FairScaleStrategy(Strategy):
             self.optimizer.consolidate_state_dict(recipient_rank=0)
             return {"model": model, "optimizer": self.optimizer.state_dict() if self.ctx.rank == 0 else None}
         how = ("FSDP.state_dict + gather_full_optim_state_dict" if fsdp else "OSS.consolidate_state_dict(recipient_rank=0)")
-        return Rank0Saver(gather, self.ctx.rank, f"FairScale: {how}, then rank 0's torch.save, fsynced")
+        def apply(state: dict) -> None:     # OSS partitions a consolidated state dict again on load
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        return Rank0Saver(gather, self.ctx.rank, f"FairScale: {how}, then rank 0's torch.save, fsynced",
+                          apply=None if fsdp else apply)
 
     def train_step(self, batch: dict) -> StepOut:
         loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self.model.no_sync)

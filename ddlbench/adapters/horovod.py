@@ -93,7 +93,11 @@ class HorovodStrategy(CountsOwnCollectives, Strategy):
         from ddlbench.adapters.checkpoint import Rank0Saver
         return Rank0Saver(lambda: {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
                           self.ctx.rank, "rank 0's torch.save of the model's and optimizer's state dicts, fsynced "
-                                         "(Horovod's examples)")
+                                         "(Horovod's examples)", apply=self._load_state)
+
+    def _load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def setup(self, build_model, build_optimizer) -> None:
         import horovod

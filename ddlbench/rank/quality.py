@@ -18,16 +18,18 @@ from ddlbench.models.datasets import Dataset
 from ddlbench.models.loader import TrainStream, eval_shards
 
 
-def batch_source(dataset: Optional[Dataset], cfg, spec, dims, dp_rank: int, device) -> tuple[Iterator[dict], Optional[int]]:
-    """(iterator of local batches, steps per epoch or None). Random synthetic data is a pool
-    materialised before the window; datasets are fetched inside the step, as in real training."""
+def batch_source(dataset: Optional[Dataset], cfg, spec, dims, dp_rank: int, device,
+                 start: int = 0) -> tuple[Iterator[dict], Optional[int]]:
+    """(iterator of local batches from step `start` on, steps per epoch or None). Random synthetic data
+    is a pool materialised before the window; datasets are fetched inside the step, as in real
+    training (a resumed run skips the batches its checkpoint has trained on)."""
     if dataset is None:
         pool = SyntheticData(spec, cfg.run.seed, dims.global_batch, dp_rank, dims.local_batch,
                              cfg.data.pool_batches, device)
-        return (pool.batch(s) for s in itertools.count()), None
+        return (pool.batch(s) for s in itertools.count(start)), None
     stream = TrainStream(dataset.train, cfg.run.seed, dims.global_batch, dp_rank, dims.local_batch,
                          device, getattr(cfg.data, "num_workers", 0))
-    return stream.forever(), stream.steps_per_epoch
+    return itertools.islice(stream.forever(), start, None), stream.steps_per_epoch
 
 
 def evaluate_split(adapter, split, dims, dp_rank: int, device) -> dict:

@@ -170,8 +170,13 @@ def set_up(plan: Plan, ctx: RankContext, run_dir: Path, spec, tracking) -> Setup
     if isinstance(tracking, RunTracker):
         tracking.label(strategy.model, strategy.optimizer)
     events.mark(run_dir, "model_ready", ctx.rank)
+    saves, start = None, 0
+    if cfg.run.checkpoint.every or cfg.run.checkpoint.resume_from:
+        from ddlbench.rank.saves import Saves
+        saves = Saves(cfg, strategy, run_dir, ctx.rank)
+        start = saves.restore(cfg.run.checkpoint.resume_from) if cfg.run.checkpoint.resume_from else 0
     dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
-    batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, strategy.dp_rank, ctx.device)
+    batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, strategy.dp_rank, ctx.device, start)
     evaluate = None
     if cfg.run.epochs:  # quality mode: whole epochs, evaluation between steps
         total = cfg.run.epochs * steps_per_epoch
@@ -184,10 +189,6 @@ def set_up(plan: Plan, ctx: RankContext, run_dir: Path, spec, tracking) -> Setup
         strategy.plan_steps(total, steps_per_epoch if cfg.run.epochs else None)
     target = resolve_target(cfg.run.target, cfg.run.target_metric, cfg.run.target_vs_floor,
                             dataset.floor["loss"] if dataset else None)
-    saves = None
-    if cfg.run.checkpoint.every:
-        from ddlbench.rank.saves import Saves
-        saves = Saves(cfg, strategy, run_dir, ctx.rank)
     return Setup(strategy, spec, dataset, batches, steps_per_epoch, total, evaluate, target, peaks, saves)
 
 
@@ -339,7 +340,7 @@ def after_window(plan: Plan, ctx: RankContext, setup: Setup, w: Window, warmup: 
         "host_events": w.host_events,
         "window_rule": w.window_rule,
         "warmup_rule": w.warmup_rule,
-        "checkpoint": setup.saves.facts(w.step_s[warmup:]) if setup.saves else None,
+        "checkpoint": setup.saves.facts(w.step_s[warmup:], w.step_s[0] if w.step_s else None) if setup.saves else None,
     }
     return local, {"objective": objective, "fingerprint": fingerprint, "comm_steps": comm["steps"],
                    "comm_profiled": "time" in comm}

@@ -6,12 +6,45 @@ its bytes counted, and a plain write of as many bytes to the same directory time
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 
 from ddlbench.metrics.checkpoint import persist_slowdown, rate
 from ddlbench.record.rundir import RunDir
+
+
+class RestoreError(RuntimeError):
+    """run.checkpoint.resume_from could not be loaded: the path and the cause (a run that fails, never
+    one that trains on from a half-loaded state)."""
+
+
+def _failures() -> tuple:
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
+    return (Exception, CheckpointException)
+
+
+FAILURES = _failures()
+
+
+def cause(exc: BaseException) -> str:
+    """One line for what went wrong: DCP's CheckpointException holds every rank's own error (the first
+    is said, with its rank); anything else its type and message."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, (inner, _) = next(iter(sorted(failures.items())))
+        return f"{type(inner).__name__} on rank {rank}: {str(inner)[:600]}"
+    return f"{type(exc).__name__}: {str(exc)[:600]}"
+
+
+def resumed_step(path: str) -> int:
+    """N of a save's directory `.../step_<N>`: the steps its state has trained."""
+    m = re.fullmatch(r"step_(\d+)", Path(path).name)
+    if not m:
+        raise RestoreError(f"run.checkpoint.resume_from={path}: not a save's directory (its name is step_<N>, "
+                           "as run.checkpoint writes them)")
+    return int(m.group(1))
 
 
 class Saves:
@@ -27,6 +60,22 @@ class Saves:
         self.saves: list = []
         self.steps: list[tuple[float, float]] = []    # (end, duration) of each measured step
         self.wait_s = 0.0
+        self.restored: dict | None = None
+        self.start = 0               # steps the state had trained before this run (resume_from)
+
+    def restore(self, path: str) -> int:
+        """The save at `path` loaded into the strategy, by phase; the step the run goes on from."""
+        step = resumed_step(path)
+        if not Path(path).is_dir():
+            raise RestoreError(f"run.checkpoint.resume_from={path}: no such directory")
+        t0 = time.perf_counter()
+        try:
+            phases = self.saver.load(Path(path))
+        except FAILURES as exc:     # torn, partial, another model's or layout's: the run fails, saying why
+            raise RestoreError(f"run.checkpoint.resume_from={path}: {cause(exc)}") from None
+        self.restored = {"path": str(path), "step": step, "load_s": time.perf_counter() - t0, **phases}
+        self.start = step
+        return step
 
     def due(self, step: int, warmup: int) -> bool:
         """After measured step `step` (0-based over the run): every `every` measured steps."""
@@ -39,7 +88,7 @@ class Saves:
     def save(self, step: int) -> None:
         """One save; an async save still being written is waited for first (as torchtitan does: two
         saves in flight would interleave their collectives on the saves' group), in the blocked time."""
-        path = self.root / f"step_{step + 1}"
+        path = self.root / f"step_{self.start + step + 1}"      # steps trained in all, a resumed run's before it too
         t0 = time.perf_counter()
         for s in self.saves:
             if not s.durable():
@@ -47,14 +96,18 @@ class Saves:
         waited = time.perf_counter() - t0
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
-        save = self.saver.save(path, self.mode)
+        try:
+            save = self.saver.save(path, self.mode)
+        except FAILURES as exc:    # a full disk, an unwritable directory: the save fails, the run goes on
+            from ddlbench.adapters.checkpoint import Save
+            save = Save(str(path), t0, 0.0, error=cause(exc))
         returned = time.perf_counter()
         # the call's times, from its start (the wait included): blocked until it returned; a sync save, or
         # an async one already written, durable then
         save.began, save.blocked_s = t0, returned - t0
-        if save.future is None:
+        if save.future is None and save.error is None:
             save.done = returned
-        save.extra.update(step=step + 1, waited_for_previous_s=waited, returned=returned)
+        save.extra.update(step=self.start + step + 1, waited_for_previous_s=waited, returned=returned)
         self.saves.append(save)
         self._prune()
 
@@ -76,12 +129,13 @@ class Saves:
 
     @staticmethod
     def _wait(s) -> None:
+        """An async save waited for until durable (or failed: its error kept)."""
         if s.future is None:
             return
         try:
             s.future.result()
-        except Exception as exc:   # noqa: BLE001 - recorded, the run goes on
-            s.error = s.error or f"{type(exc).__name__}: {exc}"[:300]
+        except FAILURES as exc:   # recorded, the run goes on
+            s.error = s.error or cause(exc)
         while s.done is None and s.error is None:    # the callback runs right after result()
             time.sleep(0.001)
 
@@ -96,10 +150,14 @@ class Saves:
                                      if s.future is not None and end is not None else None)})
         return out
 
-    def facts(self, measured: list[float]) -> dict:
-        """This rank's saves and a plain write of its largest share to the same directory (after the window)."""
+    def facts(self, measured: list[float], first_step_s: float | None) -> dict:
+        """This rank's saves and a plain write of its largest share to the same directory (after the
+        window); a restore's phases with the first step after it."""
         rows = self.rows(sorted(measured)[len(measured) // 2] if measured else 0.0)
+        if self.restored is not None:
+            self.restored["first_step_s"] = first_step_s
         return {"saves": rows, "wait_s": self.wait_s, "method": self.saver.method, "mode": self.mode,
+                "restored": self.restored,
                 "every": self.every, "dir": str(self.root),
                 "plain_write": self.plain_write(max((r["bytes"] or 0 for r in rows), default=0))}
 

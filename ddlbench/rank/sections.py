@@ -246,8 +246,24 @@ def checkpoint_section(per_rank: list[dict]) -> dict:
             "plain_write_bytes_per_s": min(p["bytes_per_s"] for p in plain) if plain else None,
             "slowdown_median": median(slow) if slow else None,
             "wait_at_end_s": max(r["wait_s"] for r in per_rank),
+            # run.checkpoint.resume_from: the load by phase, slowest rank each (None: the run began afresh)
+            "restore": restore_phases([r.get("restored") for r in per_rank]),
             "note": "per save: blocked_s = the loop stopped between two steps (max over ranks; not in any step time); "
                     "durable_s = from the call until the last rank's write was on disk; slowdown = the steps that "
                     "ended while an async save was written, their mean over the window's median step, less 1 "
                     "(largest over ranks); bytes_per_s = bytes / durable_s, beside plain_write_bytes_per_s: each "
                     "rank's largest share written to one file in the same directory and fsynced (the slowest rank)"}
+
+
+def restore_phases(per_rank: list) -> dict | None:
+    """A resumed run's load over ranks: the path and step, each phase's seconds on its slowest rank."""
+    if not per_rank or per_rank[0] is None:
+        return None
+    first = per_rank[0]
+    phases = {k: max(r[k] for r in per_rank if r.get(k) is not None) for k in first
+              if k not in ("path", "step") and any(r.get(k) is not None for r in per_rank)}
+    return {"path": first["path"], "step": first["step"], **phases,
+            "note": "seconds, the slowest rank's: target_s = this rank's state to load into, read_s = read and "
+                    "resharded into this layout (DCP; DeepSpeed's load_checkpoint; torch.load), apply_s = set into "
+                    "the model and optimizer, first_step_s = the first training step after it (process start and "
+                    "group: startup_s)"}

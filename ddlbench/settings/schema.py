@@ -251,6 +251,8 @@ class CheckpointCfg(Strict):
     mode: Literal["sync", "async"] = "sync"     # async: the write goes on in a thread while training does
     dir: Optional[str] = None                   # null: <run dir>/checkpoints
     keep: PositiveInt = 1                       # the newest saves left on disk
+    resume_from: Optional[str] = None           # a save's directory (<dir>/step_<N>): the run starts from it,
+                                                # at step N of the same data stream, the load timed by phase
 
 
 class RunCfg(Strict):

@@ -1,0 +1,75 @@
+"""run.checkpoint's sync against async saves, measured in one run of each per framework: what a
+save blocks the loop, how long until it is durable, the steps' slowdown while an async save is
+written, and the rate a save reached beside a plain write of the same size to the same directory.
+The issue's published points of comparison (Llama 3 8B on H100s): NeMo Automodel #635 blocked 27.34 s
+sync vs 0.54 s async; torchtitan #1287 0.02 s blocked async with the next steps 6.7-8.3% slower.
+
+    .venv/bin/python benchmarks/checkpoint_modes.py OUT_DIR [--frameworks ddp,fsdp_full] [--model gpt2_small]
+
+Sync and async runs of a framework alternate (sync, async, sync, async with --repeats 2) so that
+load on the machine falls on both. Prints the machine's CPU matmul probe beside the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from statistics import median
+
+from runs import reuse
+
+STEPS = ("launcher.nproc=2", "run.warmup_steps=2", "run.measure_steps=8", "run.checkpoint.every=2",
+         "run.comm_profile=false", "logger=none", "run.progress=false")
+
+
+def run(run_dir: Path, resume: bool, *overrides: str) -> dict:
+    if not reuse(run_dir, resume):
+        subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", f"run.dir={run_dir}", *STEPS, *overrides],
+                       capture_output=True, text=True, timeout=1800)
+    path = run_dir / "result.json"
+    return json.loads(path.read_text()) if path.exists() else {"status": "no result"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--frameworks", default="ddp,fsdp_full")
+    ap.add_argument("--model", default="gpt2_small")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--resume", action="store_true")
+    a = ap.parse_args()
+    import torch
+
+    from ddlbench.machine.hardware import probe_cpu_matmul
+    gflops = probe_cpu_matmul(torch.get_num_threads(), torch.float32, seconds=1.0) / 1e9
+    print(f"machine: CPU matmul probe {gflops:.0f} GFLOP/s ({torch.get_num_threads()} threads); model {a.model}")
+    failed = 0
+    for fw in a.frameworks.split(","):
+        got: dict[str, list[dict]] = {"sync": [], "async": []}
+        for r in range(a.repeats):
+            for mode in ("sync", "async"):
+                rec = run(a.out / f"{fw}-{mode}-{r}", a.resume, f"framework={fw}", f"model={a.model}",
+                          f"run.checkpoint.mode={mode}")
+                if rec.get("status") != "ok":
+                    print(f"{fw} {mode}: {rec.get('status')} {(rec.get('error') or {}).get('message', '')[:200]}")
+                    failed += 1
+                    continue
+                got[mode].append(rec["checkpoint"])
+        if not got["sync"] or not got["async"]:
+            continue
+        sync_b = median(c["blocked_s_median"] for c in got["sync"])
+        async_b = median(c["blocked_s_median"] for c in got["async"])
+        slow = [c["slowdown_median"] for c in got["async"] if c["slowdown_median"] is not None]
+        ck = got["async"][-1]
+        print(f"{fw}: {ck['bytes_per_save'] / 2**20:.0f} MiB a save; blocked sync {sync_b:.3f} s, async {async_b:.3f} s "
+              f"({async_b / sync_b:.2f}x); durable sync {median(c['durable_s_median'] for c in got['sync']):.3f} s, "
+              f"async {median(c['durable_s_median'] for c in got['async']):.3f} s; steps while an async save is "
+              f"written {'+%.1f%%' % (100 * median(slow)) if slow else 'none ended'}; rate "
+              f"{(ck['bytes_per_s'] or 0) / 2**20:.0f} MiB/s vs plain write {(ck['plain_write_bytes_per_s'] or 0) / 2**20:.0f} MiB/s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
