@@ -171,3 +171,49 @@ def test_a_resume_path_must_name_a_save():
     assert resumed_step("/x/checkpoints/step_12") == 12
     with pytest.raises(RestoreError, match="not a save's directory"):
         resumed_step("/x/checkpoints/latest")
+
+
+def test_goodput_arithmetic_by_hand():
+    from ddlbench.metrics import goodput as g
+    # the default fit through arXiv 2410.21680's points: 256 h / sqrt(N)
+    a, b = g.mttf_fit()
+    assert b == pytest.approx(0.5) and a == pytest.approx(256 * 3600)
+    assert g.mttf(1024) == pytest.approx(8 * 3600) and g.mttf(16384) == pytest.approx(2 * 3600)
+    assert g.mttf(4096) == pytest.approx(4 * 3600)
+    # an async save blocked 0.5 s and slowed the steps 10% over the 20 s it was written: 2.5 s a save
+    assert g.save_cost(0.5, 0.10, 20.0) == pytest.approx(2.5) and g.save_cost(3.0) == 3.0
+    # Daly: sqrt(2 x 10 x 28,800) - 10 = 758.95 - 10
+    assert g.optimal_interval(10, 28800) == pytest.approx(748.946, abs=1e-3)
+    # lost: 10/750 + (750 + 10)/2/28,800 + 300/28,800 = 0.013333 + 0.013194 + 0.010417
+    assert g.goodput(750, 10, 300, 28800) == pytest.approx(1 - 0.0369444, abs=1e-6)
+    with pytest.raises(ValueError):
+        g.goodput(0, 10, 300, 28800)
+
+
+def test_project_prints_goodput_from_a_run_that_saved(records, tmp_path):
+    """The table's inputs from the record by hand, and `bench project` printing it at 1,024 and 16,384."""
+    from ddlbench.metrics import goodput as g
+    from ddlbench.project.goodput import mttf_points, table
+    rec = records["ddp"]
+    ck = rec["checkpoint"]
+    rows = [{"devices": 1024, "step_s": 0.5, "samples_per_s": 1000.0}]
+    doc = table(rec, rows)
+    cost = ck["blocked_s_median"] + (ck["slowdown_median"] or 0) * (ck["durable_s_median"] - ck["blocked_s_median"])
+    restart = rec["startup_s"]["total_to_first_step"] + ck["durable_s_median"]
+    (row,) = doc["rows"]
+    assert doc["save_cost_s"] == pytest.approx(cost) and doc["restart_s"] == pytest.approx(restart)
+    assert row["interval_s"] == pytest.approx(g.optimal_interval(cost, 8 * 3600))
+    assert row["goodput"] == pytest.approx(g.goodput(row["interval_s"], cost, restart, 8 * 3600))
+    assert row["run_interval_s"] == 2 * 0.5 and row["effective_samples_per_s"] == pytest.approx(1000 * row["goodput"])
+    assert table({"checkpoint": None}, rows) is None
+    assert mttf_points("512:10,4096:5") == ((512, 36000.0), (4096, 18000.0))
+    from ddlbench.errors import ConfigError
+    with pytest.raises(ConfigError, match="mttf="):
+        mttf_points("512:10")
+    run_dir = Path(rec["config"]["run"]["dir"])
+    proc = bench("project", str(run_dir), "network=dgx_h100", "world_sizes=[1024,16384]", f"out={tmp_path / 'p'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "goodput (checkpoints, failures, restarts)" in proc.stdout
+    got = json.loads((tmp_path / "p" / "projection.json").read_text())["goodput"]
+    assert [r["devices"] for r in got["rows"]] == [1024, 16384]
+    assert got["rows"][0]["mttf_s"] == pytest.approx(8 * 3600) and got["rows"][1]["mttf_s"] == pytest.approx(2 * 3600)

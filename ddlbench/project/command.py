@@ -10,12 +10,13 @@ from ddlbench.record.results import atomic_write_json
 
 DEFAULT_WORLD_SIZES = [8, 64, 512, 4096, 32768, 100000]
 KEYS = {"network", "world_sizes", "scaling", "overlap", "algorithm", "measured_on", "compute_from", "out", "replace",
-        "allocate", "budget_GBps", "budget_cost", "devices", "min_GBps", "max_GBps", "device_cost"}
+        "allocate", "budget_GBps", "budget_cost", "devices", "min_GBps", "max_GBps", "device_cost", "mttf"}
 
 
 USAGE = ("usage: bench project RESULT network=NAME [world_sizes=[8,64,...]] [scaling=weak|strong] "
          "[overlap=0..1] [algorithm=auto|best|ring|tree|hierarchical|gloo] [measured_on=NETWORK] "
-         "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [device_cost=Z] [out=DIR] [replace=true]")
+         "[compute_from=RESULT_1_RANK] [allocate=time|perf_per_cost budget_GBps=X|budget_cost=Y] [device_cost=Z] "
+         "[mttf=DEVICES:HOURS,DEVICES:HOURS] [out=DIR] [replace=true]")
 
 
 def parse(args: list[str]):
@@ -130,6 +131,10 @@ def run(args: list[str]) -> int:
                            for c in work.collectives],
            "collectives_source": replanned or "measured (the run's probe step)",
            "rows": rows}
+    from ddlbench.project import goodput
+    kept = goodput.table(rec, rows, goodput.mttf_points(o.text("mttf")))    # a run that saved checkpoints
+    if kept is not None:
+        doc["goodput"] = kept
     if o.text("allocate"):
         from ddlbench.project.allocate import allocate
         try:
@@ -186,6 +191,9 @@ def _print(doc: dict, out: Path, plot: Path) -> None:
         print(f"allocation ({a['objective']}, {a['devices']} devices, {a['algorithm']}): "
               + ", ".join(f"{d} {b:.2f} GB/s (now {c:.2f})" for d, b, c in zip(a["dimensions"], a["bandwidth_GBps"], a["current_GBps"]))
               + f"; step {a['step_s'] * 1e3:.2f} ms (now {a['step_s_current'] * 1e3:.2f}), cost {a['cost']:.1f} (now {a['cost_current']:.1f})")
+    if "goodput" in doc:
+        from ddlbench.project.goodput import lines
+        print("\n".join(lines(doc["goodput"])))
     for name in ("projection.json", "projection.csv"):
         print(f"  {out / name}")
     print(f"  {plot}")

@@ -1,0 +1,83 @@
+"""Loading a checkpoint on another layout (issue 67 item 3), on CPU: each source run saves at step 3
+and trains to step 5 (run.checkpoint.every=2, keep=2); each target resumes from the source's step_3
+(run.checkpoint.resume_from) on its own framework and world size and trains 2 steps. Per pair:
+whether it loaded, the reason where not, and continuity: the largest relative difference between
+the target's 2 losses and the source's steps 3 and 4 (0 where the arithmetic is the same).
+
+    .venv/bin/python benchmarks/reshard_matrix.py OUT_DIR [--model gpt2_tiny] [--resume]
+
+Prints a Markdown table (docs/checkpoints.md holds the committed one, with this command).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from runs import reuse
+
+COMMON = ("debug=fast", "run.comm_profile=false")
+# source: (framework, ranks); targets: (framework, ranks)
+PAIRS = [
+    (("fsdp_full", 2), [("fsdp_full", 2), ("fsdp_full", 1), ("ddp", 1), ("ddp", 2), ("tensor_parallel", 2),
+                         ("pipeline_1f1b", 2)]),
+    (("fsdp_full", 1), [("fsdp_full", 2)]),
+    (("tensor_parallel_fsdp", 4), [("fsdp_full", 2), ("tensor_parallel", 2)]),
+    (("ddp", 2), [("fsdp_full", 2), ("deepspeed_zero2", 2)]),
+    (("deepspeed_zero3", 2), [("deepspeed_zero3", 2), ("deepspeed_zero3", 1), ("deepspeed_zero2", 2)]),
+    (("pipeline_1f1b", 2), [("pipeline_1f1b", 2), ("ddp", 2)]),
+    (("horovod", 2), [("horovod", 2)]),
+    (("fairscale_oss", 2), [("fairscale_oss", 2)]),
+]
+
+
+def run(run_dir: Path, resume: bool, *overrides: str) -> dict:
+    if not reuse(run_dir, resume):
+        subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", f"run.dir={run_dir}", *COMMON, *overrides],
+                       capture_output=True, text=True, timeout=900)
+    path = run_dir / "result.json"
+    return json.loads(path.read_text()) if path.exists() else {"status": "no result", "error": {"message": "-"}}
+
+
+def losses(rec: dict) -> list[float]:
+    return [loss for _, loss in (rec.get("convergence") or {}).get("train_loss") or []]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--model", default="gpt2_tiny")
+    ap.add_argument("--resume", action="store_true")
+    a = ap.parse_args()
+    print(f"model {a.model}; source: {' '.join(COMMON)} run.measure_steps=4 run.checkpoint.every=2 "
+          "run.checkpoint.keep=2; target: run.measure_steps=1 run.checkpoint.resume_from=<source>/checkpoints/step_3\n")
+    print("| saved by | loaded by | outcome | continuity (max rel. loss difference, 2 steps) |")
+    print("|---|---|---|---|")
+    for (sfw, sn), targets in PAIRS:
+        src = run(a.out / f"{sfw}-n{sn}", a.resume, f"framework={sfw}", f"launcher.nproc={sn}", f"model={a.model}",
+                  "run.measure_steps=4", "run.checkpoint.every=2", "run.checkpoint.keep=2")
+        if src.get("status") != "ok":
+            print(f"| {sfw} x{sn} | - | source {src.get('status')}: {(src.get('error') or {}).get('message', '')[:150]} | - |")
+            continue
+        saved = Path(src["checkpoint"]["dir"]) / "step_3"
+        for tfw, tn in targets:
+            rec = run(a.out / f"{sfw}-n{sn}--{tfw}-n{tn}", a.resume, f"framework={tfw}", f"launcher.nproc={tn}",
+                      f"model={a.model}", "run.measure_steps=1", f"run.checkpoint.resume_from={saved}")
+            if rec.get("status") == "ok":
+                got, want = losses(rec), losses(src)[3:5]
+                diff = max(abs(x - y) / abs(y) for x, y in zip(got, want)) if len(got) == len(want) else float("inf")
+                r = rec["checkpoint"]["restore"]
+                outcome = f"loaded (read {r['read_s']:.2f} s)"
+                cont = "exact" if diff == 0 else f"{diff:.1e}"
+            else:
+                msg = (rec.get("error") or {}).get("message", "") or ""
+                outcome = f"{rec.get('status')}: {msg.replace('|', '/')[:220]}"
+                cont = "-"
+            print(f"| {sfw} x{sn} | {tfw} x{tn} | {outcome} | {cont} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
