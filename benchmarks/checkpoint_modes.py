@@ -4,7 +4,8 @@ written, and the rate a save reached beside a plain write of the same size to th
 The issue's published points of comparison (Llama 3 8B on H100s): NeMo Automodel #635 blocked 27.34 s
 sync vs 0.54 s async; torchtitan #1287 0.02 s blocked async with the next steps 6.7-8.3% slower.
 
-    .venv/bin/python benchmarks/checkpoint_modes.py OUT_DIR [--frameworks ddp,fsdp_full] [--model gpt2_small]
+    .venv/bin/python benchmarks/checkpoint_modes.py OUT_DIR [--frameworks ddp,fsdp_full] [--model gpt2_tiny]
+        [--set model.n_embd=512 model.n_layer=4 model.vocab_size=8192]
 
 Sync and async runs of a framework alternate (sync, async, sync, async with --repeats 2) so that
 load on the machine falls on both. Prints the machine's CPU matmul probe beside the figures.
@@ -36,7 +37,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--frameworks", default="ddp,fsdp_full")
-    ap.add_argument("--model", default="gpt2_small")
+    ap.add_argument("--model", default="gpt2_tiny")
+    ap.add_argument("--set", nargs="*", default=["model.n_embd=512", "model.n_layer=4", "model.vocab_size=8192"],
+                    help="more overrides of every run (default: gpt2_tiny widened to ~17M parameters)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
@@ -44,14 +47,15 @@ def main() -> int:
 
     from ddlbench.machine.hardware import probe_cpu_matmul
     gflops = probe_cpu_matmul(torch.get_num_threads(), torch.float32, seconds=1.0) / 1e9
-    print(f"machine: CPU matmul probe {gflops:.0f} GFLOP/s ({torch.get_num_threads()} threads); model {a.model}")
+    print(f"machine: CPU matmul probe {gflops:.0f} GFLOP/s ({torch.get_num_threads()} threads); model {a.model} "
+          f"{' '.join(a.set)}; {' '.join(STEPS)}")
     failed = 0
     for fw in a.frameworks.split(","):
         got: dict[str, list[dict]] = {"sync": [], "async": []}
         for r in range(a.repeats):
             for mode in ("sync", "async"):
                 rec = run(a.out / f"{fw}-{mode}-{r}", a.resume, f"framework={fw}", f"model={a.model}",
-                          f"run.checkpoint.mode={mode}")
+                          f"run.checkpoint.mode={mode}", *a.set)
                 if rec.get("status") != "ok":
                     print(f"{fw} {mode}: {rec.get('status')} {(rec.get('error') or {}).get('message', '')[:200]}")
                     failed += 1

@@ -20,7 +20,10 @@ def test_persist_slowdown_by_hand():
     steps = [(1, 1.0), (2, 1.0), (3, 1.5), (4, 1.3), (5, 1.0), (6, 1.0)]
     got = persist_slowdown(steps, 2.0, 4.0, 1.0)
     assert got["steps"] == 2 and got["mean_step_s"] == pytest.approx(1.4) and got["excess"] == pytest.approx(0.4)
-    # a write that was durable before the next step ended: no step inside, nothing to say
+    # a write done within one step (2.2 to 2.6 s) slowed that step, the one from 1.5 to 3 s
+    got = persist_slowdown(steps, 2.2, 2.6, 1.0)
+    assert got["steps"] == 1 and got["excess"] == pytest.approx(0.5)
+    # a write durable after the last step: no step ran beside it, nothing to say
     assert persist_slowdown(steps, 6.0, 6.5, 1.0) == {"steps": 0, "mean_step_s": None, "excess": None}
     assert rate(10, 2.0) == 5.0 and rate(None, 2.0) is None and rate(10, 0) is None
 

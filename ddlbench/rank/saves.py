@@ -35,7 +35,12 @@ def cause(exc: BaseException) -> str:
     if isinstance(failures, dict) and failures:
         rank, (inner, _) = next(iter(sorted(failures.items())))
         return f"{type(inner).__name__} on rank {rank}: {str(inner)[:600]}"
-    return f"{type(exc).__name__}: {str(exc)[:600]}"
+    text = str(exc)
+    if not text and exc.__traceback__ is not None:    # a bare assert (DeepSpeed's): where, and what it asserted
+        import traceback
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        text = f"at {'/'.join(Path(frame.filename).parts[-3:])}:{frame.lineno}: {frame.line}"
+    return f"{type(exc).__name__}: {text[:600]}"
 
 
 def resumed_step(path: str) -> int:
