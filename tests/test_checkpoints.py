@@ -220,3 +220,17 @@ def test_project_prints_goodput_from_a_run_that_saved(records, tmp_path):
     got = json.loads((tmp_path / "p" / "projection.json").read_text())["goodput"]
     assert [r["devices"] for r in got["rows"]] == [1024, 16384]
     assert got["rows"][0]["mttf_s"] == pytest.approx(8 * 3600) and got["rows"][1]["mttf_s"] == pytest.approx(2 * 3600)
+
+
+def test_a_save_that_cannot_be_written_fails_the_save_not_the_run(tmp_path):
+    """run.checkpoint.dir under a file (what a full or vanished volume looks like to the writer): the
+    run is ok, the save's row holds every rank's error, and the record's warnings say so."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = bench("run", "framework=ddp", "launcher.nproc=2", "debug=fast", "run.comm_profile=false",
+                 "run.checkpoint.every=2", f"run.checkpoint.dir={blocker / 'ck'}", f"run.dir={tmp_path / 'run'}")
+    rec = load_result(tmp_path / "run" / "result.json")
+    assert proc.returncode == 0 and rec["status"] == "ok", rec["error"]
+    (save,) = rec["checkpoint"]["saves"]
+    assert save["durable_s"] is None and save["errors"] and all("Not a directory" in e for e in save["errors"])
+    assert any(w.startswith("run.checkpoint: 1 of 1 saves failed; the first at step 3: ") for w in rec["warnings"])

@@ -160,7 +160,11 @@ def build_ok_record(plan, ctx, run_dir: Path, spec, strategy, gathered: list, th
         record.sections["model_parallel"] = strategy.summarize_rank_stats(
             [g["adapter_stats"] for g in gathered], record.timing["per_rank_median_s"])
     if gathered[0].get("checkpoint"):
-        record.sections["checkpoint"] = checkpoint_section([g["checkpoint"] for g in gathered])
+        record.sections["checkpoint"] = ck = checkpoint_section([g["checkpoint"] for g in gathered])
+        failed = [s for s in ck["saves"] if s["errors"]]
+        if failed:        # a failed save fails the save, never the run: said here and in the save's row
+            record.warnings.append(f"run.checkpoint: {len(failed)} of {len(ck['saves'])} saves failed; the first at "
+                                   f"step {failed[0]['step']}: {failed[0]['errors'][0]}")
     record.mfu = mfu_value
     record.sections["gpu"] = gpu_telemetry([g.get("gpu") for g in gathered], dims.global_batch)
     record.sections["flops"] = flops_section(flops, recompute, ctx, peak_dtype(ctx.device.type, ctx.precision, tf32),

@@ -99,9 +99,7 @@ class Saves:
             if not s.durable():
                 self._wait(s)
         waited = time.perf_counter() - t0
-        if self.rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        try:       # every rank calls the saver (its collectives), which makes the directory
             save = self.saver.save(path, self.mode)
         except FAILURES as exc:    # a full disk, an unwritable directory: the save fails, the run goes on
             from ddlbench.adapters.checkpoint import Save
@@ -171,16 +169,19 @@ class Saves:
         directory gives a plain write (the checkpoint's own rate is read against it)."""
         if not nbytes:
             return None
-        self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / f".plain-write-rank{self.rank}"
         block = b"\0" * min(nbytes, 1 << 24)
         t0 = time.perf_counter()
-        with open(path, "wb") as f:
-            left = nbytes
-            while left > 0:
-                left -= f.write(block[:left])
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(path, "wb") as f:
+                left = nbytes
+                while left > 0:
+                    left -= f.write(block[:left])
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:     # the directory gone or full since: no comparison, said why
+            path.unlink(missing_ok=True)
+            return {"bytes": nbytes, "seconds": None, "bytes_per_s": None, "error": f"{type(exc).__name__}: {exc}"}
         seconds = time.perf_counter() - t0
         path.unlink()
         return {"bytes": nbytes, "seconds": seconds, "bytes_per_s": rate(nbytes, seconds)}

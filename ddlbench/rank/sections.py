@@ -235,7 +235,7 @@ def checkpoint_section(per_rank: list[dict]) -> dict:
     first = per_rank[0]
     durable = [s["durable_s"] for s in saves if s["durable_s"] is not None]
     counted = [s for s in saves if all(b is not None for b in s["bytes_per_rank"]) and s["durable_s"]]
-    plain = [r["plain_write"] for r in per_rank if r.get("plain_write")]
+    plain = [r["plain_write"] for r in per_rank if (r.get("plain_write") or {}).get("bytes_per_s")]
     slow = [s["slowdown"] for s in saves if s["slowdown"] is not None]
     return {"mode": first["mode"], "every": first["every"], "dir": first["dir"], "method": first["method"],
             "saves": saves,
