@@ -234,3 +234,26 @@ def test_a_save_that_cannot_be_written_fails_the_save_not_the_run(tmp_path):
     (save,) = rec["checkpoint"]["saves"]
     assert save["durable_s"] is None and save["errors"] and all("Not a directory" in e for e in save["errors"])
     assert any(w.startswith("run.checkpoint: 1 of 1 saves failed; the first at step 3: ") for w in rec["warnings"])
+
+
+def test_damaged_or_foreign_checkpoints_are_refused_naming_why(records, tmp_path):
+    """A torn file (truncated), a save without its .metadata (cut short), another model's save: each
+    run fails with RestoreError naming the file or the key, before any state is applied."""
+    import shutil
+    saved = Path(records["ddp"]["checkpoint"]["dir"]) / "step_3"
+    torn = tmp_path / "torn" / "step_3"
+    shutil.copytree(saved, torn)
+    with open(torn / "__1_0.distcp", "r+b") as f:
+        f.truncate(1000)
+    cut = tmp_path / "cut" / "step_3"
+    shutil.copytree(saved, cut)
+    (cut / ".metadata").unlink()
+    cases = [(torn, "model=gpt2_tiny", f"{torn / '__1_0.distcp'} is torn: 1000 bytes, its metadata needs"),
+             (cut, "model=gpt2_tiny", f"{cut / '.metadata'} is missing: not a finished DCP save"),
+             (saved, "model=llama_tiny", "Missing key in checkpoint state_dict: model.net.model.embed_tokens.weight")]
+    for i, (path, model, why) in enumerate(cases):
+        bench("run", "framework=ddp", model, "launcher.nproc=2", "debug=fast", "run.comm_profile=false",
+              f"run.checkpoint.resume_from={path}", f"run.dir={tmp_path / f'run{i}'}")
+        rec = load_result(tmp_path / f"run{i}" / "result.json")
+        assert rec["status"] == "failed" and why in rec["error"]["message"], rec["error"]
+        assert rec["error"]["message"].startswith(f"RestoreError: run.checkpoint.resume_from={path}: "), rec["error"]

@@ -47,6 +47,24 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def check_files(path: Path) -> None:
+    """A DCP save whole before anything is read: its .metadata (written last, by the coordinator) and
+    every file it names, each at least as long as the bytes it holds there. Raises naming the file."""
+    from torch.distributed.checkpoint import FileSystemReader
+    if not (path / ".metadata").is_file():
+        raise FileNotFoundError(f"{path / '.metadata'} is missing: not a finished DCP save (its coordinator writes "
+                                "it last; a save cut short leaves none)")
+    need: dict[str, int] = {}
+    for info in FileSystemReader(str(path)).read_metadata().storage_data.values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(need.items()):
+        f = path / name
+        if not f.is_file():
+            raise FileNotFoundError(f"{f} is missing (the checkpoint's metadata names it)")
+        if f.stat().st_size < size:
+            raise ValueError(f"{f} is torn: {f.stat().st_size} bytes, its metadata needs {size}")
+
+
 class DcpSaver:
     method = ("torch.distributed.checkpoint: get_state_dict(model, optimizer, flattened) saved by dcp.save (sync) or "
               "dcp.async_save (async: staged, then written in a thread), FileSystemWriter, a gloo group of its own")
@@ -87,6 +105,7 @@ class DcpSaver:
         the same parameters), then applied; {phase: seconds}."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        check_files(Path(path))
         t0 = time.perf_counter()
         state = self.state()        # the target: this rank's shards, which DCP fills in place
         t1 = time.perf_counter()
