@@ -9,7 +9,8 @@ time is noted the moment the write is durable (its callback).
   does for FSDP2, TP, PP and their compositions; DDP's state too (one replica's keys, deduplicated).
 - Rank0Saver: rank 0's `torch.save` of the model's and optimizer's state dicts (Horovod's examples;
   FairScale's, gathered to rank 0 first, as its docs save them).
-- DeepSpeed saves through its engine (`engine.save_checkpoint`, ddlbench/adapters/deepspeed.py).
+- EngineSaver: DeepSpeed's own `engine.save_checkpoint` / `load_checkpoint` (its strategy picks it).
+Each also loads what it saved (`load(path)`, run.checkpoint.resume_from), timed by phase.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class Save:
     extra: dict = field(default_factory=dict)
 
     def durable(self) -> bool:
+        """No longer in flight: written, or failed (its error kept)."""
         return self.done is not None or self.error is not None
 
 
