@@ -148,11 +148,13 @@ def test_pieces_check_predicts_and_measures_each_framework(tmp_path):
     a second invocation into the same directory is refused (old results are never reused)."""
     import json
     cmd = [sys.executable, "benchmarks/pieces_check.py", str(tmp_path / "out"), "--frameworks", "ddp", "--layers", "2",
-           "--steps", "3", "--fake-worlds", "1,2"]
+           "--steps", "3", "--fake-worlds", "1,2", "--batch", "16"]
     # calibrate=pieces times 1 and 5 blocks of llama_tiny (ms each): on a busy machine (the other test worker,
     # another process) an OpenMP team of 2 stalls on a descheduled thread, and 1 block measured slower than 5
     # in every one of 5 passes (fresh clone with one core kept busy, 2026-11-29); the command then refuses, as
-    # it should. This test checks the script's plumbing, not the calibration under load: one thread each.
+    # it should. This test checks the script's plumbing, not the calibration under load: one thread each, and
+    # 16 samples a micro-batch (at 4, a fresh clone on 2026-11-30 timed 4 more blocks' forward inside the noise:
+    # 36.8 ms at 1 block, 35.8 ms at 5, their backward 86 -> 229 ms)
     out = _script(cmd, timeout=for_runs(4), env={"OMP_NUM_THREADS": "1"})   # the projection, the run, rank 0's step at 1 and 2
     assert out.returncode == 0, out.stderr[-2000:]
     (row,) = json.loads((tmp_path / "out" / "pieces_check.json").read_text())

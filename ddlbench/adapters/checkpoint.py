@@ -1,7 +1,8 @@
 """Saving a rank's training state the framework's recommended way (run.checkpoint; the runner's
-ddlbench/rank/saves.py decides when and measures). A saver's `save(path, mode)` returns a Save:
-when it began, how long the caller was blocked, and, for an async save, a future whose completion
-time is noted the moment the write is durable (its callback).
+ddlbench/rank/saves.py decides when, and reads every clock: adapters read none). A saver's
+`save(path, mode)` returns a Save: for an async save the future that completes once the write is
+durable (its callback counts the rank's bytes then), and `load(path)` yields the name of each phase
+as it ends, for the caller to time.
 
 - DcpSaver: torch.distributed.checkpoint (DCP) of `get_state_dict(model, optimizer)`, sync
   (`dcp.save`) or async (`dcp.async_save`: the state staged, the write in a thread), over a gloo
@@ -15,7 +16,6 @@ Each also loads what it saved (`load(path)`, run.checkpoint.resume_from), timed 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -25,10 +25,10 @@ DCP = ("sync", "async")      # the run.checkpoint modes a DCP-saving strategy of
 
 @dataclass
 class Save:
-    """One save on this rank: perf_counter times."""
+    """One save on this rank; its times (perf_counter) are set by the caller (ddlbench/rank/saves.py)."""
     path: str
-    began: float
-    blocked_s: float
+    began: float = 0.0
+    blocked_s: float = 0.0
     future: Any = None                 # an async save's concurrent.futures.Future; None: durable on return
     done: Optional[float] = None       # when the write was durable (set on return, or by the future's callback)
     nbytes: Optional[int] = None       # this rank's bytes of it, counted once durable
@@ -84,38 +84,34 @@ class DcpSaver:
 
     def save(self, path: Path, mode: str) -> Save:
         import torch.distributed.checkpoint as dcp
-        began = time.perf_counter()
         state = self.state()
         rank = self.group.rank()
         if mode == "sync":
             dcp.save(state, checkpoint_id=str(path), process_group=self.group)
-            now = time.perf_counter()
-            return Save(str(path), began, now - began, done=now, nbytes=self.rank_bytes(path, rank))
+            return Save(str(path), nbytes=self.rank_bytes(path, rank))
         future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
-        save = Save(str(path), began, time.perf_counter() - began, future=future)
+        save = Save(str(path), future=future)
 
         def finished(f) -> None:      # in the writer's thread, the moment the save is durable
             exc = f.exception()
             save.error = None if exc is None else f"{type(exc).__name__}: {str(exc)[:600]}"
             save.nbytes = self.rank_bytes(path, rank) if exc is None else None
-            save.done = time.perf_counter()
         future.add_done_callback(finished)
         return save
 
-    def load(self, path: Path) -> dict:
+    def load(self, path: Path):
         """The state read into this rank's layout (DCP reshards: any world size or sharding that holds
-        the same parameters), then applied; {phase: seconds}."""
+        the same parameters), then applied; yields each phase's name as it ends."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
         check_files(Path(path))
-        t0 = time.perf_counter()
         state = self.state()        # the target: this rank's shards, which DCP fills in place
-        t1 = time.perf_counter()
+        yield "target_s"
         dcp.load(state, checkpoint_id=str(path), process_group=self.group)
-        t2 = time.perf_counter()
+        yield "read_s"
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                        options=StateDictOptions(flatten_optimizer_state_dict=True))
-        return {"target_s": t1 - t0, "read_s": t2 - t1, "apply_s": time.perf_counter() - t2}
+        yield "apply_s"
 
     @staticmethod
     def rank_bytes(path: Path, rank: int) -> int:
@@ -131,21 +127,18 @@ class EngineSaver:
         self.engine, self.rank = engine, rank
 
     def save(self, path: Path, mode: str) -> Save:
-        began = time.perf_counter()
         self.engine.save_checkpoint(str(Path(path).parent), tag=Path(path).name)
-        now = time.perf_counter()
         # this rank's files: its ZeRO partition (zero_pp_rank_<r>_...), and rank 0's model states
         mine = [p for p in Path(path).glob("*") if f"zero_pp_rank_{self.rank}_" in p.name
                 or (self.rank == 0 and "zero_pp_rank_" not in p.name and p.is_file())]
-        return Save(str(path), began, now - began, done=now, nbytes=sum(p.stat().st_size for p in mine))
+        return Save(str(path), nbytes=sum(p.stat().st_size for p in mine))
 
-    def load(self, path: Path) -> dict:
+    def load(self, path: Path):
         """DeepSpeed's engine.load_checkpoint(dir, tag): its files read, each rank's partition applied."""
-        t0 = time.perf_counter()
         loaded, _ = self.engine.load_checkpoint(str(Path(path).parent), tag=Path(path).name)
         if loaded is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint under tag {Path(path).name} in {Path(path).parent}")
-        return {"read_s": time.perf_counter() - t0}
+        yield "read_s"
 
 
 class Rank0Saver:
@@ -156,20 +149,19 @@ class Rank0Saver:
     def __init__(self, gather, rank: int, method: str, apply=None):
         self.gather, self.rank, self.method, self.apply = gather, rank, method, apply
 
-    def load(self, path: Path) -> dict:
-        """Every rank reads rank 0's file and applies it (`apply(state)`: the framework's load_state_dict)."""
+    def load(self, path: Path):
+        """Every rank reads rank 0's file (tensors and plain types only) and applies it (`apply(state)`:
+        the framework's load_state_dict); yields each phase's name as it ends."""
         import torch
         if self.apply is None:
             raise NotImplementedError("this framework's saver does not load")
-        t0 = time.perf_counter()
-        state = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
-        t1 = time.perf_counter()
+        state = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=True)
+        yield "read_s"
         self.apply(state)
-        return {"read_s": t1 - t0, "apply_s": time.perf_counter() - t1}
+        yield "apply_s"
 
     def save(self, path: Path, mode: str) -> Save:
         import torch
-        began = time.perf_counter()
         state = self.gather()
         nbytes = 0
         if self.rank == 0:
@@ -180,5 +172,4 @@ class Rank0Saver:
                 os.fsync(f.fileno())
             fsync_dir(Path(path))
             nbytes = (Path(path) / "state.pt").stat().st_size
-        now = time.perf_counter()
-        return Save(str(path), began, now - began, done=now, nbytes=nbytes)
+        return Save(str(path), nbytes=nbytes)

@@ -73,9 +73,12 @@ class Saves:
         step = resumed_step(path)
         if not Path(path).is_dir():
             raise RestoreError(f"run.checkpoint.resume_from={path}: no such directory")
-        t0 = time.perf_counter()
+        t0 = t = time.perf_counter()
+        phases = {}
         try:
-            phases = self.saver.load(Path(path))
+            for phase in self.saver.load(Path(path)):     # each phase's name as it ends
+                now = time.perf_counter()
+                phases[phase], t = now - t, now
         except FAILURES as exc:     # torn, partial, another model's or layout's: the run fails, saying why
             raise RestoreError(f"run.checkpoint.resume_from={path}: {cause(exc)}") from None
         self.restored = {"path": str(path), "step": step, "load_s": time.perf_counter() - t0, **phases}
@@ -103,13 +106,15 @@ class Saves:
             save = self.saver.save(path, self.mode)
         except FAILURES as exc:    # a full disk, an unwritable directory: the save fails, the run goes on
             from ddlbench.adapters.checkpoint import Save
-            save = Save(str(path), t0, 0.0, error=cause(exc))
+            save = Save(str(path), error=cause(exc))
         returned = time.perf_counter()
-        # the call's times, from its start (the wait included): blocked until it returned; a sync save, or
-        # an async one already written, durable then
+        # the call's times, from its start (the wait included): blocked until it returned; a sync save
+        # durable then, an async one when its future completes (after the saver's own callback)
         save.began, save.blocked_s = t0, returned - t0
-        if save.future is None and save.error is None:
-            save.done = returned
+        if save.future is None:
+            save.done = None if save.error else returned
+        else:
+            save.future.add_done_callback(lambda f, s=save: setattr(s, "done", time.perf_counter()))
         save.extra.update(step=self.start + step + 1, waited_for_previous_s=waited, returned=returned)
         self.saves.append(save)
         self._prune()
@@ -139,14 +144,14 @@ class Saves:
             s.future.result()
         except FAILURES as exc:   # recorded, the run goes on
             s.error = s.error or cause(exc)
-        while s.done is None and s.error is None:    # the callback runs right after result()
+        while s.done is None:      # the callbacks run right after result() returns, ours last
             time.sleep(0.001)
 
     def rows(self, baseline: float) -> list[dict]:
         """This rank's row per save (before any is pruned again): {step, blocked_s, durable_s, bytes, slowdown}."""
         out = []
         for s in self.saves:
-            end = None if s.done is None else max(s.done, s.extra["returned"])
+            end = None if s.done is None or s.error else max(s.done, s.extra["returned"])
             out.append({"step": s.extra["step"], "blocked_s": s.blocked_s, "waited_s": s.extra["waited_for_previous_s"],
                         "durable_s": None if end is None else end - s.began, "bytes": s.nbytes, "error": s.error,
                         "slowdown": (persist_slowdown(self.steps, s.began + s.blocked_s, end, baseline)
