@@ -169,6 +169,33 @@ def test_resumed_runs_go_on_where_the_saved_one_did(records, tmp_path):
     assert "Size mismatch between saved" in rec["error"]["message"] and "c_attn.weight" in rec["error"]["message"]
 
 
+def test_a_killed_rank_recovers_under_the_elastic_agent(records, tmp_path):
+    """launcher.max_restarts=1: rank 1 SIGKILLed before step 4 (of a run that saved after steps 3);
+    torch's elastic agent restarts both ranks, which resume from step_3, the newest complete save,
+    and go on exactly as the uninterrupted run did; the record says what the failure cost, by phase."""
+    run = tmp_path / "recovered"
+    proc = bench("run", "framework=ddp", "launcher.nproc=2", *STEPS, "launcher.max_restarts=1", "fault.kind=kill",
+                 "fault.rank=1", "fault.step=4", f"run.dir={run}", timeout=for_runs(2))
+    rec = load_result(run / "result.json")
+    assert rec["status"] == "ok", (rec["error"], proc.stderr[-3000:])
+    r = rec["recovery"]
+    assert r["attempts"] == 2 and r["fault"] == {"rank": 1, "step": 4, "kind": "kill"}
+    assert r["resumed_from_step"] == 3 and r["steps_lost"] == 1
+    phases = [r[k] for k in ("detect_s", "relaunch_s", "process_group_s", "model_build_s", "restore_s", "redo_s")]
+    assert all(p is not None and p >= 0 for p in phases), r
+    assert r["restore_s"] > 0 and r["lost_s"] == pytest.approx(sum(phases))
+    assert any("the run was restarted (1 time(s)): rank 1 failed (kill, injected) at step 4" in w
+               for w in rec["warnings"]), rec["warnings"]
+    # the second attempt trained from step 3 on: its steps 3 and 4 are the uninterrupted run's, exactly
+    assert _losses(rec)[:2] == _losses(records["ddp"])[3:5]
+    assert rec["checkpoint"]["restore"]["step"] == 3 and rec["startup_s"]["total_to_first_step"] > 0
+    # the second attempt (1 warm-up step, 4 measured, a save every 2) saved at steps 6 and 8 (keep=2),
+    # each marked complete; the first attempt's step_3 went once they had landed
+    left = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert left == ["step_6", "step_8"] and all((run / "checkpoints" / n / "COMPLETE").is_file() for n in left)
+    assert sorted(p.name for p in (run / "logs").glob("*/attempt_*")) == ["attempt_0", "attempt_1"]
+
+
 def test_a_resume_path_must_name_a_save():
     from ddlbench.rank.saves import RestoreError, resumed_step
     assert resumed_step("/x/checkpoints/step_12") == 12

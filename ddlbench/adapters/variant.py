@@ -58,6 +58,15 @@ def checkpoint_reason(variant: "Variant", cfg) -> Optional[str]:
             + (f"only in mode {', '.join(offered)}" if offered else "no checkpoint yet") + " (its abilities)")
 
 
+def restart_reason(variant: "Variant", cfg) -> Optional[str]:
+    """launcher.max_restarts where the ranks are not started by torch's elastic agent: a result that says so."""
+    launcher = getattr(cfg, "launcher", None)
+    if launcher is None or not launcher.max_restarts or variant.rank_starter == Variant.rank_starter:
+        return None
+    return (f"launcher.max_restarts={launcher.max_restarts}: the {variant.name} adapter's ranks are started by its "
+            f"own launcher ({variant.rank_starter.rsplit(':', 1)[-1]}), not torch's elastic agent that restarts them")
+
+
 def compile_reason(variant: "Variant", cfg) -> Optional[str]:
     """run.compile on a strategy that does not wire torch.compile: a result that says so."""
     if getattr(cfg.run, "compile", False) and not variant.abilities().compiles:
@@ -148,7 +157,7 @@ class Variant:
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         """Why this variant cannot run here (missing package, device, precision, run.compile,
         run.float8), or None."""
-        return (compile_reason(self, cfg) or checkpoint_reason(self, cfg)
+        return (compile_reason(self, cfg) or checkpoint_reason(self, cfg) or restart_reason(self, cfg)
                 or float8_reason(self, cfg, device_type, gpu_capability(device_type)))
 
     def taxonomy(self) -> dict:

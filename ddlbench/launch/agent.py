@@ -2,9 +2,14 @@
 the whole tree), or `python -m ddlbench.launch.agent RUN_DIR NPROC THREADS [MONITOR_S [START]]`.
 
 Runs torch's elastic launch API with torchrun semantics: a static rendezvous on a free loopback
-port, no restarts, ranks forked (CPU: they inherit the launcher's imports) or spawned (CUDA; see
+port, `launcher.max_restarts` restarts of the whole worker group (torchrun's --max-restarts; 0 by
+default: a failed rank ends the run), ranks forked (CPU: they inherit the launcher's imports) or spawned (CUDA; see
 ddlbench.launch.forked). When a rank fails, the agent stops the others and writes failure.json
-(first failure: rank, exit code, signal, message, traceback) for the launcher.
+(first failure: rank, exit code, signal, message, traceback) for the launcher. With restarts left it
+starts them all again instead (TORCHELASTIC_RESTART_COUNT counts the attempts; the ranks resume from the
+newest complete save, ddlbench/rank/saves.py), and the moment it saw the failure goes on the run's
+timeline as `failure_detected` (torch elastic's own metric, emitted as its monitor loop sees the group
+fail).
 """
 from __future__ import annotations
 
@@ -38,10 +43,26 @@ def reserve_port() -> tuple[int, socket.socket]:
 
 def main(argv: list[str]) -> int:
     return launch(Path(argv[0]), int(argv[1]), int(argv[2]), float(argv[3]) if len(argv) > 3 else 0.25,
-                  argv[4] if len(argv) > 4 else "spawn")
+                  argv[4] if len(argv) > 4 else "spawn", int(argv[5]) if len(argv) > 5 else 0)
 
 
-def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method: str) -> int:
+class FailureClock:
+    """torch elastic's metric handler: its monitor loop emits `workers.<role>.failed` (or `unhealthy`)
+    when it sees the worker group fail, before it restarts or stops it; that moment is marked on the
+    run's timeline (failure_detected, with the attempt that failed)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.attempt = run_dir, 0
+
+    def emit(self, data) -> None:
+        name = data.name.rsplit(".", 1)[-1]
+        if name in ("failed", "unhealthy"):
+            events.mark(self.run_dir, "failure_detected", t=data.timestamp, attempt=self.attempt, state=name)
+            self.attempt += 1
+
+
+def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method: str, max_restarts: int = 0) -> int:
+    from torch.distributed.elastic import metrics
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -50,6 +71,8 @@ def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method
     from ddlbench.launch.worker import rank_main
 
     events.mark(run_dir, "agent_start", start_method=start_method)
+    if max_restarts:
+        metrics.configure(FailureClock(run_dir), "torchelastic")
     # SIGUSR1 (time-limit warning) reaches the agent's whole group: the ranks save their series
     # and exit, and the agent must outlive them, so the launcher reads complete partial files
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
@@ -69,7 +92,7 @@ def launch(run_dir: Path, nproc: int, threads: int, monitor: float, start_method
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_dir.name,
         rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0},
-        max_restarts=0, monitor_interval=monitor, start_method=start_method,
+        max_restarts=max_restarts, monitor_interval=monitor, start_method=start_method,
         # rank 0 keeps the terminal (progress bar); the others log to files
         logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(run_dir).logs),
                                     redirects={r: Std.ALL for r in range(1, nproc)}),

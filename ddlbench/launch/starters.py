@@ -20,7 +20,8 @@ class Elastic:
         if method == "fork":
             preload(plan)
         return Forked(lambda: agent.launch(run_dir, plan.cfg.launcher.nproc, threads,
-                                           plan.cfg.launcher.monitor_interval_s, method), new_session=True)
+                                           plan.cfg.launcher.monitor_interval_s, method,
+                                           plan.cfg.launcher.max_restarts), new_session=True)
 
     def slurm_env(self, plan, env: dict) -> None:
         """Add to a task's rank environment (ddlbench.launch.slurm.rank_env) what the ranks need."""

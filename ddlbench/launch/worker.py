@@ -76,7 +76,8 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
                 memory_fraction(int(plan.cfg.run.device_memory_gb * GiB), total), device)
     baseline_rss = peak_rss_bytes()
     before_process_group(plan.cfg.fault, int(os.environ.get("RANK", 0)))   # fault injection only
-    dist.init_process_group(backend, timeout=timedelta(seconds=plan.cfg.run.pg_timeout_s))
+    timeout = timedelta(seconds=plan.cfg.run.pg_timeout_s)
+    dist.init_process_group(backend, timeout=timeout, **_restart_store(timeout))
     events.mark(run_dir_p, "process_group", dist.get_rank())
     if dist.get_world_size() > 1:
         from ddlbench.launch import liveness
@@ -95,6 +96,20 @@ def run_rank(run_dir: str, threads: int, plan=None) -> None:
     finally:
         dist.destroy_process_group()
         quiet.write_kept(RunDir(run_dir_p).third_party_log)
+
+
+def _restart_store(timeout: timedelta) -> dict:
+    """A rank of a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0): the agent's store, under a
+    prefix of the attempt's own. The static rendezvous keeps one store across restarts, so a new
+    attempt's ranks would otherwise read the dead attempt's addresses (seen: gloo's connectFullMesh
+    refused by a rank 1 that no longer exists)."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    if not restart:
+        return {}
+    import torch.distributed as dist
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return {"store": dist.PrefixStore(f"attempt_{restart}/", client), "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 _stack_files: list = []     # open for the process's life: faulthandler writes to the descriptor

@@ -5,7 +5,10 @@ Events, in order: cli_start (the `bench` process began; written once the run dir
 known), validated, agent_start, rank_start (each rank entered its entry point), process_group
 (joined), model_ready (adapter.setup returned), first_step (the first training step ended;
 written after the measured window so the loop does no I/O). Lines are short single writes to
-an O_APPEND file, so concurrent ranks do not interleave them.
+an O_APPEND file, so concurrent ranks do not interleave them. A rank of an attempt the elastic agent
+restarted (launcher.max_restarts) or requeued by Slurm marks its events with `attempt`; the
+start-up phases are the first attempt's, a restart's are the record's `recovery`
+(ddlbench/metrics/recovery.py).
 """
 from __future__ import annotations
 
@@ -26,7 +29,16 @@ PHASES = (  # (phase name, event that ends it); each phase starts where the prev
 )
 
 
+def attempt() -> int:
+    """Which attempt this process belongs to: 0, or how many times it was started again: by torch's
+    elastic agent (TORCHELASTIC_RESTART_COUNT, in each rank it starts), by a Slurm requeue of the job
+    (SLURM_RESTART_COUNT), or both."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) + int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
 def mark(run_dir: str | Path, event: str, rank: int | None = None, t: float | None = None, **info) -> None:
+    if "attempt" not in info and attempt():
+        info["attempt"] = attempt()
     line = json.dumps({"event": event, "rank": rank, "t": time.time() if t is None else t, **info}) + "\n"
     fd = os.open(RunDir(run_dir).events, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
@@ -75,6 +87,8 @@ def phases(evts: list[dict]) -> dict[str, float] | None:
     everyone). None when the timeline is incomplete."""
     latest: dict[str, float] = {}
     for e in evts:
+        if e.get("attempt"):     # a restarted attempt's: the record's recovery, not the start-up
+            continue
         latest[e["event"]] = max(latest.get(e["event"], e["t"]), e["t"])
     if "cli_start" not in latest or any(ev not in latest for _, ev in PHASES):
         return None

@@ -146,6 +146,11 @@ def validate(raw: dict[str, Any], chosen: Optional[dict] = None) -> Plan:
     if cfg.launcher.name == "local" and cfg.launcher.nodes != 1:
         raise ConfigError(f"launcher.nodes {cfg.launcher.nodes}: the local launcher runs on one node "
                           "(use launcher=slurm across nodes)")
+    if cfg.launcher.max_restarts and cfg.launcher.name != "local":
+        raise ConfigError(f"launcher.max_restarts={cfg.launcher.max_restarts}: torch's elastic agent restarts the ranks "
+                          "under the local launcher; under Slurm a job recovers by requeue (sbatch --requeue, "
+                          "scontrol requeue): its ranks (SLURM_RESTART_COUNT) resume from run.checkpoint's newest "
+                          "complete save")
     if cfg.run.micro_batch == "auto":
         plan = _auto_micro_batch(raw, cfg, variant, chosen)
         return Plan(cfg=plan.cfg, raw=raw, dims=plan.dims, variant=variant, choices={**choices, **plan.choices})

@@ -26,7 +26,9 @@ from ddlbench.cluster import device_task
 from ddlbench.comm import threads as commthreads
 from ddlbench.lifecycle import events, stop
 from ddlbench.metrics.convergence import reached, resolve_target
+from ddlbench.metrics.recovery import recovery, recovery_warning
 from ddlbench.metrics.step_split import StepSplit
+from ddlbench.metrics.timing import global_step_times
 from ddlbench.models.datasets import build_dataset
 from ddlbench.planning.config import Plan
 from ddlbench.rank import hostevents, pace
@@ -174,7 +176,7 @@ def set_up(plan: Plan, ctx: RankContext, run_dir: Path, spec, tracking) -> Setup
     if cfg.run.checkpoint.every or cfg.run.checkpoint.resume_from:
         from ddlbench.rank.saves import Saves
         saves = Saves(cfg, strategy, run_dir, ctx.rank)
-        start = saves.restore(cfg.run.checkpoint.resume_from) if cfg.run.checkpoint.resume_from else 0
+        start = saves.resume(cfg.run.checkpoint.resume_from)   # a restarted attempt: the newest complete save
     dataset = build_dataset(cfg.data, cfg.model, cfg.run.seed)
     batches, steps_per_epoch = batch_source(dataset, cfg, spec, dims, strategy.dp_rank, ctx.device, start)
     evaluate = None
@@ -372,6 +374,8 @@ def write_record(plan: Plan, ctx: RankContext, run_dir: Path, setup: Setup, w: W
     record.warnings.extend(warnings)
     more = record.sections
     more["startup_s"] = events.phases(timeline)
+    more["recovery"] = recovery(timeline, global_step_times([g["all_step_time_s"] for g in gathered]))
+    record.warnings += recovery_warning(more["recovery"])
     if plan.cfg.run.compile:   # also where the launch has no start-up timeline (Horovod's starter)
         more["startup_s"] = {**(more["startup_s"] or {}), **compile_time(gathered)}
     record.env["rank_start_method"] = events.info(timeline, "agent_start", "start_method")

@@ -2,7 +2,13 @@
 evaluation: no step's time holds it) and the strategy's saver (ddlbench/adapters/checkpoint.py)
 saves; an async save's write goes on while the next steps run, and those steps' slowdown is
 measured against the window's median step. At the end every save is waited for (never abandoned),
-its bytes counted, and a plain write of as many bytes to the same directory timed beside it."""
+its bytes counted, and a plain write of as many bytes to the same directory timed beside it.
+
+Once a save is durable on every rank, rank 0 writes `COMPLETE` into its directory (after a sync save
+returns, or from an async save's done callback: DCP's coordinator, DeepSpeed's closing barrier and a
+rank-0 save each make rank 0 the last to finish). A rank the elastic agent restarted
+(launcher.max_restarts) resumes from the newest save that has one; a save cut short by the failure is
+passed over."""
 from __future__ import annotations
 
 import os
@@ -11,8 +17,12 @@ import shutil
 import time
 from pathlib import Path
 
+from ddlbench.adapters.checkpoint import fsync_dir
+from ddlbench.lifecycle import events
 from ddlbench.metrics.checkpoint import persist_slowdown, rate
 from ddlbench.record.rundir import RunDir
+
+COMPLETE = "COMPLETE"
 
 
 class RestoreError(RuntimeError):
@@ -52,11 +62,17 @@ def resumed_step(path: str) -> int:
     return int(m.group(1))
 
 
+def newest_complete(root: Path) -> Path | None:
+    """The save under `root` with the most steps whose COMPLETE marker rank 0 wrote; None if none."""
+    found = [(int(p.name[5:]), p) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / COMPLETE).is_file()]
+    return max(found)[1] if found else None
+
+
 class Saves:
     def __init__(self, cfg, strategy, run_dir: Path, rank: int):
         import torch.distributed as dist
         ck = cfg.run.checkpoint
-        self.every, self.mode, self.keep, self.rank = ck.every, ck.mode, ck.keep, rank
+        self.every, self.mode, self.keep, self.rank, self.run_dir = ck.every, ck.mode, ck.keep, rank, run_dir
         self.root = Path(ck.dir) if ck.dir else RunDir(run_dir).checkpoints
         # a save's collectives (DCP's plans, its barrier) on a gloo group of their own: an async
         # save's thread never interleaves them with training's on the default group
@@ -67,6 +83,16 @@ class Saves:
         self.wait_s = 0.0
         self.restored: dict | None = None
         self.start = 0               # steps the state had trained before this run (resume_from)
+        self.inherited: list[Path] = []   # the failed attempt's save a restart resumed from
+
+    def resume(self, path: str | None) -> int:
+        """The step the run starts from: run.checkpoint.resume_from's; in an attempt the elastic agent
+        restarted, the newest complete save's (none yet: 0, afresh)."""
+        if events.attempt():
+            newest = newest_complete(self.root)
+            path = str(newest) if newest is not None else path
+            self.inherited = [newest] if newest is not None else []   # pruned as this attempt's own saves land
+        return self.restore(path) if path else 0
 
     def restore(self, path: str) -> int:
         """The save at `path` loaded into the strategy, by phase; the step the run goes on from."""
@@ -83,6 +109,7 @@ class Saves:
             raise RestoreError(f"run.checkpoint.resume_from={path}: {cause(exc)}") from None
         self.restored = {"path": str(path), "step": step, "load_s": time.perf_counter() - t0, **phases}
         self.start = step
+        events.mark(self.run_dir, "restored", self.rank, step=step)
         return step
 
     def due(self, step: int, warmup: int) -> bool:
@@ -111,13 +138,26 @@ class Saves:
         # the call's times, from its start (the wait included): blocked until it returned; a sync save
         # durable then, an async one when its future completes (after the saver's own callback)
         save.began, save.blocked_s = t0, returned - t0
+        save.extra.update(step=self.start + step + 1, waited_for_previous_s=waited, returned=returned)
         if save.future is None:
             save.done = None if save.error else returned
+            self._complete(save)
         else:
-            save.future.add_done_callback(lambda f, s=save: setattr(s, "done", time.perf_counter()))
-        save.extra.update(step=self.start + step + 1, waited_for_previous_s=waited, returned=returned)
+            save.future.add_done_callback(lambda f, s=save: self._durable(s, f))
         self.saves.append(save)
         self._prune()
+
+    def _durable(self, save, future) -> None:
+        save.done = time.perf_counter()
+        if future.exception() is None:
+            self._complete(save)
+
+    def _complete(self, save) -> None:
+        """Rank 0, once `save` is durable on every rank: its COMPLETE marker (a restart resumes from it)."""
+        if self.rank == 0 and save.error is None:
+            marker = Path(save.path) / COMPLETE
+            marker.write_text(f"step {save.extra['step']}\n")
+            fsync_dir(marker.parent)
 
     def _prune(self) -> None:
         """The newest `keep` saves stay; an older one goes once it is durable (rank 0 removes it)."""
@@ -127,6 +167,10 @@ class Saves:
             if old.durable() and Path(old.path).exists() and not old.extra.get("removed"):
                 shutil.rmtree(old.path, ignore_errors=True)
                 old.extra["removed"] = True
+        if self.inherited and sum(s.done is not None and s.error is None for s in self.saves) >= self.keep:
+            for path in self.inherited:
+                shutil.rmtree(path, ignore_errors=True)
+            self.inherited = []
 
     def finish(self) -> None:
         """Every save waited for, after the loop (its time recorded as wait_s)."""

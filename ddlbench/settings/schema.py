@@ -221,6 +221,10 @@ class LauncherCfg(Strict):
     # local launcher: how the agent starts ranks. auto = fork on CPU (ranks inherit the
     # launcher's imports), spawn on CUDA (a forked child cannot use a driver its parent touched)
     start_method: Literal["auto", "fork", "spawn"] = "auto"
+    # local launcher: torch's elastic agent restarts every rank after a failure this many times
+    # (torchrun --max-restarts); a restarted attempt resumes from the newest complete save of
+    # run.checkpoint, and the record's `recovery` says what the failure cost (ddlbench/metrics/recovery.py)
+    max_restarts: NonNegativeInt = 0
 
 
 class LoggerCfg(Strict):
