@@ -51,7 +51,7 @@ def test_recovery_without_a_save_or_an_agent():
     got = recovery(fresh, [0.9, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
     assert got["resumed_from_step"] == 0 and got["steps_lost"] == 8 and got["restore_s"] == 0.0
     assert got["redo_s"] == pytest.approx(8.1 + 7 * 0.5 - 6.4)
-    # a Slurm requeue: no agent saw the failure; its detection is inside relaunch_s, lost_s still whole
+    # a timeline without the agent's failure_detected: the detection is inside relaunch_s, lost_s still whole
     requeued = [e for e in TIMELINE if e["event"] != "failure_detected"]
     got = recovery(requeued, [0.9, 0.5, 0.5])
     assert got["detect_s"] is None and got["relaunch_s"] == pytest.approx(0.6)
@@ -75,7 +75,7 @@ def test_a_restart_resumes_from_the_newest_save_that_was_finished(tmp_path):
 
 def test_restarts_need_the_elastic_agent():
     from ddlbench.errors import ConfigError
-    with pytest.raises(ConfigError, match="launcher.max_restarts=1: torch's elastic agent.*requeue"):
+    with pytest.raises(ConfigError, match="launcher.max_restarts=1: torch's elastic agent.*archived"):
         plan_from_overrides(["launcher=slurm", "launcher.max_restarts=1", "run.dir=/tmp/x"])
     plan = plan_from_overrides(["framework=horovod", "launcher.max_restarts=1"])
     assert "started by its own launcher (Horovodrun)" in plan.variant.unsupported_reason(plan.cfg, "cpu")

@@ -6,7 +6,7 @@ known), validated, agent_start, rank_start (each rank entered its entry point), 
 (joined), model_ready (adapter.setup returned), first_step (the first training step ended;
 written after the measured window so the loop does no I/O). Lines are short single writes to
 an O_APPEND file, so concurrent ranks do not interleave them. A rank of an attempt the elastic agent
-restarted (launcher.max_restarts) or requeued by Slurm marks its events with `attempt`; the
+restarted (launcher.max_restarts) marks its events with `attempt`; the
 start-up phases are the first attempt's, a restart's are the record's `recovery`
 (ddlbench/metrics/recovery.py).
 """
@@ -30,10 +30,10 @@ PHASES = (  # (phase name, event that ends it); each phase starts where the prev
 
 
 def attempt() -> int:
-    """Which attempt this process belongs to: 0, or how many times it was started again: by torch's
-    elastic agent (TORCHELASTIC_RESTART_COUNT, in each rank it starts), by a Slurm requeue of the job
-    (SLURM_RESTART_COUNT), or both."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) + int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    """Which attempt this process belongs to: 0, or how many times torch's elastic agent has restarted
+    the ranks (TORCHELASTIC_RESTART_COUNT, set in each rank it starts). A requeued Slurm cell is not
+    counted: `bench sweep` archives its earlier attempt and runs the cell afresh."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 
 
 def mark(run_dir: str | Path, event: str, rank: int | None = None, t: float | None = None, **info) -> None:

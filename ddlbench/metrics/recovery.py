@@ -1,5 +1,4 @@
-"""What a failure cost a run that was restarted (torch's elastic agent: launcher.max_restarts; or a
-requeued Slurm job): the record's
+"""What a failure cost a run that torch's elastic agent restarted (launcher.max_restarts): the record's
 `recovery`, from the run's timeline (ddlbench/lifecycle/events.py) and the restarted attempt's steps.
 
 The phases, each ending where the next begins (the slowest rank ends a phase):
@@ -11,8 +10,7 @@ The phases, each ending where the next begins (the slowest rank ends a phase):
   redo_s           -> the new attempt back at the step the fault stopped (its first steps, warm-up and
                       all: the steps trained again since the save)
   lost_s           the fault -> back at its step: the wall clock the failure took from training (the
-                   phases' sum; a phase the timeline lacks, None, is inside the next one: under a
-                   Slurm requeue no agent sees the failure, so relaunch_s holds the detection too)
+                   phases' sum; a phase the timeline lacks, None, is inside the next one)
 steps_lost = the fault's step - the save's step.
 """
 from __future__ import annotations

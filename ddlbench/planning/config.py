@@ -148,9 +148,8 @@ def validate(raw: dict[str, Any], chosen: Optional[dict] = None) -> Plan:
                           "(use launcher=slurm across nodes)")
     if cfg.launcher.max_restarts and cfg.launcher.name != "local":
         raise ConfigError(f"launcher.max_restarts={cfg.launcher.max_restarts}: torch's elastic agent restarts the ranks "
-                          "under the local launcher; under Slurm a job recovers by requeue (sbatch --requeue, "
-                          "scontrol requeue): its ranks (SLURM_RESTART_COUNT) resume from run.checkpoint's newest "
-                          "complete save")
+                          "under the local launcher; under Slurm srun starts the ranks, and a requeued sweep cell "
+                          "(scontrol requeue) runs again from its start, its earlier attempt archived")
     if cfg.run.micro_batch == "auto":
         plan = _auto_micro_batch(raw, cfg, variant, chosen)
         return Plan(cfg=plan.cfg, raw=raw, dims=plan.dims, variant=variant, choices={**choices, **plan.choices})
