@@ -194,6 +194,11 @@ def test_a_killed_rank_recovers_under_the_elastic_agent(records, tmp_path):
     left = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert left == ["step_6", "step_8"] and all((run / "checkpoints" / n / "COMPLETE").is_file() for n in left)
     assert sorted(p.name for p in (run / "logs").glob("*/attempt_*")) == ["attempt_0", "attempt_1"]
+    # goodput prices a restart as this one measured it: to the new attempt's state, then the read
+    from ddlbench.project.goodput import table
+    doc = table(rec, [{"devices": 1024, "step_s": 0.5, "samples_per_s": 1000.0}])
+    assert doc["restart_s"] == pytest.approx(r["lost_s"] - r["redo_s"]) and doc["read_s"] == r["restore_s"]
+    assert doc["read_source"].startswith("both measured")
 
 
 def test_a_resume_path_must_name_a_save():
