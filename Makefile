@@ -23,7 +23,7 @@ $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PINS)
-	$(BIN)/python -m pip install -q -e '.[dev,deepspeed,fairscale]' $(TORCH_PINS)
+	$(BIN)/python -m pip install -q -e '.[dev,deepspeed,fairscale,torchft]' $(TORCH_PINS)
 	bash scripts/build_horovod.sh $(VENV) cpu   # ~6 min once; CPU + gloo (see the script)
 	# DeepSpeed JIT-builds its CPU Adam op and its shared-memory communication op (every CPU run's
 	# init_distributed) on first use (~1.5 min and ~35 s; cached in $(VENV)/torch_extensions: importing

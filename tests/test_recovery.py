@@ -81,3 +81,29 @@ def test_restarts_need_the_elastic_agent():
     assert "started by its own launcher (Horovodrun)" in plan.variant.unsupported_reason(plan.cfg, "cpu")
     plan = plan_from_overrides(["framework=ddp", "launcher.max_restarts=1"])
     assert plan.variant.unsupported_reason(plan.cfg, "cpu") is None
+
+
+def test_torchft_keeps_training_through_a_lost_replica_group(tmp_path):
+    """benchmarks/torchft_recovery.py with torchft's own lighthouse, on gloo: replica group 1 SIGKILLed
+    before step 8 and started again; group 0 never loses a committed step and trains on alone; the
+    replacement heals from it (live recovery over HTTP, not from step 0) and, from its next step on, the
+    two compute the same loss on the same data: the state was carried over exactly."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, run_bounded
+    out = tmp_path / "tft"
+    proc = run_bounded([sys.executable, "benchmarks/torchft_recovery.py", str(out), "--steps", "30", "--kill-at", "8",
+                        "--batch", "2"], 300, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + (out / "replicas.log").read_text()[-3000:]
+    got = json.loads((out / "summary.json").read_text())
+    assert got["steps_lost"] == 0 and got["survivor_steps_alone"] >= 1 and got["killed_to_joined_s"] > 0
+    assert got["healed_to_step"] >= 8 and got["stall_s"] > 0
+    rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    loss: dict[int, dict] = {}
+    for r in rows:
+        loss.setdefault(r["step"], {})[r["pid"]] = r["loss"]
+    rejoined = [s for s, by in loss.items() if len(by) == 2 and s > got["healed_to_step"] + 1]
+    assert len(rejoined) >= 4 and all(len(set(loss[s].values())) == 1 for s in rejoined), {s: loss[s] for s in rejoined}
+    assert "samples/s with both groups" in proc.stdout
