@@ -199,6 +199,13 @@ def test_a_killed_rank_recovers_under_the_elastic_agent(records, tmp_path):
     doc = table(rec, [{"devices": 1024, "step_s": 0.5, "samples_per_s": 1000.0}])
     assert doc["restart_s"] == pytest.approx(r["lost_s"] - r["redo_s"]) and doc["read_s"] == r["restore_s"]
     assert doc["read_source"].startswith("both measured")
+    # summary.csv and the report's checkpoint table carry it
+    from ddlbench.report.frame import summary_row
+    from ddlbench.report.render import checkpoint_table
+    row = summary_row(rec)
+    assert (row["recovery_attempts"], row["recovery_steps_lost"], row["recovery_lost_s"]) == (2, 1, r["lost_s"])
+    (cells,) = checkpoint_table(type("Rep", (), {"records": {"r": rec}}))[1]
+    assert cells[-1] == f"{r['lost_s']:.2f} s (1 steps redone)"
 
 
 def test_a_resume_path_must_name_a_save():

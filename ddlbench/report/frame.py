@@ -231,6 +231,10 @@ def summary_row(record: dict, path: str = "") -> dict:
         "moe_all_to_all_bytes_per_step": (record.get("moe") or {}).get("all_to_all_payload_bytes_per_step"),
         # run.checkpoint (empty without saves): medians over the run's saves (result.json: checkpoint)
         **checkpoint_columns(record.get("checkpoint") or {}),
+        # a run torch's elastic agent restarted (launcher.max_restarts; result.json: recovery)
+        "recovery_attempts": (record.get("recovery") or {}).get("attempts"),
+        "recovery_steps_lost": (record.get("recovery") or {}).get("steps_lost"),
+        "recovery_lost_s": (record.get("recovery") or {}).get("lost_s"),
         **{f"tax_{k}": v for k, v in ((record.get("framework") or {}).get("taxonomy") or {}).items()},
         "stragglers": ",".join(map(str, (record.get("stragglers") or {}).get("flagged") or [])) or None,
         "error_type": err.get("type"), "error_rank": err.get("rank"),

@@ -340,7 +340,7 @@ def checkpoint_table(rep) -> tuple[list[str], list[list[str]]]:
     """One row per ok run that saved checkpoints (run.checkpoint): how, what each save cost the loop,
     when it was on disk, what the steps lost meanwhile, and the rate beside a plain write."""
     head = ["run", "framework", "model", "ranks", "mode", "saves", "blocked (median)", "durable (median)",
-            "slowdown while written", "bytes/save", "rate (plain write)"]
+            "slowdown while written", "bytes/save", "rate (plain write)", "a failure lost"]
     rows = []
     for run_id, rec in rep.records.items():
         c = rec.get("checkpoint")
@@ -353,12 +353,21 @@ def checkpoint_table(rep) -> tuple[list[str], list[list[str]]]:
                      f"{_num(c.get('durable_s_median'), '.3f')} s",
                      "-" if c.get("slowdown_median") is None else f"{c['slowdown_median']:+.1%}",
                      _bytes(c.get("bytes_per_save")),
-                     f"{_bytes(rate)}/s ({_bytes(plain)}/s)" if rate else "-"])
+                     f"{_bytes(rate)}/s ({_bytes(plain)}/s)" if rate else "-", _lost(rec.get("recovery"))])
     return head, rows[:MAX_RUN_ROWS]
+
+
+def _lost(r: dict | None) -> str:
+    """A restarted run's loss: seconds, and the steps trained again."""
+    if not r or r.get("lost_s") is None:
+        return "-"
+    return f"{r['lost_s']:.2f} s ({r['steps_lost']} steps redone)"
 
 
 CHECKPOINT_NOTE = ("Runs that saved checkpoints (run.checkpoint; the record's `checkpoint`): blocked = how long the loop "
                    "stopped between two steps for a save (slowest rank; no step time holds it), durable = until the "
                    "last rank's write was on disk; an async save writes while the next steps run, and slowdown is "
                    "those steps' mean over the window's median step. rate = bytes / durable time, beside a plain "
-                   "fsynced write of as many bytes to the same directory.")
+                   "fsynced write of as many bytes to the same directory. A failure lost = for a run restarted after a "
+                   "killed rank (launcher.max_restarts; the record's `recovery`): from the fault until the new "
+                   "attempt was back at the fault's step, and the steps it trained again since the save it resumed.")
