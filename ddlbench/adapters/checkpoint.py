@@ -134,7 +134,12 @@ class EngineSaver:
         return Save(str(path), nbytes=sum(p.stat().st_size for p in mine))
 
     def load(self, path: Path):
-        """DeepSpeed's engine.load_checkpoint(dir, tag): its files read, each rank's partition applied."""
+        """DeepSpeed's engine.load_checkpoint(dir, tag): its files read, each rank's partition applied. A
+        universal checkpoint (`python -m deepspeed.checkpoint.ds_to_universal`: a `zero/` folder of
+        per-parameter fp32 states) is loaded as one, into any data-parallel size and ZeRO stage
+        (the engine's `checkpoint.load_universal`, read when it loads, set here for that load)."""
+        if (Path(path) / "zero").is_dir() and not any(Path(path).glob("*optim_states.pt")):
+            self.engine._config.load_universal_checkpoint = True
         loaded, _ = self.engine.load_checkpoint(str(Path(path).parent), tag=Path(path).name)
         if loaded is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint under tag {Path(path).name} in {Path(path).parent}")
