@@ -208,6 +208,27 @@ def test_a_killed_rank_recovers_under_the_elastic_agent(records, tmp_path):
     assert cells[-1] == f"{r['lost_s']:.2f} s (1 steps redone)"
 
 
+def test_a_zero_save_reshards_through_deepspeed_s_universal_checkpoint(records, tmp_path):
+    """ZeRO-2 saved on 2 ranks does not load on 1 (DeepSpeed: "used a DP world size of 2"); converted by
+    DeepSpeed's ds_to_universal it does, and the next 2 losses are the saved run's within 1e-6."""
+    import subprocess
+    import sys
+
+    from conftest import run_bounded
+    saved = Path(records["deepspeed"]["checkpoint"]["dir"]) / "step_3"
+    conv = run_bounded([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(saved),
+                        "--output_folder", str(tmp_path / "u" / "step_3"), "--inject_missing_state"], 300,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert conv.returncode == 0, conv.stderr[-2000:]
+    for path, name in ((saved, "plain"), (tmp_path / "u" / "step_3", "universal")):
+        bench("run", "framework=deepspeed_zero2", "launcher.nproc=1", "debug=fast", "run.measure_steps=1",
+              "run.comm_profile=false", f"run.checkpoint.resume_from={path}", f"run.dir={tmp_path / name}")
+    plain, universal = (load_result(tmp_path / n / "result.json") for n in ("plain", "universal"))
+    assert plain["status"] == "failed" and "DP world size of 2" in plain["error"]["message"]
+    assert universal["status"] == "ok", universal["error"]
+    assert _losses(universal) == pytest.approx(_losses(records["deepspeed"])[3:5], rel=1e-6, abs=0)
+
+
 def test_a_resume_path_must_name_a_save():
     from ddlbench.rank.saves import RestoreError, resumed_step
     assert resumed_step("/x/checkpoints/step_12") == 12
