@@ -24,6 +24,9 @@ Steps, in ORDER (what has never run on a GPU first; a step a lease cannot reach 
   P  the pieces calibration: llama_8b's embedding, blocks (1 and 5 of its 32), head and optimizer
      timed on the GPU, FSDP2's own step at 8 ranks over a fake process group, for `bench project
      calibrate=pieces` at torchtitan's setting (issue 50); A's GPT-2 fast-path cell
+  K  checkpoints (issue 67): llama_1b's FSDP2 saves sync, async in a thread, in DCP's process and
+     staged through pinned host buffers, and DDP's restart after its rank is killed:
+     the restart's relaunch, CUDA start and read of the save, against the CPU figures
   O  llama_3b's offload variants in 40 GB at 1 + 4 steps (at 3 + 20 steps they ran past 120 s)
   A  the harness: a profiled step (run.trace), forward / backward / optimizer by CUDA events
      (run.step_split) on gpt2_small and llama_1b, the reference loop against the runner on
@@ -77,6 +80,9 @@ LLAMA8B_PIECES = ("model=llama_8b framework=fsdp_full network=dgx_h100 hardware=
 # step G's windows: at least 10 s of steps (about twice the 20 steps at these shapes), so each record's
 # timing.window_vs_median.slowest_step_moves says whether one outlier still moves the figure by 1% or more
 GC_WINDOW = "run.min_window_s=10 run.timeout_s=80"
+# llama_1b saving every 3 measured steps (2 saves of ~15 GB: fp32 parameters and AdamW's two moments), one kept
+CKPT = ("llama_1b bf16 run.micro_batch=auto run.warmup_steps=2 run.measure_steps=6 run.checkpoint.every=3 "
+        "run.timeout_s=150")
 LONG = "llama_1b bf16 run.global_batch=1 run.micro_batch=1 framework.options.activation_checkpointing"
 
 
@@ -151,12 +157,17 @@ STEPS = {
         f"fsdp_full resnet50 bf16 run.global_batch=128 {GC_WINDOW} run.gc=python"), deadline_s=190),
     "P": Step("llama_8b's pieces timed on the GPU for bench project calibrate=pieces; GPT-2's fast path",
               (FAST_PATH,), deadline_s=10, project=(LLAMA8B_PIECES,), project_timeout_s=200),
+    "K": Step("checkpoints on a GPU: llama_1b's FSDP2 saves sync, async (a thread), async_process (DCP's "
+              "process) and async_pinned (staged through pinned host buffers); a killed rank's restart from its save", (
+        f"fsdp_full {CKPT} run.checkpoint.mode=sync", f"fsdp_full {CKPT} run.checkpoint.mode=async",
+        f"fsdp_full {CKPT} run.checkpoint.mode=async_process", f"fsdp_full {CKPT} run.checkpoint.mode=async_pinned",
+        f"ddp {CKPT} launcher.max_restarts=1 fault.kind=kill fault.rank=0 fault.step=7"), deadline_s=180),
     "O": Step("llama_3b's offload variants in 40 GB, 1 + 4 steps", (
         f"fsdp_offload {OFFLOAD}", f"deepspeed_zero3_offload {OFFLOAD}"), deadline_s=100),
 }
 
 
-ORDER = ("G", "P", "O", "A", "B", "C", "M", "L")
+ORDER = ("G", "P", "K", "O", "A", "B", "C", "M", "L")
 
 
 def worst_case_s(step: Step) -> float:

@@ -49,6 +49,17 @@ def test_a_mode_the_framework_does_not_offer_is_unsupported_with_the_reason(fram
     assert plan.variant.unsupported_reason(plan.cfg, "cpu") is None
 
 
+def test_pinned_staging_is_for_a_gpu():
+    """async_pinned stages through pinned host memory (a GPU's copies): unsupported on CPU, saying why;
+    offered on CUDA by every DCP-saving strategy; DeepSpeed's engine saves sync only."""
+    plan = plan_from_overrides(["framework=fsdp_full", "run.checkpoint.every=2", "run.checkpoint.mode=async_pinned"])
+    assert "runs on CUDA only: pinned host memory" in plan.variant.unsupported_reason(plan.cfg, "cpu")
+    from ddlbench.adapters.variant import checkpoint_reason
+    assert checkpoint_reason(plan.variant, plan.cfg, "cuda") is None
+    plan = plan_from_overrides(["framework=deepspeed_zero2", "run.checkpoint.every=2", "run.checkpoint.mode=async_pinned"])
+    assert "saves only in mode sync" in checkpoint_reason(plan.variant, plan.cfg, "cuda")
+
+
 def test_bad_checkpoint_settings_are_config_errors():
     from ddlbench.errors import ConfigError
     for bad in ("run.checkpoint.every=-1", "run.checkpoint.mode=later", "run.checkpoint.keep=0"):
@@ -227,6 +238,28 @@ def test_a_zero_save_reshards_through_deepspeed_s_universal_checkpoint(records, 
     assert plain["status"] == "failed" and "DP world size of 2" in plain["error"]["message"]
     assert universal["status"] == "ok", universal["error"]
     assert _losses(universal) == pytest.approx(_losses(records["deepspeed"])[3:5], rel=1e-6, abs=0)
+
+
+def test_async_saves_in_dcp_s_background_process(records, tmp_path):
+    """run.checkpoint.mode=async_process (DCP's AsyncCheckpointerType.PROCESS, on CPU too): the rank
+    stages its state and returns; DCP's own process writes it. Each save durable after it returned, the
+    newest marked COMPLETE, and it loads: the next losses are the uninterrupted FSDP2 run's."""
+    run = tmp_path / "proc"
+    proc = bench("run", "framework=fsdp_full", *STEPS, "run.checkpoint.mode=async_process", f"run.dir={run}",
+                 timeout=for_runs(1, 120))
+    rec = load_result(run / "result.json")
+    assert rec["status"] == "ok", (rec["error"], proc.stderr[-2000:])
+    ck = rec["checkpoint"]
+    assert ck["mode"] == "async_process" and [s["step"] for s in ck["saves"]] == [3, 5]
+    for s in ck["saves"]:
+        assert not s["errors"] and 0 < s["blocked_s"] <= s["durable_s"] and s["bytes"] > 0, s
+    assert (run / "checkpoints" / "step_5" / "COMPLETE").is_file()
+    assert _losses(rec) == _losses(records["fsdp2"])      # a save never changes what is trained
+    back = tmp_path / "back"
+    bench("run", "framework=fsdp_full", "launcher.nproc=2", "debug=fast", "run.measure_steps=1", "run.comm_profile=false",
+          f"run.checkpoint.resume_from={run / 'checkpoints' / 'step_3'}", f"run.dir={back}")
+    got = load_result(back / "result.json")
+    assert got["status"] == "ok" and _losses(got) == _losses(records["fsdp2"])[3:5], got["error"]
 
 
 def test_a_resume_path_must_name_a_save():

@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-DCP = ("sync", "async")      # the run.checkpoint modes a DCP-saving strategy offers (Abilities.checkpoints)
+# the run.checkpoint modes a DCP-saving strategy offers (Abilities.checkpoints): async writes in a thread
+# of the rank, async_process in a background process of DCP's (its own process group; the rank only stages)
+# async_pinned (CUDA only; torchtitan's async_with_pinned_mem): the thread's write, its staging copy into
+# pinned host buffers kept from save to save, issued without blocking (DCP's DefaultStager)
+DCP = ("sync", "async", "async_process", "async_pinned")
+NEEDS_CUDA = {"async_pinned": "pinned host memory is for copies from a GPU"}
 
 
 @dataclass
@@ -69,10 +74,25 @@ def check_files(path: Path) -> None:
 
 class DcpSaver:
     method = ("torch.distributed.checkpoint: get_state_dict(model, optimizer, flattened) saved by dcp.save (sync) or "
-              "dcp.async_save (async: staged, then written in a thread), FileSystemWriter, a gloo group of its own")
+              "dcp.async_save (async: staged, then written in a thread; async_process: in DCP's background process), "
+              "FileSystemWriter, a gloo group of its own")
 
     def __init__(self, model, optimizer, group):
         self.model, self.optimizer, self.group = model, optimizer, group
+        self.stager = None       # async_pinned: one stager, its pinned buffers reused by every save
+
+    def _stager(self):
+        if self.stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            self.stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
+                                                       use_async_staging=True, use_non_blocking_copy=True))
+        return self.stager
+
+    def close(self) -> None:
+        """After the last save is durable: the pinned buffers freed."""
+        if self.stager is not None:
+            self.stager.close()
+            self.stager = None
 
     def state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -89,7 +109,11 @@ class DcpSaver:
         if mode == "sync":
             dcp.save(state, checkpoint_id=str(path), process_group=self.group)
             return Save(str(path), nbytes=self.rank_bytes(path, rank))
-        future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+        kind = AsyncCheckpointerType.PROCESS if mode == "async_process" else AsyncCheckpointerType.THREAD
+        stager = self._stager() if mode == "async_pinned" else None
+        future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_checkpointer_type=kind,
+                                async_stager=stager)
         save = Save(str(path), future=future)
 
         def finished(f) -> None:      # in the writer's thread, the moment the save is durable

@@ -48,10 +48,15 @@ def gpu_capability(device_type: str) -> Optional[tuple]:
         return None
 
 
-def checkpoint_reason(variant: "Variant", cfg) -> Optional[str]:
+def checkpoint_reason(variant: "Variant", cfg, device_type: str = "cpu") -> Optional[str]:
     """run.checkpoint in a mode the strategy does not save with: a result that says so."""
     ck = getattr(cfg.run, "checkpoint", None)
-    if ck is None or not ck.every or ck.mode in variant.abilities().checkpoints:
+    if ck is None or not ck.every:
+        return None
+    from ddlbench.adapters.checkpoint import NEEDS_CUDA
+    if ck.mode in NEEDS_CUDA and device_type != "cuda" and ck.mode in variant.abilities().checkpoints:
+        return f"run.checkpoint.mode={ck.mode} runs on CUDA only: {NEEDS_CUDA[ck.mode]}"
+    if ck.mode in variant.abilities().checkpoints:
         return None
     offered = variant.abilities().checkpoints
     return (f"run.checkpoint.mode={ck.mode}: the {variant.name} adapter saves "
@@ -157,7 +162,7 @@ class Variant:
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         """Why this variant cannot run here (missing package, device, precision, run.compile,
         run.float8), or None."""
-        return (compile_reason(self, cfg) or checkpoint_reason(self, cfg) or restart_reason(self, cfg)
+        return (compile_reason(self, cfg) or checkpoint_reason(self, cfg, device_type) or restart_reason(self, cfg)
                 or float8_reason(self, cfg, device_type, gpu_capability(device_type)))
 
     def taxonomy(self) -> dict:

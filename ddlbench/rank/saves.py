@@ -177,6 +177,8 @@ class Saves:
         t0 = time.perf_counter()
         for s in self.saves:
             self._wait(s)
+        if hasattr(self.saver, "close"):
+            self.saver.close()
         self.wait_s = time.perf_counter() - t0
 
     @staticmethod

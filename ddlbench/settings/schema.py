@@ -252,7 +252,10 @@ class CheckpointCfg(Strict):
     """run.checkpoint: the run saves its training state every `every` measured steps, the framework's
     recommended way (its Variant's abilities().checkpoints: the modes it offers); ddlbench/rank/saves.py."""
     every: NonNegativeInt = 0                   # measured steps between saves; 0: none
-    mode: Literal["sync", "async"] = "sync"     # async: the write goes on in a thread while training does
+    # async: the write goes on in a thread while training does; async_process: in a background process
+    # (DCP's AsyncCheckpointerType.PROCESS: the rank stages the state, the process writes it)
+    # async_pinned (CUDA): the thread's write staged through pinned host buffers (torchtitan's async_with_pinned_mem)
+    mode: Literal["sync", "async", "async_process", "async_pinned"] = "sync"
     dir: Optional[str] = None                   # null: <run dir>/checkpoints
     keep: PositiveInt = 1                       # the newest saves left on disk
     resume_from: Optional[str] = None           # a save's directory (<dir>/step_<N>): the run starts from it,
