@@ -13,13 +13,11 @@ that load on the machine falls on each. Prints the machine's CPU matmul probe be
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 from statistics import median
 
-from runs import reuse
+from runs import bench_run
 
 MODES = ("sync", "async", "async_process")
 STEPS = ("launcher.nproc=2", "run.warmup_steps=2", "run.measure_steps=8", "run.checkpoint.every=2",
@@ -27,11 +25,7 @@ STEPS = ("launcher.nproc=2", "run.warmup_steps=2", "run.measure_steps=8", "run.c
 
 
 def run(run_dir: Path, resume: bool, *overrides: str) -> dict:
-    if not reuse(run_dir, resume):
-        subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", f"run.dir={run_dir}", *STEPS, *overrides],
-                       capture_output=True, text=True, timeout=1800)
-    path = run_dir / "result.json"
-    return json.loads(path.read_text()) if path.exists() else {"status": "no result"}
+    return bench_run(run_dir, resume, (*STEPS, *overrides), 1800)
 
 
 def main() -> int:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-from runs import reuse, verdict
+from runs import bench_run, verdict
 
 FRAMEWORKS = ("ddp", "fsdp_full", "deepspeed_zero2", "horovod")
 MODELS = ("gpt2_tiny", "llama_tiny")
@@ -25,11 +24,7 @@ LOSS_RTOL = 1e-4
 
 
 def run(run_dir: Path, resume: bool, *overrides: str) -> dict:
-    if not reuse(run_dir, resume):
-        subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", f"run.dir={run_dir}", *STEPS, *overrides],
-                       capture_output=True, text=True, timeout=900)
-    path = run_dir / "result.json"
-    return json.loads(path.read_text()) if path.exists() else {"status": "no result", "error": None}
+    return bench_run(run_dir, resume, (*STEPS, *overrides), 900, {"status": "no result", "error": None})
 
 
 def max_rel_diff(a: list[float], b: list[float]) -> float:

@@ -12,12 +12,10 @@ Prints the machine's CPU matmul probe beside the figures (compare times only wit
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-from runs import reuse
+from runs import bench_run
 
 STEPS = ("launcher.nproc=2", "launcher.max_restarts=1", "run.warmup_steps=2", "run.measure_steps=8",
          "run.checkpoint.every=2", "fault.kind=kill", "fault.rank=1", "run.comm_profile=false", "logger=none",
@@ -26,11 +24,7 @@ PHASES = ("detect_s", "relaunch_s", "process_group_s", "model_build_s", "restore
 
 
 def run(run_dir: Path, resume: bool, *overrides: str) -> dict:
-    if not reuse(run_dir, resume):
-        subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", f"run.dir={run_dir}", *STEPS, *overrides],
-                       capture_output=True, text=True, timeout=1800)
-    path = run_dir / "result.json"
-    return json.loads(path.read_text()) if path.exists() else {"status": "no result"}
+    return bench_run(run_dir, resume, (*STEPS, *overrides), 1800)
 
 
 def main() -> int:

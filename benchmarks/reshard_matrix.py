@@ -14,13 +14,12 @@ Prints a Markdown table (docs/checkpoints.md holds the committed one, with this 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from runs import reuse
+from runs import bench_run
 
 COMMON = ("debug=fast", "run.comm_profile=false")
 # source: (framework, ranks); targets: (framework, ranks)
@@ -42,11 +41,7 @@ PAIRS = [
 
 
 def run(run_dir: Path, resume: bool, *overrides: str) -> dict:
-    if not reuse(run_dir, resume):
-        subprocess.run([sys.executable, "-m", "ddlbench.cli", "run", f"run.dir={run_dir}", *COMMON, *overrides],
-                       capture_output=True, text=True, timeout=900)
-    path = run_dir / "result.json"
-    return json.loads(path.read_text()) if path.exists() else {"status": "no result", "error": {"message": "-"}}
+    return bench_run(run_dir, resume, (*COMMON, *overrides), 900, {"status": "no result", "error": {"message": "-"}})
 
 
 def universal(saved: Path, out: Path) -> tuple[Path | None, str]:
