@@ -29,13 +29,15 @@ def test_persist_slowdown_by_hand():
 
 
 def test_saves_over_ranks_by_hand():
-    r0 = [{"step": 4, "blocked_s": 0.1, "waited_s": 0.05, "durable_s": 0.5, "bytes": 100, "slowdown": {"excess": 0.2}}]
+    r0 = [{"step": 4, "blocked_s": 0.1, "waited_s": 0.05, "durable_s": 0.5, "bytes": 100, "slowdown": {"excess": 0.2},
+           "files": 3, "pinned_bytes": 100}]
     r1 = [{"step": 4, "blocked_s": 0.3, "waited_s": 0.0, "durable_s": 0.4, "bytes": 60, "slowdown": {"excess": 0.1},
-           "error": "x"}]
+           "error": "x", "files": None, "pinned_bytes": 60}]
     (row,) = summarize_saves([r0, r1])
-    # the loop waited for its slowest rank; durable when the last write was; bytes summed; the worst slowdown
+    # the loop waited for its slowest rank; durable when the last write was; bytes summed; the worst slowdown;
+    # the files rank 0 counted; each rank's pinned staging
     assert row == {"step": 4, "blocked_s": 0.3, "waited_s": 0.05, "durable_s": 0.5, "bytes_per_rank": [100, 60], "bytes": 160,
-                   "slowdown": 0.2, "errors": ["x"]}
+                   "files": 3, "pinned_bytes_per_rank": [100, 60], "slowdown": 0.2, "errors": ["x"]}
 
 
 @pytest.mark.parametrize("framework,mode,why", [
@@ -103,6 +105,9 @@ def test_every_family_saves_and_the_record_says_what_it_cost(records):
             if mode == "sync":
                 assert s["blocked_s"] == s["durable_s"] and s["slowdown"] is None
             assert len(s["bytes_per_rank"]) == 2 and s["bytes"] == sum(s["bytes_per_rank"]) > 0, (name, s)
+            # DCP: .metadata and a file per rank; DeepSpeed: model states and each rank's partition; rank 0's file
+            assert s["files"] == {"ddp": 3, "fsdp2": 3, "pipeline": 3, "deepspeed": 3}.get(name, 1), (name, s)
+            assert s["pinned_bytes_per_rank"] == [0, 0]
         assert ck["bytes_per_s"] > 0 and ck["plain_write_bytes_per_s"] > 0 and ck["wait_at_end_s"] >= 0
         # keep=2: the two newest saves are left on disk (DeepSpeed adds its `latest` tag and scripts beside them)
         left = sorted(p.name for p in Path(ck["dir"]).iterdir() if p.is_dir())

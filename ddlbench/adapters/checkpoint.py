@@ -45,6 +45,16 @@ class Save:
         return self.done is not None or self.error is not None
 
 
+def tensor_bytes(state) -> int:
+    """Bytes of the tensors in a (nested) state dict as this rank holds them (a DTensor: its local shard)."""
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    local = getattr(state, "_local_tensor", state)
+    return local.numel() * local.element_size() if hasattr(local, "element_size") else 0
+
+
 def fsync_dir(path: Path) -> None:
     """A checkpoint's files named in their directory on disk (DCP fsyncs its files, not the directory)."""
     fd = os.open(path, os.O_RDONLY)
@@ -115,6 +125,8 @@ class DcpSaver:
         future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_checkpointer_type=kind,
                                 async_stager=stager)
         save = Save(str(path), future=future)
+        if stager is not None:      # the stager holds a pinned copy of this rank's every tensor
+            save.extra["pinned_bytes"] = tensor_bytes(state)
 
         def finished(f) -> None:      # in the writer's thread, the moment the save is durable
             exc = f.exception()

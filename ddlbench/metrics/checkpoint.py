@@ -38,6 +38,10 @@ def summarize_saves(per_rank: list[list[dict]]) -> list[dict]:
                      "durable_s": None if any(d is None for d in durable) else max(durable),
                      "bytes_per_rank": [s["bytes"] for s in saves],
                      "bytes": sum(s["bytes"] or 0 for s in saves),
+                     # files in the save's directory (rank 0 counts them once durable: None elsewhere)
+                     "files": next((s["files"] for s in saves if s.get("files") is not None), None),
+                     # host memory pinned to stage it (async_pinned), per rank; 0: none
+                     "pinned_bytes_per_rank": [s.get("pinned_bytes") or 0 for s in saves],
                      "slowdown": max(excess) if excess else None,
                      "errors": [s["error"] for s in saves if s.get("error")]})
     return rows

@@ -153,8 +153,10 @@ class Saves:
             self._complete(save)
 
     def _complete(self, save) -> None:
-        """Rank 0, once `save` is durable on every rank: its COMPLETE marker (a restart resumes from it)."""
+        """Rank 0, once `save` is durable on every rank: its files counted, its COMPLETE marker written
+        (a restart resumes from it)."""
         if self.rank == 0 and save.error is None:
+            save.extra["files"] = sum(1 for p in Path(save.path).rglob("*") if p.is_file())
             marker = Path(save.path) / COMPLETE
             marker.write_text(f"step {save.extra['step']}\n")
             fsync_dir(marker.parent)
@@ -199,6 +201,7 @@ class Saves:
         for s in self.saves:
             end = None if s.done is None or s.error else max(s.done, s.extra["returned"])
             out.append({"step": s.extra["step"], "blocked_s": s.blocked_s, "waited_s": s.extra["waited_for_previous_s"],
+                        "files": s.extra.get("files"), "pinned_bytes": s.extra.get("pinned_bytes", 0),
                         "durable_s": None if end is None else end - s.began, "bytes": s.nbytes, "error": s.error,
                         "slowdown": (persist_slowdown(self.steps, s.began + s.blocked_s, end, baseline)
                                      if s.future is not None and end is not None else None)})
