@@ -148,9 +148,11 @@ class Saves:
         self._prune()
 
     def _durable(self, save, future) -> None:
-        save.done = time.perf_counter()
+        """An async save's done callback: durable now; marked complete before anyone waiting sees it done."""
+        now = time.perf_counter()
         if future.exception() is None:
             self._complete(save)
+        save.done = now
 
     def _complete(self, save) -> None:
         """Rank 0, once `save` is durable on every rank: its files counted, its COMPLETE marker written
@@ -158,8 +160,11 @@ class Saves:
         if self.rank == 0 and save.error is None:
             save.extra["files"] = sum(1 for p in Path(save.path).rglob("*") if p.is_file())
             marker = Path(save.path) / COMPLETE
-            marker.write_text(f"step {save.extra['step']}\n")
-            fsync_dir(marker.parent)
+            try:
+                marker.write_text(f"step {save.extra['step']}\n")
+                fsync_dir(marker.parent)
+            except OSError as exc:     # written, but a restart would not know it whole: the save's error
+                save.error = f"its {COMPLETE} marker could not be written: {type(exc).__name__}: {exc}"
 
     def _prune(self) -> None:
         """The newest `keep` saves stay; an older one goes once it is durable (rank 0 removes it)."""
