@@ -248,7 +248,8 @@ def test_a_zero_save_reshards_through_deepspeed_s_universal_checkpoint(records, 
 def test_async_saves_in_dcp_s_background_process(records, tmp_path):
     """run.checkpoint.mode=async_process (DCP's AsyncCheckpointerType.PROCESS, on CPU too): the rank
     stages its state and returns; DCP's own process writes it. Each save durable after it returned, the
-    newest marked COMPLETE, and it loads: the next losses are the uninterrupted FSDP2 run's."""
+    newest marked COMPLETE, whole as DCP reads it (every file its metadata names, long enough: the check a
+    restore makes first; resuming a DCP save is tested above), and training unchanged by it."""
     run = tmp_path / "proc"
     proc = bench("run", "framework=fsdp_full", *STEPS, "run.checkpoint.mode=async_process", f"run.dir={run}",
                  timeout=for_runs(1, 120))
@@ -260,11 +261,9 @@ def test_async_saves_in_dcp_s_background_process(records, tmp_path):
         assert not s["errors"] and 0 < s["blocked_s"] <= s["durable_s"] and s["bytes"] > 0, s
     assert (run / "checkpoints" / "step_5" / "COMPLETE").is_file()
     assert _losses(rec) == _losses(records["fsdp2"])      # a save never changes what is trained
-    back = tmp_path / "back"
-    bench("run", "framework=fsdp_full", "launcher.nproc=2", "debug=fast", "run.measure_steps=1", "run.comm_profile=false",
-          f"run.checkpoint.resume_from={run / 'checkpoints' / 'step_3'}", f"run.dir={back}")
-    got = load_result(back / "result.json")
-    assert got["status"] == "ok" and _losses(got) == _losses(records["fsdp2"])[3:5], got["error"]
+    from ddlbench.adapters.checkpoint import check_files
+    for step in ("step_3", "step_5"):
+        check_files(run / "checkpoints" / step)
 
 
 def test_a_resume_path_must_name_a_save():

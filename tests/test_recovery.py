@@ -84,7 +84,8 @@ def test_restarts_need_the_elastic_agent():
 
 
 def test_torchft_keeps_training_through_a_lost_replica_group(tmp_path):
-    """benchmarks/torchft_recovery.py with torchft's own lighthouse, on gloo: replica group 1 SIGKILLed
+    """benchmarks/torchft_recovery.py with torchft's own lighthouse, on gloo (resnet18_tiny: its batch-norm
+    statistics must come over too): replica group 1 SIGKILLed
     before step 8 and started again; group 0 never loses a committed step and trains on alone; the
     replacement heals from it (live recovery over HTTP, not from step 0) and, from its next step on, the
     two compute the same loss on the same data: the state was carried over exactly."""
@@ -95,7 +96,7 @@ def test_torchft_keeps_training_through_a_lost_replica_group(tmp_path):
     from conftest import REPO, run_bounded
     out = tmp_path / "tft"
     proc = run_bounded([sys.executable, "benchmarks/torchft_recovery.py", str(out), "--steps", "30", "--kill-at", "8",
-                        "--batch", "2"], 300, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+                        "--batch", "2", "--model", "resnet18_tiny"], 300, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + (out / "replicas.log").read_text()[-3000:]
     got = json.loads((out / "summary.json").read_text())
     assert got["steps_lost"] == 0 and got["survivor_steps_alone"] >= 1 and got["killed_to_joined_s"] > 0
