@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile scripts/build_ho
 BENCH_DIR ?= outputs/make-bench
 # pytest workers (pytest-xdist): the suite waits on processes, Slurm and shaped links much of its
 # time; on two cores 3 workers kept them busier than 2 (pytest 1284 s against 1796 s, 2026-11-29,
-# docs/setup.md); tests/conftest.py groups the files that share something machine-wide
-TEST_WORKERS ?= 4
+# docs/setup.md), and 4 no busier than 3 (1579.0 s against 1577.2 s from fresh clones, 2026-11-30);
+# tests/conftest.py groups the files that share something machine-wide
+TEST_WORKERS ?= 3
 
 .PHONY: bench test lint setup system-deps clean
 setup: $(STAMP)
