@@ -23,6 +23,7 @@ from ddlbench.metrics.checkpoint import persist_slowdown, rate
 from ddlbench.record.rundir import RunDir
 
 COMPLETE = "COMPLETE"
+STEP_DIR = re.compile(r"step_(\d+)")     # a save's directory: step_<steps trained>
 
 
 class RestoreError(RuntimeError):
@@ -55,7 +56,7 @@ def cause(exc: BaseException) -> str:
 
 def resumed_step(path: str) -> int:
     """N of a save's directory `.../step_<N>`: the steps its state has trained."""
-    m = re.fullmatch(r"step_(\d+)", Path(path).name)
+    m = STEP_DIR.fullmatch(Path(path).name)
     if not m:
         raise RestoreError(f"run.checkpoint.resume_from={path}: not a save's directory (its name is step_<N>, "
                            "as run.checkpoint writes them)")
@@ -64,7 +65,8 @@ def resumed_step(path: str) -> int:
 
 def newest_complete(root: Path) -> Path | None:
     """The save under `root` with the most steps whose COMPLETE marker rank 0 wrote; None if none."""
-    found = [(int(p.name[5:]), p) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / COMPLETE).is_file()]
+    found = [(int(m.group(1)), p) for p in root.glob("step_*")
+             if (m := STEP_DIR.fullmatch(p.name)) and (p / COMPLETE).is_file()]
     return max(found)[1] if found else None
 
 
