@@ -50,6 +50,18 @@ BENCH = [sys.executable, "-m", "ddlbench.cli"]
 BENCH_EXE = str(REPO / ".venv" / "bin" / "bench")
 PR_SET_CHILD_SUBREAPER = 36
 TIME_SCALE = float(os.environ.get("DDLBENCH_TEST_TIME_SCALE") or 1)
+# OpenMP threads that wait for work sleep at once instead of spinning first (libgomp reads this when
+# torch loads it, so before torch is imported; the ranks forked from here and the commands started from
+# here inherit it). The suite runs three workers on two cores: a 1-rank run (two threads) spun its idle
+# thread while the other was descheduled: 82 CPU-s against 7 for the same run beside two busy loops
+# (docs/setup.md, "A machine shared with other work"). Unloaded, passive waiting costs such a run ~25% of
+# its wall time and nothing on 2-rank runs (one thread each); no test asserts a time.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# torch.compile's runs (tests/test_compile.py) compile their kernels in the rank's own process: by default
+# inductor starts a pool of compile workers per rank, each a fresh interpreter importing torch, which on
+# this 2-core VM cost each compiled 2-rank run ~8 of its ~45 CPU-s (cold cache) and compiled nothing faster.
+# The kernels are the same; set before torch reads it (torch._inductor.config, at its import)
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 CLEANUP_S = 60          # a command's clean-up after its bound: SIGTERM, 15 s, SIGKILL, leftovers' grace
 _test_timeout: list[float] = [0.0]      # the running test's pytest timeout (scaled), set per test below
 

@@ -12,7 +12,9 @@ from typing import Optional
 
 import torch
 
-ENV_ALLOWLIST = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS",
+# OMP_WAIT_POLICY / GOMP_SPINCOUNT: whether idle OpenMP threads spin; on a CPU shared with other work a
+# spinning 2-thread rank ran 10x slower (docs/setup.md)
+ENV_ALLOWLIST = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS",
                  "GLOO_SOCKET_IFNAME", "SLURM_JOB_ID",
                  "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_NNODES", "SLURM_NTASKS",
                  "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME", "SLURM_RESTART_COUNT")
