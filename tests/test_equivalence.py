@@ -53,7 +53,7 @@ GATE_MODELS = {"pipeline_fsdp": ("llama_tiny", "gpt2_tiny"),     # untied, and G
 # (tensor parallelism) averages it over other token sets, a different loss by design (1e-4 after 10
 # steps on moe_tiny at coefficient 0.001). The gate compares the strategies without it.
 MODEL_EXTRA = {"moe_tiny": ("model.moe.aux_loss_coef=0",), "moe_shared_tiny": ("model.moe.aux_loss_coef=0",)}
-MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", "moe_shared_tiny"]
+MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", "moe_shared_tiny", "deepseek_v3_tiny"]
 # llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny, moe_tiny
 # and moe_shared_tiny (a shared expert beside the routed ones): what their families change
 MODEL_VARIANTS = {"resnet18_tiny": {"fsdp_full", "deepspeed_zero2", "deepspeed_zero3", "fairscale_oss", "horovod",
@@ -62,7 +62,10 @@ MODEL_VARIANTS = {"resnet18_tiny": {"fsdp_full", "deepspeed_zero2", "deepspeed_z
                                  "tensor_parallel", "tensor_parallel_sp", "deepspeed_ulysses", "context_parallel"},
                   "qwen3_tiny": {"tensor_parallel", "tensor_parallel_sp"},
                   "moe_tiny": {"fsdp_full", "deepspeed_zero2", "expert_parallel", "expert_parallel_tp"},
-                  "moe_shared_tiny": {"expert_parallel"}}
+                  "moe_shared_tiny": {"expert_parallel"},
+                  # DeepSeek-V3 (MLA, a dense first layer, grouped routing, a shared expert): through a pipeline
+                  # (its EP against one rank: tests/test_deepseek_v3.py)
+                  "deepseek_v3_tiny": {"pipeline_1f1b", "fsdp_full"}}
 # Equivalent strategies whose native optimizer is a different implementation of the same
 # AdamW (ZeRO-Offload requires DeepSpeedCPUAdam): losses at 1e-5, parameters at this tolerance.
 PARAM_RTOL: dict[str, float] = {}
@@ -283,3 +286,36 @@ def test_fsdp_x_tp_x_pp_matches_ddp_at_8_ranks(tmp_path_factory):
     assert _losses(rec) == pytest.approx(_losses(ref), rel=1e-5)
     assert_same_params(rec["final_params"]["fingerprint"], ref["final_params"]["fingerprint"], 1e-5,
                        _zero_gradient_params("llama_tiny"))
+
+
+@pytest.mark.slow
+def test_loss_parallel_matches_ddp_under_tp_x_fsdp_with_sequence_parallel(tmp_path_factory):
+    """torchtitan's loss parallel (the LM head column-wise over the vocabulary, the cross-entropy on
+    the shards) under tp 2 x dp_shard 2 with sequence parallelism, on an untied llama_tiny, against
+    DDP over 4 ranks; the record says what it sharded."""
+    untied = ("model.tie_embeddings=false",)
+    extra = (*untied, "framework.options.sequence_parallel=true", "framework.options.loss_parallel=true")
+    ref = _run(tmp_path_factory, "llama_tiny", "ddp", 4, untied)
+    rec = _run(tmp_path_factory, "llama_tiny", "tensor_parallel_fsdp", 4, extra)
+    assert ref["status"] == "ok", ref["error"]
+    assert rec["status"] == "ok", rec["error"]
+    assert (rec["parallel"]["tp"], rec["parallel"]["dp_shard"]) == (2, 2), rec["parallel"]
+    native = rec["framework"]["native_config"]
+    assert native["loss_parallel"] is True and "Shard(-1)" in native["plan"]["lm_head"], native["plan"]
+    assert "head" not in native["plan"]["replicated"]
+    assert _losses(rec) == pytest.approx(_losses(ref), rel=1e-5)
+    assert_same_params(rec["final_params"]["fingerprint"], ref["final_params"]["fingerprint"], 1e-5,
+                       _zero_gradient_params("llama_tiny"))
+
+
+def test_loss_parallel_refuses_a_tied_head_and_no_tensor_parallelism():
+    with pytest.raises(ConfigError, match="ties its LM head"):
+        plan_from_overrides(["framework=tensor_parallel", "model=gpt2_tiny", "launcher.nproc=2",
+                             "framework.options.loss_parallel=true"])
+    with pytest.raises(ConfigError, match="ties its LM head"):
+        plan_from_overrides(["framework=tensor_parallel", "model=llama_tiny", "launcher.nproc=2",
+                             "framework.options.loss_parallel=true"])
+    with pytest.raises(ConfigError, match=r"needs tensor parallelism \(tp > 1\)"):
+        plan_from_overrides(["framework=tensor_parallel_fsdp", "model=llama_tiny", "model.tie_embeddings=false",
+                             "launcher.nproc=2", "framework.options.tp=1", "framework.options.dp_shard=2",
+                             "framework.options.loss_parallel=true"])

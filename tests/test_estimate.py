@@ -18,6 +18,9 @@ CASES = [("ddp", "gpt2_tiny", ()), ("fsdp_full", "gpt2_tiny", ()), ("fsdp_grad_o
          ("deepspeed_zero1", "gpt2_tiny", ()), ("deepspeed_zero2", "gpt2_tiny", ()), ("deepspeed_zero3", "gpt2_tiny", ()),
          ("fairscale_oss", "gpt2_tiny", ()), ("tensor_parallel_fsdp", "gpt2_tiny", ()),
          ("tensor_parallel_fsdp", "llama_tiny", ()),     # q, k, v, gate, up: five input gradients a block
+         # sequence and loss parallel: the head over the vocabulary (its input gradient, the cross-entropy's sums)
+         ("tensor_parallel_fsdp", "llama_tiny", ("model.tie_embeddings=false", "framework.options.sequence_parallel=true",
+                                                 "framework.options.loss_parallel=true")),
          ("expert_parallel", "moe_tiny", ("model.moe.aux_loss_coef=0",)),
          ("expert_parallel_tp", "moe_tiny", ("model.moe.aux_loss_coef=0",)),
          ("context_parallel", "llama_tiny", ("model.attention=sdpa_causal",)),    # ring attention, cp 2 x dp_shard 4
@@ -29,7 +32,11 @@ CASES = [("ddp", "gpt2_tiny", ()), ("fsdp_full", "gpt2_tiny", ()), ("fsdp_grad_o
          ("deepspeed_zero3_offload_torch", "gpt2_tiny", ()), ("fairscale_oss_ddp", "gpt2_tiny", ()),
          ("tensor_parallel", "gpt2_tiny", ("model.n_head=8",)),     # tp over all 8 ranks: heads divisible by 8
          ("tensor_parallel_sp", "llama_tiny", ("model.n_head=8", "model.n_kv_head=8"))]
-IDS = [f"{c[0]}:{c[1]}" for c in CASES]
+def _id(framework, model, more) -> str:
+    return f"{framework}:{model}" + ("+sp+lp" if "framework.options.loss_parallel=true" in more else "")
+
+
+IDS = [_id(*c) for c in CASES]
 
 
 def _overrides(fw, model, more):
@@ -53,7 +60,7 @@ def traced():
 def test_traced_step_matches_the_cost_model(traced, framework, model, more):
     from ddlbench.estimate.profile import profile
     from ddlbench.planning.config import plan_from_overrides
-    got = traced[f"{framework}:{model}"]
+    got = traced[_id(framework, model, more)]
     assert "error" not in got, got
     plan = plan_from_overrides([*_overrides(framework, model, more), f"launcher.nproc={WORLD}"])
     prof = profile(plan.cfg.model)

@@ -14,7 +14,7 @@ Vocabulary:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 MiB = 1 << 20
@@ -142,6 +142,15 @@ class ModelProfile:
         at tp (a pipeline's first and last stage each hold one and sum their gradients); 0 untied."""
         return self.tied_pair_params(1, tp)
 
+    def vocab_split(self) -> "ModelProfile":
+        """This profile with its head split by tp over the vocabulary (loss parallelism): the last
+        piece's parameters, FLOPs and activations all counted as split (its final norm, one
+        hidden-size vector, with them); a tied head cannot be split (refused before)."""
+        if not self.pieces or self.pieces[-1].tied_params:
+            return self
+        head = self.pieces[-1]
+        return replace(self, pieces=(*self.pieces[:-1], replace(head, split_params=head.params)))
+
     def tp_all_reduces(self) -> tuple[int, int]:
         """A tensor-parallel block's all-reduces without sequence parallelism: (forward, backward)."""
         return (self.tp_row_layers or 2, self.tp_column_layers or 2)
@@ -210,6 +219,8 @@ class StepRules:
     experts: bool = False                  # MoE experts over ep ranks: each MoE block's experts a unit of their own
     tp_sequence_parallel: bool = False     # tp > 1 with Megatron's SP: a block's activations all-gathered before
                                            # attention and the MLP and reduce-scattered after them, each way
+    vocab_parallel: bool = False           # tp > 1 with loss parallelism: the head split over the vocabulary
+                                           # (ModelProfile.vocab_split), its input gradient reduced in backward
 
     def __post_init__(self):
         if self.gradients not in ("buckets", "units", "stages"):
@@ -232,6 +243,7 @@ class CostModel:
     offload_params: bool = False     # parameter and gradient shards in host memory
     buffers: dict = field(default_factory=dict)   # {what: bytes} the framework adds on the device
     activation_share: float = 1.0    # of one replica's activations per micro-batch, on the busiest rank
+    output_share: float = 1.0        # of the model's output (the logits) a rank makes: 1 / tp under loss parallelism
     in_flight: int = 1               # micro-batches whose activations a rank holds at once
     compute_share: float = 1.0       # of one replica's compute per micro-batch, on the busiest rank
     bubble_slots: float = 0.0        # idle micro-batch slots per step (pipeline fill and drain)

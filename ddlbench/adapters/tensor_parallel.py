@@ -28,12 +28,18 @@ from ddlbench.models.checkpointing import describe as describe_ac
 from ddlbench.settings.dims import ParallelSize, model_fit_errors
 
 
+def loss_parallel():
+    from torch.distributed.tensor.parallel import loss_parallel as context
+    return context()
+
+
 class TPOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     tp: ParallelSize = -1           # tensor-parallel ranks; -1 = world / dp_shard
     dp_shard: ParallelSize = 1      # FSDP2 shard ranks (2-D); -1 = world / tp
     activation_checkpointing: Policy = "none"   # none | full | selective_layer:K | selective_op (models/checkpointing.py)
     sequence_parallel: bool = False   # Megatron's SP: norms on sequence parts, all-gather + reduce-scatter
+    loss_parallel: bool = False       # torchtitan's: the LM head over the vocabulary, the loss on its shards
 
 
 class TensorParallel(Variant):
@@ -42,7 +48,8 @@ class TensorParallel(Variant):
     strategy = "ddlbench.adapters.tensor_parallel:TensorParallelStrategy"
 
     def abilities(self):      # FSDP2 over dp_shard around the tensor-parallel blocks
-        return Abilities(builds_on_meta=True, step=StepRules("units", tp_sequence_parallel=self.options.sequence_parallel),
+        return Abilities(builds_on_meta=True, step=StepRules("units", tp_sequence_parallel=self.options.sequence_parallel,
+                                                             vocab_parallel=self.options.loss_parallel),
                          checkpoints=DCP)
 
     def taxonomy(self) -> dict:
@@ -64,8 +71,13 @@ class TensorParallel(Variant):
         (bf16 param_dtype), one reduce-scatter in fp32, tp ranks apart; two units gathered. Pure TP
         at bf16 runs under autocast (its cached weight copies). Only the blocks are split (the
         plan's layers): embeddings, norms and the head stay whole on every tp rank, in memory and
-        in compute (ModelProfile.share)."""
+        in compute (ModelProfile.share), unless loss parallelism splits the head over the vocabulary:
+        then its input's gradient is all-reduced (reduce-scattered under SP) in backward, and three
+        fp32 values a position (max, sum of exponentials, target logit) in forward."""
         tp, shard, m = dims.tp, dims.dp_shard, dims.grad_accum
+        lp = self.options.loss_parallel and tp > 1
+        if lp:
+            model = model.vocab_split()
         mine = model.share(range(len(model.pieces)), tp)
         piece = mine.params
         gather = DTYPE_BYTES[precision]
@@ -85,6 +97,12 @@ class TensorParallel(Variant):
         else:
             model_parallel = split("all_reduce", act, 1, tp, per_step=sum(model.tp_all_reduces()) * model.blocks * m,
                                    what="block outputs and input gradients", data_parallel=False)
+        if lp:
+            positions = model.boundary_bytes_per_sample / 4 / max(model.hidden_size, 1) * dims.micro_batch
+            model_parallel += (split("reduce_scatter" if self.options.sequence_parallel else "all_reduce", act, 1, tp,
+                                     per_step=m, what="the head's input gradient", data_parallel=False)
+                               + split("all_reduce", 4.0 * positions, 1, tp, per_step=3 * m,
+                                       what="cross-entropy over vocabulary shards", data_parallel=False))
         traffic = (model_parallel
                    + split("all_gather", gather * piece, model.units, shard, stride=tp, per_step=2 * m,
                            what="parameters")
@@ -94,7 +112,7 @@ class TensorParallel(Variant):
         return CostModel(f"DTensor tensor parallel (tp {tp})" + (f" + FSDP2 over {shard}" if shard > 1 else ""),
                          piece, shard_ranks=shard, shard_optimizer=True, shard_grads=True, shard_params=True,
                          buffers=buffers, activation_share=mine.activations, compute_share=mine.compute,
-                         traffic=tuple(traffic))
+                         output_share=1 / tp if lp else 1.0, traffic=tuple(traffic))
 
     def advise_options(self, devices: int) -> list[dict]:
         """Every tp > 1 that divides the ranks, FSDP2 over the rest."""
@@ -104,6 +122,8 @@ class TensorParallel(Variant):
         errors = model_fit_errors(dims, cfg.model, 1)
         if self.options.sequence_parallel:
             errors += sequence_parallel_errors(cfg.model, dims.tp)
+        if self.options.loss_parallel:
+            errors += loss_parallel_config_errors(cfg.model, dims.tp)
         if errors:
             raise ConfigError("; ".join(errors))
 
@@ -127,6 +147,20 @@ def sequence_parallel_errors(mc, tp: int) -> list[str]:
     seq = getattr(mc, "seq_len", None)
     if seq and seq % tp:
         return [f"model.seq_len = {seq} is not divisible by tp = {tp} (sequence parallelism splits the sequence)"]
+    return []
+
+
+def loss_parallel_config_errors(mc, tp: int) -> list[str]:
+    """Why loss parallelism cannot run as asked, from the configuration (the built model is checked
+    too: ddlbench/models/tensor_parallel.loss_parallel_errors)."""
+    if tp < 2:
+        return [f"framework.options.loss_parallel needs tensor parallelism (tp > 1), got tp = {tp}"]
+    if mc.kind != "language":
+        return [f"framework.options.loss_parallel needs a language model (its LM head over the vocabulary), got {mc.kind}"]
+    from ddlbench.models import family
+    if family.of_config(mc).tied_head(mc):
+        return ["framework.options.loss_parallel: the model ties its LM head to its input embedding "
+                "(GPT-2 always, others with model.tie_embeddings=true): sharding the head would shard the embedding too"]
     return []
 
 
@@ -159,11 +193,15 @@ class TensorParallelStrategy(Strategy):
         model = build_on(build_model, ctx.device)
         self.params = count_params(model)
         from ddlbench.models.tensor_parallel import plan_description
-        self.plan = plan_description(model)
+        lp = self.options.loss_parallel
+        self.plan = plan_description(model, lp)
         from ddlbench.models.tensor_parallel import sequence_parallel_description
         sp = self.options.sequence_parallel
         self.sp_plan = sequence_parallel_description(model) if sp else None
-        self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"], sequence_parallel=sp)
+        try:
+            self.tp_blocks = apply_tensor_parallel(model, self.mesh["tp"], sequence_parallel=sp, loss_parallel=lp)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         if self.options.activation_checkpointing != "none":
             apply_checkpointing(model, self.options.activation_checkpointing)
         self.sharded = None
@@ -180,7 +218,9 @@ class TensorParallelStrategy(Strategy):
         return fsdp2_no_sync(self.model) if self.dims.dp_shard > 1 else contextlib.nullcontext()
 
     def train_step(self, batch: dict) -> StepOut:
-        loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self._no_sync)
+        # loss parallel: forward and backward of the loss on the vocabulary shards (torch's context)
+        with loss_parallel() if self.options.loss_parallel else contextlib.nullcontext():
+            loss = forward_backward(self.model, batch, self.dims.grad_accum, self.precision, self._no_sync)
         if self.options.sequence_parallel:
             sum_partial_grads(self.model)
         self.precision.step(self.optimizer)
@@ -199,6 +239,7 @@ class TensorParallelStrategy(Strategy):
             "plan": self.plan, "tp_blocks": self.tp_blocks,
             "sequence_parallel": None if self.sp_plan is None else {
                 **self.sp_plan, "norm weight gradients": "summed over tp once after backward (Megatron's SP)"},
+            "loss_parallel": self.options.loss_parallel,
             "order": "tensor parallel -> activation checkpointing -> FSDP2",
             "activation_checkpointing": describe_ac(self.options.activation_checkpointing),
             "mp_policy": None if self.sharded is None else self.sharded.mp_record(),

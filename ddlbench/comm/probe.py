@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_flatten
 
 from ddlbench.metrics.comm import CommCounter
 
@@ -141,25 +142,6 @@ PATCHED = {"all_reduce": "all_reduce", "all_gather_into_tensor": "_allgather_bas
            "all_to_all_single": "all_to_all_single"}
 
 
-# torch's ring attention (context parallelism) runs inside DTensor's handler for an SDPA op, where a
-# dispatch mode that saw the SDPA op cannot see the collectives it makes: the ring's functions are run
-# under a second mode that counts into the same counter while the first is entered
-RING = ("_templated_ring_attention", "_templated_ring_attention_backward")
-
-
-class _Inside(TorchDispatchMode):
-    """Counts the c10d ops of a library function that runs inside another op's dispatch."""
-
-    def __init__(self, outer: "CollectiveCounter") -> None:
-        super().__init__()
-        self.outer = outer
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace in NAMESPACES:
-            self.outer._add(func._schema.name.split("::")[-1], args)
-        return func(*args, **(kwargs or {}))
-
-
 class CollectiveCounter(TorchDispatchMode):
     """Counts every c10d op dispatched on the thread that enters it, and the torch.distributed
     calls made on any other thread meanwhile (future callbacks)."""
@@ -189,35 +171,25 @@ class CollectiveCounter(TorchDispatchMode):
             return fn(*args, **kwargs)
         return counted
 
-    def _inside(self, fn):
-        def counted(*args, **kwargs):
-            with _Inside(self):
-                return fn(*args, **kwargs)
-        return counted
-
     def __enter__(self):
-        import sys
-
         import torch.distributed as dist
         for fn_name, op_name in PATCHED.items():
             self._saved[fn_name] = getattr(dist, fn_name)
             setattr(dist, fn_name, self._wrap(self._saved[fn_name], op_name))
-        ring = sys.modules.get("torch.distributed.tensor.experimental._context_parallel._attention")
-        if ring is not None:      # imported only where a run uses context parallelism
-            for name in RING:
-                self._saved[(ring, name)] = getattr(ring, name)
-                setattr(ring, name, self._inside(self._saved[(ring, name)]))
         return super().__enter__()
 
     def __exit__(self, *exc):
         import torch.distributed as dist
-        for key, fn in self._saved.items():
-            owner, name = key if isinstance(key, tuple) else (dist, key)
-            setattr(owner, name, fn)
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
         self._saved.clear()
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(is_traceable_wrapper_subclass(a) for a in tree_flatten((args, kwargs))[0]):
+            # left to the subclass (DTensor), whose ops on its local tensors come back here: the collectives
+            # its op handlers issue (loss parallel's cross-entropy sums, ring attention's passes) are counted
+            return NotImplemented
         if func.namespace in NAMESPACES:
             self._add(func._schema.name.split("::")[-1], args)
         elif func.namespace in OPAQUE:        # a library's custom op around a collective: the mode

@@ -106,7 +106,7 @@ def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activa
     made = cost.backward_grad_bytes or cost.grad_bytes
     # eager attention's backward makes a (T x T) gradient of the scores while most activations live
     scores = model.attention_scores_bytes_per_sample * layout.micro_batch / layout.tp
-    output = model.output_bytes_per_sample * layout.micro_batch / layout.cp
+    output = model.output_bytes_per_sample * layout.micro_batch / layout.cp * cost.output_share
     first = max(2 * output, model.largest_weight_params * made) + scores
     tied = model.tied_pair_params(layout.pp, layout.tp) * made
     held = cost.grads_preallocated or layout.grad_accum > 1

@@ -13,10 +13,8 @@ Compute per piece (embedding, each block, the head with the loss) per micro-batc
     backward = 2 x forward + recompute x forward (blocks; ac: none 0, full 1, selective_layer:K 1
                on every K-th block, selective_op 0.5 — torchtitan's per-op policy recomputes every
                other matmul)
-The optimizer's step: priced only where it was timed (calibrate=pieces: seconds per parameter x the
-parameters the busiest rank steps, after the schedule); with a roofline or a calibrated efficiency
-its time folds into the efficiency. Not priced: kernel launch gaps, stragglers, congestion.
-"""
+The optimizer's step: priced where timed (calibrate=pieces: s per parameter x the busiest rank's, after the
+schedule), else folded into the efficiency. Not priced: kernel launch gaps, stragglers, congestion."""
 from __future__ import annotations
 
 import math
@@ -147,6 +145,7 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     if step is None:
         raise ConfigError(f"bench project: no schedule rules for {fw} yet (its abilities' step)")
     cost = cost_of_plan(plan, prof, per_node)
+    prof = prof.vocab_split() if step.vocab_parallel and d.tp > 1 else prof     # loss parallelism: the head split too
     gather_b = DTYPE_BYTES[precision]
     grad_b = DTYPE_BYTES[plan.variant.grad_reduce_dtype(precision)]
     tp, mb, m, sp = d.tp, d.micro_batch, d.grad_accum, d.cp
@@ -190,13 +189,20 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     if ep > 1:
         tp_kind = pricing.label("all_to_all", ep, tp)
 
+    head_f = head_b = 0.0       # loss parallelism: the cross-entropy's 3 fp32 values a position; the head's input gradient
+    if step.vocab_parallel and tp > 1:
+        positions = prof.boundary_bytes_per_sample / 4 / max(prof.hidden_size, 1) * mb      # tokens a micro-batch
+        head_f = 3 * pricing.seconds("all_reduce", 4.0 * positions, tp, 1)
+        head_b = pricing.seconds("reduce_scatter" if step.tp_sequence_parallel else "all_reduce", act, tp, 1)
+
     def piece(i):
         unit = names[i] if 0 < i < nb - 1 else "root"
         block = 0 < i < nb - 1
         sparse = block and moe[i - 1]
+        head = (head_f, head_b) if i == nb - 1 else (0.0, 0.0)
         return rules.Piece(names[i], unit, *times[i], params=params[i],
-                           tp_forward_s=tp_f + (counts + 2 * a2a if sparse else 0.0) if block else 0.0,
-                           tp_backward_s=tp_b + (2 * a2a if sparse else 0.0) if block else 0.0)
+                           tp_forward_s=tp_f + (counts + 2 * a2a if sparse else 0.0) if block else head[0],
+                           tp_backward_s=tp_b + (2 * a2a if sparse else 0.0) if block else head[1])
 
     def add(kind, s, count=1):
         comm[kind] = comm.get(kind, 0.0) + s * count
@@ -206,7 +212,7 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
                          (tp_f, tp_b) if tp > 1 else (0.0, 0.0), tp_kind)
     pieces = [piece(i) for i in range(nb)]
     if tp > 1 or sp > 1:
-        add(pricing.label("all_reduce", tp, 1) if ep > 1 else tp_kind, (tp_f + tp_b) * (nb - 2) * m)
+        add(pricing.label("all_reduce", tp, 1) if ep > 1 else tp_kind, ((tp_f + tp_b) * (nb - 2) + head_f + head_b) * m)
     if a2a:
         add(tp_kind, (counts + 4 * a2a) * sum(moe) * m)
     # DeepSpeed with the sequence-parallel groups reduces over every rank of the replica and the replicas;
@@ -261,9 +267,7 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
 def moe_blocks(blocks: int, moe_layers: int) -> list[bool]:
     """Which of `blocks` blocks are sparse when `moe_layers` of them are, spread evenly (every one
     where all are; Qwen-MoE's decoder_sparse_step 2: every second)."""
-    if moe_layers >= blocks:
-        return [True] * blocks
-    return [(i + 1) * moe_layers // blocks > i * moe_layers // blocks for i in range(blocks)]
+    return [True] * blocks if moe_layers >= blocks else [(i + 1) * moe_layers // blocks > i * moe_layers // blocks for i in range(blocks)]
 
 
 def on_links(tasks: list) -> list:
@@ -271,8 +275,8 @@ def on_links(tasks: list) -> list:
     the links of `link`), whose token bucket (if shaped) it draws on; the schedule's view is one
     rank's, and its collectives use both directions of its links alike, so one bucket a dimension;
     an all-gather or an all-to-all sends one message each way at once (schedule.Task.both_ways)."""
-    from dataclasses import replace
-    return [replace(t, links=(t.kind.partition("@")[2],), both_ways=t.kind.startswith(("all_gather", "all_to_all")))
+    import dataclasses
+    return [dataclasses.replace(t, links=(t.kind.partition("@")[2],), both_ways=t.kind.startswith(("all_gather", "all_to_all")))
             if "@" in t.kind and not t.links else t for t in tasks]
 
 

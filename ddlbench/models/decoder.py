@@ -103,7 +103,7 @@ SP_DESCRIPTION = {"input_layernorm/post_attention_layernorm": "SequenceParallel 
                   "model.norm": "SequenceParallel", "lm_head": "PrepareModuleInput: all-gather the sequence"}
 
 
-def sp_model(net: nn.Module, layers: list[nn.Module], mesh) -> dict:
+def sp_model(net: nn.Module, layers: list[nn.Module], mesh, loss_parallel: bool = False) -> dict:
     """The model around sequence-parallel blocks (`layers`, the transformers decoder layers in
     order): the embeddings' output, replicated on every tp rank, is cut to this rank's part of the
     sequence at the first layer's input (a local slice); the final norm runs on the parts; the
@@ -114,8 +114,9 @@ def sp_model(net: nn.Module, layers: list[nn.Module], mesh) -> dict:
     parallelize_module(layers[0], mesh, PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
                                                            use_local_output=True))
     parallelize_module(net.model.norm, mesh, SequenceParallel())
-    parallelize_module(net.lm_head, mesh, PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                             use_local_output=True))
+    if not loss_parallel:       # under loss parallelism the column-wise head gathers its input itself
+        parallelize_module(net.lm_head, mesh, PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                                 use_local_output=True))
     return SP_DESCRIPTION
 
 

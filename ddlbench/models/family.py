@@ -31,7 +31,7 @@ class TensorParallelPlan:
     # family has it: the block plan with it, and (model, its blocks in order, mesh) -> description
     # for the model around them (where the sequence is cut and gathered); None: not offered
     sequence_parallel: Optional[Callable[[nn.Module, object], None]] = None
-    sp_model: Optional[Callable[[nn.Module, list, object], dict]] = None
+    sp_model: Optional[Callable[..., dict]] = None     # (net, layers, mesh, loss_parallel)
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,13 @@ class Family:
     # every block the same at this config (no dense-first layers, no alternating kinds): the memory
     # profile (ddlbench/estimate/profile.py) measures 3 blocks and scales to n_layer; False: every block
     uniform_blocks: Callable[[object], bool] = field(default=lambda mc: False)
+    # the LM head shares the input embedding's weight (loss parallelism cannot shard one without the other)
+    tied_head: Callable[[object], bool] = field(default=lambda mc: bool(getattr(mc, "tie_embeddings", False)))
 
 
 # the model keys some family owns (ddlbench/settings/schema.py LanguageModelCfg); a family names those it uses
 FAMILY_KEYS = ("n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps", "tie_embeddings", "head_dim",
-               "moe", "activation")
+               "moe", "activation", "mla")
 
 
 def names() -> list[str]:

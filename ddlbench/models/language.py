@@ -25,6 +25,9 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
         # position is ignored, so the mean is over the same B x (T-1) tokens
         target = F.pad(labels[:, 1:], (0, 1), value=IGNORE)
         return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE)
+    from torch.distributed.tensor import DTensor
+    if isinstance(logits, DTensor):      # sharded over the vocabulary (loss parallel): evaluated whole
+        logits = logits.full_tensor()
     logits, target = logits[:, :-1].float(), labels[:, 1:]
     per_token = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
     correct = (logits.argmax(-1) == target).float()
@@ -70,6 +73,9 @@ class CausalLM(nn.Module):
         kw = {"output_router_logits": True} if aux and not self.aux_layers else {}
         out = self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
         loss = lm_loss(out.logits, labels, eval_weight)
+        from torch.distributed.tensor import DTensor
+        if isinstance(loss, DTensor):    # logits sharded over the vocabulary: loss_parallel's replicated loss
+            loss = loss.to_local()
         if aux:   # transformers' load_balancing_loss_func over this rank's tokens (Switch Transformer's)
             aux_loss = sum(m.l_aux for m in self.aux_layers) if self.aux_layers else out.aux_loss
             if self.router_stats is not None:

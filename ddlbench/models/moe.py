@@ -82,11 +82,24 @@ def layer_flops(mc) -> dict:
 
 
 def no_shared_expert(family: str):
-    """A family check: its MoE layers have no shared expert."""
+    """A family check: its MoE layers have no shared expert (nor DeepSeek-V3's routing)."""
     def check(mc) -> list[str]:
+        errors = not_deepseek_routing(family)(mc)
         if mc.moe is not None and mc.moe.shared_intermediate_size:
-            return [f"model.moe.shared_intermediate_size: family {family} has no shared expert (qwen2_moe has)"]
-        return []
+            errors.append(f"model.moe.shared_intermediate_size: family {family} has no shared expert (qwen2_moe has)")
+        return errors
+    return check
+
+
+DEEPSEEK_ROUTING = {"first_k_dense": 0, "n_group": None, "topk_group": None, "routed_scaling_factor": 1.0}
+
+
+def not_deepseek_routing(family: str):
+    """A family check: DeepSeek-V3's routing keys (dense first layers, grouped routing, the weights'
+    scale) left as they are (only family deepseek_v3 has them)."""
+    def check(mc) -> list[str]:
+        set_ = [k for k, v in DEEPSEEK_ROUTING.items() if mc.moe is not None and getattr(mc.moe, k) != v]
+        return [f"model.moe.{', model.moe.'.join(set_)}: not keys of family {family} (deepseek_v3 has them)"] if set_ else []
     return check
 
 

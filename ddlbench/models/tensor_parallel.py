@@ -5,11 +5,12 @@ conversions and the plan's bookkeeping live here.
 Per block: attention QKV column-wise (each rank computes its own heads), attention output
 row-wise (one all-reduce in forward), MLP fc column-wise, MLP projection row-wise (one
 all-reduce). Embeddings, layer norms and the LM/classifier head stay replicated (the GPT-2
-lm_head/wte tie is untouched; vocabulary parallelism is not implemented). Sequence parallelism
+lm_head/wte tie is untouched) unless loss parallelism shards the head. Sequence parallelism
 (Megatron's, an option of the tensor-parallel variants, for the Llama-like dense families:
 ddlbench/models/decoder.py's tp_plan and sp_model) runs the norms on parts of the sequence and
 replaces each all-reduce by an all-gather before and a reduce-scatter after; without it the norms
-run replicated.
+run replicated. Loss parallelism (torchtitan's, the `loss_parallel` option) shards the LM head over the
+vocabulary and computes the cross-entropy on the shards (apply_loss_parallel).
 
 Two conversions make the plans apply, both exact (same outputs, same parameter count and
 order, same values up to a permutation within a tensor):
@@ -92,9 +93,10 @@ def tp_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(type(m).__name__, m) for m in module.modules() if type(m).__name__ in known]
 
 
-def apply_tensor_parallel(module: nn.Module, mesh, sequence_parallel: bool = False) -> int:
+def apply_tensor_parallel(module: nn.Module, mesh, sequence_parallel: bool = False, loss_parallel: bool = False) -> int:
     """Convert and parallelize every planned block inside `module`; returns how many. With
-    `sequence_parallel` (a whole model: its family's SP plan, and the model around the blocks)."""
+    `sequence_parallel` (a whole model: its family's SP plan, and the model around the blocks); with
+    `loss_parallel` (a whole causal LM: apply_loss_parallel)."""
     blocks = tp_blocks(module)
     if not blocks:
         raise ValueError("tensor parallelism has no plan for this model's blocks (a family without "
@@ -106,8 +108,44 @@ def apply_tensor_parallel(module: nn.Module, mesh, sequence_parallel: bool = Fal
             raise ValueError(f"sequence parallelism has no plan for {kind}")
         (plan.sequence_parallel if sequence_parallel else plan.apply)(block, mesh)
     if sequence_parallel:
-        known[blocks[0][0]].sp_model(module.net, [b for _, b in blocks], mesh)
+        known[blocks[0][0]].sp_model(module.net, [b for _, b in blocks], mesh, loss_parallel)
+    if loss_parallel:
+        apply_loss_parallel(module, mesh, sequence_parallel)
     return len(blocks)
+
+
+LOSS_PARALLEL = {"lm_head": "ColwiseParallel(output_layouts=Shard(-1), use_local_output=False): each tp rank computes "
+                            "the logits of its part of the vocabulary",
+                 "loss": "cross-entropy on the vocabulary shards under torch.distributed.tensor.parallel.loss_parallel "
+                         "(all-reduces of each position's max, sum of exponentials and target logit)"}
+
+
+def loss_parallel_errors(model: nn.Module, tp: int) -> list[str]:
+    """Why a built model cannot shard its head over the vocabulary (torchtitan's loss parallel)."""
+    head = getattr(getattr(model, "net", None), "lm_head", None)
+    if not isinstance(head, nn.Linear):
+        return ["framework.options.loss_parallel needs a causal language model with an lm_head"]
+    embed = model.net.get_input_embeddings()
+    if embed is not None and embed.weight is head.weight:
+        return ["framework.options.loss_parallel: the model ties its lm_head to its input embedding "
+                "(model.tie_embeddings): sharding the head would shard the embedding too"]
+    if head.out_features % tp:
+        return [f"framework.options.loss_parallel: the vocabulary ({head.out_features}, padded) is not divisible by tp = {tp}"]
+    return []
+
+
+def apply_loss_parallel(model: nn.Module, mesh, sequence_parallel: bool = False) -> None:
+    """torchtitan's loss parallel: the LM head column-wise over the vocabulary, its logits left as a
+    DTensor sharded on the vocabulary (the loss then runs under `loss_parallel()`: the strategy's
+    step). Its input: the replicated hidden states, or with sequence parallelism their parts,
+    all-gathered by the head's own input layout."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    errors = loss_parallel_errors(model, mesh.size())
+    if errors:
+        raise ValueError("; ".join(errors))
+    parallelize_module(model.net.lm_head, mesh, ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                                                output_layouts=Shard(-1), use_local_output=False))
 
 
 def sequence_parallel_description(module: nn.Module) -> dict | None:
@@ -134,9 +172,11 @@ def split_param_count(module: nn.Module) -> int:
     return n
 
 
-def plan_description(model: nn.Module) -> dict:
+def plan_description(model: nn.Module, loss_parallel: bool = False) -> dict:
     """The record's description of the plan a model's blocks got."""
     known = plans()
     kinds = sorted({kind for kind, _ in tp_blocks(model)})
+    if loss_parallel:
+        return {**{kind: known[kind].description for kind in kinds}, **LOSS_PARALLEL, "replicated": "embeddings, norms"}
     return {**{kind: known[kind].description for kind in kinds},
-            "replicated": "embeddings, norms, LM/classifier head (no vocabulary or sequence parallelism)"}
+            "replicated": "embeddings, norms, LM/classifier head (no vocabulary parallelism: see the loss_parallel option)"}

@@ -155,8 +155,11 @@ def model_fit_errors(dims: ParallelDims, model_cfg, stages: int, schedule: str |
     tp = dims.tp
     if tp > 1:
         from ddlbench.models.family import of_config
+        fam = of_config(model_cfg)
         try:
-            widths = of_config(model_cfg).tp_widths(model_cfg)
+            widths = fam.tp_widths(model_cfg)
+            if fam.tensor_parallel is None:
+                raise ValueError(f"model family {fam.name} has no tensor-parallel plan (tp = {tp} asked)")
         except ValueError as e:     # the family has no plan for this configuration
             widths = {}
             errors.append(str(e))

@@ -36,6 +36,13 @@ class MoECfg(Strict):
     # SwiGLU width; null: none
     shared_intermediate_size: Optional[PositiveInt] = None
     aux_loss_coef: Annotated[float, Field(ge=0.0)] = 0.001   # load-balancing loss weight (0: none)
+    # DeepSeek-V3's layout (family deepseek_v3 only): the first layers dense (SwiGLU of the model's
+    # intermediate_size); sigmoid scores routed within the topk_group best of n_group expert groups, the
+    # weights scaled by routed_scaling_factor
+    first_k_dense: Annotated[int, Field(ge=0)] = 0
+    n_group: Optional[PositiveInt] = None
+    topk_group: Optional[PositiveInt] = None
+    routed_scaling_factor: Annotated[float, Field(gt=0.0)] = 1.0
     # transformers' experts implementation: auto = grouped_mm on CUDA, the per-expert loop (eager) on CPU
     experts_implementation: Literal["auto", "eager", "grouped_mm", "batched_mm"] = "auto"
 
@@ -44,6 +51,18 @@ class MoECfg(Strict):
         if self.top_k > self.num_experts:
             raise ValueError(f"moe.top_k {self.top_k} is larger than moe.num_experts {self.num_experts}")
         return self
+
+
+class MLACfg(Strict):
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values made from a compressed latent of
+    kv_lora_rank (plus a shared rotary key of qk_rope_head_dim), queries from one of q_lora_rank (null:
+    a full query projection); per head qk_nope_head_dim + qk_rope_head_dim for the scores, v_head_dim
+    for the values."""
+    q_lora_rank: Optional[PositiveInt] = None
+    kv_lora_rank: PositiveInt
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
 
 
 class LanguageModelCfg(Strict):
@@ -78,6 +97,7 @@ class LanguageModelCfg(Strict):
     tie_embeddings: Optional[bool] = None            # LM head shares the embedding (Llama 3.2 1B/3B)
     head_dim: Optional[PositiveInt] = None           # per-head width where it is not n_embd / n_head (Qwen3)
     moe: Optional[MoECfg] = None                     # the experts (MoE families)
+    mla: Optional[MLACfg] = None                     # multi-head latent attention (deepseek_v3)
     # run.global_batch=auto on GPUs: this many samples per device (the batch that keeps one GPU busy;
     # null: 8 in all, as on CPU). ddlbench/machine/device.py::auto_global_batch
     gpu_batch_per_device: Optional[PositiveInt] = None

@@ -105,4 +105,5 @@ FAMILY = Family(
          "mlp.c_fc": "ColwiseParallel (Conv1D->Linear)", "mlp.c_proj": "RowwiseParallel (Conv1D->Linear)"}),
     tp_widths=lambda mc: {"model.n_head": mc.n_head, "model.n_embd": mc.n_embd, "4*model.n_embd (MLP)": 4 * mc.n_embd},
     uniform_blocks=lambda mc: True,
+    tied_head=lambda mc: True,
 )

@@ -26,7 +26,7 @@ def analytic_flops(mc, vocab: int) -> dict:
 
 
 def check(mc) -> list[str]:
-    errors = decoder.gqa_errors(mc)
+    errors = decoder.gqa_errors(mc) + moe.not_deepseek_routing("qwen2_moe")(mc)
     if mc.moe is not None and not mc.moe.shared_intermediate_size:
         errors.append("family qwen2_moe needs model.moe.shared_intermediate_size (its shared expert's width)")
     return errors
