@@ -52,8 +52,10 @@ GATE_MODELS = {"pipeline_fsdp": ("llama_tiny", "gpt2_tiny"),     # untied, and G
 # transformers and every framework compute it): a layout with fewer data-parallel ranks than DDP's
 # (tensor parallelism) averages it over other token sets, a different loss by design (1e-4 after 10
 # steps on moe_tiny at coefficient 0.001). The gate compares the strategies without it.
-MODEL_EXTRA = {"moe_tiny": ("model.moe.aux_loss_coef=0",), "moe_shared_tiny": ("model.moe.aux_loss_coef=0",)}
-MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", "moe_shared_tiny", "deepseek_v3_tiny"]
+MODEL_EXTRA = {"moe_tiny": ("model.moe.aux_loss_coef=0",), "moe_shared_tiny": ("model.moe.aux_loss_coef=0",),
+               "gpt_oss_tiny": ("model.moe.aux_loss_coef=0",)}
+MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", "moe_shared_tiny", "deepseek_v3_tiny",
+          "gpt_oss_tiny"]
 # llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny, moe_tiny
 # and moe_shared_tiny (a shared expert beside the routed ones): what their families change
 MODEL_VARIANTS = {"resnet18_tiny": {"fsdp_full", "deepspeed_zero2", "deepspeed_zero3", "fairscale_oss", "horovod",
@@ -65,7 +67,9 @@ MODEL_VARIANTS = {"resnet18_tiny": {"fsdp_full", "deepspeed_zero2", "deepspeed_z
                   "moe_shared_tiny": {"expert_parallel"},
                   # DeepSeek-V3 (MLA, a dense first layer, grouped routing, a shared expert): through a pipeline
                   # (its EP against one rank: tests/test_deepseek_v3.py)
-                  "deepseek_v3_tiny": {"pipeline_1f1b", "fsdp_full"}}
+                  "deepseek_v3_tiny": {"pipeline_1f1b", "fsdp_full"},
+                  # GPT-OSS (sinks, a sliding-window layer, biased experts): its stages rebuild each layer's mask
+                  "gpt_oss_tiny": {"pipeline_1f1b"}}
 # Equivalent strategies whose native optimizer is a different implementation of the same
 # AdamW (ZeRO-Offload requires DeepSpeedCPUAdam): losses at 1e-5, parameters at this tolerance.
 PARAM_RTOL: dict[str, float] = {}
@@ -100,7 +104,7 @@ def _fits(model: str, framework: str) -> bool:
     parallelism needs experts (the config checks say so; tests/test_model_parallel.py and
     tests/test_moe.py check those messages)."""
     try:
-        plan_from_overrides([f"framework={framework}", f"model={model}",
+        plan_from_overrides([f"framework={framework}", f"model={model}", *MODEL_EXTRA.get(model, ()),
                              f"launcher.nproc={GATE_AT.get(framework, (2,))[0]}", *GATE_AT.get(framework, (2, ()))[1]])
         return True
     except ConfigError as exc:

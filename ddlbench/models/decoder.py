@@ -20,7 +20,7 @@ class DecoderEmbed(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """One decoder layer with the rotary embedding and causal mask the model builds for it
+    """One decoder layer with the rotary embedding and causal (or sliding-window) mask the model builds for it
     (positions 0..T-1, no padding, no cache). The rotary module has no parameters (inv_freq buffer)."""
 
     def __init__(self, layer: nn.Module, config, rotary: nn.Module):
@@ -29,7 +29,9 @@ class DecoderBlock(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        mask = causal_mask(self.config, hidden)
+        # a layer that attends within a sliding window (its attention's sliding_window set: GPT-OSS) gets that mask
+        sliding = getattr(getattr(self.layer, "self_attn", None), "sliding_window", None) is not None
+        mask = causal_mask(self.config, hidden, sliding=sliding)
         return self.layer(hidden, attention_mask=mask, position_ids=pos,
                           position_embeddings=self.rotary(hidden, position_ids=pos))
 

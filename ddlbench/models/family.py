@@ -75,7 +75,7 @@ class Family:
 
 # the model keys some family owns (ddlbench/settings/schema.py LanguageModelCfg); a family names those it uses
 FAMILY_KEYS = ("n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps", "tie_embeddings", "head_dim",
-               "moe", "activation", "mla")
+               "moe", "activation", "mla", "sliding_window")
 
 
 def names() -> list[str]:

@@ -121,10 +121,12 @@ def mask_skipped(config) -> bool:
         return False
 
 
-def _attention(config, mc, device_type: str):
-    """Set the config's attention; sdpa_causal falls back to sdpa (recorded) on a transformers
-    whose create_causal_mask still reads the inputs for it."""
-    impl = attention_impl(getattr(mc, "attention", "auto"), device_type)
+def _attention(config, mc, device_type: str, auto: str | None = None):
+    """Set the config's attention (`auto`: what the family runs where the preset says auto, if not
+    attention_impl's); sdpa_causal falls back to sdpa (recorded) on a transformers whose
+    create_causal_mask still reads the inputs for it."""
+    requested = getattr(mc, "attention", "auto")
+    impl = auto if requested == "auto" and auto else attention_impl(requested, device_type)
     if impl == SDPA_CAUSAL:
         register_sdpa_causal()
     config._attn_implementation = impl
@@ -133,14 +135,21 @@ def _attention(config, mc, device_type: str):
     return config
 
 
+def _edited(build, edit) -> nn.Module:
+    model = build()
+    edit(model)
+    return model
+
+
 def causal_lm_spec(mc, family, config, class_name: str, device_type: str = "cpu",
-                   count_config=None) -> ModelSpec:
+                   count_config=None, count_model=None, attention: str | None = None) -> ModelSpec:
     """The spec of a language family: `config` (its transformers config, attention set here) built
     as `transformers.<class_name>` inside a CausalLM; `count_factory` where the run's kernels cannot
     be counted on the meta device (SDPA/flash decide their mask from tensor values: the count then
     runs eager attention, the same matmuls; `count_config` edits the copy further, e.g. an experts
-    implementation the counter can see)."""
-    config = _attention(config, mc, device_type)
+    implementation the counter can see; `count_model` edits the model built from it, e.g. an experts
+    module's forward that runs on meta). `attention`: the family's attention where the preset says auto."""
+    config = _attention(config, mc, device_type, attention)
     aux = float(mc.moe.aux_loss_coef) if getattr(mc, "moe", None) is not None else 0.0
 
     def factory(cfg=config) -> nn.Module:
@@ -150,12 +159,14 @@ def causal_lm_spec(mc, family, config, class_name: str, device_type: str = "cpu"
         return CausalLM(getattr(transformers, class_name)(cfg), family, aux)
 
     count_factory = None
-    if config._attn_implementation != "eager" or count_config is not None:
+    if config._attn_implementation != "eager" or count_config is not None or count_model is not None:
         counted = copy.deepcopy(config)
         counted._attn_implementation = "eager"
         if count_config is not None:
             count_config(counted)
         count_factory = functools.partial(factory, counted)
+        if count_model is not None:
+            count_factory = functools.partial(_edited, count_factory, count_model)
 
     def sample(gen: torch.Generator) -> dict:
         ids = torch.randint(0, mc.vocab_size, (mc.seq_len,), generator=gen)

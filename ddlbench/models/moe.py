@@ -103,6 +103,11 @@ def not_deepseek_routing(family: str):
     return check
 
 
+def mlp_with_experts(block: nn.Module):
+    """A transformers decoder layer's MoE MLP (`block.mlp` holding `experts`), None where the layer is dense."""
+    return block.mlp if hasattr(block.mlp, "experts") else None
+
+
 def moe_layers(model: nn.Module) -> list[nn.Module]:
     """The MoE layers of a CausalLM of an MoE family, in block order."""
     plan = model.family.experts

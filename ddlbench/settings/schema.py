@@ -98,6 +98,7 @@ class LanguageModelCfg(Strict):
     head_dim: Optional[PositiveInt] = None           # per-head width where it is not n_embd / n_head (Qwen3)
     moe: Optional[MoECfg] = None                     # the experts (MoE families)
     mla: Optional[MLACfg] = None                     # multi-head latent attention (deepseek_v3)
+    sliding_window: Optional[PositiveInt] = None     # every second layer's attention window (gpt_oss)
     # run.global_batch=auto on GPUs: this many samples per device (the batch that keeps one GPU busy;
     # null: 8 in all, as on CPU). ddlbench/machine/device.py::auto_global_batch
     gpu_batch_per_device: Optional[PositiveInt] = None

@@ -91,16 +91,12 @@ def check(mc) -> list[str]:
     return errors
 
 
-def moe_block(block):
-    return block.mlp if hasattr(block.mlp, "experts") else None
-
-
 FAMILY = Family(
     name="deepseek_v3", kind="language", spec=spec,
     modules=lambda mc: ("ddlbench.models.language", "transformers.models.deepseek_v3.modeling_deepseek_v3"),
     blocks=decoder.blocks, pieces=decoder.pieces,
     required_keys=("rope_theta", "moe", "mla"),
     optional_keys=("rms_norm_eps", "tie_embeddings", "intermediate_size"),
-    check=check, experts=ExpertsPlan(moe_block), linear_layers=True, analytic_flops=analytic_flops,
+    check=check, experts=ExpertsPlan(moe.mlp_with_experts), linear_layers=True, analytic_flops=analytic_flops,
     uniform_blocks=lambda mc: mc.moe is not None and mc.moe.first_k_dense == 0,
 )

@@ -46,6 +46,6 @@ FAMILY = Family(
                                        {**decoder.ATTENTION_DESCRIPTION,
                                         "mlp (router, experts, shared expert)": "replicated over tp"}),
     tp_widths=lambda mc: decoder.tp_widths(mc, dense_mlp=False),
-    experts=ExpertsPlan(lambda block: block.mlp if hasattr(block.mlp, "experts") else None),
+    experts=ExpertsPlan(moe.mlp_with_experts),
     linear_layers=True, analytic_flops=analytic_flops,
 )

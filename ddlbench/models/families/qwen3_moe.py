@@ -24,10 +24,6 @@ def analytic_flops(mc, vocab: int) -> dict:
     return decoder.training_flops(mc, {**decoder.attention_flops(mc), **moe.layer_flops(mc)}, vocab)
 
 
-def moe_block(block):
-    return block.mlp if hasattr(block.mlp, "experts") else None
-
-
 FAMILY = Family(
     name="qwen3_moe", kind="language", spec=spec,
     modules=lambda mc: ("ddlbench.models.language", "transformers.models.qwen3_moe.modeling_qwen3_moe"),
@@ -42,5 +38,8 @@ FAMILY = Family(
                                         "self_attn.q_norm/k_norm": "replicated, gradient summed over tp (HeadNorm)",
                                         "mlp (router, experts)": "replicated over tp (experts: expert parallelism)"}),
     tp_widths=lambda mc: decoder.tp_widths(mc, dense_mlp=False),
-    experts=ExpertsPlan(moe_block), linear_layers=True, analytic_flops=analytic_flops,
+    experts=ExpertsPlan(moe.mlp_with_experts), linear_layers=True, analytic_flops=analytic_flops,
+    # every layer sparse and alike; with the load-balancing loss (its router logits of every layer gathered at
+    # the end) the memory profile measures the whole model
+    uniform_blocks=lambda mc: mc.moe is not None and mc.moe.aux_loss_coef == 0,
 )
