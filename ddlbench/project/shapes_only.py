@@ -3,14 +3,15 @@ needs its collectives' sizes, not its values (garbage already: a fake group send
 Under ShapesOnly the aten ops of plain tensors whose results are large (and every matrix product)
 return storage of the right shape, stride and dtype, uncomputed; an in-place op or one writing `out=`
 leaves what it writes as it was. On a CPU without native bf16 GEMMs re-planning the H200 llama_1b
-record traced 8 positions in ~210 s a world size, nearly all of it in the products; with the products
-alone skipped, the rest (FSDP's copies into and out of its flat buffers, casts, the optimizer's
-update of the shard: ~45 GB of memory touched) took 22 s of the 30 s command, ~2 s with them skipped.
+record traced 8 positions in ~210 s a world size, nearly all of it in the products. With the products
+alone skipped, the rest (FSDP's copies into and out of its flat buffers, casts: ~45 GB of memory
+touched) kept one world size's trace at 25 s in process; with them skipped 14 s, and the whole command
+(`bench project RUN world_sizes=[1,8,1024]`) 29.6 -> 19.7 s, 5.1 -> 1.6 GB resident (2-core VM).
 
 What runs as it would: views (they alias, cost nothing), small results (a loss, a norm, a flag a
 framework reads back), ops whose result's size depends on values (nonzero: meta cannot say). A
 tensor subclass's op (DTensor's) is left to the subclass, whose ops on its local tensors come back
-here (an optimizer's update of FSDP2's sharded parameters: 5.5 of those 14 s). Ops outside aten
+here (the optimizer's update of FSDP2's sharded parameters among them). Ops outside aten
 (collectives: c10d's, counted by ddlbench/comm/probe.py), anything on meta already."""
 from __future__ import annotations
 
