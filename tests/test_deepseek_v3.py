@@ -5,7 +5,6 @@ rank and through a pipeline (tests/test_equivalence.py holds it in the DDP gate)
 from __future__ import annotations
 
 import pytest
-from conftest import run_record
 
 from ddlbench import models
 from ddlbench.errors import ConfigError
@@ -71,15 +70,9 @@ def test_expert_parallel_matches_one_rank_and_counts_its_routing(tmp_path):
     """ep=2 over 2 ranks (each rank 4 of the 8 routed experts of each MoE layer; the dense first layer
     and the shared experts replicated) gives the one-rank losses; the record counts the tokens of both
     MoE layers (the dense one has none), each token's top-2."""
-    from test_equivalence import assert_same_params
-    common = ("model=deepseek_v3_tiny", "run.global_batch=8", "run.warmup_steps=1", "run.measure_steps=3",
-              "run.param_fingerprint=true")
-    _, one = run_record(tmp_path / "one", "framework=ddp", "launcher.nproc=1", *common)
-    _, ep = run_record(tmp_path / "ep", "framework=expert_parallel", "launcher.nproc=2", *common)
-    assert one["status"] == "ok" and ep["status"] == "ok", (one.get("error"), ep.get("error"))
-    a = [l for _, l in one["convergence"]["train_loss"]]
-    assert [l for _, l in ep["convergence"]["train_loss"]] == pytest.approx(a, rel=1e-6)
-    assert_same_params(ep["final_params"]["fingerprint"], one["final_params"]["fingerprint"], 1e-6)
+    from test_moe import ep_matches_one_rank
+    common = ("model=deepseek_v3_tiny", "run.global_batch=8", "run.warmup_steps=1", "run.measure_steps=3")
+    _, ep = ep_matches_one_rank(tmp_path, *common)
     routed = ep["moe"]["tokens_per_expert"]     # every step's 8 samples x 128 tokens, each to 2 experts
     assert len(routed) == 2 and sum(routed[0]) == sum(routed[1]) and sum(routed[0]) % (8 * 128 * 2) == 0, routed
     assert ep["moe"]["experts_per_rank"] == 4 and ep["moe"]["ep"] == 2

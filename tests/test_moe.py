@@ -153,6 +153,19 @@ def test_dry_run_answers_the_memory_question_at_64_ranks():
     assert info["all_to_all_bytes_per_layer_per_microbatch_bf16"] == 4 * 4096 * 8 * 2048 * 2 * 7 // 8
 
 
+def ep_matches_one_rank(root, *common: str) -> tuple[dict, dict]:
+    """One rank (DDP) and ep=2 over 2 ranks of the same run: the same losses (1e-6 relative) and
+    parameters; both records, for what a caller checks further."""
+    from test_equivalence import assert_same_params
+    _, one = run_record(root / "one", "framework=ddp", "launcher.nproc=1", *common, "run.param_fingerprint=true")
+    _, ep = run_record(root / "ep", "framework=expert_parallel", "launcher.nproc=2", *common, "run.param_fingerprint=true")
+    assert one["status"] == "ok" and ep["status"] == "ok", (one.get("error"), ep.get("error"))
+    a = [l for _, l in one["convergence"]["train_loss"]]
+    assert [l for _, l in ep["convergence"]["train_loss"]] == pytest.approx(a, rel=1e-6)
+    assert_same_params(ep["final_params"]["fingerprint"], one["final_params"]["fingerprint"], 1e-6)
+    return one, ep
+
+
 @pytest.fixture(scope="module")
 def ep_runs(tmp_path_factory):
     """moe_tiny without the load-balancing loss (it is a per-rank mean: not the one-rank loss):
