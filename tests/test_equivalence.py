@@ -276,17 +276,25 @@ def test_strategy_matches_ddp(tmp_path_factory, model, framework, equivalent, rt
 @pytest.mark.slow
 def test_fsdp_x_tp_x_pp_matches_ddp_at_8_ranks(tmp_path_factory):
     """torchtitan's 3-D layout at 8 ranks, as its Llama 3.1 405B recipe runs it: pp 2 x dp_shard 2 x
-    tp 2 on llama_tiny, FSDP2 inside each stage over tensor-parallel blocks, every block checkpointed,
-    against DDP over 8 ranks."""
-    extra = ("framework.options.tp=2", "framework.options.activation_checkpointing=full")
-    ref = _run(tmp_path_factory, "llama_tiny", "ddp", 8)
+    tp 2 on an untied llama_tiny, FSDP2 inside each stage over tensor-parallel blocks with sequence
+    parallelism and loss parallelism, every block checkpointed, against DDP over 8 ranks. Between the
+    stages go this rank's part of the sequence: 1/tp of a micro-batch's activations a send."""
+    untied = ("model.tie_embeddings=false",)
+    extra = (*untied, "framework.options.tp=2", "framework.options.activation_checkpointing=full",
+             "framework.options.sequence_parallel=true", "framework.options.loss_parallel=true")
+    ref = _run(tmp_path_factory, "llama_tiny", "ddp", 8, untied)
     rec = _run(tmp_path_factory, "llama_tiny", "pipeline_fsdp", 8, extra)
     assert ref["status"] == "ok", ref["error"]
     assert rec["status"] == "ok", rec["error"]
     par = rec["parallel"]
     assert (par["pp"], par["dp_shard"], par["tp"], par["dp_replicate"]) == (2, 2, 2, 1), par
     native = rec["framework"]["native_config"]
-    assert native["tensor_parallel"] and native["fsdp"] and native["checkpointed_blocks_this_rank"] == 1, native
+    assert native["fsdp"] and native["checkpointed_blocks_this_rank"] == 1, native
+    assert "sequence parallel" in native["tensor_parallel"] and "loss parallel" in native["tensor_parallel"], native
+    mc = rec["model"]["native_config"]      # fp32 activations of max_position_embeddings x hidden_size a sample
+    sends = [r["send"] for r in rec["comm"]["per_rank"] if "send" in r]
+    half = par["grad_accum"] * par["micro_batch"] * mc["max_position_embeddings"] * mc["hidden_size"] * 4 / 2
+    assert len(sends) == 8 and all(s["bytes"] == half for s in sends), sends
     assert _losses(rec) == pytest.approx(_losses(ref), rel=1e-5)
     assert_same_params(rec["final_params"]["fingerprint"], ref["final_params"]["fingerprint"], 1e-5,
                        _zero_gradient_params("llama_tiny"))
@@ -323,3 +331,13 @@ def test_loss_parallel_refuses_a_tied_head_and_no_tensor_parallelism():
         plan_from_overrides(["framework=tensor_parallel_fsdp", "model=llama_tiny", "model.tie_embeddings=false",
                              "launcher.nproc=2", "framework.options.tp=1", "framework.options.dp_shard=2",
                              "framework.options.loss_parallel=true"])
+    # inside pipeline stages the same checks hold (torchtitan's 3-D recipe), and sequence parallelism needs tp too
+    with pytest.raises(ConfigError, match="ties its LM head"):
+        plan_from_overrides(["framework=pipeline_fsdp", "model=llama_tiny", "launcher.nproc=8", "framework.options.tp=2",
+                             "framework.options.loss_parallel=true"])
+    with pytest.raises(ConfigError, match=r"sequence_parallel needs tensor parallelism \(tp > 1\)"):
+        plan_from_overrides(["framework=pipeline_1f1b", "model=llama_tiny", "launcher.nproc=2",
+                             "framework.options.sequence_parallel=true"])
+    with pytest.raises(ConfigError, match="sequence parallelism has no plan for model family 'gpt2'"):
+        plan_from_overrides(["framework=pipeline_1f1b", "model=gpt2_tiny", "launcher.nproc=4", "framework.options.tp=2",
+                             "framework.options.sequence_parallel=true"])

@@ -164,6 +164,8 @@ def test_fsdp_inside_pipeline_stages_within_ten_percent_of_memtracker(tmp_path):
     prof = cached_profile(plan.cfg.model, rec["precision"], "cpu")[0]
     assert "unsharded gradients accumulated in fp32 over the micro-batches (sync on the last)" in \
         plan.variant.cost_model(plan.dims, prof, "fp32").buffers
+    print(f"pp 2 x dp_shard 2: estimate {got['estimate']['compared']:,} vs tracked {got['measured']['peak_bytes']:,} "
+          f"({got['error']:+.1%}), rank {got['estimate'].get('rank')}")
     assert abs(got["error"]) <= 0.10, got
 
 

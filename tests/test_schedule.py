@@ -655,6 +655,15 @@ def test_tensor_parallel_collectives_by_hand_plain_sp_and_inside_pipeline_stages
     assert with_tp["comm_by_kind_s"]["all_reduce@nvlink"] == pytest.approx(7 * ar * 4, rel=1e-6)
     assert with_tp["exposed_by_kind_s"]["all_reduce@nvlink"] == pytest.approx(7 * ar * 4, rel=1e-6)
     assert with_tp["step_s"] >= with_tp["compute_s"] + 7 * ar * 4
+    # with sequence parallelism in the stages (torchtitan's 405B recipe): the block's all-gathers and
+    # reduce-scatters in the slot, and each boundary send carries 1/tp of the activation (its part of the sequence)
+    sp_pipe = spec_rows((*pipe, "framework.options.sequence_parallel=true"), local_batch=8, sizes=(4,))[0]
+    assert "all_reduce@nvlink" not in sp_pipe["comm_by_kind_s"]
+    assert sp_pipe["exposed_by_kind_s"]["all_gather@nvlink"] == pytest.approx(2 * 2 * (ag + rs) * 4, rel=1e-6)
+    send = p.seconds("send", act, 2, 2)
+    assert send > p.seconds("send", act / 2, 2, 2) > 0
+    assert with_tp["comm_by_kind_s"]["send@nvlink"] == pytest.approx(2 * send * 4, rel=1e-6)
+    assert sp_pipe["comm_by_kind_s"]["send@nvlink"] == pytest.approx(2 * p.seconds("send", act / 2, 2, 2) * 4, rel=1e-6)
 
 
 def test_the_attention_matmuls_at_their_own_rate_by_hand():

@@ -151,6 +151,20 @@ class ModelProfile:
         head = self.pieces[-1]
         return replace(self, pieces=(*self.pieces[:-1], replace(head, split_params=head.params)))
 
+    def embedding_split(self, tp: int) -> "ModelProfile":
+        """This profile with its embedding split by tp over the vocabulary (a pipeline stage's under sequence
+        parallelism: torchtitan's row-wise embedding); a tied one stays whole. Where the embedding was the
+        largest weight and the head is split too (loss parallelism), the largest a rank makes a gradient of at
+        once is at most 1/tp of the embedding or of a block (a block's parameters bound its largest weight)."""
+        if not self.pieces or self.pieces[0].tied_params:
+            return self
+        embed, head = self.pieces[0], self.pieces[-1]
+        largest = self.largest_weight_params
+        if largest == embed.params and head.split_params == head.params:
+            largest = math.ceil(max(embed.params, self.largest_block_params) / tp)
+        return replace(self, pieces=(replace(embed, split_params=embed.params), *self.pieces[1:]),
+                       largest_weight_params=largest)
+
     def tp_all_reduces(self) -> tuple[int, int]:
         """A tensor-parallel block's all-reduces without sequence parallelism: (forward, backward)."""
         return (self.tp_row_layers or 2, self.tp_column_layers or 2)
@@ -221,6 +235,7 @@ class StepRules:
                                            # attention and the MLP and reduce-scattered after them, each way
     vocab_parallel: bool = False           # tp > 1 with loss parallelism: the head split over the vocabulary
                                            # (ModelProfile.vocab_split), its input gradient reduced in backward
+    embedding_parallel: bool = False       # tp > 1: an untied embedding split over the vocabulary (embedding_split)
 
     def __post_init__(self):
         if self.gradients not in ("buckets", "units", "stages"):
@@ -256,6 +271,11 @@ class CostModel:
     pipeline_stages: int = 0         # > 1: a one-stage-per-rank pipeline schedule (GPipe, 1F1B) whose
                                      # sends overlap the next micro-batch's compute (estimate.step)
     traffic: tuple = ()              # Traffic, per optimizer step
+    largest_weight: float = 0.0      # the largest weight a rank holds whole, where the layout splits the model's
+                                     # largest (ModelProfile.embedding_split); 0: the model's largest_weight_params
+    # ranks that hold different parts of the model (a pipeline's): each one's own cost model; memory is then
+    # the largest of their totals (estimate.memory.estimate), not the sum of each part's largest
+    per_rank: tuple = ()
 
     def state_bytes(self, optimizer: str, momentum: float = 0.0) -> dict[str, float]:
         """Parameters, gradients and optimizer state on the busiest rank, wherever they live (the
@@ -289,7 +309,8 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
-        return cls(**{**d, "traffic": tuple(Traffic(**t) for t in d.get("traffic", ()))})
+        return cls(**{**d, "traffic": tuple(Traffic(**t) for t in d.get("traffic", ())),
+                      "per_rank": tuple(cls.from_dict(c) for c in d.get("per_rank", ()))})
 
 
 def split(kind: str, payload: float, messages: int, ranks: int, stride: int = 1, per_step: float = 1.0,

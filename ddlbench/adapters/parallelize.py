@@ -19,11 +19,13 @@ from ddlbench.adapters.common import batch_norms
 from ddlbench.adapters.precision import DTYPES
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False, loss_parallel: bool = False) -> int:
+def apply_tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False, loss_parallel: bool = False,
+                          shard_embedding: bool = False) -> int:
     """The Megatron-style plan on every block (ddlbench/models/tensor_parallel.py), with sequence
-    parallelism and loss parallelism (the head over the vocabulary) where asked; the block count."""
+    parallelism and loss parallelism (the head over the vocabulary) where asked, a pipeline stage's embedding
+    row-wise under SP with `shard_embedding`; the block count."""
     from ddlbench.models.tensor_parallel import apply_tensor_parallel as plan
-    return plan(model, tp_mesh, sequence_parallel, loss_parallel)
+    return plan(model, tp_mesh, sequence_parallel, loss_parallel, shard_embedding)
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh) -> int:

@@ -24,6 +24,7 @@ gradients by 1/n_microbatches, so the update equals the full local batch's mean 
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Literal, Optional
 
 import torch
@@ -33,12 +34,17 @@ from torch import nn
 
 from ddlbench.adapters.base import ModelParallel, StepOut, Strategy
 from ddlbench.adapters.common import canonical_parameters, full_tensor, local_tensor, param_row, recv_any, send_any
-from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, StepRules, autocast_copies, pipeline_share, split
-from ddlbench.adapters.stages import data_parallel_traffic, fsdp_stage_buffers
+from ddlbench.adapters.cost import StepRules
+from ddlbench.adapters.tensor_parallel import (
+    loss_parallel,
+    loss_parallel_config_errors,
+    sequence_parallel_errors,
+    sum_partial_grads,
+)
 from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import optimizer_state_bytes_per_param
-from ddlbench.metrics.pipeline import analytic_bubble, interleaved_in_flight, pipeline_summary
+from ddlbench.metrics.pipeline import analytic_bubble, pipeline_summary
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
 from ddlbench.settings.dims import ParallelSize, model_fit_errors
@@ -57,6 +63,8 @@ class PipelineOptions(BaseModel):
     dp: ParallelSize = 1                 # data-parallel replicas of the pipeline (-1: what the world leaves)
     dp_shard: ParallelSize = 1           # FSDP2 inside every stage over this many ranks (-1: what the world leaves)
     tp: PositiveInt = 1                        # tensor parallel inside every stage (3-D)
+    sequence_parallel: bool = False            # Megatron's SP in the stages: 1/tp of the sequence between them
+    loss_parallel: bool = False                # the LM head over the vocabulary, the loss on its shards
     stages_per_rank: PositiveInt = 1           # > 1 only for the multi-stage schedules
     n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
     activation_checkpointing: Policy = "none"  # none | full | selective_layer:K | selective_op, per block of each stage
@@ -68,7 +76,9 @@ class Pipeline(Variant):
     strategy = "ddlbench.adapters.pipeline:PipelineStrategy"
 
     def abilities(self):
-        return Abilities(step=StepRules("stages"), checkpoints=("sync", "async"), fake_group="a pipeline schedule exchanges activations with the "
+        o = self.options
+        return Abilities(step=StepRules("stages", tp_sequence_parallel=o.sequence_parallel, vocab_parallel=o.loss_parallel,
+                                        embedding_parallel=o.sequence_parallel), checkpoints=("sync", "async"), fake_group="a pipeline schedule exchanges activations with the "
                          "other stages' ranks point to point: rank 0 alone waits on receives no fake peer sends")
 
     def taxonomy(self) -> dict:
@@ -118,54 +128,16 @@ class Pipeline(Variant):
             raise ConfigError(f"framework.options.n_microbatches {options.n_microbatches} disagrees with "
                               f"run.micro_batch {cfg.run.micro_batch} ({dims.grad_accum} micro-batches)")
         errors = model_fit_errors(dims, cfg.model, dims.pp * v, options.schedule)
+        if options.sequence_parallel:
+            errors += sequence_parallel_errors(cfg.model, dims.tp)
+        if options.loss_parallel:
+            errors += loss_parallel_config_errors(cfg.model, dims.tp)
         if errors:
             raise ConfigError("; ".join(errors))
 
     def cost_model(self, dims, model, precision, per_node=None):
-        """A rank holds 1/pp of the blocks (v stage pieces of 1/(pp v) each), split again by tp. Per micro-batch
-        it sends its stages' outputs forward and their gradients backward (v boundaries each way, in the
-        activations' dtype) to the next/previous stage dp x tp ranks away; inside a stage tensor parallelism
-        all-reduces a block's output twice in forward and twice in backward; data parallelism:
-        stages.data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for GPipe and 1F1B, (pp - 1) / v
-        interleaved (Narayanan et al. 2021); zero-bubble: the interleaved bound. Activations in flight: GPipe
-        all micro-batches, 1F1B pp - r on stage r (the last stage, whose head and loss save the most, one),
-        interleaved 1F1B the peak along torch's order (interleaved_in_flight: rank 0 at pp 8, v 2: 11.5), the
-        zero-bubble ones at most pp. Stages are cut as the adapter cuts them (models.pipeline.partition,
-        stage_owners): the embedding joins the first stage, the head (GPT-2: a second copy of the tied
-        embedding) the last; memory and compute are the busiest rank's (the most parameters, compute and
-        activations, each over the ranks: an upper bound where different ranks have them). The last stage
-        keeps its output of every micro-batch until the next step begins (output_chunks; GPT-2: the logits)."""
-        o, pp, tp, dp, m = self.options, dims.pp, dims.tp, dims.dp, dims.grad_accum
-        v = self.stages_per_rank()
-        flights = ([m] * pp if o.schedule == "gpipe" else [min(pp - r, m) for r in range(pp)] if o.schedule == "1f1b"
-                   else [interleaved_in_flight(r, pp, v, m) for r in range(pp)] if o.schedule == "interleaved_1f1b"
-                   else [min(pp, m)] * pp)      # 1F1B: stage r min(pp - r, m), the last stage one
-        in_flight = max(flights)
-        mine = pipeline_share(model, o.schedule, pp, v, tp, flights)
-        piece = mine.params
-        act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / tp
-        traffic = (split("send", act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
-                         what="activations and their gradients", data_parallel=False)
-                   + split("all_reduce", act * tp, 1, tp, per_step=sum(model.tp_all_reduces()) * (model.blocks // pp) * m,
-                           what="block outputs (tensor parallel)", data_parallel=False)
-                   + data_parallel_traffic(dims, model, piece, precision, v))
-        tied = model.stage_tied_params(tp) if pp > 1 else 0.0
-        if tied:     # the first and the last stage each hold a copy: their gradients summed (_sync_grads)
-            traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * tp,
-                             what="tied weight's gradient (first and last stage)", data_parallel=False)
-        shard = dims.dp_shard
-        buffers = autocast_copies(piece, precision) if shard == 1 else fsdp_stage_buffers(piece, precision, m)
-        if pp > 1:
-            buffers["send and receive buffers"] = 2 * 2 * act
-            # the last stage keeps every micro-batch's output until the next step (output_chunks)
-            buffers["last stage's outputs, every micro-batch"] = m * dims.micro_batch * model.output_bytes_per_sample / tp
-        return CostModel(
-            f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank" + (
-                f", FSDP2 over {shard} ranks inside each" if shard > 1 else ""), piece,
-            shard_ranks=shard if shard > 1 else dp, shard_optimizer=shard > 1, shard_grads=shard > 1,
-            shard_params=shard > 1, buffers=buffers, activation_share=mine.activations, in_flight=in_flight,
-            compute_share=mine.compute, bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
-            pipeline_stages=pp if v == 1 and pp > 1 else 0, traffic=tuple(traffic))
+        from ddlbench.adapters.stages import pipeline_cost
+        return pipeline_cost(self.options, self.stages_per_rank(), dims, model, precision)
 
     def advise_options(self, devices: int) -> list[dict]:
         """Every pipeline depth > 1 that divides the ranks, the rest replicas (or, with dp_shard, FSDP2)."""
@@ -220,10 +192,11 @@ class PipelineStrategy(ModelParallel, Strategy):
         self.local_ids = [s for s in range(n_stages) if self.owners[s] == self.pp_rank]
         self.stage_modules = [Stage(*(piece_list[i] for i in self.ranges[s])).to(ctx.device)
                               for s in self.local_ids]
-        if dims.tp > 1:
+        if dims.tp > 1:     # under SP an untied embedding row-wise over the vocabulary (torchtitan's plan)
             from ddlbench.adapters.parallelize import apply_tensor_parallel
+            untied = not tied_parameters(piece_list)
             for module in self.stage_modules:
-                apply_tensor_parallel(module, self.mesh["tp"])
+                apply_tensor_parallel(module, self.mesh["tp"], o.sequence_parallel, o.loss_parallel, untied)
         # after tensor parallelism (torchtitan's order); blocks numbered over the whole model
         self.checkpointed = apply_to_stages(self.stage_modules, [self.ranges[s] for s in self.local_ids],
                                             len(piece_list), o.activation_checkpointing)
@@ -253,7 +226,9 @@ class PipelineStrategy(ModelParallel, Strategy):
             module.register_forward_pre_hook(self._keep_input(s))
 
     def _loss_fn(self, output, target):
-        return self.loss(output, target)
+        from torch.distributed.tensor import DTensor
+        loss = self.loss(output, target)     # loss parallel: a replicated DTensor, its backward through to_local
+        return loss.to_local() if isinstance(loss, DTensor) else loss
 
     def _keep_input(self, stage_id: int):
         def hook(_module, args):
@@ -290,7 +265,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         losses: list = []
         args = (batch[self._input_key(batch)],) if self.first else ()
         target = batch["labels"] if self.last else None
-        with self.precision.forward_context():
+        with self.precision.forward_context(), loss_parallel() if self.options.loss_parallel else nullcontext():
             self.schedule.step(*args, target=target, losses=losses if self.last else None)
         self._sync_grads()
         self.optimizer.step()
@@ -301,6 +276,9 @@ class PipelineStrategy(ModelParallel, Strategy):
     def _sync_grads(self) -> None:
         from ddlbench.adapters.stages import sum_tied_gradients
         sum_tied_gradients(self._tied)
+        if self.options.sequence_parallel:      # the norms' weights saw parts of the sequence
+            for module in self.stage_modules:
+                sum_partial_grads(module)
         if self.dp_group is None:
             return
         grads = [local_tensor(p.grad) for p in self.local_params if p.grad is not None]
@@ -391,7 +369,9 @@ class PipelineStrategy(ModelParallel, Strategy):
                 "api": "torch.distributed.fsdp.fully_shard per block and per stage", "units_per_stage": self.sharded.units,
                 "reshard_after_forward": False, "mixed_precision": self.sharded.mp_record(),
                 "order": "tensor parallel -> activation checkpointing -> FSDP2 (torchtitan's)"},
-            "tensor_parallel": "ddlbench.models.tensor_parallel plan on every stage" if dims.tp > 1 else None,
+            "tensor_parallel": ("ddlbench.models.tensor_parallel plan on every stage" + (
+                ", sequence parallel (1/tp of the sequence between stages)" if o.sequence_parallel else "") + (
+                ", loss parallel (the head over the vocabulary)" if o.loss_parallel else "")) if dims.tp > 1 else None,
             "activation_checkpointing": describe_ac(o.activation_checkpointing),
             "checkpointed_blocks_this_rank": self.checkpointed,
             "scale_grads": True, "backend": self.ctx.backend,

@@ -108,3 +108,96 @@ def fsdp_stage_buffers(piece: float, precision: str, micro_batches: int) -> dict
     if micro_batches > 1:
         out["unsharded gradients accumulated in fp32 over the micro-batches (sync on the last)"] = 4.0 * piece
     return out
+
+
+def pipeline_cost(o, v: int, dims, model, precision: str):
+    """A pipeline rank's cost model (ddlbench/adapters/pipeline.py; `o` its options, v stages a rank). A rank
+    holds 1/pp of the blocks (v stage pieces of 1/(pp v) each), split again by tp. Per micro-batch it sends its
+    stages' outputs forward and their gradients backward (v boundaries each way, in the activations' dtype:
+    the whole activation on every tp rank, or its 1/tp part of the sequence with sequence parallelism) to the
+    next/previous stage dp x tp ranks away; inside a stage tensor parallelism all-reduces each block's
+    row-wise outputs in forward and column-wise inputs' gradients in backward (ModelProfile.tp_all_reduces),
+    or with sequence parallelism all-gathers before attention and the MLP and reduce-scatters after each,
+    both ways; loss parallelism splits the head over the vocabulary (its logits 1/tp on a rank) and sums 3
+    fp32 values a position. Data parallelism: data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for
+    GPipe and 1F1B, (pp - 1) / v interleaved (Narayanan et al. 2021); zero-bubble: the interleaved bound.
+    Activations in flight: GPipe all micro-batches, 1F1B pp - r on stage r (the last stage, whose head and
+    loss save the most, one), interleaved 1F1B the peak along torch's order (interleaved_in_flight: rank 0 at
+    pp 8, v 2: 11.5), the zero-bubble ones at most pp. Stages are cut as the adapter cuts them
+    (models.pipeline.partition, stage_owners): the embedding joins the first stage, the head (GPT-2: a second
+    copy of the tied embedding) the last; memory and compute are the busiest rank's (the most parameters,
+    compute and activations, each over the ranks: an upper bound where different ranks have them). The last
+    stage keeps its output of every micro-batch until the next step begins (output_chunks; GPT-2: the
+    logits; 1/tp of them under loss parallelism)."""
+    from dataclasses import replace
+
+    from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, pipeline_share, split
+    from ddlbench.metrics.pipeline import interleaved_in_flight
+    pp, tp, dp, m = dims.pp, dims.tp, dims.dp, dims.grad_accum
+    sp, lp = tp > 1 and o.sequence_parallel, tp > 1 and o.loss_parallel
+    if lp:
+        model = model.vocab_split()
+    if sp:      # an untied embedding row-wise over the vocabulary (decoder.sp_stage)
+        model = model.embedding_split(tp)
+    flights = ([m] * pp if o.schedule == "gpipe" else [min(pp - r, m) for r in range(pp)] if o.schedule == "1f1b"
+               else [interleaved_in_flight(r, pp, v, m) for r in range(pp)] if o.schedule == "interleaved_1f1b"
+               else [min(pp, m)] * pp)      # 1F1B: stage r min(pp - r, m), the last stage one
+    mine = pipeline_share(model, o.schedule, pp, v, tp, flights)
+    piece = mine.params
+    act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision]
+    blocks = (model.blocks // pp) * m       # a rank's blocks' passes a step
+    traffic = split("send", act / tp if sp else act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
+                    what="activations and their gradients", data_parallel=False)
+    if sp:
+        traffic += (split("all_gather", act, 1, tp, per_step=4 * blocks, what="sequence parts", data_parallel=False)
+                    + split("reduce_scatter", act, 1, tp, per_step=4 * blocks, what="sequence parts", data_parallel=False))
+    elif tp > 1:
+        traffic += split("all_reduce", act, 1, tp, per_step=sum(model.tp_all_reduces()) * blocks,
+                         what="block outputs (tensor parallel)", data_parallel=False)
+    if lp:
+        positions = model.boundary_bytes_per_sample / 4 / max(model.hidden_size, 1) * dims.micro_batch
+        traffic += split("all_reduce", 4.0 * positions, 1, tp, per_step=3 * m, what="cross-entropy over vocabulary shards",
+                         data_parallel=False)
+    traffic += data_parallel_traffic(dims, model, piece, precision, v)
+    tied = model.stage_tied_params(tp) if pp > 1 else 0.0
+    if tied:     # the first and the last stage each hold a copy: their gradients summed (_sync_grads)
+        traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * tp,
+                         what="tied weight's gradient (first and last stage)", data_parallel=False)
+    shard = dims.dp_shard
+    out_share = 1 / tp if lp else 1.0
+
+    def buffers(params: float, last: bool) -> dict:
+        out = autocast_copies(params, precision) if shard == 1 else fsdp_stage_buffers(params, precision, m)
+        if pp > 1:
+            out["send and receive buffers"] = 2 * 2 * (act / tp if sp else act)
+            if last:    # the last stage keeps every micro-batch's output until the next step (output_chunks)
+                out["last stage's outputs, every micro-batch"] = m * dims.micro_batch * model.output_bytes_per_sample * out_share
+        return out
+    cost = CostModel(
+        f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank" + (
+            f", FSDP2 over {shard} ranks inside each" if shard > 1 else ""), piece,
+        shard_ranks=shard if shard > 1 else dp, shard_optimizer=shard > 1, shard_grads=shard > 1,
+        shard_params=shard > 1, backward_grad_bytes=DTYPE_BYTES[precision] if shard > 1 else 0,    # FSDP2's param_dtype
+        largest_weight=model.largest_weight_params, buffers=buffers(piece, True), activation_share=mine.activations, in_flight=max(flights),
+        compute_share=mine.compute, output_share=out_share,
+        bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
+        pipeline_stages=pp if v == 1 and pp > 1 else 0, traffic=tuple(traffic))
+    ranks = rank_shares(model, o.schedule, pp, v, tp)
+    if not ranks:
+        return cost
+    # each rank's own memory: its pieces, the micro-batches it holds, the head's logits only where the head is
+    return replace(cost, per_rank=tuple(
+        replace(cost, piece=share.params, buffers=buffers(share.params, last), activation_share=share.activations,
+                in_flight=flights[r], compute_share=share.compute, output_share=out_share if last else 0.0, traffic=())
+        for r, (share, last) in enumerate(ranks)))
+
+
+def rank_shares(model, schedule: str, pp: int, v: int, tp: int) -> list:
+    """[(Share, holds the head)] of each pipeline rank, its stages' pieces split by tp (cost.pipeline_share's
+    cut); [] without the model's pieces or with one rank."""
+    from ddlbench.models.pipeline import partition, stage_owners
+    if pp == 1 or len(model.pieces) < pp * v:
+        return []
+    ranges, owners = partition(len(model.pieces), pp * v), stage_owners(schedule, pp, v)
+    return [(model.share([i for s, r in enumerate(ranges) if owners[s] == rank for i in r], tp), owners[-1] == rank)
+            for rank in range(pp)]

@@ -87,7 +87,7 @@ def optimizer_step_bytes(model: ModelProfile, cost: CostModel, optimizer: str, d
         return 0.0
     shard = max(cost.shard_ranks, 1) if cost.shard_optimizer else 1
     if device == "cpu":
-        return 2 * 4.0 * model.largest_weight_params / shard
+        return 2 * 4.0 * (cost.largest_weight or model.largest_weight_params) / shard
     return 4.0 * cost.piece / shard
 
 
@@ -107,7 +107,7 @@ def temporary_bytes(layout: Layout, model: ModelProfile, cost: CostModel, activa
     # eager attention's backward makes a (T x T) gradient of the scores while most activations live
     scores = model.attention_scores_bytes_per_sample * layout.micro_batch / layout.tp
     output = model.output_bytes_per_sample * layout.micro_batch / layout.cp * cost.output_share
-    first = max(2 * output, model.largest_weight_params * made) + scores
+    first = max(2 * output, (cost.largest_weight or model.largest_weight_params) * made) + scores
     tied = model.tied_pair_params(layout.pp, layout.tp) * made
     held = cost.grads_preallocated or layout.grad_accum > 1
     start = activations + first + (grads if held else max(0.0, grads - tied))
@@ -119,7 +119,12 @@ def estimate(layout: Layout, model: ModelProfile, cost: CostModel, optimizer: st
              momentum: float = 0.0, device: str = "cuda") -> dict:
     """{'params', 'grads', 'optimizer', 'activations', 'temporaries', 'buffers', 'total', 'host'} bytes on the
     busiest rank ('total' is the device's; 'host': what the framework offloads), training on
-    `device` ('cpu' or a GPU: the optimizer's temporaries differ)."""
+    `device` ('cpu' or a GPU: the optimizer's temporaries differ). Where the ranks hold different parts of the
+    model (`cost.per_rank`: a pipeline's), the rank whose total is largest ('rank': its index)."""
+    if cost.per_rank:
+        ranks = [estimate(layout, model, c, optimizer, momentum, device) for c in cost.per_rank]
+        r = max(range(len(ranks)), key=lambda i: ranks[i]["total"])
+        return {**ranks[r], "rank": r}
     out = cost.state_bytes(optimizer, momentum)
     host = 0.0
     offloaded = (["optimizer"] if cost.offload_optimizer else []) + (["params", "grads"] if cost.offload_params else [])

@@ -17,14 +17,13 @@ The optimizer's step: priced where timed (calibrate=pieces: s per parameter x th
 schedule), else folded into the efficiency. Not priced: kernel launch gaps, stragglers, congestion."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ddlbench.adapters.cost import DTYPE_BYTES
 from ddlbench.errors import ConfigError
 from ddlbench.estimate import rules
-from ddlbench.estimate.schedule import POOL, simulate
-from ddlbench.estimate.step import pipeline_step, spans
+from ddlbench.estimate.schedule import simulate
+from ddlbench.estimate.step import layout, spans
 from ddlbench.network.model import Network, collective_time, kind_spans
 
 
@@ -123,7 +122,7 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
     `optimizer_s`, in step_s and compute_s (it waits for every gradient; nothing overlaps it).
     ranks_per_core > 1: a node's ranks share one processor (`bench cluster` on a small host), the
     compute given is each rank's with the processor shared; a pipeline's replicas on a node are then
-    simulated side by side (_pipeline)."""
+    simulated side by side (ddlbench/estimate/pipeline.py)."""
     out = _step(plan, prof, pricing, flops_per_s, ac, per_node, measured, ranks_per_core, attention_flops_per_s)
     if optimizer_s_per_param:
         from ddlbench.estimate.memcheck import cost_of_plan
@@ -146,6 +145,7 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
         raise ConfigError(f"bench project: no schedule rules for {fw} yet (its abilities' step)")
     cost = cost_of_plan(plan, prof, per_node)
     prof = prof.vocab_split() if step.vocab_parallel and d.tp > 1 else prof     # loss parallelism: the head split too
+    prof = prof.embedding_split(d.tp) if step.embedding_parallel and d.tp > 1 else prof
     gather_b = DTYPE_BYTES[precision]
     grad_b = DTYPE_BYTES[plan.variant.grad_reduce_dtype(precision)]
     tp, mb, m, sp = d.tp, d.micro_batch, d.grad_accum, d.cp
@@ -208,8 +208,9 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
         comm[kind] = comm.get(kind, 0.0) + s * count
 
     if step.gradients == "stages":   # each stage's blocks run their tensor-parallel collectives, exposed
-        return _pipeline(plan, prof, pricing, times, cost, grad_b, comm, ranks_per_core,
-                         (tp_f, tp_b) if tp > 1 else (0.0, 0.0), tp_kind)
+        from ddlbench.estimate.pipeline import pipeline
+        return pipeline(plan, prof, pricing, times, cost, grad_b, comm, ranks_per_core,
+                        (tp_f, tp_b) if tp > 1 else (0.0, 0.0), tp_kind, (head_f, head_b))
     pieces = [piece(i) for i in range(nb)]
     if tp > 1 or sp > 1:
         add(pricing.label("all_reduce", tp, 1) if ep > 1 else tp_kind, ((tp_f + tp_b) * (nb - 2) + head_f + head_b) * m)
@@ -291,109 +292,3 @@ def schedule_step(plan, prof, pricing: Pricing, compute_s: float, ac: str, per_n
     if probe["compute_s"] <= 0:
         return None
     return step_of(plan, prof, pricing, 1e12 * probe["compute_s"] / compute_s, ac, per_node)
-
-
-def layout(d, cost, ep: int = 1) -> dict:
-    """What each mesh dimension does, in the specification's vocabulary: a sharding strategy's
-    shard group is dp_shard (HSDP: its shard groups; the rest replicate); ep: the expert-parallel
-    ranks, borrowed from dp_shard (torchtitan's layout)."""
-    shard = cost.shard_ranks if (cost.shard_params or cost.shard_grads or cost.shard_optimizer) else 1
-    shard = max(1, shard // d.cp)   # Ulysses' ZeRO shards over the sequence-parallel ranks too (cp folded in)
-    return {"dp_replicate": d.dp // shard, "dp_shard": shard, "cp": d.cp, "tp": d.tp, "pp": d.pp,
-            "micro_batch": d.micro_batch, "grad_accum": d.grad_accum, "ep": ep}
-
-
-def _whole_link(network: Network, name: str, ways: int) -> Network:
-    """`network` with dimension `name`'s link carrying one flow at `ways` x its per-device share
-    (a shared link several replicas take turns on)."""
-    from dataclasses import replace
-    return replace(network, dims=tuple(replace(d, bandwidth=d.bandwidth * ways) if d.name == name and d.shared else d
-                                       for d in network.dims))
-
-
-def _pipeline(plan, prof, pricing: Pricing, times, cost, grad_b: int, comm: dict, ranks_per_core: int = 1,
-              tp_s: tuple[float, float] = (0.0, 0.0), tp_kind: str = "tp") -> dict:
-    """A pipeline (GPipe, 1F1B; interleaved 1F1B with its stages_per_rank): each stage's forward and
-    backward per micro-batch and the boundary's sends simulated in the schedule's order
-    (rules.pipeline; the bubble stated as the ideal (pp - 1) / v slots, at most what the schedule
-    idled; the zero-bubble schedules: the busiest stage's slot through
-    ddlbench.estimate.step.pipeline_step's flow shop), then a tied
-    weight's gradient summed between the first and the last stage, then each stage's data-parallel
-    all-reduce (both exposed). `tp_s`: a block's tensor-parallel collectives per micro-batch (forward,
-    backward), in its stage's slot and exposed (no async TP)."""
-    d, o = plan.dims, plan.options
-    nb, pp = len(prof.pieces), d.pp
-    times = [(f + tp_s[0], b + tp_s[1]) if 0 < i < nb - 1 else (f, b) for i, (f, b) in enumerate(times)]
-    schedule = getattr(o, "schedule", "1f1b")
-    v = getattr(o, "stages_per_rank", 1) if schedule == "interleaved_1f1b" else 1
-    if v > 1:       # pp x v stages cut as the adapter cuts them, stage k on rank k mod pp
-        from ddlbench.models.pipeline import partition
-        virtual = [list(r) for r in partition(nb, pp * v)]
-        stages = [[i for k in range(r, pp * v, pp) for i in virtual[k]] for r in range(pp)]
-    else:
-        blocks = nb - 2
-        per = math.ceil(blocks / pp)
-        stages = [list(range(1 + s * per, 1 + min(blocks, (s + 1) * per))) for s in range(pp)]
-        stages[0].insert(0, 0)
-        stages[-1].append(nb - 1)
-        virtual = stages
-    stage_s = [(sum(times[i][0] for i in st), sum(times[i][1] for i in st)) for st in stages]
-    slot = max(f + b for f, b in stage_s)
-    busiest = max(range(pp), key=lambda r: sum(stage_s[r]))
-    tp_slot = sum(tp_s) * sum(1 for i in stages[busiest] if 0 < i < nb - 1)     # of the slot: TP's collectives
-    if tp_slot:
-        comm[tp_kind] = comm.get(tp_kind, 0.0) + tp_slot * d.grad_accum
-    send = 0.0
-    if pp > 1:      # to the next stage: dp x tp ranks further on (pp outermost)
-        send = collective_time("send", prof.boundary_bytes_per_sample * d.micro_batch,
-                               kind_spans(pricing.network, "send", spans(pricing.network, pp, d.tp * d.dp)),
-                               pricing.algorithm)[0]
-    stage_params = [sum(prof.pieces[i].kept_params(d.tp) for i in st) for st in stages]
-    ar = [pricing.seconds("all_reduce", grad_b * n, d.dp, d.tp) for n in stage_params]
-    label = pricing.label("all_reduce", d.dp, d.tp)
-    send_label = pricing.label("send", pp, d.tp * d.dp) if pp > 1 else "send"
-    comm[label] = comm.get(label, 0.0) + max(ar)
-    comm[send_label] = comm.get(send_label, 0.0) + 2 * send * d.grad_accum * v
-    compute = slot * d.grad_accum
-    tied = prof.stage_tied_params(d.tp) if pp > 1 else 0.0
-    tied_s, tied_label = 0.0, None
-    if tied:        # the first and the last stage sum their copies' gradients, after the schedule
-        stride = (pp - 1) * d.dp * d.tp
-        tied_s = pricing.seconds("all_reduce", grad_b * tied, 2, stride)
-        tied_label = pricing.label("all_reduce", 2, stride)
-        comm[tied_label] = comm.get(tied_label, 0.0) + tied_s
-    if schedule in ("gpipe", "1f1b", "interleaved_1f1b"):
-        # ranks sharing a processor: the replicas of a stage on one node (pp outermost: dp x tp ranks
-        # a stage) side by side, taking turns on its processor and on the boundary's link, each task
-        # at the whole processor's and link's speed, instead of all at a share of it in step
-        k = ranks_per_core
-        replicas = k if k > 1 and d.tp == 1 and d.dp % k == 0 else 1
-        whole = [(sum(times[i][0] for i in st), sum(times[i][1] for i in st)) for st in virtual]
-        if replicas > 1:
-            whole = [(f / k, b / k) for f, b in whole]
-            net = _whole_link(pricing.network, send_label.partition("@")[2], k)
-            send = collective_time("send", prof.boundary_bytes_per_sample * d.micro_batch,
-                                   kind_spans(net, "send", spans(net, pp, d.tp * d.dp)), pricing.algorithm)[0]
-        tasks = rules.pipeline(whole, d.grad_accum, send, schedule, send_label,
-                               (tied_s, tied_label) if tied_s else None, [(a, label) for a in ar], replicas, v)
-        dims = pricing.buckets(ranks_per_core)
-
-        def bucket(key: str) -> float:     # '>0' / '<0': a boundary's links; 'node:1': stage 1's dp links
-            return dims.get(send_label.partition("@")[2] if key[0] in "<>" else key.split(":")[0], 0.0)
-        sched = simulate(tasks, {key: bucket(key) for t in tasks for key in t.links})
-        body = max(sched.end[t.name] for t in tasks if t.stream.removeprefix(POOL).startswith("stage"))
-        after_tied = max((sched.end[t.name] for t in tasks if t.name.startswith("tied")), default=body)
-        step = sched.step_s
-    else:
-        body = pipeline_step(slot, d.grad_accum, pp, send)
-        after_tied = body + tied_s
-        step = after_tied + max(ar)
-    bubble = min((pp - 1) * slot / v, max(0.0, body - compute))    # the ideal bubble, never more than the schedule idled
-    exposed = {"pipeline bubble": bubble, send_label: max(0.0, body - compute - bubble),
-               tp_kind: tp_slot * d.grad_accum}
-    if tied_label:
-        exposed[tied_label] = exposed.get(tied_label, 0.0) + after_tied - body
-    exposed[label] = exposed.get(label, 0.0) + step - after_tied
-    return {"step_s": step, "compute_s": compute - tp_slot * d.grad_accum,
-            "exposed": {k: v for k, v in exposed.items() if v > 1e-12},
-            "comm_s": comm, "layout": layout(d, cost)}

@@ -109,3 +109,13 @@ def predict(layout: Layout, cost: CostModel, calibration: dict[int, float], netw
         return {"compute_s": compute, "comm_s": comm, "step_s": step, "comm_parts_s": parts,
                 "exposed_comm_s": step - compute}
     return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm, "comm_parts_s": parts}
+
+
+def layout(d, cost, ep: int = 1) -> dict:
+    """What each mesh dimension does, in the specification's vocabulary: a sharding strategy's
+    shard group is dp_shard (HSDP: its shard groups; the rest replicate); ep: the expert-parallel
+    ranks, borrowed from dp_shard (torchtitan's layout)."""
+    shard = cost.shard_ranks if (cost.shard_params or cost.shard_grads or cost.shard_optimizer) else 1
+    shard = max(1, shard // d.cp)   # Ulysses' ZeRO shards over the sequence-parallel ranks too (cp folded in)
+    return {"dp_replicate": d.dp // shard, "dp_shard": shard, "cp": d.cp, "tp": d.tp, "pp": d.pp,
+            "micro_batch": d.micro_batch, "grad_accum": d.grad_accum, "ep": ep}

@@ -26,14 +26,19 @@ class DecoderBlock(nn.Module):
     def __init__(self, layer: nn.Module, config, rotary: nn.Module):
         super().__init__()
         self.layer, self.config, self.rotary = layer, config, rotary
+        self.sequence_parts = 1     # > 1: `hidden` is one tp rank's part of the sequence (sp_stage)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        whole = hidden
+        if self.sequence_parts > 1:     # the positions, rotary embedding and mask of the whole sequence (a view)
+            b, t, h = hidden.shape
+            whole = hidden.new_empty(b, t * self.sequence_parts, 1).expand(b, t * self.sequence_parts, h)
+        pos = torch.arange(whole.shape[1], device=hidden.device).unsqueeze(0)
         # a layer that attends within a sliding window (its attention's sliding_window set: GPT-OSS) gets that mask
         sliding = getattr(getattr(self.layer, "self_attn", None), "sliding_window", None) is not None
-        mask = causal_mask(self.config, hidden, sliding=sliding)
+        mask = causal_mask(self.config, whole, sliding=sliding)
         return self.layer(hidden, attention_mask=mask, position_ids=pos,
-                          position_embeddings=self.rotary(hidden, position_ids=pos))
+                          position_embeddings=self.rotary(whole, position_ids=pos))
 
 
 class DecoderHead(nn.Module):
@@ -120,6 +125,41 @@ def sp_model(net: nn.Module, layers: list[nn.Module], mesh, loss_parallel: bool 
         parallelize_module(net.lm_head, mesh, PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                                                  use_local_output=True))
     return SP_DESCRIPTION
+
+
+def sp_stage(stage: nn.Module, mesh, loss_parallel: bool = False, shard_embedding: bool = False) -> dict:
+    """Sequence parallelism across a pipeline stage's pieces (`pieces` below, blocks already under the SP
+    block plan): what a stage sends the next is this rank's part of the sequence, 1/tp of the
+    activations (torchtitan's 3-D layout). The embedding: with `shard_embedding` (an untied one) row-wise
+    over the vocabulary as torchtitan's plan shards it (each rank looks up its rows, the sum
+    reduce-scattered to sequence parts), else whole and its output cut to this rank's part (its gradient
+    all-gathered in backward); each block builds its positions, rotary embedding and mask for the whole
+    sequence; the final norm on the parts and the head's input all-gathered (under loss parallelism by the
+    head's own input layout). The record's description."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+    for piece in stage.children():
+        if isinstance(piece, DecoderEmbed) and shard_embedding:
+            parallelize_module(piece.embed_tokens, mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)))
+        elif isinstance(piece, DecoderEmbed):
+            parallelize_module(piece, mesh, PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                                                use_local_output=True))
+        elif isinstance(piece, DecoderBlock):
+            piece.sequence_parts = mesh.size()
+        elif isinstance(piece, DecoderHead):
+            parallelize_module(piece.norm, mesh, SequenceParallel())
+            if not loss_parallel:
+                parallelize_module(piece.lm_head, mesh, PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True))
+    return {**SP_DESCRIPTION, "first block's input": "the embedding row-wise over the vocabulary, reduce-scattered to "
+            "sequence parts" if shard_embedding else "the embedding's output cut to this rank's part (no communication)",
+            "between stages": "this rank's part of the sequence (1/tp of the activations)"}
 
 
 def tp_plan(split: dict[str, bool], sequence_parallel: bool = False):

@@ -93,10 +93,12 @@ def tp_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(type(m).__name__, m) for m in module.modules() if type(m).__name__ in known]
 
 
-def apply_tensor_parallel(module: nn.Module, mesh, sequence_parallel: bool = False, loss_parallel: bool = False) -> int:
+def apply_tensor_parallel(module: nn.Module, mesh, sequence_parallel: bool = False, loss_parallel: bool = False,
+                          shard_embedding: bool = False) -> int:
     """Convert and parallelize every planned block inside `module`; returns how many. With
-    `sequence_parallel` (a whole model: its family's SP plan, and the model around the blocks); with
-    `loss_parallel` (a whole causal LM: apply_loss_parallel)."""
+    `sequence_parallel` (a whole model: its family's SP plan, and the model around the blocks; a pipeline
+    stage: decoder.sp_stage, the embedding row-wise with `shard_embedding`); with `loss_parallel` (a causal
+    LM or the stage holding its head: apply_loss_parallel)."""
     blocks = tp_blocks(module)
     if not blocks:
         raise ValueError("tensor parallelism has no plan for this model's blocks (a family without "
@@ -107,11 +109,21 @@ def apply_tensor_parallel(module: nn.Module, mesh, sequence_parallel: bool = Fal
         if sequence_parallel and plan.sequence_parallel is None:
             raise ValueError(f"sequence parallelism has no plan for {kind}")
         (plan.sequence_parallel if sequence_parallel else plan.apply)(block, mesh)
-    if sequence_parallel:
+    if sequence_parallel and hasattr(module, "net"):
         known[blocks[0][0]].sp_model(module.net, [b for _, b in blocks], mesh, loss_parallel)
+    elif sequence_parallel:      # a pipeline stage: its pieces
+        from ddlbench.models.decoder import sp_stage
+        sp_stage(module, mesh, loss_parallel, shard_embedding)
     if loss_parallel:
         apply_loss_parallel(module, mesh, sequence_parallel)
     return len(blocks)
+
+
+def lm_head(module: nn.Module):
+    """A causal LM's head (`net.lm_head`) or a pipeline stage's (its DecoderHead piece's); None where it has none."""
+    if hasattr(module, "net"):
+        return getattr(module.net, "lm_head", None)
+    return next((m.lm_head for m in module.children() if type(m).__name__ == "DecoderHead"), None)
 
 
 LOSS_PARALLEL = {"lm_head": "ColwiseParallel(output_layouts=Shard(-1), use_local_output=False): each tp rank computes "
@@ -141,11 +153,14 @@ def apply_loss_parallel(model: nn.Module, mesh, sequence_parallel: bool = False)
     all-gathered by the head's own input layout."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
-    errors = loss_parallel_errors(model, mesh.size())
-    if errors:
-        raise ValueError("; ".join(errors))
-    parallelize_module(model.net.lm_head, mesh, ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
-                                                                output_layouts=Shard(-1), use_local_output=False))
+    if hasattr(model, "net"):       # a whole model (a pipeline stage: only the one with the head has one to shard)
+        errors = loss_parallel_errors(model, mesh.size())
+        if errors:
+            raise ValueError("; ".join(errors))
+    head = lm_head(model)
+    if head is not None:
+        parallelize_module(head, mesh, ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                                       output_layouts=Shard(-1), use_local_output=False))
 
 
 def sequence_parallel_description(module: nn.Module) -> dict | None:
