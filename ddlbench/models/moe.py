@@ -53,12 +53,17 @@ def uniform_experts_forward(self, hidden: torch.Tensor, top_k_index: torch.Tenso
     n, k = top_k_index.shape
     rows = hidden.repeat_interleave(k, dim=0)
     experts = self.num_experts
-    sizes = [len(range(e, n * k, experts)) for e in range(experts)]
-    outs = []
-    for e, chunk in enumerate(rows.split(sizes)):
-        gate, up = F.linear(chunk, self.gate_up_proj[e]).chunk(2, dim=-1)
-        outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[e]))
-    out = torch.cat(outs) * top_k_weights.reshape(-1, 1).to(hidden.dtype)
+    if (n * k) % experts == 0:      # equal chunks: one batched matmul a projection (the same FLOPs, E x fewer ops)
+        gate, up = torch.bmm(rows.view(experts, n * k // experts, -1), self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
+        out = torch.bmm(self.act_fn(gate) * up, self.down_proj.transpose(1, 2)).reshape(n * k, -1)
+    else:
+        sizes = [len(range(e, n * k, experts)) for e in range(experts)]
+        outs = []
+        for e, chunk in enumerate(rows.split(sizes)):
+            gate, up = F.linear(chunk, self.gate_up_proj[e]).chunk(2, dim=-1)
+            outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[e]))
+        out = torch.cat(outs)
+    out = out * top_k_weights.reshape(-1, 1).to(hidden.dtype)
     return out.view(n, k, -1).sum(1)
 
 

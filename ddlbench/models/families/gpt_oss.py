@@ -36,11 +36,16 @@ def uniform_forward(self, hidden: torch.Tensor, router_indices: torch.Tensor, ro
     the experts a batch hit (nonzero) cannot run: the N x k (token, expert) rows split evenly over the
     experts, each chunk through its expert's biased, clamped SwiGLU (moe.uniform_experts_forward's idea)."""
     n, k = router_indices.shape
-    rows = hidden.repeat_interleave(k, dim=0)
-    sizes = [len(range(e, n * k, self.num_experts)) for e in range(self.num_experts)]
-    outs = [self._apply_gate(chunk @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]) @ self.down_proj[e]
-            + self.down_proj_bias[e] for e, chunk in enumerate(rows.split(sizes))]
-    out = torch.cat(outs) * routing_weights.reshape(-1, 1).to(hidden.dtype)
+    rows, experts = hidden.repeat_interleave(k, dim=0), self.num_experts
+    if (n * k) % experts == 0:      # equal chunks: one batched matmul a projection (the same FLOPs, E x fewer ops)
+        gated = self._apply_gate(torch.bmm(rows.view(experts, n * k // experts, -1), self.gate_up_proj)
+                                 + self.gate_up_proj_bias[:, None])
+        out = (torch.bmm(gated, self.down_proj) + self.down_proj_bias[:, None]).reshape(n * k, -1)
+    else:
+        sizes = [len(range(e, n * k, experts)) for e in range(experts)]
+        out = torch.cat([self._apply_gate(chunk @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]) @ self.down_proj[e]
+                         + self.down_proj_bias[e] for e, chunk in enumerate(rows.split(sizes))])
+    out = out * routing_weights.reshape(-1, 1).to(hidden.dtype)
     return out.view(n, k, -1).sum(1)
 
 
