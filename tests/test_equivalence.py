@@ -320,6 +320,24 @@ def test_loss_parallel_matches_ddp_under_tp_x_fsdp_with_sequence_parallel(tmp_pa
                        _zero_gradient_params("llama_tiny"))
 
 
+@pytest.mark.slow
+def test_expert_parallel_inside_pipeline_stages_matches_ddp_at_8_ranks(tmp_path_factory):
+    """Expert parallelism inside pipeline stages (DeepSeek-V3's layouts put it there): pp 2 x dp 4 on moe_tiny,
+    each stage's experts over ep 2 of the replicas (two replicas hold each half), against DDP over 8 ranks:
+    the stages' metadata given up front (no inference pass, whose all-to-alls would depend on its data)."""
+    extra = ("framework.options.pp=2", "framework.options.dp=4", "framework.options.ep=2")
+    ref = _run(tmp_path_factory, "moe_tiny", "ddp", 8)
+    rec = _run(tmp_path_factory, "moe_tiny", "pipeline_1f1b", 8, extra)
+    assert ref["status"] == "ok", ref["error"]
+    assert rec["status"] == "ok", rec["error"]
+    assert (rec["parallel"]["pp"], rec["parallel"]["dp_replicate"]) == (2, 4), rec["parallel"]
+    ep = rec["framework"]["native_config"]["expert_parallel"]
+    assert ep["ep"] == 2 and "summed over the 2 replica(s)" in ep["experts_gradient"], ep
+    assert _losses(rec) == pytest.approx(_losses(ref), rel=1e-5)
+    assert_same_params(rec["final_params"]["fingerprint"], ref["final_params"]["fingerprint"], 1e-5,
+                       _zero_gradient_params("moe_tiny"))
+
+
 def test_loss_parallel_refuses_a_tied_head_and_no_tensor_parallelism():
     with pytest.raises(ConfigError, match="ties its LM head"):
         plan_from_overrides(["framework=tensor_parallel", "model=gpt2_tiny", "launcher.nproc=2",
@@ -341,3 +359,14 @@ def test_loss_parallel_refuses_a_tied_head_and_no_tensor_parallelism():
     with pytest.raises(ConfigError, match="sequence parallelism has no plan for model family 'gpt2'"):
         plan_from_overrides(["framework=pipeline_1f1b", "model=gpt2_tiny", "launcher.nproc=4", "framework.options.tp=2",
                              "framework.options.sequence_parallel=true"])
+    # expert parallelism inside pipeline stages: an MoE model, ep dividing the replicas, plain replicas only
+    with pytest.raises(ConfigError, match="needs a Mixture-of-Experts model"):
+        plan_from_overrides(["framework=pipeline_1f1b", "model=llama_tiny", "launcher.nproc=4", "framework.options.pp=2",
+                             "framework.options.dp=2", "framework.options.ep=2"])
+    with pytest.raises(ConfigError, match=r"ep 4 does not divide the data-parallel ranks dp \(the pipeline's replicas\) 2"):
+        plan_from_overrides(["framework=pipeline_1f1b", "model=moe_tiny", "model.moe.aux_loss_coef=0", "launcher.nproc=4",
+                             "framework.options.pp=2", "framework.options.dp=2", "framework.options.ep=4"])
+    with pytest.raises(ConfigError, match="runs over plain replicas"):
+        plan_from_overrides(["framework=pipeline_fsdp", "model=moe_tiny", "model.moe.aux_loss_coef=0", "launcher.nproc=8",
+                             "framework.options.pp=2", "framework.options.dp_shard=2", "framework.options.dp=2",
+                             "framework.options.ep=2"])

@@ -232,8 +232,11 @@ def test_combination_at_4_ranks_matches_one_process(single, tmp_path, combo):
         assert all(r["params"] > 0 and r["model_state_bytes_theory"] > 0 for r in ranks)
         if par["tp"] > 1:   # a stage's compute cannot be timed alone: its TP collectives need peers
             assert all(r["idle_fraction_measured"] is None for r in ranks)
-        else:               # measured here: 0.29-0.62 (gpipe), 0.40-0.66 (interleaved) on 2 cores
-            assert all(0.0 < r["idle_fraction_measured"] < 1.0 for r in ranks), ranks
+        else:   # measured here: 0.29-0.62 (gpipe), 0.40-0.66 (interleaved) on 2 cores; every rank's busy time was
+            # probed, and an idle fraction is stated where the probe's busy time fits in the step (under a loaded
+            # machine it can exceed it: then none is stated, measured_idle's rule, rather than a clamped 0)
+            assert all(r["busy_s_per_step"] > 0 for r in ranks), ranks
+            assert all(r["idle_fraction_measured"] is None or 0.0 < r["idle_fraction_measured"] < 1.0 for r in ranks), ranks
         # hand-computed: p = 2 pipeline ranks, m = 2 micro-batches; (p-1)/(m+p-1) = 1/3, and
         # interleaved with v = 2 stages per rank (p-1)/(v m + p-1) = 1/5
         assert mp["n_microbatches"] == 2

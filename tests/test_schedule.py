@@ -407,6 +407,12 @@ def test_expert_parallelism_sends_four_all_to_alls_a_moe_block_and_shards_expert
     r = spec_rows(("framework=expert_parallel", "model=moe_tiny", "framework.options.ep=8"), sizes=(8,))[0]
     assert r["layout"]["ep"] == 8 and r["comm_by_kind_s"]["all_gather@nvlink"] < r8["comm_by_kind_s"]["all_gather@nvlink"]
     assert moe_blocks(4, 4) == [True] * 4 and moe_blocks(4, 2) == [False, True, False, True]
+    # inside pipeline stages over the replicas (pp 2 x dp 2, ep 2, 4 micro-batches of 2): each stage's one MoE
+    # block pays its counts and four all-to-alls a micro-batch in its slot, exposed
+    pipe = spec_rows(("framework=pipeline_1f1b", "model=moe_tiny", "model.moe.aux_loss_coef=0", "framework.options.pp=2",
+                      "framework.options.dp=-1", "framework.options.ep=2", "run.micro_batch=2"), local_batch=8, sizes=(4,))[0]
+    assert (pipe["layout"]["grad_accum"], pipe["layout"]["dp_replicate"], pipe["layout"]["ep"]) == (4, 2, 2)
+    assert pipe["exposed_by_kind_s"]["all_to_all@nvlink"] == pytest.approx(4 * (counts + 4 * one), rel=1e-9)
 
 
 def test_mfu_is_the_efficiency_times_the_share_of_the_step_spent_computing():

@@ -338,3 +338,9 @@ AUTOCAST_COPIES = "autocast weight copies"
 def autocast_copies(piece: float, precision: str) -> dict:
     """torch.autocast caches a 2-byte copy of every weight it casts (fp32 parameters kept)."""
     return {AUTOCAST_COPIES: 2.0 * piece} if low(precision) else {}
+
+
+def moe_blocks(blocks: int, moe_layers: int) -> list[bool]:
+    """Which of `blocks` blocks are sparse when `moe_layers` of them are, spread evenly (every one
+    where all are; Qwen-MoE's decoder_sparse_step 2: every second)."""
+    return [True] * blocks if moe_layers >= blocks else [(i + 1) * moe_layers // blocks > i * moe_layers // blocks for i in range(blocks)]

@@ -50,18 +50,18 @@ class EPOptions(BaseModel):
     activation_checkpointing: Policy = "none"   # none | full | selective_layer:K | selective_op (models/checkpointing.py)
 
 
-def moe_errors(model_cfg, ep: int, dp_shard: int) -> list[str]:
+def moe_errors(model_cfg, ep: int, dp_shard: int, over: str = "dp_shard") -> list[str]:
     """Why this MoE model cannot be split over `ep` ranks (empty: it can)."""
     from ddlbench.models.family import of_config
     if of_config(model_cfg).experts is None or getattr(model_cfg, "moe", None) is None:
-        return [f"framework expert_parallel needs a Mixture-of-Experts model (a family with experts and "
+        return [f"expert parallelism (framework.options.ep) needs a Mixture-of-Experts model (a family with experts and "
                 f"model.moe); {model_cfg.name} is dense"]
     errors = []
     if model_cfg.moe.num_experts % ep:
         errors.append(f"framework.options.ep {ep} does not divide model.moe.num_experts {model_cfg.moe.num_experts}")
     if dp_shard % ep:
-        errors.append(f"framework.options.ep {ep} does not divide the data-parallel ranks dp_shard {dp_shard} "
-                      "(expert-parallel ranks are data-parallel ranks: world = dp_shard x tp)")
+        errors.append(f"framework.options.ep {ep} does not divide the data-parallel ranks {over} {dp_shard} "
+                      "(expert-parallel ranks are data-parallel ranks)")
     return errors
 
 

@@ -1,7 +1,8 @@
 """Pipeline parallelism with `torch.distributed.pipelining` (GPipe, 1F1B, interleaved 1F1B,
 zero-bubble), optionally x data parallel (dp replicas, and FSDP2 inside every stage: dp_shard) and
-x tensor parallel (tp) on one DeviceMesh: torchtitan's 3-D layout (FSDP x TP x PP). What a rank
-does to its stages beyond the schedule (tied copies, FSDP2 per stage): ddlbench/adapters/stages.py.
+x tensor parallel (tp) on one DeviceMesh: torchtitan's 3-D layout (FSDP x TP x PP), with sequence and loss
+parallelism in the stages; x expert parallel (ep) over the replicas for MoE models. What a rank does to its
+stages beyond the schedule (tied copies, FSDP2 per stage, experts): ddlbench/adapters/stages.py.
 
 How a model becomes stages: every rank builds the whole model with the run's seed (the same
 initial weights as a single process), cuts it into pieces (ddlbench/models/pipeline.py), keeps the
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
 from ddlbench.adapters.base import ModelParallel, StepOut, Strategy
-from ddlbench.adapters.common import canonical_parameters, full_tensor, local_tensor, param_row, recv_any, send_any
+from ddlbench.adapters.common import canonical_parameters, local_tensor, param_row, recv_any, send_any
 from ddlbench.adapters.cost import StepRules
 from ddlbench.adapters.tensor_parallel import (
     loss_parallel,
@@ -65,6 +66,7 @@ class PipelineOptions(BaseModel):
     tp: PositiveInt = 1                        # tensor parallel inside every stage (3-D)
     sequence_parallel: bool = False            # Megatron's SP in the stages: 1/tp of the sequence between them
     loss_parallel: bool = False                # the LM head over the vocabulary, the loss on its shards
+    ep: PositiveInt = 1                        # expert parallel in the stages, over the replicas (dp): 1/ep of the experts
     stages_per_rank: PositiveInt = 1           # > 1 only for the multi-stage schedules
     n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
     activation_checkpointing: Policy = "none"  # none | full | selective_layer:K | selective_op, per block of each stage
@@ -78,7 +80,7 @@ class Pipeline(Variant):
     def abilities(self):
         o = self.options
         return Abilities(step=StepRules("stages", tp_sequence_parallel=o.sequence_parallel, vocab_parallel=o.loss_parallel,
-                                        embedding_parallel=o.sequence_parallel), checkpoints=("sync", "async"), fake_group="a pipeline schedule exchanges activations with the "
+                                        embedding_parallel=o.sequence_parallel, experts=o.ep > 1), checkpoints=("sync", "async"), fake_group="a pipeline schedule exchanges activations with the "
                          "other stages' ranks point to point: rank 0 alone waits on receives no fake peer sends")
 
     def taxonomy(self) -> dict:
@@ -132,6 +134,12 @@ class Pipeline(Variant):
             errors += sequence_parallel_errors(cfg.model, dims.tp)
         if options.loss_parallel:
             errors += loss_parallel_config_errors(cfg.model, dims.tp)
+        if options.ep > 1:
+            from ddlbench.adapters.expert_parallel import moe_errors
+            errors += moe_errors(cfg.model, options.ep, dims.dp_replicate, "dp (the pipeline's replicas)")
+            if dims.dp_shard > 1 or dims.tp > 1:
+                errors.append(f"framework.options.ep {options.ep} inside pipeline stages runs over plain replicas "
+                              "(dp_shard 1, tp 1) for now")
         if errors:
             raise ConfigError("; ".join(errors))
 
@@ -197,6 +205,9 @@ class PipelineStrategy(ModelParallel, Strategy):
             untied = not tied_parameters(piece_list)
             for module in self.stage_modules:
                 apply_tensor_parallel(module, self.mesh["tp"], o.sequence_parallel, o.loss_parallel, untied)
+        from ddlbench.adapters.stages import shard_stage_experts
+        self.ep_mesh, self.expert_ids = shard_stage_experts(self.stage_modules, getattr(full, "family", None), dims, o.ep,
+                                                            ctx.device.type)
         # after tensor parallelism (torchtitan's order); blocks numbered over the whole model
         self.checkpointed = apply_to_stages(self.stage_modules, [self.ranges[s] for s in self.local_ids],
                                             len(piece_list), o.activation_checkpointing)
@@ -211,9 +222,14 @@ class PipelineStrategy(ModelParallel, Strategy):
                          for j, (p, canon) in enumerate(canonical_parameters(m))
                          if id(p) not in self._copies]
         self.local_param_count = sum(local_tensor(p).numel() for p in self.local_params)
+        examples = {}
+        if self.expert_ids:     # static stage metadata: no inference pass (its all-to-alls would depend on its data)
+            from ddlbench.adapters.stages import static_boundaries
+            examples = static_boundaries(piece_list, full, self.local_ids, n_stages, dims.micro_batch, self.precision,
+                                         ctx.device)
         del full, piece_list
 
-        stages = [PipelineStage(m, s, n_stages, ctx.device, group=self.pp_group)
+        stages = [PipelineStage(m, s, n_stages, ctx.device, group=self.pp_group, **examples.get(s, {}))
                   for m, s in zip(self.stage_modules, self.local_ids)]
         cls = getattr(pipelining, SCHEDULES[o.schedule])
         self.n_microbatches = dims.grad_accum
@@ -279,14 +295,9 @@ class PipelineStrategy(ModelParallel, Strategy):
         if self.options.sequence_parallel:      # the norms' weights saw parts of the sequence
             for module in self.stage_modules:
                 sum_partial_grads(module)
-        if self.dp_group is None:
-            return
-        grads = [local_tensor(p.grad) for p in self.local_params if p.grad is not None]
-        flat = torch._utils._flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.dims.dp
-        for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            g.copy_(synced)
+        if self.dp_group is not None:
+            from ddlbench.adapters.stages import average_replica_gradients
+            average_replica_gradients(self.local_params, self.dims.dp, self.dp_group, self.expert_ids, self.ep_mesh)
 
     def eval_step(self, batch: dict) -> torch.Tensor:
         """Forward only, stage by stage in stage order (blocking p2p between ranks); the last
@@ -316,7 +327,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         communication, and the micro-batches per step. None with tensor parallelism inside the
         stages (their passes communicate: they cannot be timed without their peers' waits) or
         before anything was captured. The adapter reads no clock (ddlbench/rank/runner.py times these)."""
-        if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1 or self.dims.dp_shard > 1:
+        if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1 or self.dims.dp_shard > 1 or self.expert_ids:
             return None
 
         def one_pass(module, x):
@@ -345,7 +356,9 @@ class PipelineStrategy(ModelParallel, Strategy):
                                 self.n_microbatches, stats, per_rank_median_s)
 
     def param_stats(self) -> list[tuple[int, list[float]]]:
-        mine = [(key, (p.ndim, param_row(canon(full_tensor(p))))) for key, p, canon in self._ordered]
+        from ddlbench.adapters.stages import whole_parameter
+        mine = [(key, (p.ndim, param_row(canon(whole_parameter(p, self.expert_ids, self.ep_mesh)))))
+                for key, p, canon in self._ordered]
         gathered: list = [None] * self.ctx.world_size
         dist.all_gather_object(gathered, mine)
         merged = dict(item for rank_items in gathered for item in rank_items)
@@ -372,6 +385,9 @@ class PipelineStrategy(ModelParallel, Strategy):
             "tensor_parallel": ("ddlbench.models.tensor_parallel plan on every stage" + (
                 ", sequence parallel (1/tp of the sequence between stages)" if o.sequence_parallel else "") + (
                 ", loss parallel (the head over the vocabulary)" if o.loss_parallel else "")) if dims.tp > 1 else None,
+            "expert_parallel": None if o.ep == 1 else {
+                "ep": o.ep, "over": "the replicas (dp)", "dispatch": "all_to_all_single (ddlbench.models.moe)",
+                "experts_gradient": f"summed over the {dims.dp // o.ep} replica(s) holding the same experts, / dp {dims.dp}"},
             "activation_checkpointing": describe_ac(o.activation_checkpointing),
             "checkpointed_blocks_this_rank": self.checkpointed,
             "scale_grads": True, "backend": self.ctx.backend,

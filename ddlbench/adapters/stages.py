@@ -79,6 +79,67 @@ def sum_tied_gradients(tied: Tied) -> None:
                 c.grad = total.clone()
 
 
+def shard_stage_experts(stage_modules: list, family, dims, ep: int, device_type: str):
+    """Expert parallelism inside the stages over the pipeline's replicas: a mesh (pp, edp = dp / ep, ep, tp) on
+    the same ranks as the pipeline's (pp, dp_replicate, tp), each stage's MoE layers keeping 1/ep of their
+    experts and dispatching over `ep` (ddlbench/models/moe.py). (mesh, the experts' parameter ids); (None,
+    set()) at ep 1."""
+    if ep == 1:
+        return None, set()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ddlbench.models.moe import shard_experts, stage_experts
+    mesh = init_device_mesh(device_type, (dims.pp, dims.dp // ep, ep, dims.tp), mesh_dim_names=("pp", "edp", "ep", "tp"))
+    group, rank = mesh["ep"].get_group(), mesh["ep"].get_local_rank()
+    experts = [e for m in stage_modules for e in stage_experts(m, family)]
+    shard_experts(None, group, ep, rank, experts)
+    return mesh, {id(p) for e in experts for p in e.parameters()}
+
+
+def static_boundaries(piece_list: list, model, local_ids: list[int], n_stages: int, micro_batch: int, precision,
+                      device) -> dict:
+    """{stage: {input_args, output_args}} for a causal LM's local stages, on the meta device: the token ids
+    [micro_batch, T] into the first, the hidden states [micro_batch, T, H] between stages, the logits
+    [micro_batch, T, V] out of the last, their dtypes from the embedding and the head run on two tokens under
+    the run's precision (T: the model's max_position_embeddings, the sequence the data cuts)."""
+    seq = model.net.config.max_position_embeddings
+    with torch.no_grad(), precision.forward_context():
+        hidden = piece_list[0](torch.zeros(1, 2, dtype=torch.long, device=device))
+        logits = piece_list[-1](hidden)
+    ids = torch.empty(micro_batch, seq, dtype=torch.long, device="meta")
+    h = torch.empty(micro_batch, seq, hidden.shape[-1], dtype=hidden.dtype, device="meta", requires_grad=True)
+    out = torch.empty(micro_batch, seq, logits.shape[-1], dtype=logits.dtype, device="meta")
+    return {s: {"input_args": ids if s == 0 else h, "output_args": out if s == n_stages - 1 else h} for s in local_ids}
+
+
+def average_replica_gradients(params: list, dp: int, dp_group, expert_ids: set, ep_mesh) -> None:
+    """The replicas' mean gradient, one flattened all-reduce after the schedule: the dense parameters' over dp;
+    an expert's gradient already holds its ep group's tokens (the all-to-all's backward), so it is summed over
+    the replicas that hold the same experts (edp) and divided by dp alike."""
+    dense = [local_tensor(p.grad) for p in params if p.grad is not None and id(p) not in expert_ids]
+    experts = [p.grad for p in params if p.grad is not None and id(p) in expert_ids]
+    for grads, group in ((dense, dp_group), (experts, ep_mesh["edp"].get_group() if ep_mesh is not None else None)):
+        if not grads:
+            continue
+        flat = torch._utils._flatten_dense_tensors(grads)
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(flat, group=group)
+        flat /= dp
+        for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(synced)
+
+
+def whole_parameter(p, expert_ids: set, ep_mesh) -> torch.Tensor:
+    """A parameter as one rank would hold it: an expert's gathered over the ep ranks (collective), in expert order."""
+    from ddlbench.adapters.common import full_tensor
+    t = full_tensor(p)
+    if id(p) in expert_ids:
+        parts = [torch.empty_like(t) for _ in range(ep_mesh["ep"].size())]
+        dist.all_gather(parts, t.contiguous(), group=ep_mesh["ep"].get_group())
+        t = torch.cat(parts)
+    return t
+
+
 def data_parallel_traffic(dims, model, piece: float, precision: str, stages_per_rank: int) -> list:
     """A pipeline rank's data-parallel traffic a step, `piece` its parameters. Plain replicas: one
     flattened fp32 all-reduce of its gradients over dp after the schedule. FSDP2 inside the stages
@@ -131,7 +192,7 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     logits; 1/tp of them under loss parallelism)."""
     from dataclasses import replace
 
-    from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, pipeline_share, split
+    from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, moe_blocks, pipeline_share, split
     from ddlbench.metrics.pipeline import interleaved_in_flight
     pp, tp, dp, m = dims.pp, dims.tp, dims.dp, dims.grad_accum
     sp, lp = tp > 1 and o.sequence_parallel, tp > 1 and o.loss_parallel
@@ -143,7 +204,20 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
                else [interleaved_in_flight(r, pp, v, m) for r in range(pp)] if o.schedule == "interleaved_1f1b"
                else [min(pp, m)] * pp)      # 1F1B: stage r min(pp - r, m), the last stage one
     mine = pipeline_share(model, o.schedule, pp, v, tp, flights)
-    piece = mine.params
+    ranks = rank_shares(model, o.schedule, pp, v, tp)
+    ep = getattr(o, "ep", 1)
+    sparse = moe_blocks(model.blocks, model.moe_layers) if ep > 1 else []
+    layer_experts = model.experts_params / max(model.moe_layers, 1) if ep > 1 else 0.0
+
+    def moe_in(indices) -> float:     # MoE blocks among a rank's pieces (0: the embedding); none counted at ep 1
+        if not sparse:
+            return 0.0
+        return sum(1 for i in indices if 0 < i <= model.blocks and sparse[i - 1]) if indices is not None \
+            else model.moe_layers / pp
+    # expert parallelism over the replicas: a rank keeps 1/ep of its MoE blocks' experts
+    held = [(share.params - layer_experts * (1 - 1 / ep) * moe_in(idx), share, last, idx) for share, last, idx in ranks] \
+        or [(mine.params - layer_experts * (1 - 1 / ep) * moe_in(None), mine, True, None)]
+    piece = max(h[0] for h in held)
     act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision]
     blocks = (model.blocks // pp) * m       # a rank's blocks' passes a step
     traffic = split("send", act / tp if sp else act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
@@ -158,7 +232,16 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
         positions = model.boundary_bytes_per_sample / 4 / max(model.hidden_size, 1) * dims.micro_batch
         traffic += split("all_reduce", 4.0 * positions, 1, tp, per_step=3 * m, what="cross-entropy over vocabulary shards",
                          data_parallel=False)
-    traffic += data_parallel_traffic(dims, model, piece, precision, v)
+    if ep > 1:      # tokens to their experts and back, each way; the experts' gradients over the replicas holding them
+        routed = model.routed_bytes_per_sample * dims.micro_batch
+        moe_here = max(moe_in(idx) for *_, idx in held)
+        local_experts = layer_experts / ep * moe_here
+        traffic += (split("all_to_all", routed, 1, ep, stride=tp, per_step=4 * moe_here * m, what="routed tokens",
+                          data_parallel=False)
+                    + split("all_reduce", 4.0 * (piece - local_experts), 1, dp, stride=tp, what="gradients (dense)")
+                    + split("all_reduce", 4.0 * local_experts, 1, dp // ep, stride=ep * tp, what="gradients (experts)"))
+    else:
+        traffic += data_parallel_traffic(dims, model, piece, precision, v)
     tied = model.stage_tied_params(tp) if pp > 1 else 0.0
     if tied:     # the first and the last stage each hold a copy: their gradients summed (_sync_grads)
         traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * tp,
@@ -172,6 +255,8 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
             out["send and receive buffers"] = 2 * 2 * (act / tp if sp else act)
             if last:    # the last stage keeps every micro-batch's output until the next step (output_chunks)
                 out["last stage's outputs, every micro-batch"] = m * dims.micro_batch * model.output_bytes_per_sample * out_share
+        if ep > 1:
+            out["all-to-all send and receive buffers (one layer)"] = 2 * model.routed_bytes_per_sample * dims.micro_batch
         return out
     cost = CostModel(
         f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank" + (
@@ -182,22 +267,21 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
         compute_share=mine.compute, output_share=out_share,
         bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
         pipeline_stages=pp if v == 1 and pp > 1 else 0, traffic=tuple(traffic))
-    ranks = rank_shares(model, o.schedule, pp, v, tp)
     if not ranks:
         return cost
     # each rank's own memory: its pieces, the micro-batches it holds, the head's logits only where the head is
     return replace(cost, per_rank=tuple(
-        replace(cost, piece=share.params, buffers=buffers(share.params, last), activation_share=share.activations,
+        replace(cost, piece=params, buffers=buffers(params, last), activation_share=share.activations,
                 in_flight=flights[r], compute_share=share.compute, output_share=out_share if last else 0.0, traffic=())
-        for r, (share, last) in enumerate(ranks)))
+        for r, (params, share, last, _) in enumerate(held)))
 
 
 def rank_shares(model, schedule: str, pp: int, v: int, tp: int) -> list:
-    """[(Share, holds the head)] of each pipeline rank, its stages' pieces split by tp (cost.pipeline_share's
-    cut); [] without the model's pieces or with one rank."""
+    """[(Share, holds the head, its piece indices)] of each pipeline rank, its stages' pieces split by tp
+    (cost.pipeline_share's cut); [] without the model's pieces or with one rank."""
     from ddlbench.models.pipeline import partition, stage_owners
     if pp == 1 or len(model.pieces) < pp * v:
         return []
     ranges, owners = partition(len(model.pieces), pp * v), stage_owners(schedule, pp, v)
-    return [(model.share([i for s, r in enumerate(ranges) if owners[s] == rank for i in r], tp), owners[-1] == rank)
-            for rank in range(pp)]
+    mine = [[i for s, r in enumerate(ranges) if owners[s] == rank for i in r] for rank in range(pp)]
+    return [(model.share(idx, tp), owners[-1] == rank, idx) for rank, idx in enumerate(mine)]

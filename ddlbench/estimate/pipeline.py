@@ -50,28 +50,30 @@ def data_parallel_reduction(pricing, d, cost, grad_b: int, params: float) -> tup
 
 
 def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_per_core: int = 1,
-             tp_s: tuple[float, float] = (0.0, 0.0), tp_kind: str = "tp", head_s: tuple[float, float] = (0.0, 0.0)) -> dict:
+             extra: list | None = None, tp_kind: str = "tp", experts: list | None = None, ep: int = 1) -> dict:
     """A pipeline (GPipe, 1F1B; interleaved 1F1B with its stages_per_rank): the bubble stated as the ideal
     (pp - 1) / v slots, at most what the schedule idled; the zero-bubble schedules: the busiest stage's slot
-    through ddlbench.estimate.step.pipeline_step's flow shop. `tp_s`: a block's tensor-parallel collectives
-    per micro-batch (forward, backward), `head_s` the head's (loss parallelism), in their stage's slot and
-    exposed (no async TP). A boundary's send: the activation in the run's dtype, 1/tp of it under sequence
+    through ddlbench.estimate.step.pipeline_step's flow shop. `extra`: each piece's collectives per
+    micro-batch (forward, backward: a block's tensor-parallel ones and a MoE block's all-to-alls, the head's
+    under loss parallelism), in its stage's slot and exposed (no async TP). `experts`: each piece's experts'
+    parameters, 1/ep of them on a rank (expert parallelism over the replicas): their gradients all-reduced
+    over the dp / ep replicas that hold the same experts, the rest over dp. A boundary's send: the activation in the run's dtype, 1/tp of it under sequence
     parallelism (each tp rank sends its part of the sequence). FSDP2 inside the stages gathers each stage's
     parameters once a step, at its first micro-batch (counted, not exposed: every stage but the first waits
     for its input then), and reduce-scatters the gradients after the last (exposed)."""
     d, o = plan.dims, plan.options
     nb, pp = len(prof.pieces), d.pp
     step_rules = plan.variant.abilities().step
-    times = [(f + tp_s[0], b + tp_s[1]) if 0 < i < nb - 1 else (f + head_s[0], b + head_s[1]) if i == nb - 1 else (f, b)
-             for i, (f, b) in enumerate(times)]
+    extra = extra or [(0.0, 0.0)] * nb
+    experts = experts or [0.0] * nb
+    times = [(f + e[0], b + e[1]) for (f, b), e in zip(times, extra)]
     schedule = getattr(o, "schedule", "1f1b")
     v = getattr(o, "stages_per_rank", 1) if schedule == "interleaved_1f1b" else 1
     stages, virtual = stage_pieces(nb, pp, v)
     stage_s = [(sum(times[i][0] for i in st), sum(times[i][1] for i in st)) for st in stages]
     slot = max(f + b for f, b in stage_s)
     busiest = max(range(pp), key=lambda r: sum(stage_s[r]))
-    tp_slot = (sum(tp_s) * sum(1 for i in stages[busiest] if 0 < i < nb - 1)        # of the slot: TP's collectives
-               + (sum(head_s) if nb - 1 in stages[busiest] else 0.0))
+    tp_slot = sum(sum(extra[i]) for i in stages[busiest])        # of the slot: its pieces' collectives
     if tp_slot:
         comm[tp_kind] = comm.get(tp_kind, 0.0) + tp_slot * d.grad_accum
     precision = plan.cfg.run.precision
@@ -81,8 +83,12 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
     if pp > 1:      # to the next stage: dp x tp ranks further on (pp outermost)
         send = collective_time("send", boundary, kind_spans(pricing.network, "send", spans(pricing.network, pp, d.tp * d.dp)),
                                pricing.algorithm)[0]
-    stage_params = [sum(prof.pieces[i].kept_params(d.tp) for i in st) for st in stages]
-    reduced = [data_parallel_reduction(pricing, d, cost, grad_b, n) for n in stage_params]
+    stage_params = [sum(prof.pieces[i].kept_params(d.tp) - experts[i] * (1 - 1 / ep) for i in st) for st in stages]
+    reduced = [data_parallel_reduction(pricing, d, cost, grad_b, n - sum(experts[i] / ep for i in st) * (ep > 1))
+               for n, st in zip(stage_params, stages)]
+    if ep > 1:      # the experts' gradients over the replicas that hold the same ones (dp / ep of them, ep x tp apart)
+        reduced = [(s + pricing.seconds("all_reduce", grad_b * sum(experts[i] for i in st) / ep, d.dp // ep, ep * d.tp), k)
+                   for (s, k), st in zip(reduced, stages)]
     ar, label = [s for s, _ in reduced], reduced[0][1]
     if cost.shard_params and cost.shard_ranks > 1:     # FSDP2: each stage's parameters gathered once a step
         gather = pricing.label("all_gather", cost.shard_ranks, d.tp)
@@ -132,4 +138,4 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
     exposed[label] = exposed.get(label, 0.0) + step - after_tied
     return {"step_s": step, "compute_s": compute - tp_slot * d.grad_accum,
             "exposed": {k: v for k, v in exposed.items() if v > 1e-12},
-            "comm_s": comm, "layout": layout(d, cost)}
+            "comm_s": comm, "layout": layout(d, cost, ep)}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddlbench.adapters.cost import DTYPE_BYTES
+from ddlbench.adapters.cost import DTYPE_BYTES, moe_blocks
 from ddlbench.errors import ConfigError
 from ddlbench.estimate import rules
 from ddlbench.estimate.schedule import simulate
@@ -207,10 +207,11 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     def add(kind, s, count=1):
         comm[kind] = comm.get(kind, 0.0) + s * count
 
-    if step.gradients == "stages":   # each stage's blocks run their tensor-parallel collectives, exposed
+    if step.gradients == "stages":   # each stage's pieces run their collectives (TP's, EP's, the loss's), exposed
         from ddlbench.estimate.pipeline import pipeline
-        return pipeline(plan, prof, pricing, times, cost, grad_b, comm, ranks_per_core,
-                        (tp_f, tp_b) if tp > 1 else (0.0, 0.0), tp_kind, (head_f, head_b))
+        extra = [(0.0, 0.0)] + [(p.tp_forward_s, p.tp_backward_s) for p in map(piece, range(1, nb))]
+        experts = [layer_experts if 0 < i < nb - 1 and moe[i - 1] else 0.0 for i in range(nb)]
+        return pipeline(plan, prof, pricing, times, cost, grad_b, comm, ranks_per_core, extra, tp_kind, experts, ep)
     pieces = [piece(i) for i in range(nb)]
     if tp > 1 or sp > 1:
         add(pricing.label("all_reduce", tp, 1) if ep > 1 else tp_kind, ((tp_f + tp_b) * (nb - 2) + head_f + head_b) * m)
@@ -263,12 +264,6 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     s = simulate(on_links(tasks), pricing.buckets(ranks_per_core))
     return {"step_s": s.step_s, "compute_s": s.busy["compute"], "exposed": s.exposed, "comm_s": comm,
             "layout": layout(d, cost, ep)}
-
-
-def moe_blocks(blocks: int, moe_layers: int) -> list[bool]:
-    """Which of `blocks` blocks are sparse when `moe_layers` of them are, spread evenly (every one
-    where all are; Qwen-MoE's decoder_sparse_step 2: every second)."""
-    return [True] * blocks if moe_layers >= blocks else [(i + 1) * moe_layers // blocks > i * moe_layers // blocks for i in range(blocks)]
 
 
 def on_links(tasks: list) -> list:

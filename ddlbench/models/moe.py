@@ -224,12 +224,19 @@ def load_summary(per_rank: list[dict], ep: int, replicas: int = 1) -> dict:
 
 # ---- expert parallelism ----------------------------------------------------------------------------
 
-def shard_experts(model: nn.Module, group, ep: int, ep_rank: int) -> int:
-    """Keep this rank's experts (a contiguous block of experts // ep) in every MoE layer and route
-    through all-to-all over `group` (the ep ranks); returns the experts kept per layer. The other
-    ranks' experts are dropped from this one; the layer's router stays whole."""
+def stage_experts(stage: nn.Module, family) -> list[nn.Module]:
+    """The experts modules of a pipeline stage's blocks (models.decoder.pieces: each block piece's `layer`)."""
+    plan = family.experts
+    layers = [plan.moe_block(piece.layer) for piece in stage.children() if hasattr(piece, "layer")]
+    return [getattr(moe, plan.experts_attr) for moe in layers if moe is not None]
+
+
+def shard_experts(model: nn.Module, group, ep: int, ep_rank: int, experts_list: list | None = None) -> int:
+    """Keep this rank's experts (a contiguous block of experts // ep) in every MoE layer (of `model`, or the
+    experts modules given) and route through all-to-all over `group` (the ep ranks); returns the experts kept
+    per layer. The other ranks' experts are dropped from this one; the layer's router stays whole."""
     kept = 0
-    for experts in experts_of(model):
+    for experts in experts_of(model) if experts_list is None else experts_list:
         total = experts.num_experts
         local = total // ep
         for name, p in list(experts.named_parameters(recurse=False)):
