@@ -86,9 +86,9 @@ class Pipeline(Variant):
     def taxonomy(self) -> dict:
         options = self.options
         kinds = (["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["data"] if options.dp != 1 else [])
-                 + (["sharded data"] if options.dp_shard != 1 else []))
+                 + (["sharded data"] if options.dp_shard != 1 else []) + (["expert"] if options.ep > 1 else []))
         comm = "p2p" + (" + all-gather + reduce-scatter" if options.dp_shard != 1 else "") + (
-            " + all-reduce" if options.tp > 1 or options.dp != 1 else "")
+            " + all-reduce" if options.tp > 1 or options.dp != 1 else "") + (" + all-to-all" if options.ep > 1 else "")
         return taxonomy_labels(" + ".join(kinds), "sync", comm,
                                "layers across stages" + (", sharded inside each" if options.dp_shard != 1 else ""))
 

@@ -180,14 +180,17 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     row-wise outputs in forward and column-wise inputs' gradients in backward (ModelProfile.tp_all_reduces),
     or with sequence parallelism all-gathers before attention and the MLP and reduce-scatters after each,
     both ways; loss parallelism splits the head over the vocabulary (its logits 1/tp on a rank) and sums 3
-    fp32 values a position. Data parallelism: data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for
+    fp32 values a position; expert parallelism over the replicas (ep) all-to-alls each MoE block's routed tokens
+    twice each way and keeps 1/ep of its experts, whose gradients are all-reduced over the dp / ep replicas that
+    hold them. Data parallelism otherwise: data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for
     GPipe and 1F1B, (pp - 1) / v interleaved (Narayanan et al. 2021); zero-bubble: the interleaved bound.
     Activations in flight: GPipe all micro-batches, 1F1B pp - r on stage r (the last stage, whose head and
     loss save the most, one), interleaved 1F1B the peak along torch's order (interleaved_in_flight: rank 0 at
     pp 8, v 2: 11.5), the zero-bubble ones at most pp. Stages are cut as the adapter cuts them
     (models.pipeline.partition, stage_owners): the embedding joins the first stage, the head (GPT-2: a second
-    copy of the tied embedding) the last; memory and compute are the busiest rank's (the most parameters,
-    compute and activations, each over the ranks: an upper bound where different ranks have them). The last
+    copy of the tied embedding) the last; compute is the busiest rank's, memory each rank's own (`per_rank`:
+    its pieces, the micro-batches it holds, the logits only where the head is; the estimate takes the largest
+    total) and the top-level figures each part's largest over the ranks (an upper bound). The last
     stage keeps its output of every micro-batch until the next step begins (output_chunks; GPT-2: the
     logits; 1/tp of them under loss parallelism)."""
     from dataclasses import replace
