@@ -83,12 +83,15 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
     if pp > 1:      # to the next stage: dp x tp ranks further on (pp outermost)
         send = collective_time("send", boundary, kind_spans(pricing.network, "send", spans(pricing.network, pp, d.tp * d.dp)),
                                pricing.algorithm)[0]
-    stage_params = [sum(prof.pieces[i].kept_params(d.tp) - experts[i] * (1 - 1 / ep) for i in st) for st in stages]
-    reduced = [data_parallel_reduction(pricing, d, cost, grad_b, n - sum(experts[i] / ep for i in st) * (ep > 1))
-               for n, st in zip(stage_params, stages)]
-    if ep > 1:      # the experts' gradients over the replicas that hold the same ones (dp / ep of them, ep x tp apart)
-        reduced = [(s + pricing.seconds("all_reduce", grad_b * sum(experts[i] for i in st) / ep, d.dp // ep, ep * d.tp), k)
-                   for (s, k), st in zip(reduced, stages)]
+    local_experts = [sum(experts[i] for i in st) / ep for st in stages]      # 1/ep of each stage's experts on a rank
+    dense = [sum(prof.pieces[i].kept_params(d.tp) - experts[i] for i in st) for st in stages]
+    stage_params = [n + e for n, e in zip(dense, local_experts)]
+    if ep > 1:      # the dense part over dp; the experts over the dp / ep replicas that hold the same ones (ep x tp apart)
+        reduced = [data_parallel_reduction(pricing, d, cost, grad_b, n) for n in dense]
+        reduced = [(s + pricing.seconds("all_reduce", grad_b * e, d.dp // ep, ep * d.tp), k)
+                   for (s, k), e in zip(reduced, local_experts)]
+    else:
+        reduced = [data_parallel_reduction(pricing, d, cost, grad_b, n) for n in stage_params]
     ar, label = [s for s, _ in reduced], reduced[0][1]
     if cost.shard_params and cost.shard_ranks > 1:     # FSDP2: each stage's parameters gathered once a step
         gather = pricing.label("all_gather", cost.shard_ranks, d.tp)
