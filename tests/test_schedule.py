@@ -586,7 +586,10 @@ def test_compute_per_piece_timed_on_the_device_at_hand(tmp_path):
     from ddlbench.planning.config import plan_from_overrides
     out = tmp_path / "p"
     proc = bench("project", "model=llama_tiny", "framework=fsdp_full", "network=dgx_h100", "peak_tflops=1",
-                 "calibrate=pieces", "local_batch=4", "run.micro_batch=4", "world_sizes=[1,8]", f"out={out}")
+                 "calibrate=pieces", "local_batch=4", "run.micro_batch=4", "world_sizes=[1,8]", f"out={out}",
+                 # the attention a CUDA device gets: its batches carry no mask (an H200's run of 2026-11-30
+                 # ended "sdpa_causal builds no mask" before the timed batch left the mask out)
+                 "model.attention=sdpa_causal")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "projection.json").read_text())
     assert doc["efficiency_source"].startswith("per piece, timed on this host's cpu at micro-batch 4")

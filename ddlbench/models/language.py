@@ -110,6 +110,13 @@ def register_sdpa_causal() -> None:
     AttentionInterface.register(SDPA_CAUSAL, sdpa_attention_forward)
 
 
+def takes_mask(model) -> bool:
+    """Whether a batch for this built model may carry an attention mask: not under sdpa_causal,
+    which builds none (LanguageModel.forward refuses one)."""
+    config = getattr(getattr(model, "net", None), "config", None)
+    return getattr(config, "_attn_implementation", None) != SDPA_CAUSAL
+
+
 def mask_skipped(config) -> bool:
     """Whether this transformers builds no causal mask for `config` (and reads no tensor to decide):
     asked on meta with position ids, where a data-dependent check cannot run."""

@@ -33,12 +33,14 @@ def count_params(module: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
-def example_batch(spec: ModelSpec, n: int, device: str) -> dict:
-    """n seeded synthetic samples as a batch on `device` (meta: shapes only, for counting)."""
+def example_batch(spec: ModelSpec, n: int, device: str, mask: bool = True) -> dict:
+    """n seeded synthetic samples as a batch on `device` (meta: shapes only, for counting); a
+    language batch carries an all-ones attention mask unless `mask` is false (a model under
+    sdpa_causal refuses one: see models.language.takes_mask)."""
     gen = torch.Generator().manual_seed(0)
     samples = [spec.sample(gen) for _ in range(n)]
     batch = {k: torch.stack([s[k] for s in samples]).to(device) for k in samples[0]}
-    if spec.kind == "language":
+    if spec.kind == "language" and mask:
         # an explicit all-ones mask skips HF's packed-sequence check, which calls .item()
         batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     return batch

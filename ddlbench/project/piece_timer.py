@@ -93,6 +93,7 @@ def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: in
     blocks less the same at one, over MORE (what a block adds inside the model's own forward: the causal mask and
     rotary embedding the model builds once are not charged to every block, as a pipeline piece
     would); the embedding and the head (with the loss) are timed as their pieces at one block."""
+    from ddlbench.models.language import takes_mask
     from ddlbench.models.pipeline import loss_function, pieces
     from ddlbench.models.spec import example_batch
     if not hasattr(model_cfg, "n_layer"):
@@ -101,7 +102,8 @@ def time_pieces(model_cfg, precision: str, device: torch.device, micro_batch: in
     runs, stepped = {}, {}
     for depth in (1 + MORE, 1):      # the shallow model last: its pieces are timed too
         spec, model = _build(model_cfg, depth, precision, device)
-        batch = {k: v.to(device) for k, v in example_batch(spec, micro_batch, device.type).items()}
+        batch = {k: v.to(device) for k, v in example_batch(spec, micro_batch, device.type,
+                                                                          mask=takes_mask(model)).items()}
         runs[depth] = lambda m=model, b=batch: m(**b)
         _pass(runs[depth], device)   # warm-up
         if optim_cfg is not None:
