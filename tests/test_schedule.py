@@ -692,3 +692,10 @@ def test_the_attention_matmuls_at_their_own_rate_by_hand():
     assert prof.pieces[1].attention_flops > 0 and prof.pieces[0].attention_flops == 0
     at_rate = piece_times(prof, 1, 2, rate, "none", attention_flops_per_s=rate)
     assert [x for t in at_rate for x in t] == pytest.approx([x for t in same for x in t], rel=1e-12)
+
+
+def test_the_framework_step_on_a_gpu_starts_in_a_spawned_process():
+    """time_step on CUDA spawns its process (one forked from the fork server could not use the GPU: an
+    H200, 2026-11-30); elsewhere it forks from the server. The spawned path ran on CPU by hand."""
+    from ddlbench.project.collectives import start_method
+    assert [start_method(d) for d in ("cuda", "cuda:0", "cpu")] == ["spawn", "spawn", "forkserver"]
