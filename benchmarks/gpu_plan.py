@@ -18,16 +18,14 @@ makes it safe to run unattended (tests/test_gpu_plan.py holds each):
   lease holds the first of them.
 
 Steps, in ORDER (what has never run on a GPU first; a step a lease cannot reach waits for the next):
-  G  first: the garbage-collector fix on a GPU: the FSDP2 cells whose windows held a full
-     collection (reports/gpu-h200/2026-11-27), under run.gc=freeze (the default since) beside
-     run.gc=python, each in a window of at least 10 s (run.min_window_s)
-  P  the pieces calibration: llama_8b's embedding, blocks (1 and 5 of its 32), head and optimizer
-     timed on the GPU, FSDP2's own step at 8 ranks over a fake process group, for `bench project
-     calibrate=pieces` at torchtitan's setting (issue 50); A's GPT-2 fast-path cell
   K  checkpoints (issue 67): llama_1b's FSDP2 saves sync, async in a thread, in DCP's process and
      staged through pinned host buffers, and DDP's restart after its rank is killed:
      the restart's relaunch, CUDA start and read of the save, against the CPU figures
   O  llama_3b's offload variants in 40 GB at 1 + 4 steps (at 3 + 20 steps they ran past 120 s)
+  P  the pieces calibration: llama_8b's embedding, blocks (1 and 5 of its 32), head and optimizer
+     timed on the GPU, FSDP2's own step at 8 ranks over a fake process group, for `bench project
+     calibrate=pieces` at torchtitan's setting (issue 50); A's GPT-2 fast-path cell (ran 2026-11-30:
+     the pieces and the cell; the framework's step ran out of memory, not understood yet)
   A  the harness: a profiled step (run.trace), forward / backward / optimizer by CUDA events
      (run.step_split) on gpt2_small and llama_1b, the reference loop against the runner on
      gpt2_small at micro-batch 32, eager and compiled (ran: reports/gpu-h200/2026-11-26, -27)
@@ -40,6 +38,9 @@ Steps, in ORDER (what has never run on a GPU first; a step a lease cannot reach 
      DeepSpeed-MoE at ep_size=1 (ran: 2026-11-27)
   L  long context: llama_1b at 8k -> 32k tokens under checkpointing none, selective_op and full
      (ran: 2026-11-27)
+  G  the garbage-collector fix: the FSDP2 cells whose windows held a full collection
+     (reports/gpu-h200/2026-11-27) under run.gc=freeze beside run.gc=python, each window 10 s or
+     more (ran: 2026-11-30)
 Run here, it validates each cell's configuration (`bench run ... run.dry_run=true run.device=cpu`,
 in-process), prints each step's device call with its worst case and the leases; the suite runs it.
 """
@@ -167,7 +168,7 @@ STEPS = {
 }
 
 
-ORDER = ("G", "P", "K", "O", "A", "B", "C", "M", "L")
+ORDER = ("K", "O", "P", "A", "B", "C", "M", "L", "G")
 
 
 def worst_case_s(step: Step) -> float:

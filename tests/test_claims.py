@@ -435,6 +435,60 @@ CLAIMS += [
 ]
 
 
+# 2026-11-30 (steps G and P): the collector frozen against Python's, and llama_8b's pieces
+H200_30 = REPO / "reports" / "gpu-h200" / "2026-11-30"
+README_30 = "reports/gpu-h200/2026-11-30/README.md"
+G_LLAMA = "G/runs/fsdp_full-llama_1b-bf16-micro_batch_2-attention_sdpa-min_window_s_10-timeout_s_80"
+G_RESNET = "G/runs/fsdp_full-resnet50-bf16-global_batch_128-min_window_s_10-timeout_s_80"
+
+
+def rec30(path: str) -> dict:
+    return json.loads((H200_30 / path / "result.json").read_text())
+
+
+def _g_row(path: str) -> list[str]:
+    """Measured steps, median, window mean, slowest step (its excess, the GC in it), collections, GC s, throughput."""
+    r = rec30(path)
+    t, h = r["timing"], r["timing"]["host_events"]
+    gc, slow = h["per_rank"][0]["gc"], h["slowest_step"]
+    rate = f"{tokens(r):,.0f} tokens/s" if r["throughput"].get("tokens_per_s") else f"{sps(r):,.0f} samples/s"
+    return [str(t["measured_steps"]), f"{t['step_time_s']['median']:.4f}", f"{t['window_step_s']:.4f}",
+            f"{slow['step_s']:.4f}", f"{slow['over_median_s']:.3f}", f"{slow['gc_s']:.3f}",
+            *(str(gc["collections"][g]) for g in "012"), f"{gc['seconds']:.3f}", rate]
+
+
+def _g_ratio(path: str, of) -> str:
+    return f"{of(rec30(path)) / of(rec30(path + '-gc_python')):.3f}"
+
+
+def _p_projection(call: str) -> dict:
+    return json.loads((H200_30 / call / "projections" / "0" / "projection.json").read_text())
+
+
+CLAIMS += [
+    (README_30, "| llama_1b, micro-batch 2 x 4 accumulated, `attention=sdpa` | freeze | {} | {} s | {} s | {} s ({} s; {} s) "
+                "| {} / {} / {} | {} | {} |", lambda: _g_row(G_LLAMA)),
+    (README_30, "| the same | python | {} | {} s | {} s | {} s ({} s; **{} s**) | {} / {} / {} | {} | {} |",
+     lambda: _g_row(G_LLAMA + "-gc_python")),
+    (README_30, "| resnet50, batch 128 | freeze | {} | {} s | {} s | {} s ({} s; {} s) | {} / {} / {} | {} | {} |",
+     lambda: _g_row(G_RESNET)),
+    (README_30, "| the same | python | {} | {} s | {} s | {} s ({} s; **{} s**) | {} / {} / {} | {} | {} |",
+     lambda: _g_row(G_RESNET + "-gc_python")),
+    (README_30, "**llama_1b: {}x on the window**", lambda: [_g_ratio(G_LLAMA, tokens)]),
+    (README_30, "**ResNet-50: {}x on the window, but not from GC alone.** Its medians differ by {}%",
+     lambda: [_g_ratio(G_RESNET, sps), f"{100 * (float(_g_ratio(G_RESNET, median_sps)) - 1):.1f}"]),
+    (README_30, "Its medians differ by {}% (0.4314 / 0.4412)",
+     lambda: [f"{100 * (float(_g_ratio(G_LLAMA, median_sps)) - 1):.1f}"]),
+    ("docs/gpu.md", "llama_1b 1.045x\non the window ({} against {} tokens/s), ResNet-50 {}x",
+     lambda: [f"{tokens(rec30(G_LLAMA)):,.0f}", f"{tokens(rec30(G_LLAMA + '-gc_python')):,.0f}",
+              _g_ratio(G_RESNET, sps)]),
+    (README_30, "(`world_sizes=[8,128,1024]`, `network=dgx_h100 hardware=H200`, `ac=selective_op`, without the\n"
+                "framework's factor): {} / {} / {} tokens/s a device, {}% / {}% / {}% MFU, memory\n{} / {} / {} GB a rank",
+     lambda: [*(f"{r['tokens_per_s_per_device']:,.0f}" for r in _p_projection("P2")["rows"]),
+              *(f"{100 * r['mfu']:.1f}" for r in _p_projection("P2")["rows"]),
+              *(f"{r['memory_per_rank_bytes'] / 1e9:.1f}" for r in _p_projection("P2")["rows"])]),
+]
+
 def test_the_length_check_table_is_the_report():
     """docs/projection.md's sequence-length table is benchmarks/length_check.py's rows."""
     doc = (REPO / "docs" / "projection.md").read_text()

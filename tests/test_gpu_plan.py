@@ -27,7 +27,7 @@ def test_the_plan_dry_run_validates_every_cell_here():
     for name, step in gpu_plan.STEPS.items():
         assert (f"timeout_s={gpu_plan.worst_case_s(step):.0f}, command='bash scripts/device_gpu_matrix.sh {name} "
                 f"--plan {name}'") in out.stdout
-    assert "lease 1: steps G, P (worst case 880 s of 900, start included)" in out.stdout
+    assert "lease 1: steps K (worst case 550 s of 900, start included)" in out.stdout
 
 
 def test_each_steps_worst_case_fits_one_call_with_margin():
@@ -47,10 +47,11 @@ def test_worst_case_by_hand():
 
 
 def test_the_leases_hold_first_what_never_ran_on_a_gpu():
-    """The garbage-collector comparison and the pieces calibration in the next lease, the machine's
-    start included; every lease within the device time a session has."""
+    """The checkpoints (never run on a GPU) in the next lease, the offload variants and the pieces
+    calibration in the one after; every lease within the device time a session has, the machine's
+    start included."""
     plan = gpu_plan.leases()
-    assert plan[0] == ["G", "P"] and [s for lease in plan for s in lease] == list(gpu_plan.ORDER)
+    assert plan[:2] == [["K"], ["O", "P"]] and [s for lease in plan for s in lease] == list(gpu_plan.ORDER)
     for lease in plan:
         assert gpu_plan.START_S + sum(gpu_plan.worst_case_s(gpu_plan.STEPS[s]) for s in lease) <= gpu_plan.LEASE_S
     # packing by hand: steps of 500 and 300 s share a lease of 900 (100 s to start); a third of 300 s does not
@@ -109,9 +110,9 @@ def test_settings_a_committed_record_lacks_are_listed():
     added = gpu_plan.settings_added_since(recorded)
     assert added["gc"] == "freeze" and added["comm_profile_repeats"] == 3
     assert "warmup_steps" not in added and "warmup_max_steps" not in added and "min_window_s" not in added
-    # the newest committed GPU record is such a one
+    # the newest committed GPU record (2026-11-30) ran under the frozen collector
     path, run = gpu_plan._latest_record()
-    assert "gc" not in run and "gc" in gpu_plan.settings_added_since(run)
+    assert path.parts[-5] == "2026-11-30" and run["gc"] == "freeze" and "gc" not in gpu_plan.settings_added_since(run)
 
 
 def test_docs_state_the_plan_as_the_code_holds_it():
