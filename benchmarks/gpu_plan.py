@@ -25,7 +25,8 @@ Steps, in ORDER (what has never run on a GPU first; a step a lease cannot reach 
   P  the pieces calibration: llama_8b's embedding, blocks (1 and 5 of its 32), head and optimizer
      timed on the GPU, FSDP2's own step at 8 ranks over a fake process group, for `bench project
      calibrate=pieces` at torchtitan's setting (issue 50); A's GPT-2 fast-path cell (ran 2026-11-30:
-     the pieces and the cell; the framework's step ran out of memory, not understood yet)
+     the pieces and the cell; the framework's step ran out of memory: its model was built for the
+     CPU, eager attention; fixed since, not yet run on a GPU)
   A  the harness: a profiled step (run.trace), forward / backward / optimizer by CUDA events
      (run.step_split) on gpt2_small and llama_1b, the reference loop against the runner on
      gpt2_small at micro-batch 32, eager and compiled (ran: reports/gpu-h200/2026-11-26, -27)

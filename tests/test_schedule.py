@@ -699,3 +699,16 @@ def test_the_framework_step_on_a_gpu_starts_in_a_spawned_process():
     H200, 2026-11-30); elsewhere it forks from the server. The spawned path ran on CPU by hand."""
     from ddlbench.project.collectives import start_method
     assert [start_method(d) for d in ("cuda", "cuda:0", "cpu")] == ["spawn", "spawn", "forkserver"]
+
+
+def test_the_framework_step_builds_its_model_for_the_device_it_runs_on():
+    """On CUDA the fake-group step's model runs SDPA (sdpa_causal: no T x T scores kept), as the pieces
+    were timed; built for the CPU it ran eager attention there and ran out of memory (an H200,
+    2026-11-30). Here: eager for the CPU, sdpa_causal for CUDA (built on the host, no GPU needed)."""
+    import torch
+
+    from ddlbench.planning.config import plan_from_overrides
+    from ddlbench.project.collectives import model_for
+    cfg = plan_from_overrides(["framework=fsdp_full", "model=llama_tiny"]).cfg
+    impl = {d: model_for(cfg, torch.device(d)).build().net.config._attn_implementation for d in ("cpu", "cuda")}
+    assert impl == {"cpu": "eager", "cuda": "sdpa_causal"}

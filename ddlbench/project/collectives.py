@@ -259,7 +259,6 @@ def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from ddlbench import models
     from ddlbench.adapters.base import RankContext
     from ddlbench.adapters.optim import build_optimizer_factory
     from ddlbench.comm.probe import CollectiveCounter
@@ -290,7 +289,7 @@ def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int
             torch.cuda.set_device(where)
         ctx = RankContext(rank=0, local_rank=0, world_size=world, device=where, backend="fake",
                           precision=precision, hosts=("host",) * world)
-        spec = models.build(cfg.model, "cpu")
+        spec = model_for(cfg, where)
         strategy = plan.variant.strategy_class()(plan.variant, ctx, plan.dims)
         meta = plan.variant.abilities().builds_on_meta and plan.dims.dp_shard > 1
         build = (lambda: _on_meta(spec.build)) if meta else spec.build
@@ -340,6 +339,15 @@ def _trace(overrides, world: int, max_tokens: int | None = None, time_steps: int
             **({"step_s": statistics.median(timed), "steps_s": timed, "device": str(where)} if timed else {}),
             "method": "the framework's own step for rank 0 over torch's fake process group "
                       "(torch.testing._internal.distributed.fake_pg), counted by ddlbench/comm/probe.py"}
+
+
+def model_for(cfg, where):
+    """The run's model built for the device its step runs on: on CUDA its attention is SDPA (no T x T
+    scores kept), as the pieces the step is set against were timed (an H200, 2026-11-30: built for the
+    CPU, llama_8b's 5 blocks ran eager attention at 2 x 8192 tokens and asked for 16 GiB of fp32
+    scores with 95 GiB allocated)."""
+    from ddlbench import models
+    return models.build(cfg.model, where.type)
 
 
 def _device_sync(device) -> None:
