@@ -338,6 +338,34 @@ def test_expert_parallel_inside_pipeline_stages_matches_ddp_at_8_ranks(tmp_path_
                        _zero_gradient_params("moe_tiny"))
 
 
+@pytest.mark.slow
+def test_context_parallel_inside_pipeline_stages_matches_ddp(tmp_path_factory):
+    """torchtitan's 4-D layout (its Llama 3.1 405B long-context table) in small: ring attention over cp
+    inside the pipeline stages. At 8 ranks pp 2 x cp 2 x tp 2 with sequence parallelism and every block
+    checkpointed (untied llama_tiny); at 4 ranks pp 2 x cp 2 on the tied llama_tiny (the embedding and
+    head copies on the two stages). Both against DDP; the sends carry 1/cp (and 1/tp) of the sequence."""
+    untied = ("model.tie_embeddings=false",)
+    cases = {8: (untied, ("framework=pipeline_fsdp", "framework.options.dp_shard=-1", "framework.options.tp=2",
+                          "framework.options.sequence_parallel=true", "framework.options.activation_checkpointing=full")),
+             4: ((), ("framework=pipeline_1f1b",))}
+    for nproc, (model_extra, layout) in cases.items():
+        ref = _run(tmp_path_factory, "llama_tiny", "ddp", nproc, model_extra)
+        rec = _run(tmp_path_factory, "llama_tiny", layout[0].split("=")[1], nproc,
+                   (*model_extra, *layout[1:], "framework.options.pp=2", "framework.options.cp=2"))
+        assert ref["status"] == "ok", ref["error"]
+        assert rec["status"] == "ok", rec["error"]
+        par = rec["parallel"]
+        assert (par["pp"], par["cp"], par["tp"]) == (2, 2, nproc // 4), par
+        native = rec["framework"]["native_config"]
+        assert native["context_parallel"]["cp"] == 2 and "x cp" in native["dp_gradient_sync"], native
+        mc = rec["model"]["native_config"]      # fp32 activations of max_position_embeddings x hidden_size a sample
+        sends = [r["send"] for r in rec["comm"]["per_rank"] if "send" in r]
+        part = par["grad_accum"] * par["micro_batch"] * mc["max_position_embeddings"] * mc["hidden_size"] * 4 / 2 / par["tp"]
+        assert len(sends) == nproc and all(s["bytes"] == part for s in sends), sends
+        assert _losses(rec) == pytest.approx(_losses(ref), rel=1e-5)
+        assert_same_params(rec["final_params"]["fingerprint"], ref["final_params"]["fingerprint"], 1e-5,
+                           _zero_gradient_params("llama_tiny"))
+
 def test_loss_parallel_refuses_a_tied_head_and_no_tensor_parallelism():
     with pytest.raises(ConfigError, match="ties its LM head"):
         plan_from_overrides(["framework=tensor_parallel", "model=gpt2_tiny", "launcher.nproc=2",
@@ -366,6 +394,18 @@ def test_loss_parallel_refuses_a_tied_head_and_no_tensor_parallelism():
     with pytest.raises(ConfigError, match=r"ep 4 does not divide the data-parallel ranks dp \(the pipeline's replicas\) 2"):
         plan_from_overrides(["framework=pipeline_1f1b", "model=moe_tiny", "model.moe.aux_loss_coef=0", "launcher.nproc=4",
                              "framework.options.pp=2", "framework.options.dp=2", "framework.options.ep=4"])
+    # context parallelism inside the stages: the ring's needs, and what it does not compose with yet
+    with pytest.raises(ConfigError, match=r"with ep 2 inside pipeline stages is not wired"):
+        plan_from_overrides(["framework=pipeline_1f1b", "model=moe_tiny", "model.moe.aux_loss_coef=0", "launcher.nproc=8",
+                             "framework.options.pp=2", "framework.options.dp=2", "framework.options.ep=2",
+                             "framework.options.cp=2"])
+    with pytest.raises(ConfigError, match="is not divisible by 2 x cp = 6"):
+        plan_from_overrides(["framework=pipeline_1f1b", "model=llama_tiny", "launcher.nproc=6", "framework.options.pp=2",
+                             "framework.options.cp=3"])
+    with pytest.raises(ConfigError, match="with loss_parallel inside pipeline stages is not wired"):
+        plan_from_overrides(["framework=pipeline_1f1b", "model=llama_tiny", "model.tie_embeddings=false",
+                             "launcher.nproc=8", "framework.options.pp=2", "framework.options.tp=2",
+                             "framework.options.loss_parallel=true", "framework.options.cp=2"])
     with pytest.raises(ConfigError, match="runs over plain replicas"):
         plan_from_overrides(["framework=pipeline_fsdp", "model=moe_tiny", "model.moe.aux_loss_coef=0", "launcher.nproc=8",
                              "framework.options.pp=2", "framework.options.dp_shard=2", "framework.options.dp=2",

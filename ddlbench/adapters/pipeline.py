@@ -1,7 +1,8 @@
 """Pipeline parallelism with `torch.distributed.pipelining` (GPipe, 1F1B, interleaved 1F1B,
 zero-bubble), optionally x data parallel (dp replicas, and FSDP2 inside every stage: dp_shard) and
 x tensor parallel (tp) on one DeviceMesh: torchtitan's 3-D layout (FSDP x TP x PP), with sequence and loss
-parallelism in the stages; x expert parallel (ep) over the replicas for MoE models. What a rank does to its
+parallelism in the stages; x expert parallel (ep) over the replicas for MoE models; x context parallel (cp:
+ring attention, torchtitan's 4-D layout, ddlbench/adapters/stage_context.py). What a rank does to its
 stages beyond the schedule (tied copies, FSDP2 per stage, experts): ddlbench/adapters/stages.py.
 
 How a model becomes stages: every rank builds the whole model with the run's seed (the same
@@ -38,17 +39,14 @@ from ddlbench.adapters.common import canonical_parameters, local_tensor, param_r
 from ddlbench.adapters.cost import StepRules
 from ddlbench.adapters.tensor_parallel import (
     loss_parallel,
-    loss_parallel_config_errors,
-    sequence_parallel_errors,
     sum_partial_grads,
 )
 from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
-from ddlbench.errors import ConfigError
 from ddlbench.metrics.memory import optimizer_state_bytes_per_param
 from ddlbench.metrics.pipeline import analytic_bubble, pipeline_summary
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
-from ddlbench.settings.dims import ParallelSize, model_fit_errors
+from ddlbench.settings.dims import ParallelSize
 
 SCHEDULES = {
     "gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B",
@@ -67,6 +65,7 @@ class PipelineOptions(BaseModel):
     sequence_parallel: bool = False            # Megatron's SP in the stages: 1/tp of the sequence between them
     loss_parallel: bool = False                # the LM head over the vocabulary, the loss on its shards
     ep: PositiveInt = 1                        # expert parallel in the stages, over the replicas (dp): 1/ep of the experts
+    cp: PositiveInt = 1                        # context parallel in the stages: ring attention, 1/cp of every sequence
     stages_per_rank: PositiveInt = 1           # > 1 only for the multi-stage schedules
     n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
     activation_checkpointing: Policy = "none"  # none | full | selective_layer:K | selective_op, per block of each stage
@@ -79,16 +78,18 @@ class Pipeline(Variant):
 
     def abilities(self):
         o = self.options
-        return Abilities(step=StepRules("stages", tp_sequence_parallel=o.sequence_parallel, vocab_parallel=o.loss_parallel,
+        return Abilities(settles={"model.attention": "sdpa_causal"} if o.cp > 1 else {},
+                         step=StepRules("stages", tp_sequence_parallel=o.sequence_parallel, vocab_parallel=o.loss_parallel,
                                         embedding_parallel=o.sequence_parallel, experts=o.ep > 1), checkpoints=("sync", "async"), fake_group="a pipeline schedule exchanges activations with the "
                          "other stages' ranks point to point: rank 0 alone waits on receives no fake peer sends")
 
     def taxonomy(self) -> dict:
         options = self.options
-        kinds = (["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["data"] if options.dp != 1 else [])
+        kinds = (["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["context"] if options.cp > 1 else []) + (["data"] if options.dp != 1 else [])
                  + (["sharded data"] if options.dp_shard != 1 else []) + (["expert"] if options.ep > 1 else []))
         comm = "p2p" + (" + all-gather + reduce-scatter" if options.dp_shard != 1 else "") + (
-            " + all-reduce" if options.tp > 1 or options.dp != 1 else "") + (" + all-to-all" if options.ep > 1 else "")
+            " + all-reduce" if options.tp > 1 or options.dp != 1 else "") + (" + all-to-all" if options.ep > 1 else "") + (
+            " + ring exchange of keys and values" if options.cp > 1 else "")
         return taxonomy_labels(" + ".join(kinds), "sync", comm,
                                "layers across stages" + (", sharded inside each" if options.dp_shard != 1 else ""))
 
@@ -100,48 +101,14 @@ class Pipeline(Variant):
                                                                                        * options.tp))
             m = pp
         return {"tp": options.tp, "pp": options.pp, "dp_replicate": options.dp, "dp_shard": options.dp_shard,
-                "n_microbatches": m}
+                "n_microbatches": m, "cp": options.cp}
 
     def stages_per_rank(self) -> int:
         return 2 if self.options.schedule == "zbv_zero_bubble" else self.options.stages_per_rank
 
     def check_config(self, cfg, dims) -> None:
-        options = self.options
-        v = self.stages_per_rank()
-        moe = getattr(cfg.model, "moe", None)
-        if moe is not None and moe.aux_loss_coef > 0:
-            raise ConfigError("pipeline stages pass hidden states, and the last stage's loss is the cross-entropy: "
-                              "the router's load-balancing loss (model.moe.aux_loss_coef "
-                              f"{moe.aux_loss_coef:g}) cannot be added; set model.moe.aux_loss_coef=0 or use "
-                              "another framework")
-        if options.schedule in ("gpipe", "1f1b") and v != 1:
-            raise ConfigError(f"framework.options.stages_per_rank {v}: schedule {options.schedule} runs one "
-                              "stage per rank (use interleaved_1f1b or interleaved_zero_bubble)")
-        if options.schedule == "zbv_zero_bubble" and options.stages_per_rank not in (1, 2):
-            raise ConfigError("framework.options.stages_per_rank: zbv_zero_bubble places exactly 2 stages per rank")
-        if options.schedule in ("interleaved_1f1b", "interleaved_zero_bubble") and v < 2:
-            raise ConfigError(f"framework.options.stages_per_rank must be >= 2 for {options.schedule}")
-        if dims.dp_shard > 1 and options.schedule in ("interleaved_zero_bubble", "zbv_zero_bubble"):
-            raise ConfigError(f"framework.options.dp_shard {dims.dp_shard}: FSDP2 inside the stages runs under the "
-                              "gpipe, 1f1b and interleaved_1f1b schedules; the zero-bubble schedules split backward "
-                              "into input and weight passes, which this adapter does not drive with FSDP2")
-        if options.n_microbatches is not None and cfg.run.micro_batch is not None \
-                and dims.grad_accum != options.n_microbatches:
-            raise ConfigError(f"framework.options.n_microbatches {options.n_microbatches} disagrees with "
-                              f"run.micro_batch {cfg.run.micro_batch} ({dims.grad_accum} micro-batches)")
-        errors = model_fit_errors(dims, cfg.model, dims.pp * v, options.schedule)
-        if options.sequence_parallel:
-            errors += sequence_parallel_errors(cfg.model, dims.tp)
-        if options.loss_parallel:
-            errors += loss_parallel_config_errors(cfg.model, dims.tp)
-        if options.ep > 1:
-            from ddlbench.adapters.expert_parallel import moe_errors
-            errors += moe_errors(cfg.model, options.ep, dims.dp_replicate, "dp (the pipeline's replicas)")
-            if dims.dp_shard > 1 or dims.tp > 1:
-                errors.append(f"framework.options.ep {options.ep} inside pipeline stages runs over plain replicas "
-                              "(dp_shard 1, tp 1) for now")
-        if errors:
-            raise ConfigError("; ".join(errors))
+        from ddlbench.adapters.pipeline_checks import check_pipeline
+        check_pipeline(self.options, cfg, dims, self.stages_per_rank())
 
     def cost_model(self, dims, model, precision, per_node=None):
         from ddlbench.adapters.stages import pipeline_cost
@@ -185,10 +152,19 @@ class PipelineStrategy(ModelParallel, Strategy):
         self.mesh = init_device_mesh(ctx.device.type, tuple(shape.values()), mesh_dim_names=tuple(shape))
         coords = dims.coords(ctx.rank)
         self.pp_rank, self.tp_rank, self.dp_rank = coords["pp"], coords["tp"], dims.dp_rank(ctx.rank)
+        self.cp_rank = coords.get("cp", 0)
         self.pp_group = self.mesh["pp"].get_group()
         self.pp_ranks = dist.get_process_group_ranks(self.pp_group)
-        # the flattened all-reduce after the schedule: plain replicas only (FSDP2 syncs its own gradients)
-        self.dp_group = self.mesh["dp_replicate"].get_group() if dims.dp > 1 and dims.dp_shard == 1 else None
+        self.cp_mesh = self.mesh["cp"] if dims.cp > 1 else None
+        if self.cp_mesh is not None and ctx.device.type == "cpu":
+            from ddlbench.models.ring_attention_cpu import enable
+            enable()
+        # the flattened all-reduce after the schedule: plain replicas (and cp) only (FSDP2 syncs its own gradients)
+        self.dp_group = None
+        if dims.dp_shard == 1 and dims.cp > 1:
+            self.dp_group = self.mesh["dp_replicate", "cp"]._flatten("dp_cp").get_group()
+        elif dims.dp > 1 and dims.dp_shard == 1:
+            self.dp_group = self.mesh["dp_replicate"].get_group()
 
         full = build_model()
         self.params = count_params(full)
@@ -209,6 +185,8 @@ class PipelineStrategy(ModelParallel, Strategy):
         self.ep_mesh, self.expert_ids = shard_stage_experts(self.stage_modules, getattr(full, "family", None), dims, o.ep,
                                                             ctx.device.type)
         # after tensor parallelism (torchtitan's order); blocks numbered over the whole model
+        from ddlbench.adapters.stage_context import decoder_blocks
+        self.blocks = decoder_blocks(self.stage_modules) if self.cp_mesh is not None else []
         self.checkpointed = apply_to_stages(self.stage_modules, [self.ranges[s] for s in self.local_ids],
                                             len(piece_list), o.activation_checkpointing)
         self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
@@ -243,6 +221,9 @@ class PipelineStrategy(ModelParallel, Strategy):
 
     def _loss_fn(self, output, target):
         from torch.distributed.tensor import DTensor
+        if self.cp_mesh is not None:
+            from ddlbench.adapters.stage_context import part_loss
+            return part_loss(output, target, self.cp_mesh.get_group())
         loss = self.loss(output, target)     # loss parallel: a replicated DTensor, its backward through to_local
         return loss.to_local() if isinstance(loss, DTensor) else loss
 
@@ -257,7 +238,11 @@ class PipelineStrategy(ModelParallel, Strategy):
         from ddlbench.adapters.precision import FrameworkCast
         from ddlbench.adapters.stages import shard_stages
         dims, ctx = self.dims, self.ctx
-        mesh = self.mesh["dp_shard"] if dims.dp_replicate == 1 else self.mesh["dp_replicate", "dp_shard"]
+        shard = "dp_shard"
+        if dims.cp > 1:      # torchtitan's fold: the parameters sharded over dp_shard x cp
+            self.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+            shard = "dp_shard_cp"
+        mesh = self.mesh[shard] if dims.dp_replicate == 1 else self.mesh["dp_replicate", shard]
         blocks = [[m[j] for j, i in enumerate(self.ranges[s]) if 0 < i < n_pieces - 1]
                   for m, s in zip(self.stage_modules, self.local_ids)]
         sharded, self._tied, self._copies = shard_stages(self.stage_modules, blocks, mesh, ctx.precision,
@@ -278,16 +263,18 @@ class PipelineStrategy(ModelParallel, Strategy):
         return "input_ids" if "input_ids" in batch else "images"
 
     def train_step(self, batch: dict) -> StepOut:
+        from ddlbench.adapters.stage_context import mean_over, ring
         losses: list = []
-        args = (batch[self._input_key(batch)],) if self.first else ()
-        target = batch["labels"] if self.last else None
-        with self.precision.forward_context(), loss_parallel() if self.options.loss_parallel else nullcontext():
-            self.schedule.step(*args, target=target, losses=losses if self.last else None)
+        with ring(self.cp_mesh, batch, self.blocks) if self.cp_mesh is not None else nullcontext(
+                (batch[self._input_key(batch)], batch.get("labels"))) as (inputs, labels):
+            args = (inputs,) if self.first else ()
+            with self.precision.forward_context(), loss_parallel() if self.options.loss_parallel else nullcontext():
+                self.schedule.step(*args, target=labels if self.last else None, losses=losses if self.last else None)
         self._sync_grads()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else None
-        return StepOut(loss=loss)
+        return StepOut(loss=mean_over(loss, self.cp_mesh.get_group()) if loss is not None and self.cp_mesh else loss)
 
     def _sync_grads(self) -> None:
         from ddlbench.adapters.stages import sum_tied_gradients
@@ -297,7 +284,8 @@ class PipelineStrategy(ModelParallel, Strategy):
                 sum_partial_grads(module)
         if self.dp_group is not None:
             from ddlbench.adapters.stages import average_replica_gradients
-            average_replica_gradients(self.local_params, self.dims.dp, self.dp_group, self.expert_ids, self.ep_mesh)
+            average_replica_gradients(self.local_params, self.dims.dp * self.dims.cp, self.dp_group, self.expert_ids,
+                                      self.ep_mesh)
 
     def eval_step(self, batch: dict) -> torch.Tensor:
         """Forward only, stage by stage in stage order (blocking p2p between ranks); the last
@@ -314,7 +302,7 @@ class PipelineStrategy(ModelParallel, Strategy):
                     h = self.stage_modules[self.local_ids.index(s)](h)
                     if s + 1 < len(self.owners) and self.owners[s + 1] != self.pp_rank:
                         send_any(h.float(), self.pp_ranks[self.owners[s + 1]])
-                if self.last and self.tp_rank == 0:
+                if self.last and self.tp_rank == 0 and self.cp_rank == 0:
                     return self.loss(h, batch["labels"], batch["eval_weight"]).float()
                 return torch.zeros(3, device=self.ctx.device)
         finally:
@@ -327,7 +315,8 @@ class PipelineStrategy(ModelParallel, Strategy):
         communication, and the micro-batches per step. None with tensor parallelism inside the
         stages (their passes communicate: they cannot be timed without their peers' waits) or
         before anything was captured. The adapter reads no clock (ddlbench/rank/runner.py times these)."""
-        if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1 or self.dims.dp_shard > 1 or self.expert_ids:
+        if len(self._inputs) < len(self.local_ids) or self.dims.tp > 1 or self.dims.dp_shard > 1 or self.expert_ids \
+                or self.dims.cp > 1:
             return None
 
         def one_pass(module, x):
@@ -374,7 +363,8 @@ class PipelineStrategy(ModelParallel, Strategy):
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
             "tied_weights": "gradient summed between the two pipeline ranks holding a copy"
                             if self._tied else "none across ranks",
-            "dp_gradient_sync": ("flattened all-reduce (mean) over dp after the schedule" if self.dp_group is not None
+            "dp_gradient_sync": (f"flattened all-reduce (mean) over dp{' x cp' if dims.cp > 1 else ''} after the schedule"
+                                 if self.dp_group is not None
                                  else "FSDP2 reduce-scatter over dp_shard at the last micro-batch's backward"
                                  + (" + all-reduce over dp_replicate (HSDP)" if dims.dp_replicate > 1 else "")
                                  if dims.dp_shard > 1 else None),
@@ -388,6 +378,10 @@ class PipelineStrategy(ModelParallel, Strategy):
             "expert_parallel": None if o.ep == 1 else {
                 "ep": o.ep, "over": "the replicas (dp)", "dispatch": "all_to_all_single (ddlbench.models.moe)",
                 "experts_gradient": f"summed over the {dims.dp // o.ep} replica(s) holding the same experts, / dp {dims.dp}"},
+            "context_parallel": None if o.cp == 1 else {
+                "cp": o.cp, "api": "torch.distributed.tensor.experimental.context_parallel around the schedule's step",
+                "load_balancer": "torch's head-tail (2 x cp chunks, causal)",
+                "gradients": "FSDP2 over dp_shard x cp" if dims.dp_shard > 1 else "flattened all-reduce over dp x cp"},
             "activation_checkpointing": describe_ac(o.activation_checkpointing),
             "checkpointed_blocks_this_rank": self.checkpointed,
             "scale_grads": True, "backend": self.ctx.backend,

@@ -27,13 +27,14 @@ class DecoderBlock(nn.Module):
         super().__init__()
         self.layer, self.config, self.rotary = layer, config, rotary
         self.sequence_parts = 1     # > 1: `hidden` is one tp rank's part of the sequence (sp_stage)
+        self.positions = None       # [1, T / cp]: this rank's positions under context parallelism (stage_context)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         whole = hidden
         if self.sequence_parts > 1:     # the positions, rotary embedding and mask of the whole sequence (a view)
             b, t, h = hidden.shape
             whole = hidden.new_empty(b, t * self.sequence_parts, 1).expand(b, t * self.sequence_parts, h)
-        pos = torch.arange(whole.shape[1], device=hidden.device).unsqueeze(0)
+        pos = self.positions if self.positions is not None else torch.arange(whole.shape[1], device=hidden.device).unsqueeze(0)
         # a layer that attends within a sliding window (its attention's sliding_window set: GPT-OSS) gets that mask
         sliding = getattr(getattr(self.layer, "self_attn", None), "sliding_window", None) is not None
         mask = causal_mask(self.config, whole, sliding=sliding)
