@@ -341,12 +341,13 @@ def test_expert_parallel_inside_pipeline_stages_matches_ddp_at_8_ranks(tmp_path_
 @pytest.mark.slow
 def test_context_parallel_inside_pipeline_stages_matches_ddp(tmp_path_factory):
     """torchtitan's 4-D layout (its Llama 3.1 405B long-context table) in small: ring attention over cp
-    inside the pipeline stages. At 8 ranks pp 2 x cp 2 x tp 2 with sequence parallelism and every block
-    checkpointed (untied llama_tiny); at 4 ranks pp 2 x cp 2 on the tied llama_tiny (the embedding and
+    inside the pipeline stages. At 8 ranks pp 2 x cp 2 x tp 2 with sequence and loss parallelism and every
+    block checkpointed (untied llama_tiny: torchtitan's TP plan); at 4 ranks pp 2 x cp 2 on the tied llama_tiny (the embedding and
     head copies on the two stages). Both against DDP; the sends carry 1/cp (and 1/tp) of the sequence."""
     untied = ("model.tie_embeddings=false",)
     cases = {8: (untied, ("framework=pipeline_fsdp", "framework.options.dp_shard=-1", "framework.options.tp=2",
-                          "framework.options.sequence_parallel=true", "framework.options.activation_checkpointing=full")),
+                          "framework.options.sequence_parallel=true", "framework.options.loss_parallel=true",
+                          "framework.options.activation_checkpointing=full")),
              4: ((), ("framework=pipeline_1f1b",))}
     for nproc, (model_extra, layout) in cases.items():
         ref = _run(tmp_path_factory, "llama_tiny", "ddp", nproc, model_extra)
@@ -402,10 +403,6 @@ def test_loss_parallel_refuses_a_tied_head_and_no_tensor_parallelism():
     with pytest.raises(ConfigError, match="is not divisible by 2 x cp = 6"):
         plan_from_overrides(["framework=pipeline_1f1b", "model=llama_tiny", "launcher.nproc=6", "framework.options.pp=2",
                              "framework.options.cp=3"])
-    with pytest.raises(ConfigError, match="with loss_parallel inside pipeline stages is not wired"):
-        plan_from_overrides(["framework=pipeline_1f1b", "model=llama_tiny", "model.tie_embeddings=false",
-                             "launcher.nproc=8", "framework.options.pp=2", "framework.options.tp=2",
-                             "framework.options.loss_parallel=true", "framework.options.cp=2"])
     with pytest.raises(ConfigError, match="runs over plain replicas"):
         plan_from_overrides(["framework=pipeline_fsdp", "model=moe_tiny", "model.moe.aux_loss_coef=0", "launcher.nproc=8",
                              "framework.options.pp=2", "framework.options.dp_shard=2", "framework.options.dp=2",

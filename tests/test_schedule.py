@@ -712,3 +712,30 @@ def test_the_framework_step_builds_its_model_for_the_device_it_runs_on():
     cfg = plan_from_overrides(["framework=fsdp_full", "model=llama_tiny"]).cfg
     impl = {d: model_for(cfg, torch.device(d)).build().net.config._attn_implementation for d in ("cpu", "cuda")}
     assert impl == {"cpu": "eager", "cuda": "sdpa_causal"}
+
+
+def test_context_parallel_inside_pipeline_stages_by_hand():
+    """pp 2 x cp 2 (llama_tiny, bf16, micro-batch 2, 4 micro-batches, no data parallelism) against pp 2
+    alone: each rank computes half of every sequence (compute_s halved exactly); the busiest stage's slot
+    carries its block's ring per micro-batch, exposed (the cp ranks' k and v gathered in forward and again
+    in backward, their fp32 gradients passed round cp times); each boundary send is 1/cp of the activation;
+    the parameters sharded over the cp ranks (torchtitan's fold) and half the activations: less memory."""
+    from ddlbench.estimate.profile import cached_profile
+    from ddlbench.estimate.scale import Pricing
+    from ddlbench.network import model
+    from ddlbench.planning.config import plan_from_overrides
+    pipe = ("framework=pipeline_1f1b", "framework.options.pp=2", "framework.options.dp=-1", "run.micro_batch=2",
+            "model.tie_embeddings=false")
+    plain = spec_rows(pipe, local_batch=8, sizes=(2,))[0]
+    cp = spec_rows((*pipe, "framework.options.cp=2"), local_batch=8, sizes=(4,))[0]
+    assert (cp["layout"]["cp"], cp["layout"]["pp"], cp["layout"]["grad_accum"]) == (2, 2, 4)
+    assert cp["compute_s"] == pytest.approx(plain["compute_s"] / 2, rel=1e-9)
+    prof = cached_profile(plan_from_overrides(["model=llama_tiny", "framework=fsdp_full"]).cfg.model, "bf16", "cuda")[0]
+    p = Pricing(model.load("dgx_h100"))
+    act = 128 * 128 * 2 * 2                       # seq 128 x hidden 128 x 2 bytes x micro-batch 2
+    part = act / 2 / 2 * 2 * prof.kv_heads / prof.attention_heads    # elements of a rank's k and v (1/cp of them)
+    ring = 2 * p.seconds("all_gather", part * 2 * 2, 2, 1) + 2 * p.seconds("send", part * 4, 2, 1)
+    assert cp["exposed_by_kind_s"]["all_gather@nvlink"] == pytest.approx(ring * 4, rel=1e-6)
+    assert cp["comm_by_kind_s"]["send@nvlink"] == pytest.approx(2 * p.seconds("send", act / 2, 2, 2) * 4, rel=1e-6)
+    assert plain["comm_by_kind_s"]["send@nvlink"] == pytest.approx(2 * p.seconds("send", act, 2, 1) * 4, rel=1e-6)
+    assert cp["memory_per_rank_bytes"] < plain["memory_per_rank_bytes"]

@@ -79,19 +79,19 @@ class Pipeline(Variant):
     def abilities(self):
         o = self.options
         return Abilities(settles={"model.attention": "sdpa_causal"} if o.cp > 1 else {},
-                         step=StepRules("stages", tp_sequence_parallel=o.sequence_parallel, vocab_parallel=o.loss_parallel,
+                         step=StepRules("stages", sequence="ring", tp_sequence_parallel=o.sequence_parallel, vocab_parallel=o.loss_parallel,
                                         embedding_parallel=o.sequence_parallel, experts=o.ep > 1), checkpoints=("sync", "async"), fake_group="a pipeline schedule exchanges activations with the "
                          "other stages' ranks point to point: rank 0 alone waits on receives no fake peer sends")
 
     def taxonomy(self) -> dict:
         options = self.options
         kinds = (["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["context"] if options.cp > 1 else []) + (["data"] if options.dp != 1 else [])
-                 + (["sharded data"] if options.dp_shard != 1 else []) + (["expert"] if options.ep > 1 else []))
-        comm = "p2p" + (" + all-gather + reduce-scatter" if options.dp_shard != 1 else "") + (
+                 + (["sharded data"] if options.dp_shard != 1 or options.cp > 1 else []) + (["expert"] if options.ep > 1 else []))
+        comm = "p2p" + (" + all-gather + reduce-scatter" if options.dp_shard != 1 or options.cp > 1 else "") + (
             " + all-reduce" if options.tp > 1 or options.dp != 1 else "") + (" + all-to-all" if options.ep > 1 else "") + (
             " + ring exchange of keys and values" if options.cp > 1 else "")
         return taxonomy_labels(" + ".join(kinds), "sync", comm,
-                               "layers across stages" + (", sharded inside each" if options.dp_shard != 1 else ""))
+                               "layers across stages" + (", sharded inside each" if options.dp_shard != 1 or options.cp > 1 else ""))
 
     def parallel_shape(self, cfg) -> dict:
         options = self.options
@@ -159,12 +159,8 @@ class PipelineStrategy(ModelParallel, Strategy):
         if self.cp_mesh is not None and ctx.device.type == "cpu":
             from ddlbench.models.ring_attention_cpu import enable
             enable()
-        # the flattened all-reduce after the schedule: plain replicas (and cp) only (FSDP2 syncs its own gradients)
-        self.dp_group = None
-        if dims.dp_shard == 1 and dims.cp > 1:
-            self.dp_group = self.mesh["dp_replicate", "cp"]._flatten("dp_cp").get_group()
-        elif dims.dp > 1 and dims.dp_shard == 1:
-            self.dp_group = self.mesh["dp_replicate"].get_group()
+        # the flattened all-reduce after the schedule: plain replicas only (FSDP2, over dp_shard x cp, syncs its own)
+        self.dp_group = self.mesh["dp_replicate"].get_group() if dims.dp > 1 and dims.dp_shard * dims.cp == 1 else None
 
         full = build_model()
         self.params = count_params(full)
@@ -191,7 +187,7 @@ class PipelineStrategy(ModelParallel, Strategy):
                                             len(piece_list), o.activation_checkpointing)
         self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
         self._tied = self._untie(tied_parameters(piece_list))
-        self.sharded = self._shard(len(piece_list)) if dims.dp_shard > 1 else None
+        self.sharded = self._shard(len(piece_list)) if dims.dp_shard * dims.cp > 1 else None
         self.model = nn.ModuleDict({f"stage{s}": m for m, s in zip(self.stage_modules, self.local_ids)})  # keys unique over ranks
         local = {id(p): p for m in self.stage_modules for p in m.parameters()}
         self.local_params = list(local.values())
@@ -239,7 +235,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         from ddlbench.adapters.stages import shard_stages
         dims, ctx = self.dims, self.ctx
         shard = "dp_shard"
-        if dims.cp > 1:      # torchtitan's fold: the parameters sharded over dp_shard x cp
+        if dims.cp > 1:      # torchtitan's fold: the parameters sharded over dp_shard x cp (cp ranks always shard)
             self.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
             shard = "dp_shard_cp"
         mesh = self.mesh[shard] if dims.dp_replicate == 1 else self.mesh["dp_replicate", shard]
@@ -284,8 +280,7 @@ class PipelineStrategy(ModelParallel, Strategy):
                 sum_partial_grads(module)
         if self.dp_group is not None:
             from ddlbench.adapters.stages import average_replica_gradients
-            average_replica_gradients(self.local_params, self.dims.dp * self.dims.cp, self.dp_group, self.expert_ids,
-                                      self.ep_mesh)
+            average_replica_gradients(self.local_params, self.dims.dp, self.dp_group, self.expert_ids, self.ep_mesh)
 
     def eval_step(self, batch: dict) -> torch.Tensor:
         """Forward only, stage by stage in stage order (blocking p2p between ranks); the last
@@ -363,11 +358,11 @@ class PipelineStrategy(ModelParallel, Strategy):
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
             "tied_weights": "gradient summed between the two pipeline ranks holding a copy"
                             if self._tied else "none across ranks",
-            "dp_gradient_sync": (f"flattened all-reduce (mean) over dp{' x cp' if dims.cp > 1 else ''} after the schedule"
-                                 if self.dp_group is not None
-                                 else "FSDP2 reduce-scatter over dp_shard at the last micro-batch's backward"
+            "dp_gradient_sync": ("flattened all-reduce (mean) over dp after the schedule" if self.dp_group is not None
+                                 else f"FSDP2 reduce-scatter over dp_shard{' x cp' if dims.cp > 1 else ''} at the last "
+                                 "micro-batch's backward"
                                  + (" + all-reduce over dp_replicate (HSDP)" if dims.dp_replicate > 1 else "")
-                                 if dims.dp_shard > 1 else None),
+                                 if dims.dp_shard * dims.cp > 1 else None),
             "fsdp": None if self.sharded is None else {
                 "api": "torch.distributed.fsdp.fully_shard per block and per stage", "units_per_stage": self.sharded.units,
                 "reshard_after_forward": False, "mixed_precision": self.sharded.mp_record(),
@@ -381,7 +376,7 @@ class PipelineStrategy(ModelParallel, Strategy):
             "context_parallel": None if o.cp == 1 else {
                 "cp": o.cp, "api": "torch.distributed.tensor.experimental.context_parallel around the schedule's step",
                 "load_balancer": "torch's head-tail (2 x cp chunks, causal)",
-                "gradients": "FSDP2 over dp_shard x cp" if dims.dp_shard > 1 else "flattened all-reduce over dp x cp"},
+                "gradients": "FSDP2 over dp_shard x cp (torchtitan's fold: the cp ranks always shard)"},
             "activation_checkpointing": describe_ac(o.activation_checkpointing),
             "checkpointed_blocks_this_rank": self.checkpointed,
             "scale_grads": True, "backend": self.ctx.backend,

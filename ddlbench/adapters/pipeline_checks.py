@@ -23,8 +23,8 @@ def check_pipeline(options, cfg, dims, v: int) -> None:
         raise ConfigError("framework.options.stages_per_rank: zbv_zero_bubble places exactly 2 stages per rank")
     if options.schedule in ("interleaved_1f1b", "interleaved_zero_bubble") and v < 2:
         raise ConfigError(f"framework.options.stages_per_rank must be >= 2 for {options.schedule}")
-    if dims.dp_shard > 1 and options.schedule in ("interleaved_zero_bubble", "zbv_zero_bubble"):
-        raise ConfigError(f"framework.options.dp_shard {dims.dp_shard}: FSDP2 inside the stages runs under the "
+    if dims.dp_shard * dims.cp > 1 and options.schedule in ("interleaved_zero_bubble", "zbv_zero_bubble"):
+        raise ConfigError(f"framework.options.dp_shard {dims.dp_shard} x cp {dims.cp}: FSDP2 inside the stages runs under the "
                           "gpipe, 1f1b and interleaved_1f1b schedules; the zero-bubble schedules split backward "
                           "into input and weight passes, which this adapter does not drive with FSDP2")
     if options.n_microbatches is not None and cfg.run.micro_batch is not None \

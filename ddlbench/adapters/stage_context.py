@@ -8,8 +8,8 @@ batch's input ids, the targets (shifted over the whole sequence first) and the p
 sends SDPA to the ring in forward and backward; the decoder blocks take the rank's positions for
 their rotary embedding (DecoderBlock.positions) while it runs. The last stage's loss is the rank's
 summed cross-entropy over (the micro-batch's target count / cp), so the cp ranks' mean is the
-micro-batch's mean loss; the gradients are averaged over dp x cp (FSDP2 over dp_shard x cp, torchtitan's
-fold, or one flattened all-reduce over the replicas and cp)."""
+micro-batch's mean loss; the parameters are sharded by FSDP2 over dp_shard x cp (torchtitan's fold: the cp
+ranks always shard, at dp_shard 1 too), which averages the gradients over them."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -26,9 +26,6 @@ def context_stage_errors(cfg, options, dims, attention: str) -> list[str]:
     if options.ep > 1:
         errors.append(f"framework.options.cp {options.cp} with ep {options.ep} inside pipeline stages is not wired "
                       "(the experts' all-to-all over the replicas with the ring over cp)")
-    if options.loss_parallel:
-        errors.append("framework.options.cp with loss_parallel inside pipeline stages is not wired (the loss over "
-                      "vocabulary shards of a sequence part)")
     seq = getattr(cfg.model, "seq_len", None)
     if seq and options.sequence_parallel and (seq // max(options.cp, 1)) % dims.tp:
         errors.append(f"model.seq_len / cp = {seq // options.cp} is not divisible by tp {dims.tp} (sequence "
@@ -75,8 +72,10 @@ def part_loss(logits: torch.Tensor, target: torch.Tensor, cp_group) -> torch.Ten
     count = (target != IGNORE).sum().float()
     dist.all_reduce(count, group=cp_group)
     cp = dist.get_world_size(cp_group)
-    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE,
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE,
                            reduction="sum") / (count / cp)
+    from torch.distributed.tensor import DTensor
+    return loss.to_local() if isinstance(loss, DTensor) else loss      # loss parallel: a replicated DTensor
 
 
 def mean_over(loss: torch.Tensor, cp_group) -> torch.Tensor:

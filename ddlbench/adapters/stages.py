@@ -147,7 +147,7 @@ def data_parallel_traffic(dims, model, piece: float, precision: str, stages_per_
     last backward: reshard_after_forward=False), their fp32 gradients reduce-scattered once, and the
     shards all-reduced over dp_replicate (HSDP); one message per unit (its blocks, each stage's root)."""
     from ddlbench.adapters.cost import DTYPE_BYTES, split
-    tp, shard = dims.tp, dims.dp_shard
+    tp, shard = dims.tp, dims.dp_shard * dims.cp     # context parallelism: FSDP2 over dp_shard x cp (stage_context)
     if shard == 1:
         return split("all_reduce", 4.0 * piece, 1, dims.dp, stride=tp, what="gradients")
     units = max(1, model.blocks // dims.pp) + stages_per_rank
@@ -197,7 +197,7 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
 
     from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, moe_blocks, pipeline_share, split
     from ddlbench.metrics.pipeline import interleaved_in_flight
-    pp, tp, dp, m = dims.pp, dims.tp, dims.dp, dims.grad_accum
+    pp, tp, dp, m, cp = dims.pp, dims.tp, dims.dp, dims.grad_accum, dims.cp
     sp, lp = tp > 1 and o.sequence_parallel, tp > 1 and o.loss_parallel
     if lp:
         model = model.vocab_split()
@@ -221,10 +221,17 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     held = [(share.params - layer_experts * (1 - 1 / ep) * moe_in(idx), share, last, idx) for share, last, idx in ranks] \
         or [(mine.params - layer_experts * (1 - 1 / ep) * moe_in(None), mine, True, None)]
     piece = max(h[0] for h in held)
-    act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision]
+    act = model.boundary_bytes_per_sample * dims.micro_batch / 4 * DTYPE_BYTES[precision] / cp     # 1/cp of the sequence
     blocks = (model.blocks // pp) * m       # a rank's blocks' passes a step
-    traffic = split("send", act / tp if sp else act, 1, 2 if pp > 1 else 1, stride=dp * tp, per_step=2 * v * m,
+    traffic = split("send", act / tp if sp else act, 1, 2 if pp > 1 else 1, stride=dp * cp * tp, per_step=2 * v * m,
                     what="activations and their gradients", data_parallel=False)
+    if cp > 1:      # the ring (context_parallel.cost_model's): the cp ranks' k and v (1/tp of the heads) each pass
+        kv = model.kv_heads / model.attention_heads if model.attention_heads else 1.0
+        part = act / DTYPE_BYTES[precision] * 2 * kv / tp
+        traffic += (split("all_gather", part * DTYPE_BYTES[precision] * cp, 1, cp, stride=tp, per_step=2 * blocks,
+                          what="keys and values (forward, and again in backward)", data_parallel=False)
+                    + split("all_to_all", part * 4.0, 1, cp, stride=tp, per_step=cp * blocks,
+                            what="keys' and values' gradients round the ring (fp32)", data_parallel=False))
     if sp:
         traffic += (split("all_gather", act, 1, tp, per_step=4 * blocks, what="sequence parts", data_parallel=False)
                     + split("reduce_scatter", act, 1, tp, per_step=4 * blocks, what="sequence parts", data_parallel=False))
@@ -247,10 +254,10 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
         traffic += data_parallel_traffic(dims, model, piece, precision, v)
     tied = model.stage_tied_params(tp) if pp > 1 else 0.0
     if tied:     # the first and the last stage each hold a copy: their gradients summed (_sync_grads)
-        traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * tp,
+        traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * cp * tp,
                          what="tied weight's gradient (first and last stage)", data_parallel=False)
-    shard = dims.dp_shard
-    out_share = 1 / tp if lp else 1.0
+    shard = dims.dp_shard * cp      # FSDP2 over dp_shard x cp (torchtitan's fold: the cp ranks always shard)
+    out_share = (1 / tp if lp else 1.0) / cp
 
     def buffers(params: float, last: bool) -> dict:
         out = autocast_copies(params, precision) if shard == 1 else fsdp_stage_buffers(params, precision, m)
@@ -266,16 +273,16 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
             f", FSDP2 over {shard} ranks inside each" if shard > 1 else ""), piece,
         shard_ranks=shard if shard > 1 else dp, shard_optimizer=shard > 1, shard_grads=shard > 1,
         shard_params=shard > 1, backward_grad_bytes=DTYPE_BYTES[precision] if shard > 1 else 0,    # FSDP2's param_dtype
-        largest_weight=model.largest_weight_params, buffers=buffers(piece, True), activation_share=mine.activations, in_flight=max(flights),
-        compute_share=mine.compute, output_share=out_share,
+        largest_weight=model.largest_weight_params, buffers=buffers(piece, True), activation_share=mine.activations / cp,
+        in_flight=max(flights), compute_share=mine.compute / cp, output_share=out_share,
         bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
         pipeline_stages=pp if v == 1 and pp > 1 else 0, traffic=tuple(traffic))
     if not ranks:
         return cost
     # each rank's own memory: its pieces, the micro-batches it holds, the head's logits only where the head is
     return replace(cost, per_rank=tuple(
-        replace(cost, piece=params, buffers=buffers(params, last), activation_share=share.activations,
-                in_flight=flights[r], compute_share=share.compute, output_share=out_share if last else 0.0, traffic=())
+        replace(cost, piece=params, buffers=buffers(params, last), activation_share=share.activations / cp,
+                in_flight=flights[r], compute_share=share.compute / cp, output_share=out_share if last else 0.0, traffic=())
         for r, (params, share, last, _) in enumerate(held)))
 
 

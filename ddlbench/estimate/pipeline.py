@@ -41,12 +41,13 @@ def data_parallel_reduction(pricing, d, cost, grad_b: int, params: float) -> tup
     """A stage's gradient reduction after the schedule: plain replicas all-reduce them over dp; FSDP2 inside
     the stages (cost.shard_grads) reduce-scatters them over dp_shard at the last micro-batch's backward and
     all-reduces the shards over dp_replicate (HSDP). (seconds, the larger part's kind)."""
+    ranks = d.dp * d.cp      # context parallelism inside the stages: FSDP2 over dp_shard x cp (torchtitan's fold)
     if not cost.shard_grads or cost.shard_ranks <= 1:
-        return pricing.seconds("all_reduce", grad_b * params, d.dp, d.tp), pricing.label("all_reduce", d.dp, d.tp)
+        return pricing.seconds("all_reduce", grad_b * params, ranks, d.tp), pricing.label("all_reduce", ranks, d.tp)
     shard = cost.shard_ranks
     rs = pricing.seconds("reduce_scatter", grad_b * params, shard, d.tp)
-    ar = pricing.seconds("all_reduce", grad_b * params / shard, d.dp // shard, shard * d.tp) if d.dp > shard else 0.0
-    return rs + ar, pricing.label("reduce_scatter", shard, d.tp) if rs >= ar else pricing.label("all_reduce", d.dp // shard, shard * d.tp)
+    ar = pricing.seconds("all_reduce", grad_b * params / shard, ranks // shard, shard * d.tp) if ranks > shard else 0.0
+    return rs + ar, pricing.label("reduce_scatter", shard, d.tp) if rs >= ar else pricing.label("all_reduce", ranks // shard, shard * d.tp)
 
 
 def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_per_core: int = 1,
@@ -78,10 +79,10 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
         comm[tp_kind] = comm.get(tp_kind, 0.0) + tp_slot * d.grad_accum
     precision = plan.cfg.run.precision
     boundary = (prof.boundary_bytes_per_sample / 4 * DTYPE_BYTES[precision] * d.micro_batch
-                / (d.tp if step_rules.tp_sequence_parallel and d.tp > 1 else 1))
-    send = 0.0
-    if pp > 1:      # to the next stage: dp x tp ranks further on (pp outermost)
-        send = collective_time("send", boundary, kind_spans(pricing.network, "send", spans(pricing.network, pp, d.tp * d.dp)),
+                / (d.tp if step_rules.tp_sequence_parallel and d.tp > 1 else 1) / d.cp)
+    send, inner = 0.0, d.tp * d.dp * d.cp
+    if pp > 1:      # to the next stage: dp x cp x tp ranks further on (pp outermost)
+        send = collective_time("send", boundary, kind_spans(pricing.network, "send", spans(pricing.network, pp, inner)),
                                pricing.algorithm)[0]
     local_experts = [sum(experts[i] for i in st) / ep for st in stages]      # 1/ep of each stage's experts on a rank
     dense = [sum(prof.pieces[i].kept_params(d.tp) - experts[i] for i in st) for st in stages]
@@ -97,14 +98,14 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
         gather = pricing.label("all_gather", cost.shard_ranks, d.tp)
         comm[gather] = comm.get(gather, 0.0) + pricing.seconds("all_gather", DTYPE_BYTES[precision] * max(stage_params),
                                                                cost.shard_ranks, d.tp)
-    send_label = pricing.label("send", pp, d.tp * d.dp) if pp > 1 else "send"
+    send_label = pricing.label("send", pp, inner) if pp > 1 else "send"
     comm[label] = comm.get(label, 0.0) + max(ar)
     comm[send_label] = comm.get(send_label, 0.0) + 2 * send * d.grad_accum * v
     compute = slot * d.grad_accum
     tied = prof.stage_tied_params(d.tp) if pp > 1 else 0.0
     tied_s, tied_label = 0.0, None
     if tied:        # the first and the last stage sum their copies' gradients, after the schedule
-        stride = (pp - 1) * d.dp * d.tp
+        stride = (pp - 1) * inner
         tied_s = pricing.seconds("all_reduce", grad_b * tied, 2, stride)
         tied_label = pricing.label("all_reduce", 2, stride)
         comm[tied_label] = comm.get(tied_label, 0.0) + tied_s
@@ -113,12 +114,12 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
         # a stage) side by side, taking turns on its processor and on the boundary's link, each task
         # at the whole processor's and link's speed, instead of all at a share of it in step
         k = ranks_per_core
-        replicas = k if k > 1 and d.tp == 1 and d.dp % k == 0 else 1
+        replicas = k if k > 1 and d.tp == 1 and d.cp == 1 and d.dp % k == 0 else 1
         whole = [(sum(times[i][0] for i in st), sum(times[i][1] for i in st)) for st in virtual]
         if replicas > 1:
             whole = [(f / k, b / k) for f, b in whole]
             net = whole_link(pricing.network, send_label.partition("@")[2], k)
-            send = collective_time("send", boundary, kind_spans(net, "send", spans(net, pp, d.tp * d.dp)), pricing.algorithm)[0]
+            send = collective_time("send", boundary, kind_spans(net, "send", spans(net, pp, inner)), pricing.algorithm)[0]
         tasks = rules.pipeline(whole, d.grad_accum, send, schedule, send_label,
                                (tied_s, tied_label) if tied_s else None, [(a, label) for a in ar], replicas, v)
         dims = pricing.buckets(ranks_per_core)

@@ -154,7 +154,7 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     nb = len(prof.pieces)
     # a block's all-reduces among the tp ranks: its row-wise outputs in forward, column-wise inputs' gradients in
     # backward, at the activations' dtype (the profile's boundary is counted at 4 bytes an element)
-    act = prof.boundary_bytes_per_sample * mb / 4 * DTYPE_BYTES[precision]
+    act = prof.boundary_bytes_per_sample * mb / 4 * DTYPE_BYTES[precision] / (sp if step.sequence == "ring" else 1)
     one_ar = pricing.seconds("all_reduce", act, tp, 1) if tp > 1 else 0.0
     tp_f, tp_b = (n * one_ar for n in prof.tp_all_reduces())
     tp_kind = pricing.label("all_reduce", tp, 1) if tp > 1 else "tp"
@@ -163,13 +163,14 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
         tp_f = tp_b = 2 * (pricing.seconds("all_gather", act, tp, 1) + pricing.seconds("reduce_scatter", act, tp, 1))
         tp_kind = pricing.label("all_gather", tp, 1)
     kv = prof.kv_heads / prof.attention_heads if prof.attention_heads else 1.0
-    if sp > 1 and step.sequence == "ring":   # ring attention: the cp ranks' k and v gathered in forward and
-        part = prof.boundary_bytes_per_sample * mb / 4 / sp * 2 * kv    # backward, their fp32 gradients passed cp times
-        gathered = pricing.seconds("all_gather", part * DTYPE_BYTES[precision] * sp, sp, tp)
+    if sp > 1 and step.sequence == "ring":   # ring attention: the cp ranks' k and v (1/tp of the heads) gathered in
+        part = prof.boundary_bytes_per_sample * mb / 4 / sp * 2 * kv / tp   # forward and backward, their fp32 gradients
+        gathered = pricing.seconds("all_gather", part * DTYPE_BYTES[precision] * sp, sp, tp)     # passed cp times
         # each pass a ring step: torch's _AllToAllRotater permutes the whole buffer to the next cp rank
-        # (functional_collectives.permute_tensor: an all_to_all_single with every element to one peer)
-        tp_f, tp_b = gathered, gathered + sp * pricing.seconds("send", part * 4.0, sp, tp)
-        tp_kind = pricing.label("all_gather", sp, tp)
+        # (functional_collectives.permute_tensor: an all_to_all_single with every element to one peer);
+        # with tensor parallelism inside pipeline stages beside TP's own collectives (on 1/cp of the sequence)
+        tp_f, tp_b = tp_f + gathered, tp_b + gathered + sp * pricing.seconds("send", part * 4.0, sp, tp)
+        tp_kind = tp_kind if tp > 1 else pricing.label("all_gather", sp, tp)
     elif sp > 1:    # Ulysses: four all-to-alls a block each way (q, k, v in; the output back), exposed like TP's
         part = prof.boundary_bytes_per_sample * mb / 4 * DTYPE_BYTES[precision] / sp
         tp_f = tp_b = 2 * (pricing.seconds("all_to_all", part, sp, tp) + pricing.seconds("all_to_all", part * kv, sp, tp))
