@@ -5,6 +5,7 @@ from the data or the data changed, and the prose must say what the records say."
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,11 @@ SDPA = "C/runs/fsdp_full-llama_1b-bf16-micro_batch_2-attention_sdpa"
 RESNET = "CA/runs/fsdp_full-resnet50-bf16-global_batch_128"
 
 
-def rec27(path: str) -> dict:
-    return json.loads((H200_27 / path / "result.json").read_text())
+def record_in(root: Path, path: str) -> dict:
+    return json.loads((root / path / "result.json").read_text())
+
+
+rec27 = partial(record_in, H200_27)
 
 
 def _gc_row(path: str) -> list[str]:
@@ -441,9 +445,7 @@ README_30 = "reports/gpu-h200/2026-11-30/README.md"
 G_LLAMA = "G/runs/fsdp_full-llama_1b-bf16-micro_batch_2-attention_sdpa-min_window_s_10-timeout_s_80"
 G_RESNET = "G/runs/fsdp_full-resnet50-bf16-global_batch_128-min_window_s_10-timeout_s_80"
 
-
-def rec30(path: str) -> dict:
-    return json.loads((H200_30 / path / "result.json").read_text())
+rec30 = partial(record_in, H200_30)
 
 
 def _g_row(path: str) -> list[str]:
