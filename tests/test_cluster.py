@@ -225,8 +225,10 @@ def test_a_two_node_run_is_priced_on_the_link_it_ran_on(box, tmp_path):
 @pytest.mark.slow
 def test_commbench_across_nodes_fits_the_link(box, tmp_path):
     """`bench commbench launcher=slurm` over two nodes: the all-reduce fit's bandwidth is the
-    link's (the shaper cannot be beaten; gloo's framing and the CPU cost a little: measured here
-    ~0.95 of the rate at 100 Mbit/s, bound 0.8), and network.yaml is the cluster's description
+    link's (gloo's framing and the CPU cost a little: measured here ~0.95 of the rate at 100 Mbit/s,
+    bound 0.8); no measured all-reduce beats the shaper (its time at least its wire bytes less tbf's
+    bucket over the rate: a bound noise cannot break, where a least-squares slope over noisy sizes
+    can read above the rate: 1.04x seen on a loaded VM); network.yaml is the cluster's description
     with the link priced by the fit."""
     import yaml
     out = tmp_path / "cb"
@@ -238,7 +240,10 @@ def test_commbench_across_nodes_fits_the_link(box, tmp_path):
     assert rec["comm_threads"]["policy"] == "fifo" and all(rec["comm_threads"]["per_rank"])
     (fit,) = rec["fits"]
     print(f"all-reduce fit at {LINK}: {fit['bandwidth_Bps'] / 1e6:.2f} MB/s, alpha {fit['alpha_s'] * 1e6:.0f} us")
-    assert 0.8 <= fit["bandwidth_Bps"] / (rate_bits(LINK) / 8) <= 1.02
+    rate, bucket = rate_bits(LINK) / 8, 131072 * 1448 / 1514      # bytes/s; tbf's bucket in payload bytes
+    assert 0.8 <= fit["bandwidth_Bps"] / rate
+    for row in rec["rows"]:      # 2 ranks: each sends its whole buffer (half reduce-scattered, half gathered)
+        assert row["time_s"] >= (row["bytes"] - bucket) / rate * 0.98, row
     net = yaml.safe_load((out / "network.yaml").read_text())
     assert net["dimensions"][1]["bandwidth_GBps"] == pytest.approx(fit["bandwidth_Bps"] / 1e9, rel=1e-5)
     assert net["dimensions"][0]["bandwidth_GBps"] == 1.0 and net["name"] == f"cluster_{NAME}_fitted"

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from ddlbench.adapters.cost import CostModel, ModelProfile
 
 # the caching allocator's reserved peak over the tensors' allocated peak: the median over every
-# successful record of reports/gpu-h200/ (one H200, 2026-11-26/27: 47 records, 1.02-1.29; FSDP2 on
-# Llama 1.09-1.26), tests/test_memory_check.py recomputes it. What a published "memory" that is the
+# successful record of reports/gpu-h200/2026-11-26 and -27 (one H200: 47 records, 1.02-1.29; FSDP2 on
+# Llama 1.09-1.26), tests/test_memory_check.py recomputes it. The 5 records of 2026-11-30 (4 of them
+# FSDP2 in windows of 10 s or more, median 1.158) are not in it: with them the median is 1.128 (1.13),
+# which would move every published row's memory by +0.9%. What a published "memory" that is the
 # reserved peak (torchtitan's logs) is compared with; `fits` stays on the allocated estimate.
 RESERVED_OVER_ALLOCATED = 1.12
 
