@@ -78,20 +78,24 @@ class Pipeline(Variant):
 
     def abilities(self):
         o = self.options
-        return Abilities(settles={"model.attention": "sdpa_causal"} if o.cp > 1 else {},
-                         step=StepRules("stages", sequence="ring", tp_sequence_parallel=o.sequence_parallel, vocab_parallel=o.loss_parallel,
-                                        embedding_parallel=o.sequence_parallel, experts=o.ep > 1), checkpoints=("sync", "async"), fake_group="a pipeline schedule exchanges activations with the "
-                         "other stages' ranks point to point: rank 0 alone waits on receives no fake peer sends")
+        step = StepRules("stages", sequence="ring", tp_sequence_parallel=o.sequence_parallel, vocab_parallel=o.loss_parallel,
+                         embedding_parallel=o.sequence_parallel, experts=o.ep > 1)
+        # ring attention (cp) runs SDPA with is_causal and no mask
+        return Abilities(settles={"model.attention": "sdpa_causal"} if o.cp > 1 else {}, step=step,
+                         checkpoints=("sync", "async"), fake_group="a pipeline schedule exchanges activations with "
+                         "the other stages' ranks point to point: rank 0 alone waits on receives no fake peer sends")
 
     def taxonomy(self) -> dict:
-        options = self.options
-        kinds = (["pipeline"] + (["tensor"] if options.tp > 1 else []) + (["context"] if options.cp > 1 else []) + (["data"] if options.dp != 1 else [])
-                 + (["sharded data"] if options.dp_shard != 1 or options.cp > 1 else []) + (["expert"] if options.ep > 1 else []))
-        comm = "p2p" + (" + all-gather + reduce-scatter" if options.dp_shard != 1 or options.cp > 1 else "") + (
-            " + all-reduce" if options.tp > 1 or options.dp != 1 else "") + (" + all-to-all" if options.ep > 1 else "") + (
-            " + ring exchange of keys and values" if options.cp > 1 else "")
+        o = self.options
+        sharded = o.dp_shard != 1 or o.cp > 1        # context parallelism: FSDP2 over dp_shard x cp
+        kinds = (["pipeline"] + (["tensor"] if o.tp > 1 else []) + (["context"] if o.cp > 1 else [])
+                 + (["data"] if o.dp != 1 else []) + (["sharded data"] if sharded else [])
+                 + (["expert"] if o.ep > 1 else []))
+        comm = ("p2p" + (" + all-gather + reduce-scatter" if sharded else "")
+                + (" + all-reduce" if o.tp > 1 or o.dp != 1 else "") + (" + all-to-all" if o.ep > 1 else "")
+                + (" + ring exchange of keys and values" if o.cp > 1 else ""))
         return taxonomy_labels(" + ".join(kinds), "sync", comm,
-                               "layers across stages" + (", sharded inside each" if options.dp_shard != 1 or options.cp > 1 else ""))
+                               "layers across stages" + (", sharded inside each" if sharded else ""))
 
     def parallel_shape(self, cfg) -> dict:
         options = self.options
