@@ -21,12 +21,12 @@ Steps, in ORDER (what has never run on a GPU first; a step a lease cannot reach 
   K  checkpoints (issue 67): llama_1b's FSDP2 saves sync, async in a thread, in DCP's process and
      staged through pinned host buffers, and DDP's restart after its rank is killed:
      the restart's relaunch, CUDA start and read of the save, against the CPU figures
-  O  llama_3b's offload variants in 40 GB at 1 + 4 steps (at 3 + 20 steps they ran past 120 s)
   P  the pieces calibration: llama_8b's embedding, blocks (1 and 5 of its 32), head and optimizer
      timed on the GPU, FSDP2's own step at 8 ranks over a fake process group, for `bench project
-     calibrate=pieces` at torchtitan's setting (issue 50); A's GPT-2 fast-path cell (ran 2026-11-30:
-     the pieces and the cell; the framework's step ran out of memory: its model was built for the
-     CPU, eager attention; fixed since, not yet run on a GPU)
+     calibrate=pieces` at torchtitan's setting (issue 50) (ran 2026-11-30 with A's GPT-2 fast-path
+     cell: the pieces and the cell; the framework's step ran out of memory: its model was built for
+     the CPU, eager attention; fixed since, not yet run on a GPU)
+  O  llama_3b's offload variants in 40 GB at 1 + 4 steps (at 3 + 20 steps they ran past 120 s)
   A  the harness: a profiled step (run.trace), forward / backward / optimizer by CUDA events
      (run.step_split) on gpt2_small and llama_1b, the reference loop against the runner on
      gpt2_small at micro-batch 32, eager and compiled (ran: reports/gpu-h200/2026-11-26, -27)
@@ -100,7 +100,8 @@ class Step:
     project_timeout_s: int = 200                # each --project run's
 
     def matrix_args(self) -> list[str]:
-        parts = "cells,overhead" if self.overhead else "cells"
+        # no cells: projections only (gpu_matrix's `report` part has no runs to report then)
+        parts = "cells,overhead" if self.overhead else "cells" if self.cells else "report"
         out = ["--parts", parts, "--steps", "20", "--timeout", str(self.timeout_s), "--deadline", str(self.deadline_s),
                "--project-timeout", str(self.project_timeout_s), *self.args]
         for c in self.cells:
@@ -157,8 +158,9 @@ STEPS = {
         f"fsdp_full llama_1b bf16 run.micro_batch=2 model.attention=sdpa {GC_WINDOW} run.gc=python",
         f"fsdp_full resnet50 bf16 run.global_batch=128 {GC_WINDOW}",
         f"fsdp_full resnet50 bf16 run.global_batch=128 {GC_WINDOW} run.gc=python"), deadline_s=190),
-    "P": Step("llama_8b's pieces timed on the GPU for bench project calibrate=pieces; GPT-2's fast path",
-              (FAST_PATH,), deadline_s=10, project=(LLAMA8B_PIECES,), project_timeout_s=200),
+    "P": Step("llama_8b's pieces timed on the GPU for bench project calibrate=pieces, and FSDP2's own step over a "
+              "fake group (its model built for the GPU since the out-of-memory of 2026-11-30)",
+              (), deadline_s=0, project=(LLAMA8B_PIECES,), project_timeout_s=200),
     "K": Step("checkpoints on a GPU: llama_1b's FSDP2 saves sync, async (a thread), async_process (DCP's "
               "process) and async_pinned (staged through pinned host buffers); a killed rank's restart from its save", (
         f"fsdp_full {CKPT} run.checkpoint.mode=sync", f"fsdp_full {CKPT} run.checkpoint.mode=async",
@@ -169,7 +171,7 @@ STEPS = {
 }
 
 
-ORDER = ("K", "O", "P", "A", "B", "C", "M", "L", "G")
+ORDER = ("K", "P", "O", "A", "B", "C", "M", "L", "G")
 
 
 def worst_case_s(step: Step) -> float:
@@ -177,7 +179,7 @@ def worst_case_s(step: Step) -> float:
     the last one running to its kill (its run.timeout_s + gpu_matrix.RECORD_GRACE_S), the
     reference-loop runs (two per repeat) at their measured length, each projection to its timeout."""
     from gpu_matrix import cell_kill_s
-    kill = max(cell_kill_s([f"run.timeout_s={step.timeout_s}", *cell_overrides(c)]) for c in step.cells)
+    kill = max((cell_kill_s([f"run.timeout_s={step.timeout_s}", *cell_overrides(c)]) for c in step.cells), default=0)
     overhead = sum(2 * _repeats(o) * RUN_S[o.split()[0]] for o in step.overhead)
     return INSTALL_S + PROBE_S + step.deadline_s + kill + overhead + step.project_timeout_s * len(step.project)
 
