@@ -182,7 +182,9 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     both ways; loss parallelism splits the head over the vocabulary (its logits 1/tp on a rank) and sums 3
     fp32 values a position; expert parallelism over the replicas (ep) all-to-alls each MoE block's routed tokens
     twice each way and keeps 1/ep of its experts, whose gradients are all-reduced over the dp / ep replicas that
-    hold them. Data parallelism otherwise: data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for
+    hold them. Context parallelism (cp) cuts every sequence over cp ranks: compute, activations, sends and TP's
+    collectives 1/cp, the ring's k/v all-gathers (forward and backward) and fp32 gradient passes per block, and
+    FSDP2 over dp_shard x cp (torchtitan's fold). Data parallelism otherwise: data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for
     GPipe and 1F1B, (pp - 1) / v interleaved (Narayanan et al. 2021); zero-bubble: the interleaved bound.
     Activations in flight: GPipe all micro-batches, 1F1B pp - r on stage r (the last stage, whose head and
     loss save the most, one), interleaved 1F1B the peak along torch's order (interleaved_in_flight: rank 0 at

@@ -39,8 +39,8 @@ def stage_pieces(nb: int, pp: int, v: int) -> tuple[list[list[int]], list[list[i
 
 def data_parallel_reduction(pricing, d, cost, grad_b: int, params: float) -> tuple[float, str]:
     """A stage's gradient reduction after the schedule: plain replicas all-reduce them over dp; FSDP2 inside
-    the stages (cost.shard_grads) reduce-scatters them over dp_shard at the last micro-batch's backward and
-    all-reduces the shards over dp_replicate (HSDP). (seconds, the larger part's kind)."""
+    the stages (cost.shard_grads) reduce-scatters them over dp_shard (x cp, context parallelism's fold) at the
+    last micro-batch's backward and all-reduces the shards over dp_replicate (HSDP). (seconds, the larger part's kind)."""
     ranks = d.dp * d.cp      # context parallelism inside the stages: FSDP2 over dp_shard x cp (torchtitan's fold)
     if not cost.shard_grads or cost.shard_ranks <= 1:
         return pricing.seconds("all_reduce", grad_b * params, ranks, d.tp), pricing.label("all_reduce", ranks, d.tp)
