@@ -186,7 +186,8 @@ class PipelineStrategy(ModelParallel, Strategy):
                                                             ctx.device.type)
         # after tensor parallelism (torchtitan's order); blocks numbered over the whole model
         from ddlbench.adapters.stage_context import decoder_blocks
-        self.blocks = decoder_blocks(self.stage_modules) if self.cp_mesh is not None else []
+        n_blocks = sum(1 for s in self.local_ids for i in self.ranges[s] if 0 < i < len(piece_list) - 1)
+        self.blocks = decoder_blocks(self.stage_modules, n_blocks) if self.cp_mesh is not None else []
         self.checkpointed = apply_to_stages(self.stage_modules, [self.ranges[s] for s in self.local_ids],
                                             len(piece_list), o.activation_checkpointing)
         self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)

@@ -33,10 +33,15 @@ def context_stage_errors(cfg, options, dims, attention: str) -> list[str]:
     return errors
 
 
-def decoder_blocks(stage_modules) -> list:
-    """The stages' decoder blocks (the pieces that take positions)."""
+def decoder_blocks(stage_modules, expected: int) -> list:
+    """The stages' decoder blocks (the pieces that take positions): `expected` of them, or an error rather
+    than blocks that would run on positions 0..T/cp - 1 (a family whose pieces are not DecoderBlocks)."""
     from ddlbench.models.decoder import DecoderBlock
-    return [m for stage in stage_modules for m in stage.modules() if isinstance(m, DecoderBlock)]
+    found = [m for stage in stage_modules for m in stage.modules() if isinstance(m, DecoderBlock)]
+    if len(found) != expected:
+        raise RuntimeError(f"context parallelism inside pipeline stages: {expected} decoder blocks on this rank, "
+                           f"{len(found)} of them take the rank's positions (ddlbench.models.decoder.DecoderBlock)")
+    return found
 
 
 def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
