@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from ddlbench.adapters.base import StepOut, Strategy
@@ -149,6 +148,7 @@ class ContextParallelStrategy(Strategy):
         import torch.distributed as dist
         from torch.distributed.tensor.experimental import context_parallel
 
+        from ddlbench.adapters.stage_context import shifted_targets
         from ddlbench.models.language import IGNORE
         cp = self.dims.cp
         micro = split_micro(batch, self.dims.grad_accum)
@@ -156,7 +156,7 @@ class ContextParallelStrategy(Strategy):
         for i, mb in enumerate(micro):
             inputs = self.precision.inputs(mb)
             ids = inputs["input_ids"].clone()
-            target = F.pad(inputs["labels"][:, 1:], (0, 1), value=IGNORE)       # shifted over the whole sequence
+            target = shifted_targets(inputs["labels"])       # shifted over the whole sequence
             positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand(ids.shape[0], -1).contiguous()
             share = (target != IGNORE).sum() / cp
             sync = contextlib.nullcontext() if i == len(micro) - 1 else fsdp2_no_sync(self.model)
