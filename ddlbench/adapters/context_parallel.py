@@ -25,11 +25,12 @@ from ddlbench.adapters.common import build_on, fsdp2_no_sync, split_micro
 from ddlbench.adapters.cost import DTYPE_BYTES, StepRules, split
 from ddlbench.adapters.parallelize import apply_checkpointing, apply_fully_shard
 from ddlbench.adapters.precision import FrameworkCast
+from ddlbench.adapters.stage_context import context_errors, shifted_targets
 from ddlbench.adapters.variant import Abilities, Variant, taxonomy_labels
 from ddlbench.errors import ConfigError
 from ddlbench.models.checkpointing import Policy
 from ddlbench.models.checkpointing import describe as describe_ac
-from ddlbench.settings.dims import ParallelSize, sequence_split_errors
+from ddlbench.settings.dims import ParallelSize
 
 
 class CPOptions(BaseModel):
@@ -37,21 +38,6 @@ class CPOptions(BaseModel):
     cp: ParallelSize = 2             # ranks that split each sequence; -1 = world / dp_shard
     dp_shard: ParallelSize = -1      # FSDP2 ranks over which (with cp) the parameters are sharded; -1 = the rest
     activation_checkpointing: Policy = "none"   # none | full | selective_layer:K | selective_op
-
-
-def context_errors(mc, cp: int, attention: str) -> list[str]:
-    """Why ring attention cannot run this model at this cp (empty: it can)."""
-    errors = sequence_split_errors(mc, cp, "cp", "context parallelism", "fsdp_full")
-    if errors:
-        return errors
-    if attention != "sdpa_causal":
-        errors.append(f"ring attention runs SDPA with is_causal and no mask: model.attention=sdpa_causal "
-                      f"(got {attention})")
-    seq = getattr(mc, "seq_len", None)
-    if seq and seq % (2 * cp):
-        errors.append(f"model.seq_len = {seq} is not divisible by 2 x cp = {2 * cp} (the load balancer cuts "
-                      "each sequence into 2 x cp chunks)")
-    return errors
 
 
 class ContextParallel(Variant):
@@ -148,7 +134,6 @@ class ContextParallelStrategy(Strategy):
         import torch.distributed as dist
         from torch.distributed.tensor.experimental import context_parallel
 
-        from ddlbench.adapters.stage_context import shifted_targets
         from ddlbench.models.language import IGNORE
         cp = self.dims.cp
         micro = split_micro(batch, self.dims.grad_accum)

@@ -18,10 +18,27 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ddlbench.settings.dims import sequence_split_errors
+
+
+def context_errors(mc, cp: int, attention: str) -> list[str]:
+    """Why ring attention cannot run this model at this cp (empty: it can); the context-parallel adapter
+    (ddlbench/adapters/context_parallel.py) and the pipeline's stages both ask."""
+    errors = sequence_split_errors(mc, cp, "cp", "context parallelism", "fsdp_full")
+    if errors:
+        return errors
+    if attention != "sdpa_causal":
+        errors.append(f"ring attention runs SDPA with is_causal and no mask: model.attention=sdpa_causal "
+                      f"(got {attention})")
+    seq = getattr(mc, "seq_len", None)
+    if seq and seq % (2 * cp):
+        errors.append(f"model.seq_len = {seq} is not divisible by 2 x cp = {2 * cp} (the load balancer cuts "
+                      "each sequence into 2 x cp chunks)")
+    return errors
+
 
 def context_stage_errors(cfg, options, dims, attention: str) -> list[str]:
     """Why ring attention cannot run inside these pipeline stages (empty: it can)."""
-    from ddlbench.adapters.context_parallel import context_errors
     errors = context_errors(cfg.model, options.cp, attention)
     if options.ep > 1:
         errors.append(f"framework.options.cp {options.cp} with ep {options.ep} inside pipeline stages is not wired "
