@@ -83,9 +83,13 @@ def for_runs(n: int, each_s: float = 60) -> float:
 # are one unit, run in turn: the machine's Slurm (scripts/slurm_local.sh: its daemons, ports, apt install)
 # and the emulated clusters (namespaces n1, n2, head; 10.88.0.0/16).
 SHARED_GROUPS = {"test_slurm": "slurm", "test_cluster": "slurm", "test_cluster_2d": "slurm"}
-# Handed out first, so no long unit begins last (profile of 2026-11-29, DDLBENCH_TEST_PROFILE): the Slurm
-# unit (~400 s, mostly waiting on the scheduler and shaped links) and the equivalence gate (~360 s).
-FIRST_GROUPS = ("slurm", "test_equivalence")
+# Handed out longest first (profile of the fresh clone of 33cdc60, 2026-11-30, DDLBENCH_TEST_PROFILE: wall
+# seconds per unit), so no long unit begins last and the run does not end on one worker: the Slurm unit
+# (~900 s, mostly waiting on the scheduler and shaped links: ~40 CPU-s), the equivalence gate (~600 s),
+# then every unit over ~90 s; the rest follow in collection order.
+FIRST_GROUPS = ("slurm", "test_equivalence", "test_advise", "test_schedule", "test_benchmark_scripts",
+                "test_memory_check", "test_estimate", "test_precision", "test_compile", "test_checkpoints",
+                "test_published", "test_quality", "test_checkpointing", "test_moe", "test_runs")
 
 
 def group_of(nodeid: str) -> str:

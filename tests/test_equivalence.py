@@ -321,21 +321,28 @@ def test_loss_parallel_matches_ddp_under_tp_x_fsdp_with_sequence_parallel(tmp_pa
 
 
 @pytest.mark.slow
-def test_expert_parallel_inside_pipeline_stages_matches_ddp_at_8_ranks(tmp_path_factory):
-    """Expert parallelism inside pipeline stages (DeepSeek-V3's layouts put it there): pp 2 x dp 4 on moe_tiny,
-    each stage's experts over ep 2 of the replicas (two replicas hold each half), against DDP over 8 ranks:
-    the stages' metadata given up front (no inference pass, whose all-to-alls would depend on its data)."""
-    extra = ("framework.options.pp=2", "framework.options.dp=4", "framework.options.ep=2")
-    ref = _run(tmp_path_factory, "moe_tiny", "ddp", 8)
-    rec = _run(tmp_path_factory, "moe_tiny", "pipeline_1f1b", 8, extra)
-    assert ref["status"] == "ok", ref["error"]
-    assert rec["status"] == "ok", rec["error"]
-    assert (rec["parallel"]["pp"], rec["parallel"]["dp_replicate"]) == (2, 4), rec["parallel"]
-    ep = rec["framework"]["native_config"]["expert_parallel"]
-    assert ep["ep"] == 2 and "summed over the 2 replica(s)" in ep["experts_gradient"], ep
-    assert _losses(rec) == pytest.approx(_losses(ref), rel=1e-5)
-    assert_same_params(rec["final_params"]["fingerprint"], ref["final_params"]["fingerprint"], 1e-5,
-                       _zero_gradient_params("moe_tiny"))
+def test_expert_parallel_inside_pipeline_stages_matches_ddp(tmp_path_factory):
+    """Expert parallelism inside pipeline stages (DeepSeek-V3's and Kimi K2's layouts put it there), against DDP on
+    moe_tiny. At 8 ranks NeMo Automodel's layout in small: pp 2 x FSDP2 over dp_shard 4 inside each stage, the ep 2
+    ranks borrowed from dp_shard, each half of the experts FSDP2-sharded over the 2 ranks that hold it; at 4 ranks
+    pp 2 x 2 plain replicas, the experts over ep 2 of them. The stages' metadata given up front (no inference
+    pass, whose all-to-alls would depend on its data)."""
+    cases = {8: ("pipeline_fsdp", ("framework.options.dp_shard=4", "framework.options.ep=2"), (1, 4),
+                 "FSDP2 mean over the 2 edp rank(s)"),
+             4: ("pipeline_1f1b", ("framework.options.dp=2", "framework.options.ep=2"), (2, 1),
+                 "summed over the 1 replica(s)")}
+    for nproc, (framework, layout, (replicas, shards), gradient) in cases.items():
+        ref = _run(tmp_path_factory, "moe_tiny", "ddp", nproc)
+        rec = _run(tmp_path_factory, "moe_tiny", framework, nproc, ("framework.options.pp=2", *layout))
+        assert ref["status"] == "ok", ref["error"]
+        assert rec["status"] == "ok", rec["error"]
+        par = rec["parallel"]
+        assert (par["pp"], par["dp_replicate"], par["dp_shard"]) == (2, replicas, shards), par
+        ep = rec["framework"]["native_config"]["expert_parallel"]
+        assert ep["ep"] == 2 and gradient in ep["experts_gradient"], ep
+        assert _losses(rec) == pytest.approx(_losses(ref), rel=1e-5)
+        assert_same_params(rec["final_params"]["fingerprint"], ref["final_params"]["fingerprint"], 1e-5,
+                           _zero_gradient_params("moe_tiny"))
 
 
 @pytest.mark.slow
@@ -388,13 +395,17 @@ def test_loss_parallel_refuses_a_tied_head_and_no_tensor_parallelism():
     with pytest.raises(ConfigError, match="sequence parallelism has no plan for model family 'gpt2'"):
         plan_from_overrides(["framework=pipeline_1f1b", "model=gpt2_tiny", "launcher.nproc=4", "framework.options.tp=2",
                              "framework.options.sequence_parallel=true"])
-    # expert parallelism inside pipeline stages: an MoE model, ep dividing the replicas, plain replicas only
+    # expert parallelism inside pipeline stages: an MoE model, ep dividing the replicas (or dp_shard), not over HSDP
     with pytest.raises(ConfigError, match="needs a Mixture-of-Experts model"):
         plan_from_overrides(["framework=pipeline_1f1b", "model=llama_tiny", "launcher.nproc=4", "framework.options.pp=2",
                              "framework.options.dp=2", "framework.options.ep=2"])
     with pytest.raises(ConfigError, match=r"ep 4 does not divide the data-parallel ranks dp \(the pipeline's replicas\) 2"):
         plan_from_overrides(["framework=pipeline_1f1b", "model=moe_tiny", "model.moe.aux_loss_coef=0", "launcher.nproc=4",
                              "framework.options.pp=2", "framework.options.dp=2", "framework.options.ep=4"])
+    with pytest.raises(ConfigError, match=r"ep 4 does not divide the data-parallel ranks dp_shard \(FSDP2 inside the "
+                                          r"stages\) 2"):
+        plan_from_overrides(["framework=pipeline_fsdp", "model=moe_tiny", "model.moe.aux_loss_coef=0", "launcher.nproc=4",
+                             "framework.options.pp=2", "framework.options.dp_shard=2", "framework.options.ep=4"])
     # context parallelism inside the stages: the ring's needs, and what it does not compose with yet
     with pytest.raises(ConfigError, match=r"with ep 2 inside pipeline stages is not wired"):
         plan_from_overrides(["framework=pipeline_1f1b", "model=moe_tiny", "model.moe.aux_loss_coef=0", "launcher.nproc=8",

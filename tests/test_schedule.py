@@ -413,6 +413,27 @@ def test_expert_parallelism_sends_four_all_to_alls_a_moe_block_and_shards_expert
                       "framework.options.dp=-1", "framework.options.ep=2", "run.micro_batch=2"), local_batch=8, sizes=(4,))[0]
     assert (pipe["layout"]["grad_accum"], pipe["layout"]["dp_replicate"], pipe["layout"]["ep"]) == (4, 2, 2)
     assert pipe["exposed_by_kind_s"]["all_to_all@nvlink"] == pytest.approx(4 * (counts + 4 * one), rel=1e-9)
+    # with FSDP2 inside the stages (pp 2 x dp_shard 4, the ep 2 ranks borrowed from dp_shard: NeMo Automodel's layout):
+    # a stage's one MoE block's experts (1/ep of them) gathered in bf16 and reduce-scattered in fp32 over the
+    # 4 / 2 = 2 ranks that hold them, 2 apart; the dense part over dp_shard 4; a rank keeps 1/4 of its whole stage
+    from ddlbench.adapters.stages import rank_shares
+    fsdp = plan_from_overrides(["model=moe_tiny", "model.moe.aux_loss_coef=0", "framework=pipeline_fsdp",
+                                "framework.options.pp=2", "framework.options.dp_shard=4", "framework.options.ep=2",
+                                "run.precision=bf16", "launcher.nproc=8"])
+    cost = fsdp.variant.cost_model(fsdp.dims, prof, "bf16")
+    layer_experts = prof.experts_params / prof.moe_layers
+    kinds = {t.what: t for t in cost.traffic}
+    gathered, scattered = kinds["stage experts (FSDP2, gathered once a step)"], kinds["expert gradients (FSDP2)"]
+    assert (gathered.ranks, gathered.stride, scattered.ranks, scattered.stride) == (2, 2, 2, 2)
+    assert gathered.bytes * gathered.count == pytest.approx(2 * layer_experts / 2)
+    assert scattered.bytes * scattered.count == pytest.approx(4 * layer_experts / 2)
+    dense = kinds["stage parameters (FSDP2, gathered once a step)"]
+    assert dense.ranks == 4 and dense.bytes * dense.count == pytest.approx(2 * (cost.piece - layer_experts))
+    assert cost.shard_ranks == 4 and cost.piece == max(share.params for share, _, _ in rank_shares(prof, "1f1b", 2, 1, 1))
+    r = spec_rows(("framework=pipeline_fsdp", "model=moe_tiny", "model.moe.aux_loss_coef=0", "framework.options.pp=2",
+                   "framework.options.dp_shard=-1", "framework.options.ep=2", "run.micro_batch=2"), local_batch=8,
+                  sizes=(8,))[0]
+    assert (r["layout"]["dp_shard"], r["layout"]["ep"]) == (4, 2) and r["comm_by_kind_s"]["all_gather@nvlink"] > 0
 
 
 def test_mfu_is_the_efficiency_times_the_share_of_the_step_spent_computing():

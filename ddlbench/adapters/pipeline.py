@@ -64,7 +64,7 @@ class PipelineOptions(BaseModel):
     tp: PositiveInt = 1                        # tensor parallel inside every stage (3-D)
     sequence_parallel: bool = False            # Megatron's SP in the stages: 1/tp of the sequence between them
     loss_parallel: bool = False                # the LM head over the vocabulary, the loss on its shards
-    ep: PositiveInt = 1                        # expert parallel in the stages, over the replicas (dp): 1/ep of the experts
+    ep: PositiveInt = 1                        # expert parallel in the stages, over dp (or dp_shard): 1/ep of the experts
     cp: PositiveInt = 1                        # context parallel in the stages: ring attention, 1/cp of every sequence
     stages_per_rank: PositiveInt = 1           # > 1 only for the multi-stage schedules
     n_microbatches: Optional[PositiveInt] = None  # null = pp (or run.micro_batch decides)
@@ -181,9 +181,10 @@ class PipelineStrategy(ModelParallel, Strategy):
             untied = not tied_parameters(piece_list)
             for module in self.stage_modules:
                 apply_tensor_parallel(module, self.mesh["tp"], o.sequence_parallel, o.loss_parallel, untied)
-        from ddlbench.adapters.stages import shard_stage_experts
-        self.ep_mesh, self.expert_ids = shard_stage_experts(self.stage_modules, getattr(full, "family", None), dims, o.ep,
-                                                            ctx.device.type)
+        from ddlbench.adapters.stages import parameter_ids, shard_stage_experts
+        self.ep_mesh, self.experts = shard_stage_experts(self.stage_modules, getattr(full, "family", None), dims, o.ep,
+                                                         ctx.device.type)
+        self.expert_ids = parameter_ids(self.experts)
         # after tensor parallelism (torchtitan's order); blocks numbered over the whole model
         from ddlbench.adapters.stage_context import decoder_blocks
         n_blocks = sum(1 for s in self.local_ids for i in self.ranges[s] if 0 < i < len(piece_list) - 1)
@@ -193,6 +194,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
         self._tied = self._untie(tied_parameters(piece_list))
         self.sharded = self._shard(len(piece_list)) if dims.dp_shard * dims.cp > 1 else None
+        self.expert_ids = parameter_ids(self.experts)     # FSDP2 gave the experts new Parameters
         self.model = nn.ModuleDict({f"stage{s}": m for m, s in zip(self.stage_modules, self.local_ids)})  # keys unique over ranks
         local = {id(p): p for m in self.stage_modules for p in m.parameters()}
         self.local_params = list(local.values())
@@ -201,11 +203,10 @@ class PipelineStrategy(ModelParallel, Strategy):
                          for j, (p, canon) in enumerate(canonical_parameters(m))
                          if id(p) not in self._copies]
         self.local_param_count = sum(local_tensor(p).numel() for p in self.local_params)
-        examples = {}
-        if self.expert_ids:     # static stage metadata: no inference pass (its all-to-alls would depend on its data)
-            from ddlbench.adapters.stages import static_boundaries
-            examples = static_boundaries(piece_list, full, self.local_ids, n_stages, dims.micro_batch, self.precision,
-                                         ctx.device)
+        # static stage metadata with experts: no inference pass (its all-to-alls would depend on its data)
+        from ddlbench.adapters.stages import static_boundaries
+        examples = static_boundaries(piece_list, full, self.local_ids, n_stages, dims.micro_batch, self.precision,
+                                     ctx.device, self.sharded) if self.expert_ids else {}
         del full, piece_list
 
         stages = [PipelineStage(m, s, n_stages, ctx.device, group=self.pp_group, **examples.get(s, {}))
@@ -246,8 +247,9 @@ class PipelineStrategy(ModelParallel, Strategy):
         mesh = self.mesh[shard] if dims.dp_replicate == 1 else self.mesh["dp_replicate", shard]
         blocks = [[m[j] for j, i in enumerate(self.ranges[s]) if 0 < i < n_pieces - 1]
                   for m, s in zip(self.stage_modules, self.local_ids)]
-        sharded, self._tied, self._copies = shard_stages(self.stage_modules, blocks, mesh, ctx.precision,
-                                                         self._tied, self._copies)
+        sharded, self._tied, self._copies = shard_stages(self.stage_modules, blocks, mesh, ctx.precision, self._tied,
+                                                         self._copies, self.experts,
+                                                         self.ep_mesh["edp"] if self.ep_mesh is not None else None)
         if sharded.mp_policy is not None:    # FSDP2 casts: no autocast on top
             self.precision = FrameworkCast(ctx.device, ctx.precision, sharded.precision_summary(" over dp_shard"),
                                            master_weights="fp32 sharded parameters (cast when gathered)")
@@ -283,9 +285,11 @@ class PipelineStrategy(ModelParallel, Strategy):
         if self.options.sequence_parallel:      # the norms' weights saw parts of the sequence
             for module in self.stage_modules:
                 sum_partial_grads(module)
+        from ddlbench.adapters.stages import average_replica_gradients, divide_expert_gradients
         if self.dp_group is not None:
-            from ddlbench.adapters.stages import average_replica_gradients
             average_replica_gradients(self.local_params, self.dims.dp, self.dp_group, self.expert_ids, self.ep_mesh)
+        elif self.expert_ids:
+            divide_expert_gradients(self.local_params, self.expert_ids, self.options.ep)
 
     def eval_step(self, batch: dict) -> torch.Tensor:
         """Forward only, stage by stage in stage order (blocking p2p between ranks); the last
@@ -376,8 +380,11 @@ class PipelineStrategy(ModelParallel, Strategy):
                 ", sequence parallel (1/tp of the sequence between stages)" if o.sequence_parallel else "") + (
                 ", loss parallel (the head over the vocabulary)" if o.loss_parallel else "")) if dims.tp > 1 else None,
             "expert_parallel": None if o.ep == 1 else {
-                "ep": o.ep, "over": "the replicas (dp)", "dispatch": "all_to_all_single (ddlbench.models.moe)",
-                "experts_gradient": f"summed over the {dims.dp // o.ep} replica(s) holding the same experts, / dp {dims.dp}"},
+                "ep": o.ep, "over": "dp_shard (borrowed; FSDP2 of the experts over dp_shard / ep)" if dims.dp_shard > 1
+                else "the replicas (dp)", "dispatch": "all_to_all_single (ddlbench.models.moe)",
+                "experts_gradient": f"FSDP2 mean over the {dims.dp // o.ep} edp rank(s) holding the same experts, / ep "
+                f"{o.ep}" if dims.dp_shard > 1 else
+                f"summed over the {dims.dp // o.ep} replica(s) holding the same experts, / dp {dims.dp}"},
             "context_parallel": None if o.cp == 1 else {
                 "cp": o.cp, "api": "torch.distributed.tensor.experimental.context_parallel around the schedule's step",
                 "load_balancer": "torch's head-tail (2 x cp chunks, causal)",

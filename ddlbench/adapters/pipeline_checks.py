@@ -38,10 +38,12 @@ def check_pipeline(options, cfg, dims, v: int) -> None:
         errors += loss_parallel_config_errors(cfg.model, dims.tp)
     if options.ep > 1:
         from ddlbench.adapters.expert_parallel import moe_errors
-        errors += moe_errors(cfg.model, options.ep, dims.dp_replicate, "dp (the pipeline's replicas)")
-        if dims.dp_shard > 1 or dims.tp > 1:
-            errors.append(f"framework.options.ep {options.ep} inside pipeline stages runs over plain replicas "
-                          "(dp_shard 1, tp 1) for now")
+        sharded = dims.dp_shard > 1
+        errors += moe_errors(cfg.model, options.ep, dims.dp_shard if sharded else dims.dp_replicate,
+                             "dp_shard (FSDP2 inside the stages)" if sharded else "dp (the pipeline's replicas)")
+        if (sharded and dims.dp_replicate > 1) or dims.tp > 1:
+            errors.append(f"framework.options.ep {options.ep} inside pipeline stages runs over plain replicas or over "
+                          "dp_shard (FSDP2), with tp 1, for now (not over HSDP's dp_replicate x dp_shard)")
     if options.cp > 1:
         from ddlbench.adapters.stage_context import context_stage_errors
         from ddlbench.models.language import attention_impl

@@ -38,20 +38,23 @@ def untie_across_ranks(tied, ranges, owners, local_ids, stage_modules, dims, ran
     return out, clones
 
 
-def shard_stages(stage_modules: list, blocks: list[list], mesh, precision: str, tied: Tied, clones: set[int]):
+def shard_stages(stage_modules: list, blocks: list[list], mesh, precision: str, tied: Tied, clones: set[int],
+                 experts: list[list] | None = None, experts_mesh=None):
     """FSDP2 on every stage (fully_shard per block in `blocks`, then the stage), over `mesh`
     (dp_shard, or dp_replicate x dp_shard: HSDP), parameters kept gathered through the step
     (reshard_after_forward=False: torchtitan's default under pipelining, no re-gather per
     micro-batch). fully_shard gives each module new Parameter objects: the tied copies and the
-    clones' ids are found again by name. (Sharded, tied, clones)."""
+    clones' ids are found again by name. `experts` (per stage, with expert parallelism): units of their own
+    over `experts_mesh` (the edp ranks that hold the same experts), first. (Sharded, tied, clones)."""
     from ddlbench.adapters.parallelize import apply_fully_shard
     where = {}     # id -> (stage index, name, the parameter: kept alive while ids are compared)
     for k, module in enumerate(stage_modules):
         for name, p in module.named_parameters(remove_duplicate=False):
             where.setdefault(id(p), (k, name, p))
     sharded = None
-    for module, units in zip(stage_modules, blocks):
-        sharded = apply_fully_shard(module, mesh, precision, reshard_after_forward=False, blocks=units)
+    for k, (module, units) in enumerate(zip(stage_modules, blocks)):
+        sharded = apply_fully_shard(module, mesh, precision, reshard_after_forward=False, blocks=units,
+                                    experts=tuple(experts[k]) if experts else (), experts_mesh=experts_mesh)
 
     def now(p):
         k, name, _ = where[id(p)]
@@ -80,36 +83,68 @@ def sum_tied_gradients(tied: Tied) -> None:
 
 
 def shard_stage_experts(stage_modules: list, family, dims, ep: int, device_type: str):
-    """Expert parallelism inside the stages over the pipeline's replicas: a mesh (pp, edp = dp / ep, ep, tp) on
-    the same ranks as the pipeline's (pp, dp_replicate, tp), each stage's MoE layers keeping 1/ep of their
-    experts and dispatching over `ep` (ddlbench/models/moe.py). (mesh, the experts' parameter ids); (None,
-    set()) at ep 1."""
+    """Expert parallelism inside the stages over the pipeline's data-parallel ranks (its replicas, or with
+    FSDP2 its dp_shard ranks, from which the ep ranks are borrowed as torchtitan and NeMo Automodel borrow
+    them): a mesh (pp, edp = dp / ep, ep, tp) on the same ranks as the pipeline's, each stage's MoE layers
+    keeping 1/ep of their experts and dispatching over `ep` (ddlbench/models/moe.py). (mesh, each stage's
+    experts modules); (None, []) at ep 1."""
     if ep == 1:
-        return None, set()
+        return None, []
     from torch.distributed.device_mesh import init_device_mesh
 
     from ddlbench.models.moe import shard_experts, stage_experts
     mesh = init_device_mesh(device_type, (dims.pp, dims.dp // ep, ep, dims.tp), mesh_dim_names=("pp", "edp", "ep", "tp"))
     group, rank = mesh["ep"].get_group(), mesh["ep"].get_local_rank()
-    experts = [e for m in stage_modules for e in stage_experts(m, family)]
-    shard_experts(None, group, ep, rank, experts)
-    return mesh, {id(p) for e in experts for p in e.parameters()}
+    experts = [stage_experts(m, family) for m in stage_modules]
+    shard_experts(None, group, ep, rank, [e for per_stage in experts for e in per_stage])
+    return mesh, experts
+
+
+def parameter_ids(modules: list[list]) -> set[int]:
+    """The ids of the parameters of every module in every list (again after FSDP2 replaced them)."""
+    return {id(p) for per_stage in modules for m in per_stage for p in m.parameters()}
+
+
+def divide_expert_gradients(params: list, expert_ids: set, ep: int) -> None:
+    """Under FSDP2 inside the stages: FSDP2 averaged each expert's gradient over the edp ranks that hold
+    it, and the gradient already summed its ep group's tokens (the all-to-all's backward), so / ep gives
+    the mean over all dp_shard ranks (torchtitan sets FSDP2's divide factor instead: PREMUL_SUM, not in gloo)."""
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None and id(p) in expert_ids:
+                local_tensor(p.grad).div_(ep)
 
 
 def static_boundaries(piece_list: list, model, local_ids: list[int], n_stages: int, micro_batch: int, precision,
-                      device) -> dict:
+                      device, sharded=None) -> dict:
     """{stage: {input_args, output_args}} for a causal LM's local stages, on the meta device: the token ids
     [micro_batch, T] into the first, the hidden states [micro_batch, T, H] between stages, the logits
     [micro_batch, T, V] out of the last, their dtypes from the embedding and the head run on two tokens under
-    the run's precision (T: the model's max_position_embeddings, the sequence the data cuts)."""
+    the run's precision (T: the model's max_position_embeddings, the sequence the data cuts). Under FSDP2
+    (`sharded`) the pieces run on meta with their parameters in FSDP2's param_dtype, as FSDP2 gathers them."""
     seq = model.net.config.max_position_embeddings
     with torch.no_grad(), precision.forward_context():
-        hidden = piece_list[0](torch.zeros(1, 2, dtype=torch.long, device=device))
-        logits = piece_list[-1](hidden)
+        if sharded is None:
+            hidden = piece_list[0](torch.zeros(1, 2, dtype=torch.long, device=device))
+            logits = piece_list[-1](hidden)
+        else:
+            dtype = sharded.mp_policy.param_dtype if sharded.mp_policy is not None else None
+            hidden = _on_meta(piece_list[0], dtype, torch.zeros(1, 2, dtype=torch.long, device="meta"))
+            logits = _on_meta(piece_list[-1], dtype, hidden)
     ids = torch.empty(micro_batch, seq, dtype=torch.long, device="meta")
     h = torch.empty(micro_batch, seq, hidden.shape[-1], dtype=hidden.dtype, device="meta", requires_grad=True)
     out = torch.empty(micro_batch, seq, logits.shape[-1], dtype=logits.dtype, device="meta")
     return {s: {"input_args": ids if s == 0 else h, "output_args": out if s == n_stages - 1 else h} for s in local_ids}
+
+
+def _on_meta(module, dtype, x):
+    """`module`'s output on meta, its floating-point parameters in `dtype` (None: their own; the module's
+    own parameters are left as they are)."""
+    from torch.func import functional_call
+    state = {n: torch.empty(t.shape, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype, device="meta")
+             for n, t in module.named_parameters()}
+    state.update({n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in module.named_buffers()})
+    return functional_call(module, state, (x,))
 
 
 def average_replica_gradients(params: list, dp: int, dp_group, expert_ids: set, ep_mesh) -> None:
@@ -182,7 +217,8 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     both ways; loss parallelism splits the head over the vocabulary (its logits 1/tp on a rank) and sums 3
     fp32 values a position; expert parallelism over the replicas (ep) all-to-alls each MoE block's routed tokens
     twice each way and keeps 1/ep of its experts, whose gradients are all-reduced over the dp / ep replicas that
-    hold them. Context parallelism (cp) cuts every sequence over cp ranks: compute, activations, sends and TP's
+    hold them; with FSDP2 (dp_shard, the ep ranks borrowed from it) the dense part is FSDP2's over dp_shard and the
+    experts over the dp_shard / ep ranks holding them, a rank keeping 1/dp_shard of the stage's whole state. Context parallelism (cp) cuts every sequence over cp ranks: compute, activations, sends and TP's
     collectives 1/cp, the ring's k/v all-gathers (forward and backward) and fp32 gradient passes per block, and
     FSDP2 over dp_shard x cp (torchtitan's fold). Data parallelism otherwise: data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for
     GPipe and 1F1B, (pp - 1) / v interleaved (Narayanan et al. 2021); zero-bubble: the interleaved bound.
@@ -244,22 +280,33 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
         positions = model.boundary_bytes_per_sample / 4 / max(model.hidden_size, 1) * dims.micro_batch
         traffic += split("all_reduce", 4.0 * positions, 1, tp, per_step=3 * m, what="cross-entropy over vocabulary shards",
                          data_parallel=False)
-    if ep > 1:      # tokens to their experts and back, each way; the experts' gradients over the replicas holding them
+    shard = dims.dp_shard * cp      # FSDP2 over dp_shard x cp (torchtitan's fold: the cp ranks always shard)
+    if ep > 1:      # tokens to their experts and back, each way; the experts' gradients over the ranks holding them
         routed = model.routed_bytes_per_sample * dims.micro_batch
         moe_here = max(moe_in(idx) for *_, idx in held)
         local_experts = layer_experts / ep * moe_here
-        traffic += (split("all_to_all", routed, 1, ep, stride=tp, per_step=4 * moe_here * m, what="routed tokens",
-                          data_parallel=False)
-                    + split("all_reduce", 4.0 * (piece - local_experts), 1, dp, stride=tp, what="gradients (dense)")
-                    + split("all_reduce", 4.0 * local_experts, 1, dp // ep, stride=ep * tp, what="gradients (experts)"))
+        traffic += split("all_to_all", routed, 1, ep, stride=tp, per_step=4 * moe_here * m, what="routed tokens",
+                         data_parallel=False)
+        if shard > 1:   # ep borrowed from dp_shard: the dense part FSDP2 over dp_shard, the experts over dp_shard / ep
+            traffic += (data_parallel_traffic(dims, model, piece - local_experts, precision, v)
+                        + split("all_gather", DTYPE_BYTES[precision] * local_experts, max(1, round(moe_here)), dp // ep,
+                                stride=ep * tp, what="stage experts (FSDP2, gathered once a step)")
+                        + split("reduce_scatter", 4.0 * local_experts, max(1, round(moe_here)), dp // ep,
+                                stride=ep * tp, what="expert gradients (FSDP2)"))
+        else:
+            traffic += (split("all_reduce", 4.0 * (piece - local_experts), 1, dp, stride=tp, what="gradients (dense)")
+                        + split("all_reduce", 4.0 * local_experts, 1, dp // ep, stride=ep * tp,
+                                what="gradients (experts)"))
     else:
         traffic += data_parallel_traffic(dims, model, piece, precision, v)
     tied = model.stage_tied_params(tp) if pp > 1 else 0.0
     if tied:     # the first and the last stage each hold a copy: their gradients summed (_sync_grads)
         traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * cp * tp,
                          what="tied weight's gradient (first and last stage)", data_parallel=False)
-    shard = dims.dp_shard * cp      # FSDP2 over dp_shard x cp (torchtitan's fold: the cp ranks always shard)
     out_share = (1 / tp if lp else 1.0) / cp
+    # the state a rank keeps: its gathered part, or, with the ep ranks borrowed from dp_shard, 1/dp_shard of the stage's
+    # dense part and of all its experts (each expert 1/ep of them over the dp_shard / ep ranks holding them)
+    state = [share.params if ep > 1 and shard > 1 else params for params, share, *_ in held]
 
     def buffers(params: float, last: bool) -> dict:
         out = autocast_copies(params, precision) if shard == 1 else fsdp_stage_buffers(params, precision, m)
@@ -272,7 +319,7 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
         return out
     cost = CostModel(
         f"torch.distributed.pipelining {o.schedule}, {v} stage(s) per rank" + (
-            f", FSDP2 over {shard} ranks inside each" if shard > 1 else ""), piece,
+            f", FSDP2 over {shard} ranks inside each" if shard > 1 else ""), max(state),
         shard_ranks=shard if shard > 1 else dp, shard_optimizer=shard > 1, shard_grads=shard > 1,
         shard_params=shard > 1, backward_grad_bytes=DTYPE_BYTES[precision] if shard > 1 else 0,    # FSDP2's param_dtype
         largest_weight=model.largest_weight_params, buffers=buffers(piece, True), activation_share=mine.activations / cp,
@@ -283,7 +330,7 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
         return cost
     # each rank's own memory: its pieces, the micro-batches it holds, the head's logits only where the head is
     return replace(cost, per_rank=tuple(
-        replace(cost, piece=params, buffers=buffers(params, last), activation_share=share.activations / cp,
+        replace(cost, piece=state[r], buffers=buffers(params, last), activation_share=share.activations / cp,
                 in_flight=flights[r], compute_share=share.compute / cp, output_share=out_share if last else 0.0, traffic=())
         for r, (params, share, last, _) in enumerate(held)))
 

@@ -57,8 +57,9 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
     through ddlbench.estimate.step.pipeline_step's flow shop. `extra`: each piece's collectives per
     micro-batch (forward, backward: a block's tensor-parallel ones and a MoE block's all-to-alls, the head's
     under loss parallelism), in its stage's slot and exposed (no async TP). `experts`: each piece's experts'
-    parameters, 1/ep of them on a rank (expert parallelism over the replicas): their gradients all-reduced
-    over the dp / ep replicas that hold the same experts, the rest over dp. A boundary's send: the activation in the run's dtype, 1/tp of it under sequence
+    parameters, 1/ep of them on a rank (expert parallelism over the replicas, or over dp_shard under FSDP2):
+    their gradients all-reduced (FSDP2: reduce-scattered) over the dp / ep ranks that hold the same experts, the
+    rest over dp. A boundary's send: the activation in the run's dtype, 1/tp of it under sequence
     parallelism (each tp rank sends its part of the sequence). FSDP2 inside the stages gathers each stage's
     parameters once a step, at its first micro-batch (counted, not exposed: every stage but the first waits
     for its input then), and reduce-scatters the gradients after the last (exposed)."""
@@ -87,17 +88,23 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
     local_experts = [sum(experts[i] for i in st) / ep for st in stages]      # 1/ep of each stage's experts on a rank
     dense = [sum(prof.pieces[i].kept_params(d.tp) - experts[i] for i in st) for st in stages]
     stage_params = [n + e for n, e in zip(dense, local_experts)]
-    if ep > 1:      # the dense part over dp; the experts over the dp / ep replicas that hold the same ones (ep x tp apart)
+    sharded = cost.shard_params and cost.shard_ranks > 1
+    edp, e_stride = d.dp // ep, ep * d.tp       # the ranks that hold the same experts, ep x tp apart
+
+    def experts_s(kind: str, nbytes: float) -> float:
+        return pricing.seconds(kind, nbytes, edp, e_stride) if nbytes > 0 and edp > 1 else 0.0
+    if ep > 1:      # the dense part over dp (FSDP2: dp_shard); the experts over the edp ranks (all-reduce; FSDP2: reduce-scatter)
         reduced = [data_parallel_reduction(pricing, d, cost, grad_b, n) for n in dense]
-        reduced = [(s + pricing.seconds("all_reduce", grad_b * e, d.dp // ep, ep * d.tp), k)
+        reduced = [(s + experts_s("reduce_scatter" if sharded else "all_reduce", grad_b * e), k)
                    for (s, k), e in zip(reduced, local_experts)]
     else:
         reduced = [data_parallel_reduction(pricing, d, cost, grad_b, n) for n in stage_params]
     ar, label = [s for s, _ in reduced], reduced[0][1]
-    if cost.shard_params and cost.shard_ranks > 1:     # FSDP2: each stage's parameters gathered once a step
+    if sharded:     # FSDP2: each stage's parameters gathered once a step (the experts over their edp ranks)
         gather = pricing.label("all_gather", cost.shard_ranks, d.tp)
-        comm[gather] = comm.get(gather, 0.0) + pricing.seconds("all_gather", DTYPE_BYTES[precision] * max(stage_params),
-                                                               cost.shard_ranks, d.tp)
+        comm[gather] = comm.get(gather, 0.0) + max(
+            pricing.seconds("all_gather", DTYPE_BYTES[precision] * n, cost.shard_ranks, d.tp)
+            + experts_s("all_gather", DTYPE_BYTES[precision] * e) for n, e in zip(dense, local_experts))
     send_label = pricing.label("send", pp, inner) if pp > 1 else "send"
     comm[label] = comm.get(label, 0.0) + max(ar)
     comm[send_label] = comm.get(send_label, 0.0) + 2 * send * d.grad_accum * v
