@@ -419,6 +419,20 @@ CLAIMS += [
 ]
 
 
+def _nemo_moe() -> list[str]:
+    """The DeepSeek-V3 and Kimi K2 rows of NeMo Automodel's table as docs/projection.md's prose quotes them."""
+    doc = json.loads((REPO / "reports" / "published" / "nemo_automodel_h100_2025-10.json").read_text())
+    r, pair = {row["id"]: row for row in doc["rows"]}, doc["pairs"][0]["error"]
+    pct = [f"{100 * r[i]['error']:+.1f}%" for i in ("ds_v3_256", "ds_v3_1024", "kimi_k2_256")]
+    return [*pct, f"{100 * pair:+.1f}%", f"{r['ds_v3_256']['predicted_memory_gib']:.1f}",
+            f"{r['ds_v3_1024']['predicted_memory_gib']:.1f}"]
+
+
+CLAIMS += [("docs/projection.md", "**DeepSeek-V3 {} (256 GPUs) and\n{} (1,024), Kimi K2 {}; the 1,024 / 256 pair {}.**",
+            lambda: _nemo_moe()[:4]),
+           ("docs/projection.md", "Memory: {} GiB\n(256) and {} (1,024) predicted", lambda: _nemo_moe()[4:])]
+
+
 LENGTH = REPO / "reports" / "length-check" / "2026-11-28.json"
 
 

@@ -14,7 +14,8 @@ from ddlbench.planning.config import plan_from_overrides
 
 # Mixtral is not among them: its checkpointed figure does not grow by one block's share per block
 # (the router logits of every layer meet in the auxiliary loss), so it is measured whole
-UNIFORM = ["gpt2_tiny", "llama_tiny", "qwen3_tiny"]
+# DeepSeek-V3 after its dense first layers (deepseek_v3_tiny: one): measured on 1 + 3 blocks and 1 + 2
+UNIFORM = ["gpt2_tiny", "llama_tiny", "qwen3_tiny", "deepseek_v3_tiny"]
 
 
 def _measured_on_every_block(monkeypatch, mc, precision, device):
@@ -27,10 +28,10 @@ def _measured_on_every_block(monkeypatch, mc, precision, device):
 @pytest.mark.parametrize("precision,device", [("fp32", "cpu"), ("bf16", "cuda")])
 @pytest.mark.parametrize("preset", UNIFORM)
 def test_a_uniform_model_scaled_from_three_blocks_is_the_model_measured_whole(monkeypatch, preset, precision, device):
-    mc = plan_from_overrides([f"model={preset}", "model.n_layer=6"]).cfg.model
+    mc = plan_from_overrides([f"model={preset}", "model.n_layer=7"]).cfg.model
     assert of_config(mc).uniform_blocks(mc)
     scaled = prof_mod._profile(mc, precision, device)
     whole = _measured_on_every_block(monkeypatch, mc, precision, device)
-    assert scaled.blocks == 6 and len(scaled.pieces) == 6 + 2
+    assert scaled.blocks == 7 and len(scaled.pieces) == 7 + 2
     for f in dataclasses.fields(whole):
         assert getattr(scaled, f.name) == getattr(whole, f.name), f.name

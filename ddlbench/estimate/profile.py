@@ -30,13 +30,19 @@ def attention_scores(shape, seq_len: int | None) -> bool:
 
 
 def _saver(params: set, saved: dict, seen: set = frozenset(), fused_attention_len: int | None = None,
-           scores: list | None = None, seq_len: int | None = None):
+           scores: list | None = None, seq_len: int | None = None, alive: list | None = None):
     """A saved_tensors_hooks pack function recording {storage id: bytes} of what autograd saves,
     parameters (not activations), storages in `seen` and, with `fused_attention_len` = T, the
     (T x T) attention tensors a fused kernel does not save, left out. `scores` (with `seq_len`)
-    collects the bytes of each (T x T) attention tensor eager attention saves."""
+    collects the bytes of each (T x T) attention tensor eager attention saves. Every storage counted
+    is kept in `alive` while the ids are compared: a storage freed meanwhile would give its id to a
+    new one, which then was not counted (DeepSeek-V3's blocks measured 1.3-1.37 MB a sample apart
+    instead of 1,357,312 bytes each)."""
+    alive = [] if alive is None else alive
+
     def pack(t: torch.Tensor):
         base = t._base if t._base is not None else t
+        alive.append(base)
         if (id(t) not in params and id(base) not in params and id(base) not in seen
                 and not attention_scores(base.shape, fused_attention_len)):
             saved[id(base)] = base.numel() * base.element_size()
@@ -95,11 +101,11 @@ def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int, flo
     params = {id(p) for p in model.parameters()}
     batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in example_batch(spec, batch_size, "meta").items()}
     x, loss, plist = batch["input_ids" if "input_ids" in batch else "images"], loss_function(model), pieces(model)
-    out, seen = [], set()       # a tensor two pieces save (one's output, the next one's input) counts once
+    out, seen, alive = [], set(), []       # a tensor two pieces save (one's output, the next one's input) counts once
     for i, piece in enumerate(plist):
         saved: dict[int, int] = {}
         counter, scores = FlopCounterMode(display=False), ScoreFlops(spec.tokens_per_sample)
-        with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved, seen, _fused_len(spec)),
+        with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved, seen, _fused_len(spec), alive=alive),
                                                       lambda t: t), counter, scores:
             x = piece(x)
             if i == len(plist) - 1:
@@ -279,8 +285,9 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
     2-byte engine saves; autocast keeps a few in fp32 (norms, softmax, the loss), so for autocast
     frameworks this is a lower bound. `device_type`: the model as built for that device. The
     parameters are counted on the whole model; what one forward saves is measured on the whole
-    model too, or, where the family's blocks are all alike, on SHALLOW blocks and scaled to the
-    depth (exact: tests/test_profile_scaling.py; Llama 3.1 405B's 126 blocks in seconds)."""
+    model too, or, where the family's blocks are all alike (after its leading ones: DeepSeek-V3's dense
+    first layers), on those and SHALLOW blocks, scaled to the depth (exact: tests/test_profile_scaling.py;
+    Llama 3.1 405B's 126 blocks in seconds)."""
     from ddlbench.models.registry import build
     from ddlbench.models.spec import count_params
 
@@ -290,10 +297,12 @@ def _profile(model_cfg, precision: str = "fp32", device_type: str = "cpu") -> Mo
     blocks = model.blocks()
     dtype = DTYPES[precision]
     depth = getattr(model_cfg, "n_layer", None)
+    lead = spec.family.leading_blocks(model_cfg) if spec.family is not None else 0
     if spec.family is not None and spec.family.uniform_blocks(model_cfg) and isinstance(depth, int) \
-            and depth > SHALLOW and len(blocks) == depth:
-        forward = _scaled(_forward_profile(build(_at_depth(model_cfg, SHALLOW), device_type), dtype, True),
-                          _forward_profile(build(_at_depth(model_cfg, SHALLOW - 1), device_type), dtype, True), depth)
+            and depth > lead + SHALLOW and len(blocks) == depth:
+        forward = _scaled(_forward_profile(build(_at_depth(model_cfg, lead + SHALLOW), device_type), dtype, True),
+                          _forward_profile(build(_at_depth(model_cfg, lead + SHALLOW - 1), device_type), dtype, True),
+                          depth, lead)
     else:
         forward = _forward_profile(spec, dtype, bool(blocks))
     moe = {}
@@ -340,14 +349,16 @@ def _forward_profile(spec, dtype, has_blocks: bool) -> dict:
 SAME_AT_ANY_DEPTH = ("boundary_bytes_per_sample", "output_bytes_per_sample", "attention_scores_bytes_per_sample")
 
 
-def _scaled(at: dict, fewer: dict, depth: int) -> dict:
-    """The forward fields of a uniform model of `depth` blocks from its profiles at SHALLOW and SHALLOW - 1
-    blocks: each per-sample sum grows by one block's share per block; the pieces are the first block, the
-    middle one repeated, the last, between the embedding and the head."""
-    out = {k: v if k in SAME_AT_ANY_DEPTH or k == "pieces" else v + (depth - SHALLOW) * (v - fewer[k])
+def _scaled(at: dict, fewer: dict, depth: int, lead: int = 0) -> dict:
+    """The forward fields of a model of `depth` blocks, uniform after its first `lead`, from its profiles at
+    lead + SHALLOW and lead + SHALLOW - 1 blocks: each per-sample sum grows by one block's share per block;
+    the pieces are the leading blocks, then the first uniform block, the middle one repeated, the last,
+    between the embedding and the head."""
+    out = {k: v if k in SAME_AT_ANY_DEPTH or k == "pieces" else v + (depth - lead - SHALLOW) * (v - fewer[k])
            for k, v in at.items()}
-    first, *middle, last = at["pieces"][1:-1]
-    out["pieces"] = (at["pieces"][0], first, *([middle[0]] * (depth - 2)), last, at["pieces"][-1])
+    body = at["pieces"][1:-1]
+    first, *middle, last = body[lead:]
+    out["pieces"] = (at["pieces"][0], *body[:lead], first, *([middle[0]] * (depth - lead - 2)), last, at["pieces"][-1])
     return out
 
 

@@ -66,9 +66,10 @@ class Family:
     # (model cfg, vocabulary rows) -> analytic training FLOPs per token {"total", "parts", "convention"};
     # None: counted only (torch's flop counter)
     analytic_flops: Optional[Callable[[object, int], dict]] = None
-    # every block the same at this config (no dense-first layers, no alternating kinds): the memory
-    # profile (ddlbench/estimate/profile.py) measures 3 blocks and scales to n_layer; False: every block
+    # every block the same at this config after the first leading_blocks (no alternating kinds): the memory
+    # profile (ddlbench/estimate/profile.py) measures those and 3 more and scales to n_layer; False: every block
     uniform_blocks: Callable[[object], bool] = field(default=lambda mc: False)
+    leading_blocks: Callable[[object], int] = field(default=lambda mc: 0)    # DeepSeek-V3: its dense first layers
     # the LM head shares the input embedding's weight (loss parallelism cannot shard one without the other)
     tied_head: Callable[[object], bool] = field(default=lambda mc: bool(getattr(mc, "tie_embeddings", False)))
 

@@ -98,5 +98,5 @@ FAMILY = Family(
     required_keys=("rope_theta", "moe", "mla"),
     optional_keys=("rms_norm_eps", "tie_embeddings", "intermediate_size"),
     check=check, experts=ExpertsPlan(moe.mlp_with_experts), linear_layers=True, analytic_flops=analytic_flops,
-    uniform_blocks=lambda mc: mc.moe is not None and mc.moe.first_k_dense == 0,
+    uniform_blocks=lambda mc: mc.moe is not None, leading_blocks=lambda mc: mc.moe.first_k_dense,
 )
