@@ -58,7 +58,7 @@ MODELS = ["gpt2_tiny", "resnet18_tiny", "llama_tiny", "qwen3_tiny", "moe_tiny", 
           "gpt_oss_tiny"]
 # llama_tiny (RMSNorm, SwiGLU, rotary, GQA): one variant per framework family; qwen3_tiny, moe_tiny
 # and moe_shared_tiny (a shared expert beside the routed ones): what their families change
-MODEL_VARIANTS = {"resnet18_tiny": {"fsdp_full", "deepspeed_zero2", "deepspeed_zero3", "fairscale_oss", "horovod",
+MODEL_VARIANTS = {"resnet18_tiny": {"fsdp_full", "deepspeed_zero3", "fairscale_oss", "horovod",
                                     "pipeline_1f1b", "pipeline_interleaved"},
                   "llama_tiny": {"fsdp_full", "deepspeed_zero3", "horovod", "fairscale_oss", "pipeline_1f1b", "pipeline_fsdp",
                                  "tensor_parallel", "tensor_parallel_sp", "deepspeed_ulysses", "context_parallel"},

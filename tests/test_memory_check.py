@@ -154,7 +154,7 @@ def test_fsdp_inside_pipeline_stages_within_ten_percent_of_memtracker(tmp_path):
     from ddlbench.estimate.memcheck import compare
     from ddlbench.planning.config import validate
     _, rec = run_record(tmp_path / "pf", "framework=pipeline_fsdp", "framework.options.pp=2", "framework.options.dp_shard=2",
-                        "model=gpt2_small", "model.n_layer=4", "model.seq_len=64", "launcher.nproc=4",
+                        "model=gpt2_small", "model.n_layer=2", "model.seq_len=64", "launcher.nproc=4",
                         "run.global_batch=8", "run.micro_batch=1", *RUN[2:], timeout=270)
     assert rec["status"] == "ok", rec.get("error")
     assert rec["parallel"]["grad_accum"] == 4 and len(rec["memory"]["per_rank"]) == 4
