@@ -33,5 +33,7 @@ def test_a_uniform_model_scaled_from_three_blocks_is_the_model_measured_whole(mo
     scaled = prof_mod._profile(mc, precision, device)
     whole = _measured_on_every_block(monkeypatch, mc, precision, device)
     assert scaled.blocks == 7 and len(scaled.pieces) == 7 + 2
+    # which blocks hold experts, counted per piece (not spread evenly): DeepSeek-V3's first layer is dense
+    assert scaled.sparse_blocks() == ([False] + [True] * 6 if preset == "deepseek_v3_tiny" else [False] * 7)
     for f in dataclasses.fields(whole):
         assert getattr(scaled, f.name) == getattr(whole, f.name), f.name

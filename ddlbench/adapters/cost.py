@@ -31,6 +31,7 @@ class Piece:
     activation_bytes: int = 0    # saved for backward per sample (the last piece: with the loss)
     # of `flops`, the (T x T) attention matmuls' (QK^T and the probabilities times V, full T x T)
     attention_flops: float = 0.0
+    experts_params: int = 0      # of `params`, its MoE layer's experts' (0: a dense piece)
 
     def kept_params(self, tp: int) -> float:
         return self.params - self.split_params + self.split_params / tp
@@ -141,6 +142,14 @@ class ModelProfile:
         """A weight tied across pieces (GPT-2's wte, a tied Llama's embed_tokens), as one copy of it
         at tp (a pipeline's first and last stage each hold one and sum their gradients); 0 untied."""
         return self.tied_pair_params(1, tp)
+
+    def sparse_blocks(self) -> list[bool]:
+        """Which blocks hold experts: where the profile counted them per piece (DeepSeek-V3: after its dense
+        first layers), else `moe_layers` of them spread evenly (moe_blocks)."""
+        body = self.pieces[1:-1]
+        if len(body) == self.blocks and any(p.experts_params for p in body):
+            return [p.experts_params > 0 for p in body]
+        return moe_blocks(self.blocks, self.moe_layers)
 
     def vocab_split(self) -> "ModelProfile":
         """This profile with its head split by tp over the vocabulary (loss parallelism): the last

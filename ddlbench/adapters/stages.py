@@ -233,7 +233,7 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     logits; 1/tp of them under loss parallelism)."""
     from dataclasses import replace
 
-    from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, moe_blocks, pipeline_share, split
+    from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, pipeline_share, split
     from ddlbench.metrics.pipeline import interleaved_in_flight
     pp, tp, dp, m, cp = dims.pp, dims.tp, dims.dp, dims.grad_accum, dims.cp
     sp, lp = tp > 1 and o.sequence_parallel, tp > 1 and o.loss_parallel
@@ -247,7 +247,7 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     mine = pipeline_share(model, o.schedule, pp, v, tp, flights)
     ranks = rank_shares(model, o.schedule, pp, v, tp)
     ep = getattr(o, "ep", 1)
-    sparse = moe_blocks(model.blocks, model.moe_layers) if ep > 1 else []
+    sparse = model.sparse_blocks() if ep > 1 else []
     layer_experts = model.experts_params / max(model.moe_layers, 1) if ep > 1 else 0.0
 
     def moe_in(indices) -> float:     # MoE blocks among a rank's pieces (0: the embedding); none counted at ep 1

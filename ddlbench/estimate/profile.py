@@ -132,8 +132,15 @@ def pieces_profile(spec, dtype=torch.float32) -> tuple[tuple[Piece, ...], int]:
     (two, out2), (four, out4) = _per_piece(spec, 2, dtype), _per_piece(spec, 4, dtype)
     return tuple(Piece(params=count_params(piece), split_params=split_param_count(piece), tied_params=tied[i],
                        flops=(four[i][0] - two[i][0]) / 2, activation_bytes=(four[i][1] - two[i][1]) // 2,
-                       attention_flops=(four[i][2] - two[i][2]) / 2)
+                       attention_flops=(four[i][2] - two[i][2]) / 2, experts_params=_experts_in(piece, spec.family))
                  for i, piece in enumerate(plist)), (out4 - out2) // 2
+
+
+def _experts_in(piece, family) -> int:
+    """Parameters of the experts of a block piece's MoE layer (0: dense, or not a block)."""
+    plan = family.experts if family is not None else None
+    moe = plan.moe_block(piece.layer) if plan is not None and hasattr(piece, "layer") else None
+    return 0 if moe is None else sum(p.numel() for p in getattr(moe, plan.experts_attr).parameters())
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -180,7 +180,8 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
 
     params = piece_params(prof, tp)
     ep = int(getattr(o, "ep", 1)) if step.experts else 1
-    moe = moe_blocks(nb - 2, prof.moe_layers) if step.experts else [False] * (nb - 2)
+    moe = (prof.sparse_blocks() if nb - 2 == prof.blocks else moe_blocks(nb - 2, prof.moe_layers)) if step.experts \
+        else [False] * (nb - 2)
     layer_experts = prof.experts_params / max(prof.moe_layers, 1)
     # expert parallelism (ddlbench/models/moe.py dispatch_combine): in forward a MoE block exchanges
     # its tokens' counts per expert, then sends the routed tokens to their experts and back; in
