@@ -138,8 +138,8 @@ def static_boundaries(piece_list: list, model, local_ids: list[int], n_stages: i
 
 
 def _on_meta(module, dtype, x):
-    """`module`'s output on meta, its floating-point parameters in `dtype` (None: their own; the module's
-    own parameters are left as they are)."""
+    """`module`'s output on meta, with meta stand-ins for its parameters (floating-point ones in `dtype`; None:
+    each its own dtype) and buffers; the module itself is not changed."""
     from torch.func import functional_call
     state = {n: torch.empty(t.shape, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype, device="meta")
              for n, t in module.named_parameters()}
