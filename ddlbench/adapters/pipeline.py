@@ -184,7 +184,6 @@ class PipelineStrategy(ModelParallel, Strategy):
         from ddlbench.adapters.stages import parameter_ids, shard_stage_experts
         self.ep_mesh, self.experts = shard_stage_experts(self.stage_modules, getattr(full, "family", None), dims, o.ep,
                                                          ctx.device.type)
-        self.expert_ids = parameter_ids(self.experts)
         # after tensor parallelism (torchtitan's order); blocks numbered over the whole model
         from ddlbench.adapters.stage_context import decoder_blocks
         n_blocks = sum(1 for s in self.local_ids for i in self.ranges[s] if 0 < i < len(piece_list) - 1)
@@ -194,7 +193,7 @@ class PipelineStrategy(ModelParallel, Strategy):
         self._copies: set[int] = set()   # ids of the extra copies of tied parameters (_untie)
         self._tied = self._untie(tied_parameters(piece_list))
         self.sharded = self._shard(len(piece_list)) if dims.dp_shard * dims.cp > 1 else None
-        self.expert_ids = parameter_ids(self.experts)     # FSDP2 gave the experts new Parameters
+        self.expert_ids = parameter_ids(self.experts)     # after FSDP2, which gives the experts new Parameters
         self.model = nn.ModuleDict({f"stage{s}": m for m, s in zip(self.stage_modules, self.local_ids)})  # keys unique over ranks
         local = {id(p): p for m in self.stage_modules for p in m.parameters()}
         self.local_params = list(local.values())
