@@ -420,17 +420,28 @@ CLAIMS += [
 
 
 def _nemo_moe() -> list[str]:
-    """The DeepSeek-V3 and Kimi K2 rows of NeMo Automodel's table as docs/projection.md's prose quotes them."""
+    """NeMo Automodel's rows (DeepSeek-V3, Kimi K2, GPT-OSS) as docs/projection.md's prose quotes them."""
     doc = json.loads((REPO / "reports" / "published" / "nemo_automodel_h100_2025-10.json").read_text())
     r, pair = {row["id"]: row for row in doc["rows"]}, doc["pairs"][0]["error"]
-    pct = [f"{100 * r[i]['error']:+.1f}%" for i in ("ds_v3_256", "ds_v3_1024", "kimi_k2_256")]
+    pct = [f"{100 * r[i]['error']:+.1f}%" for i in ("ds_v3_256", "ds_v3_1024", "kimi_k2_256", "gpt_oss_20b_8",
+                                                      "gpt_oss_120b_64")]
     return [*pct, f"{100 * pair:+.1f}%", f"{r['ds_v3_256']['predicted_memory_gib']:.1f}",
-            f"{r['ds_v3_1024']['predicted_memory_gib']:.1f}"]
+            f"{r['ds_v3_1024']['predicted_memory_gib']:.1f}", f"{100 * r['ds_v3_256']['efficiency']:.1f}%"]
 
 
-CLAIMS += [("docs/projection.md", "**DeepSeek-V3 {} (256 GPUs) and\n{} (1,024), Kimi K2 {}; the 1,024 / 256 pair {}.**",
-            lambda: _nemo_moe()[:4]),
-           ("docs/projection.md", "Memory: {} GiB\n(256) and {} (1,024) predicted", lambda: _nemo_moe()[4:])]
+def _nemo_calibration() -> list[str]:
+    """The calibration row's own projection (reports/published/nemo_qwen3_moe_30b_8_calibration.json)."""
+    doc = json.loads((REPO / "reports" / "published" / "nemo_qwen3_moe_30b_8_calibration.json").read_text())
+    row = doc["rows"][0]
+    return [f"{100 * doc['efficiency']:.1f}%", f"{1e3 * row['exposed_by_kind_s']['all_to_all@nvlink']:,.1f}"]
+
+
+CLAIMS += [("docs/projection.md", "It calibrates the stack at {} of the H100's\npeak", lambda: _nemo_moe()[8:]),
+           ("docs/projection.md", "**DeepSeek-V3 {} (256 GPUs) and {} (1,024), Kimi K2 {},\nGPT-OSS-20B {} and "
+            "GPT-OSS-120B {}; the 1,024 / 256 pair {}**", lambda: _nemo_moe()[:6]),
+           ("docs/projection.md", "Memory: {} GiB (256) and {} (1,024) predicted", lambda: _nemo_moe()[6:8]),
+           ("docs/projection.md", "with compute at {} of the H100's peak (plausible: under the 85% bound), of which\n{} ms",
+            _nemo_calibration)]
 
 
 LENGTH = REPO / "reports" / "length-check" / "2026-11-28.json"

@@ -439,8 +439,9 @@ def test_expert_parallelism_sends_four_all_to_alls_a_moe_block_and_shards_expert
 def test_mfu_is_the_efficiency_times_the_share_of_the_step_spent_computing():
     """No recompute, dp = world, eager attention (the run on a CPU): the compute stream runs exactly
     the model FLOPs at the efficiency. Under a fused causal kernel (the same model on a GPU) it runs
-    half of the T x T scores, so MFU (model FLOPs: the full T x T, PaLM's convention) is the
-    efficiency times the compute share times model / executed FLOPs."""
+    half of the T x T scores and its backward recomputes them (five T x T matmuls to the forward's two),
+    so MFU (model FLOPs: the full T x T, backward twice forward, PaLM's convention) is the efficiency
+    times the compute share times model / executed FLOPs."""
     from ddlbench.estimate.profile import cached_profile
     from ddlbench.planning.config import plan_from_overrides
     for r in spec_rows(("framework=fsdp_full", "model.attention=eager"), eff=0.5):
@@ -451,8 +452,10 @@ def test_mfu_is_the_efficiency_times_the_share_of_the_step_spent_computing():
     executed = sum(p.executed_flops(1, 0.5) for p in prof.pieces)
     # llama_tiny: 2 blocks whose T x T matmuls are 4 x 128^2 x 128 = 8,388,608 forward FLOPs per sample each
     assert model - executed == pytest.approx(2 * 8_388_608 / 2)
+    attention = sum(p.attention_flops * 0.5 for p in prof.pieces)     # the executed T x T matmuls, forward
+    trained = 3 * executed + 0.5 * attention                           # flash's backward: 2.5 x theirs
     for r in spec_rows(("framework=fsdp_full", "model.attention=sdpa_causal"), eff=0.5):
-        assert r["mfu"] == pytest.approx(0.5 * r["compute_s"] / r["step_s"] * model / executed, rel=1e-9)
+        assert r["mfu"] == pytest.approx(0.5 * r["compute_s"] / r["step_s"] * 3 * model / trained, rel=1e-9)
 
 
 def test_torchtitans_8_to_128_h100_pair_within_3_percent(tmp_path):
@@ -696,23 +699,37 @@ def test_tensor_parallel_collectives_by_hand_plain_sp_and_inside_pipeline_stages
     assert sp_pipe["comm_by_kind_s"]["send@nvlink"] == pytest.approx(2 * p.seconds("send", act / 2, 2, 2) * 4, rel=1e-6)
 
 
-def test_the_attention_matmuls_at_their_own_rate_by_hand():
+def test_the_attention_matmuls_at_their_own_rate_and_backward_by_hand():
     """attention_efficiency: a block's executed T x T matmuls (half the scores under the causal kernel)
     timed at their own rate, the rest at the efficiency's. At half the rate they take twice as long:
-    the block's forward grows by exactly their time at the full rate; pieces without them do not."""
+    the block's forward grows by exactly their time at the full rate; pieces without them do not.
+    Backward: twice the linear layers, 2.5 times the fused kernel's attention (flash recomputes the
+    scores: five T x T matmuls to the forward's two); full checkpointing adds the whole forward,
+    selective_op half of the linear layers (torchtitan's per-op policy keeps the attention)."""
     from ddlbench.estimate.profile import cached_profile
     from ddlbench.estimate.scale import piece_times
     from ddlbench.planning.config import plan_from_overrides
     prof = cached_profile(plan_from_overrides(["model=llama_tiny", "framework=fsdp_full"]).cfg.model, "bf16", "cuda")[0]
+    assert prof.fused_attention and prof.causal_skip == 0.5
     rate = 1e12
     same = piece_times(prof, 1, 2, rate, "none")
     slow = piece_times(prof, 1, 2, rate, "none", attention_flops_per_s=rate / 2)
-    for p, (f0, _b0), (f1, b1) in zip(prof.pieces, same, slow):
+    full = piece_times(prof, 1, 2, rate, "full", attention_flops_per_s=rate / 2)
+    op = piece_times(prof, 1, 2, rate, "selective_op", attention_flops_per_s=rate / 2)
+    last = len(prof.pieces) - 1
+    for i, (p, (f0, _b0), (f1, b1), (f2, b2), (f3, b3)) in enumerate(zip(prof.pieces, same, slow, full, op)):
         attn = p.attention_flops * (1 - prof.causal_skip) * 2 / rate
-        assert f1 == pytest.approx(f0 + attn, rel=1e-12) and b1 == pytest.approx(2 * f1, rel=1e-12)
+        assert f1 == pytest.approx(f0 + attn, rel=1e-12) and f2 == f3 == f1
+        linear = f1 - 2 * attn
+        assert b1 == pytest.approx(2 * linear + 2.5 * 2 * attn, rel=1e-12)
+        assert b2 == pytest.approx(b1 + (f1 if 0 < i < last else 0.0), rel=1e-12)
+        assert b3 == pytest.approx(b1 + (linear / 2 if 0 < i < last else 0.0), rel=1e-12)
     assert prof.pieces[1].attention_flops > 0 and prof.pieces[0].attention_flops == 0
     at_rate = piece_times(prof, 1, 2, rate, "none", attention_flops_per_s=rate)
     assert [x for t in at_rate for x in t] == pytest.approx([x for t in same for x in t], rel=1e-12)
+    eager = cached_profile(plan_from_overrides(["model=llama_tiny", "framework=fsdp_full"]).cfg.model, "bf16", "cpu")[0]
+    assert not eager.fused_attention
+    assert all(b == pytest.approx(2 * f, rel=1e-12) for f, b in piece_times(eager, 1, 2, rate, "none"))
 
 
 def test_the_framework_step_on_a_gpu_starts_in_a_spawned_process():

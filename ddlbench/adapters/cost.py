@@ -121,6 +121,12 @@ class ModelProfile:
     # kernel (SDPA/flash on a causal LM), 0 for eager attention (computes them all, then masks)
     causal_skip: float = 0.0
 
+    @property
+    def fused_attention(self) -> bool:
+        """Whether the run's attention is a fused kernel (flash / SDPA: it skips the masked score blocks and
+        recomputes the scores in backward); every language model we build is causal, so the skip says so."""
+        return self.causal_skip > 0
+
     def params_at_most(self, numel: int) -> int:
         """Parameters in tensors of at most `numel` elements (0 where the sizes are unknown)."""
         return sum(n for n in self.param_numels if n <= numel)

@@ -39,16 +39,46 @@ def recompute(policy: str, block: int) -> float:
     return 1.0 if k and (block + 1) % k == 0 else 0.0
 
 
+# a fused attention kernel's backward (flash, SDPA's efficient and cuDNN kernels) computes five (T x T) matmuls
+# where its forward computes two: it recomputes the scores from Q and K rather than keep them (FlashAttention-2,
+# Dao 2023, section 3.1.2); eager attention keeps the probabilities and computes four, twice its forward
+FUSED_ATTENTION_BACKWARD = 2.5
+
+
+def block_backward(linear_s: float, attention_s: float, fused: bool, policy: str, block: int) -> float:
+    """Seconds of one block's backward from its forward's linear and (T x T) attention seconds: twice the
+    linear ones, the attention's 2.5 times under a fused kernel (twice under eager attention), plus what the
+    checkpointing policy runs again of the forward (selective_op: half of the linear layers, the attention
+    kept); `block` < 0 is a piece outside the blocks (embedding, head), never checkpointed."""
+    back = 2 * linear_s + (FUSED_ATTENTION_BACKWARD if fused else 2.0) * attention_s
+    if block < 0:
+        return back
+    from ddlbench.models.checkpointing import normalize
+    again = recompute(policy, block)
+    return back + again * (linear_s if normalize(policy) == "selective_op" else linear_s + attention_s)
+
+
 @dataclass(frozen=True)
 class Pricing:
     network: Network
     algorithm: str = "best"
+    dispatch: str = "all_to_all"        # how expert parallelism sends tokens (ddlbench/estimate/dispatch.py)
+    routing: str = "uniform"            # where the router sends them
 
     def seconds(self, kind: str, nbytes: float, ranks: int, stride: int) -> float:
         if ranks <= 1 or nbytes <= 0:
             return 0.0
         s = spans(self.network, ranks, stride)
         return collective_time(kind, nbytes, kind_spans(self.network, kind, s, nbytes), self.algorithm)[0]
+
+    def dispatch_seconds(self, routed_bytes: float, ranks: int, stride: int, experts: int, top_k: int) -> float:
+        """One expert-parallel dispatch of `routed_bytes` (a token's top_k copies) per rank over `ranks`
+        ranks `stride` apart: an all_to_all of them, or DeepEP's per-rank / per-node copies."""
+        if self.dispatch == "all_to_all" or ranks <= 1:
+            return self.seconds("all_to_all", routed_bytes, ranks, stride)
+        from ddlbench.estimate import dispatch
+        s = kind_spans(self.network, "all_to_all", spans(self.network, ranks, stride), routed_bytes)
+        return dispatch.seconds(routed_bytes / top_k, s, experts, top_k, self.dispatch, self.routing)
 
     def buckets(self, ranks_per_core: int = 1) -> dict[str, float]:
         """{dimension: its links' token bucket in seconds} for the shaped dimensions (burst_bytes > 0:
@@ -75,7 +105,7 @@ def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str,
                 measured: list[tuple[float, float]] | None = None,
                 attention_flops_per_s: float | None = None) -> list[tuple[float, float]]:
     """(forward, backward) seconds per micro-batch of every piece (embedding, blocks, head): by the
-    roofline (the forward FLOPs the rank's kernels compute / flops_per_s, backward twice that; a
+    roofline (the forward FLOPs the rank's kernels compute / flops_per_s, backward by block_backward; a
     fused causal attention kernel computes half of the T x T scores: Piece.executed_flops; with
     `attention_flops_per_s` those T x T matmuls at their own rate: Float8 speeds only the linear
     layers), or from `measured` seconds per sample of each piece (ddlbench/project/piece_timer.py)
@@ -87,14 +117,15 @@ def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str,
         if measured:
             share = p.executed_flops(tp, skip) / p.executed_flops(1, skip) if p.flops else 1.0
             f, b = (t * micro_batch * share for t in measured[i])
+            b += recompute(ac, i - 1) * f if block else 0.0
         else:
             executed = p.executed_flops(tp, skip)
             # the T x T matmuls of the executed FLOPs (a piece's share of them split by tp like the rest)
-            attn = (p.attention_flops * (1 - skip) * executed / p.executed_flops(1, skip)
-                    if attention_flops_per_s and p.attention_flops else 0.0)
-            f = ((executed - attn) / flops_per_s + attn / (attention_flops_per_s or flops_per_s)) * micro_batch
-            b = 2 * f
-        out.append((f, b + (recompute(ac, i - 1) * f if block else 0.0)))
+            attn = p.attention_flops * (1 - skip) * executed / p.executed_flops(1, skip) if p.attention_flops else 0.0
+            lin_s = (executed - attn) / flops_per_s * micro_batch
+            attn_s = attn / (attention_flops_per_s or flops_per_s) * micro_batch
+            f, b = lin_s + attn_s, block_backward(lin_s, attn_s, prof.fused_attention, ac, i - 1 if block else -1)
+        out.append((f, b))
     return out
 
 
@@ -186,9 +217,11 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     # expert parallelism (ddlbench/models/moe.py dispatch_combine): in forward a MoE block exchanges
     # its tokens' counts per expert, then sends the routed tokens to their experts and back; in
     # backward their gradients the same two ways (all-to-alls among the ep ranks, tp apart), exposed
-    a2a = pricing.seconds("all_to_all", prof.routed_bytes_per_sample * mb, ep, tp) if ep > 1 else 0.0
-    counts = pricing.seconds("all_to_all", 8 * cfg.model.moe.num_experts, ep, tp) if ep > 1 else 0.0   # int64 each
-    if ep > 1:
+    a2a = counts = 0.0
+    if ep > 1:      # the routed tokens as the pricing's dispatcher sends them (ddlbench/estimate/dispatch.py)
+        experts, top_k = cfg.model.moe.num_experts, cfg.model.moe.top_k
+        a2a = pricing.dispatch_seconds(prof.routed_bytes_per_sample * mb, ep, tp, experts, top_k)
+        counts = pricing.seconds("all_to_all", 8 * experts, ep, tp)     # int64 each
         tp_kind = pricing.label("all_to_all", ep, tp)
 
     head_f = head_b = 0.0       # loss parallelism: the cross-entropy's 3 fp32 values a position; the head's input gradient

@@ -11,7 +11,8 @@ from ddlbench.errors import ConfigError
 from ddlbench.record.results import atomic_write_json
 
 KEYS = {"network", "world_sizes", "hardware", "peak_tflops", "local_batch", "ac", "mfu", "calibrate",
-        "device_memory_gb", "per_node", "algorithm", "max_efficiency", "out", "replace", "attention_efficiency"}
+        "device_memory_gb", "per_node", "algorithm", "max_efficiency", "out", "replace", "attention_efficiency",
+        "dispatch", "routing"}
 DEFAULT_WORLD_SIZES = [8, 128, 1024]
 DEFAULT_MFU = 0.4
 # the most of a dense datasheet peak a calibration may solve for: the best published bf16 training runs
@@ -21,7 +22,8 @@ MAX_EFFICIENCY = 0.85
 USAGE = ("usage: bench project model=NAME framework=NAME network=NAME hardware=H100 [world_sizes=[8,128,1024]] "
          "[local_batch=N] [ac=none|full|selective_layer:K|selective_op] [mfu=0.4 | calibrate=TOKENS_PER_S@DEVICES | "
          "calibrate=pieces] [attention_efficiency=F] [max_efficiency=0.85] "
-         "[device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical|gloo] [out=DIR] [any run override]")
+         "[device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical|gloo] [dispatch=all_to_all|deepep] "
+         "[routing=uniform|balanced] [out=DIR] [any run override]")
 
 
 def is_spec(args: list[str]) -> bool:
@@ -120,7 +122,11 @@ def run(args: list[str]) -> int:
     attn = kv.number("attention_efficiency", low=1e-4, high=1.0) if kv.text("attention_efficiency") else None
     spec = Spec(overrides, kv.integer("local_batch", 1), peak, ac,
                 kv.integer("per_node", net.dims[0].size), mem * 2**30 if mem else None, attention_efficiency=attn)
-    pricing = Pricing(net, algorithm)
+    # expert parallelism's dispatcher and routing as priced (ddlbench/estimate/dispatch.py): ours is an
+    # all_to_all of every (token, expert) under the model's learned router; deepep / balanced price other stacks'
+    from ddlbench.estimate.dispatch import DISPATCHERS, ROUTINGS
+    dispatch, routing = kv.choice("dispatch", DISPATCHERS, "all_to_all"), kv.choice("routing", ROUTINGS, "uniform")
+    pricing = Pricing(net, algorithm, dispatch, routing)
     measured = per_param = factor = None
     try:
         if kv.text("calibrate") == "pieces":      # compute per piece timed on the device at hand
@@ -160,7 +166,7 @@ def run(args: list[str]) -> int:
     name = "_".join(a.split("=", 1)[1] for a in kv.passed if a.startswith(("model=", "framework=")))
     out = claim_out(Path(kv.text("out") or f"projection_{name}_{net.name}"), kv)
     doc = {"specification": list(spec.overrides), "network": net.name, "network_file": net.source, "algorithm": algorithm,
-           "peak_flops": peak, "peak_source": peak_src, "efficiency": eff, "efficiency_source": eff_src, "attention_efficiency": attn, "ac": ac,
+           "dispatch": dispatch, "routing": routing, "peak_flops": peak, "peak_source": peak_src, "efficiency": eff, "efficiency_source": eff_src, "attention_efficiency": attn, "ac": ac,
            "local_batch": spec.local_batch, "per_node": spec.per_node, "method": (
                "planned per world size as a run (ddlbench.planning.config), pieces timed by the roofline, each unit's collectives "
                "priced on the network, the step simulated with the framework's rules (ddlbench/estimate/rules.py)"),
