@@ -36,7 +36,9 @@ STEPS = ("run.warmup_steps=2", "run.measure_steps=8", "run.global_batch=8",
 # ep=2 x tp=2; at 2 ranks (ep=2, the experts unsharded) tests/test_moe.py holds it to one rank.
 GATE_AT = {"daso": (4, ("framework.options.ranks_per_node=2",)),
            "tensor_parallel_fsdp": (4, ()),
-           "pipeline_fsdp": (4, ()),          # pp 2 x dp_shard 2: FSDP2 inside each stage
+           # pp 2 x dp_shard 2: FSDP2 inside each stage; 4 micro-batches a step as 2 schedules of 2 (gradient
+           # accumulation over the pipeline, NeMo Automodel's GA: its gradients accumulated, divided once)
+           "pipeline_fsdp": (4, ("run.micro_batch=1", "framework.options.n_microbatches=2")),
            "fsdp_hybrid": (4, ("framework.options.hybrid_shard_size=2",)),
            "expert_parallel": (4, ()), "expert_parallel_tp": (4, ()),
            # DeepSpeed-Ulysses wraps SDPA (the DDP reference runs eager attention: the same math)
@@ -233,8 +235,9 @@ def assert_differs_from_base(framework: str, rec: dict) -> None:
         assert (par["tp"], par["dp_shard"]) == (2, 2), par
     elif framework == "fsdp_hybrid":
         assert native["mesh"]["shape"] == [2, 2], native["mesh"]
-    elif framework == "pipeline_fsdp":       # FSDP2 inside each of 2 stages
+    elif framework == "pipeline_fsdp":       # FSDP2 inside each of 2 stages, the schedule twice a step
         assert (par["pp"], par["dp_shard"]) == (2, 2) and native["fsdp"]["reshard_after_forward"] is False, par
+        assert (par["grad_accum"], native["n_microbatches"], native["schedule_repeats"]) == (4, 2, 2), native
     elif framework == "expert_parallel":       # (efsdp, ep, tp): the experts FSDP2-sharded over 2
         assert native["mesh"]["shape"] == [2, 2, 1] and rec["moe"]["experts_fsdp_ranks"] == 2, native["mesh"]
     elif framework == "expert_parallel_tp":

@@ -777,3 +777,32 @@ def test_context_parallel_inside_pipeline_stages_by_hand():
     assert cp["comm_by_kind_s"]["send@nvlink"] == pytest.approx(2 * p.seconds("send", act / 2, 2, 2) * 4, rel=1e-6)
     assert plain["comm_by_kind_s"]["send@nvlink"] == pytest.approx(2 * p.seconds("send", act, 2, 1) * 4, rel=1e-6)
     assert cp["memory_per_rank_bytes"] < plain["memory_per_rank_bytes"]
+
+
+@pytest.mark.parametrize("framework", ["pipeline_1f1b", "pipeline_fsdp"])
+def test_several_schedules_a_step_each_fill_and_drain_by_hand(framework):
+    """framework.options.n_microbatches below the step's micro-batches (NeMo Automodel's GA over a pipeline):
+    8 micro-batches as 2 schedules of 4 cost what 1 schedule of 4 costs (a local batch of 4) plus one more
+    schedule's body (its compute, bubble and exposed sends); the tail after the schedules (the reduction,
+    exposed) once. Memory is the schedule's: 4 micro-batches in flight, as at a local batch of 4. FSDP2
+    gathers and reduce-scatters once a schedule (twice the traffic); plain replicas all-reduce once."""
+    base = (f"framework={framework}", "framework.options.pp=2", "run.micro_batch=1",
+            *(("framework.options.dp_shard=-1",) if framework == "pipeline_fsdp" else ("framework.options.dp=-1",)))
+    one = spec_rows((*base,), local_batch=4, sizes=(8,))[0]
+    two = spec_rows((*base, "framework.options.n_microbatches=4"), local_batch=8, sizes=(8,))[0]
+    whole = spec_rows((*base,), local_batch=8, sizes=(8,))[0]
+    assert two["compute_s"] == pytest.approx(2 * one["compute_s"], rel=1e-9) == whole["compute_s"]
+    bubble = one["exposed_by_kind_s"]["pipeline bubble"]
+    assert two["exposed_by_kind_s"]["pipeline bubble"] == pytest.approx(2 * bubble, rel=1e-9)
+    assert whole["exposed_by_kind_s"]["pipeline bubble"] == pytest.approx(bubble, rel=1e-9)    # one fill and drain
+    sends = sum(v for k, v in one["exposed_by_kind_s"].items() if k.startswith("send@"))
+    assert two["step_s"] - one["step_s"] == pytest.approx(one["compute_s"] + bubble + sends, rel=1e-9)
+    assert two["memory_per_rank_bytes"] == pytest.approx(one["memory_per_rank_bytes"], rel=1e-12)
+    gathered = {k: v for k, v in two["comm_by_kind_s"].items() if k.startswith(("all_gather", "reduce_scatter"))}
+    if framework == "pipeline_fsdp":
+        assert gathered and all(v == pytest.approx(2 * one["comm_by_kind_s"][k], rel=1e-9) for k, v in gathered.items())
+    else:
+        reduced = [k for k in one["comm_by_kind_s"] if k.startswith("all_reduce")]
+        assert reduced and all(two["comm_by_kind_s"][k] == pytest.approx(one["comm_by_kind_s"][k]) for k in reduced)
+    with pytest.raises(ConfigError, match="n_microbatches 3 must divide the step's"):
+        spec_rows((*base, "framework.options.n_microbatches=3"), local_batch=8, sizes=(8,))

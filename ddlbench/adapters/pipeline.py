@@ -22,7 +22,9 @@ stage as torchtitan applies it to each model part (stages.shard_stages), gradien
 at the last micro-batch's backward (torch.distributed.pipelining drives FSDP's gradient sync).
 
 Loss: per micro-batch on the last stage (mean over micro-batches; the schedule scales
-gradients by 1/n_microbatches, so the update equals the full local batch's mean loss).
+gradients by 1/n_microbatches, so the update equals the full local batch's mean loss). With
+`n_microbatches` below the step's micro-batches the schedule runs several times a step (gradient
+accumulation over a pipeline) and the accumulated gradients are divided by all of them once.
 """
 from __future__ import annotations
 
@@ -126,12 +128,14 @@ class Pipeline(Variant):
 
     def dry_run_info(self, cfg, dims) -> dict:
         """Stage layout and parameters per stage, from the model built on the meta device."""
+        from ddlbench.adapters.stages import schedule_microbatches
         from ddlbench.models.pipeline import stage_layout
         options, v = self.options, self.stages_per_rank()
         n_pieces, stages = stage_layout(cfg.model, options.schedule, dims.pp, v)
-        return {"pipeline": {"schedule": options.schedule, "n_microbatches": dims.grad_accum,
+        m, repeats = schedule_microbatches(options, dims)
+        return {"pipeline": {"schedule": options.schedule, "n_microbatches": m, "schedule_repeats": repeats,
                              "micro_batch": dims.micro_batch, "pieces": n_pieces, "stages": stages,
-                             "bubble_fraction_analytic": analytic_bubble(options.schedule, dims.pp, dims.grad_accum, v)}}
+                             "bubble_fraction_analytic": analytic_bubble(options.schedule, dims.pp, m, v)}}
 
     def unsupported_reason(self, cfg, device_type: str) -> Optional[str]:
         if cfg.run.precision == "fp16":
@@ -211,9 +215,11 @@ class PipelineStrategy(ModelParallel, Strategy):
         stages = [PipelineStage(m, s, n_stages, ctx.device, group=self.pp_group, **examples.get(s, {}))
                   for m, s in zip(self.stage_modules, self.local_ids)]
         cls = getattr(pipelining, SCHEDULES[o.schedule])
-        self.n_microbatches = dims.grad_accum
+        from ddlbench.adapters.stages import schedule_microbatches
+        self.n_microbatches, self.repeats = schedule_microbatches(o, dims)
+        # stepped several times a step its scale_grads would divide the earlier schedules' gradients again
         self.schedule = cls(stages if o.schedule in MULTI else stages[0], n_microbatches=self.n_microbatches,
-                            loss_fn=self._loss_fn, scale_grads=True)
+                            loss_fn=self._loss_fn, scale_grads=self.repeats == 1)
         self.first, self.last = 0 in self.local_ids, n_stages - 1 in self.local_ids
         self.optimizer = build_optimizer(self.local_params)
         self._inputs: dict[int, torch.Tensor] = {}
@@ -269,9 +275,17 @@ class PipelineStrategy(ModelParallel, Strategy):
         losses: list = []
         with ring(self.cp_mesh, batch, self.blocks) if self.cp_mesh is not None else nullcontext(
                 (batch[self._input_key(batch)], batch.get("labels"))) as (inputs, labels):
-            args = (inputs,) if self.first else ()
+            parts = zip(inputs.tensor_split(self.repeats), labels.tensor_split(self.repeats)
+                        if labels is not None else [None] * self.repeats)
             with self.precision.forward_context(), loss_parallel() if self.options.loss_parallel else nullcontext():
-                self.schedule.step(*args, target=labels if self.last else None, losses=losses if self.last else None)
+                for x, y in parts:      # the schedule once, or once per n_microbatches of the step's micro-batches
+                    mine: list = []     # torch clears the list it is given
+                    self.schedule.step(*((x,) if self.first else ()), target=y if self.last else None,
+                                       losses=mine if self.last else None)
+                    losses += mine
+        for p in self.local_params if self.repeats > 1 else ():     # the sum over the step's micro-batches
+            if p.grad is not None:
+                p.grad.div_(self.dims.grad_accum)
         self._sync_grads()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -329,7 +343,7 @@ class PipelineStrategy(ModelParallel, Strategy):
                     out = module(inp)
                 out.float().sum().backward()
             return run
-        return [one_pass(m, self._inputs[s]) for m, s in zip(self.stage_modules, self.local_ids)], self.n_microbatches
+        return [one_pass(m, self._inputs[s]) for m, s in zip(self.stage_modules, self.local_ids)], self.dims.grad_accum
 
     def after_busy_probe(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -357,39 +371,30 @@ class PipelineStrategy(ModelParallel, Strategy):
         return [merged[i] for i in sorted(merged)]
 
     def describe(self) -> dict:
+        from ddlbench.adapters.stages import inner_parallelisms
         o, dims = self.options, self.dims
         native = {
             "api": "torch.distributed.pipelining (PipelineStage + " + SCHEDULES[o.schedule] + ")",
-            "schedule": o.schedule, "n_microbatches": self.n_microbatches,
+            "schedule": o.schedule, "n_microbatches": self.n_microbatches, "schedule_repeats": self.repeats,
             "stages": len(self.owners), "stages_per_rank": self.variant.stages_per_rank(),
             "stage_owner_pp_rank": self.owners, "stage_pieces": [list(r) for r in self.ranges],
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.mesh_dim_names)},
             "tied_weights": "gradient summed between the two pipeline ranks holding a copy"
                             if self._tied else "none across ranks",
             "dp_gradient_sync": ("flattened all-reduce (mean) over dp after the schedule" if self.dp_group is not None
-                                 else f"FSDP2 reduce-scatter over dp_shard{' x cp' if dims.cp > 1 else ''} at the last "
-                                 "micro-batch's backward"
+                                 else f"FSDP2 reduce-scatter over dp_shard{' x cp' if dims.cp > 1 else ''} at each "
+                                 "schedule's last micro-batch's backward"
                                  + (" + all-reduce over dp_replicate (HSDP)" if dims.dp_replicate > 1 else "")
                                  if dims.dp_shard * dims.cp > 1 else None),
             "fsdp": None if self.sharded is None else {
                 "api": "torch.distributed.fsdp.fully_shard per block and per stage", "units_per_stage": self.sharded.units,
                 "reshard_after_forward": False, "mixed_precision": self.sharded.mp_record(),
                 "order": "tensor parallel -> activation checkpointing -> FSDP2 (torchtitan's)"},
-            "tensor_parallel": ("ddlbench.models.tensor_parallel plan on every stage" + (
-                ", sequence parallel (1/tp of the sequence between stages)" if o.sequence_parallel else "") + (
-                ", loss parallel (the head over the vocabulary)" if o.loss_parallel else "")) if dims.tp > 1 else None,
-            "expert_parallel": None if o.ep == 1 else {
-                "ep": o.ep, "over": "dp_shard (borrowed; FSDP2 of the experts over dp_shard / ep)" if dims.dp_shard > 1
-                else "the replicas (dp)", "dispatch": "all_to_all_single (ddlbench.models.moe)",
-                "experts_gradient": f"FSDP2 mean over the {dims.dp // o.ep} edp rank(s) holding the same experts, / ep "
-                f"{o.ep}" if dims.dp_shard > 1 else
-                f"summed over the {dims.dp // o.ep} replica(s) holding the same experts, / dp {dims.dp}"},
-            "context_parallel": None if o.cp == 1 else {
-                "cp": o.cp, "api": "torch.distributed.tensor.experimental.context_parallel around the schedule's step",
-                "load_balancer": "torch's head-tail (2 x cp chunks, causal)",
-                "gradients": "FSDP2 over dp_shard x cp (torchtitan's fold: the cp ranks always shard)"},
+            **inner_parallelisms(o, dims),
             "activation_checkpointing": describe_ac(o.activation_checkpointing),
             "checkpointed_blocks_this_rank": self.checkpointed,
-            "scale_grads": True, "backend": self.ctx.backend,
+            "scale_grads": self.repeats == 1, "backend": self.ctx.backend,
         }
+        if self.repeats > 1:
+            native["gradient_scaling"] = f"accumulated over {self.repeats} schedules, divided by {dims.grad_accum} once"
         return {"version": torch.__version__, "native_config": native}

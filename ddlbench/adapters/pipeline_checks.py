@@ -3,6 +3,9 @@ asks): the schedule's stages per rank and micro-batches, the model's fit to the 
 parallelism inside the stages needs (sequence and loss parallel, experts, context parallel)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ddlbench.adapters.stages import schedule_microbatches
 from ddlbench.adapters.tensor_parallel import loss_parallel_config_errors, sequence_parallel_errors
 from ddlbench.errors import ConfigError
 from ddlbench.settings.dims import model_fit_errors
@@ -28,10 +31,13 @@ def check_pipeline(options, cfg, dims, v: int) -> None:
                           "gpipe, 1f1b and interleaved_1f1b schedules; the zero-bubble schedules split backward "
                           "into input and weight passes, which this adapter does not drive with FSDP2")
     if options.n_microbatches is not None and cfg.run.micro_batch is not None \
-            and dims.grad_accum != options.n_microbatches:
-        raise ConfigError(f"framework.options.n_microbatches {options.n_microbatches} disagrees with "
-                          f"run.micro_batch {cfg.run.micro_batch} ({dims.grad_accum} micro-batches)")
-    errors = model_fit_errors(dims, cfg.model, dims.pp * v, options.schedule)
+            and dims.grad_accum % options.n_microbatches:
+        raise ConfigError(f"framework.options.n_microbatches {options.n_microbatches} must divide the step's "
+                          f"{dims.grad_accum} micro-batches (run.micro_batch {cfg.run.micro_batch}): the schedule "
+                          "runs grad_accum / n_microbatches times a step")
+    # the schedule's own micro-batches against the pipeline's depth
+    errors = model_fit_errors(replace(dims, grad_accum=schedule_microbatches(options, dims)[0]), cfg.model,
+                              dims.pp * v, options.schedule)
     if options.sequence_parallel:
         errors += sequence_parallel_errors(cfg.model, dims.tp)
     if options.loss_parallel:

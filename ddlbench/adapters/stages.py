@@ -175,21 +175,32 @@ def whole_parameter(p, expert_ids: set, ep_mesh) -> torch.Tensor:
     return t
 
 
-def data_parallel_traffic(dims, model, piece: float, precision: str, stages_per_rank: int) -> list:
+def schedule_microbatches(options, dims) -> tuple[int, int]:
+    """(micro-batches one schedule runs, schedules a step): `framework.options.n_microbatches` where it is
+    fewer than the step's micro-batches (gradient accumulation over a pipeline, as NeMo Automodel and
+    torchtitan run it: the schedule stepped grad_accum / n times, its fill and drain each time), else every
+    micro-batch in one schedule."""
+    m = getattr(options, "n_microbatches", None) or dims.grad_accum
+    return m, max(1, dims.grad_accum // m)
+
+
+def data_parallel_traffic(dims, model, piece: float, precision: str, stages_per_rank: int, repeats: int = 1) -> list:
     """A pipeline rank's data-parallel traffic a step, `piece` its parameters. Plain replicas: one
-    flattened fp32 all-reduce of its gradients over dp after the schedule. FSDP2 inside the stages
-    (dp_shard): its parameters all-gathered once a step in the compute dtype (kept gathered to the
-    last backward: reshard_after_forward=False), their fp32 gradients reduce-scattered once, and the
-    shards all-reduced over dp_replicate (HSDP); one message per unit (its blocks, each stage's root)."""
+    flattened fp32 all-reduce of its gradients over dp after the schedule(s). FSDP2 inside the stages
+    (dp_shard): its parameters all-gathered once a schedule in the compute dtype (kept gathered to the
+    last backward: reshard_after_forward=False), their fp32 gradients reduce-scattered once a schedule,
+    and the shards all-reduced over dp_replicate (HSDP); one message per unit (its blocks, each stage's
+    root); `repeats` schedules a step."""
     from ddlbench.adapters.cost import DTYPE_BYTES, split
     tp, shard = dims.tp, dims.dp_shard * dims.cp     # context parallelism: FSDP2 over dp_shard x cp (stage_context)
     if shard == 1:
         return split("all_reduce", 4.0 * piece, 1, dims.dp, stride=tp, what="gradients")
     units = max(1, model.blocks // dims.pp) + stages_per_rank
-    return (split("all_gather", DTYPE_BYTES[precision] * piece, units, shard, stride=tp,
-                  what="stage parameters (FSDP2, gathered once a step)")
-            + split("reduce_scatter", 4.0 * piece, units, shard, stride=tp, what="stage gradients (FSDP2)")
-            + split("all_reduce", 4.0 * piece / shard, units, dims.dp_replicate, stride=shard * tp,
+    return (split("all_gather", DTYPE_BYTES[precision] * piece, units, shard, stride=tp, per_step=repeats,
+                  what="stage parameters (FSDP2, gathered once a schedule)")
+            + split("reduce_scatter", 4.0 * piece, units, shard, stride=tp, per_step=repeats,
+                    what="stage gradients (FSDP2)")
+            + split("all_reduce", 4.0 * piece / shard, units, dims.dp_replicate, stride=shard * tp, per_step=repeats,
                     what="gradient shards (HSDP)"))
 
 
@@ -236,14 +247,15 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     from ddlbench.adapters.cost import DTYPE_BYTES, CostModel, autocast_copies, pipeline_share, split
     from ddlbench.metrics.pipeline import interleaved_in_flight
     pp, tp, dp, m, cp = dims.pp, dims.tp, dims.dp, dims.grad_accum, dims.cp
+    ms, repeats = schedule_microbatches(o, dims)    # a schedule's micro-batches (what is in flight), schedules a step
     sp, lp = tp > 1 and o.sequence_parallel, tp > 1 and o.loss_parallel
     if lp:
         model = model.vocab_split()
     if sp:      # an untied embedding row-wise over the vocabulary (decoder.sp_stage)
         model = model.embedding_split(tp)
-    flights = ([m] * pp if o.schedule == "gpipe" else [min(pp - r, m) for r in range(pp)] if o.schedule == "1f1b"
-               else [interleaved_in_flight(r, pp, v, m) for r in range(pp)] if o.schedule == "interleaved_1f1b"
-               else [min(pp, m)] * pp)      # 1F1B: stage r min(pp - r, m), the last stage one
+    flights = ([ms] * pp if o.schedule == "gpipe" else [min(pp - r, ms) for r in range(pp)] if o.schedule == "1f1b"
+               else [interleaved_in_flight(r, pp, v, ms) for r in range(pp)] if o.schedule == "interleaved_1f1b"
+               else [min(pp, ms)] * pp)      # 1F1B: stage r min(pp - r, m), the last stage one
     mine = pipeline_share(model, o.schedule, pp, v, tp, flights)
     ranks = rank_shares(model, o.schedule, pp, v, tp)
     ep = getattr(o, "ep", 1)
@@ -288,17 +300,17 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
         traffic += split("all_to_all", routed, 1, ep, stride=tp, per_step=4 * moe_here * m, what="routed tokens",
                          data_parallel=False)
         if shard > 1:   # ep borrowed from dp_shard: the dense part FSDP2 over dp_shard, the experts over dp_shard / ep
-            traffic += (data_parallel_traffic(dims, model, piece - local_experts, precision, v)
+            traffic += (data_parallel_traffic(dims, model, piece - local_experts, precision, v, repeats)
                         + split("all_gather", DTYPE_BYTES[precision] * local_experts, max(1, round(moe_here)), dp // ep,
-                                stride=ep * tp, what="stage experts (FSDP2, gathered once a step)")
+                                stride=ep * tp, per_step=repeats, what="stage experts (FSDP2, gathered once a schedule)")
                         + split("reduce_scatter", 4.0 * local_experts, max(1, round(moe_here)), dp // ep,
-                                stride=ep * tp, what="expert gradients (FSDP2)"))
+                                stride=ep * tp, per_step=repeats, what="expert gradients (FSDP2)"))
         else:
             traffic += (split("all_reduce", 4.0 * (piece - local_experts), 1, dp, stride=tp, what="gradients (dense)")
                         + split("all_reduce", 4.0 * local_experts, 1, dp // ep, stride=ep * tp,
                                 what="gradients (experts)"))
     else:
-        traffic += data_parallel_traffic(dims, model, piece, precision, v)
+        traffic += data_parallel_traffic(dims, model, piece, precision, v, repeats)
     tied = model.stage_tied_params(tp) if pp > 1 else 0.0
     if tied:     # the first and the last stage each hold a copy: their gradients summed (_sync_grads)
         traffic += split("all_reduce", 4.0 * tied, 1, 2, stride=(pp - 1) * dp * cp * tp,
@@ -309,11 +321,11 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     state = [share.params if ep > 1 and shard > 1 else params for params, share, *_ in held]
 
     def buffers(params: float, last: bool) -> dict:
-        out = autocast_copies(params, precision) if shard == 1 else fsdp_stage_buffers(params, precision, m)
+        out = autocast_copies(params, precision) if shard == 1 else fsdp_stage_buffers(params, precision, ms)
         if pp > 1:
             out["send and receive buffers"] = 2 * 2 * (act / tp if sp else act)
-            if last:    # the last stage keeps every micro-batch's output until the next step (output_chunks)
-                out["last stage's outputs, every micro-batch"] = m * dims.micro_batch * model.output_bytes_per_sample * out_share
+            if last:    # the last stage keeps every micro-batch's output until the schedule's next step (output_chunks)
+                out["last stage's outputs, every micro-batch"] = ms * dims.micro_batch * model.output_bytes_per_sample * out_share
         if ep > 1:
             out["all-to-all send and receive buffers (one layer)"] = 2 * model.routed_bytes_per_sample * dims.micro_batch
         return out
@@ -324,7 +336,7 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
         shard_params=shard > 1, backward_grad_bytes=DTYPE_BYTES[precision] if shard > 1 else 0,    # FSDP2's param_dtype
         largest_weight=model.largest_weight_params, buffers=buffers(piece, True), activation_share=mine.activations / cp,
         in_flight=max(flights), compute_share=mine.compute / cp, output_share=out_share,
-        bubble_slots=(pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
+        bubble_slots=repeats * (pp - 1) / (1 if o.schedule in ("gpipe", "1f1b") else v),
         pipeline_stages=pp if v == 1 and pp > 1 else 0, traffic=tuple(traffic))
     if not ranks:
         return cost
@@ -344,3 +356,23 @@ def rank_shares(model, schedule: str, pp: int, v: int, tp: int) -> list:
     ranges, owners = partition(len(model.pieces), pp * v), stage_owners(schedule, pp, v)
     mine = [[i for s, r in enumerate(ranges) if owners[s] == rank for i in r] for rank in range(pp)]
     return [(model.share(idx, tp), owners[-1] == rank, idx) for rank, idx in enumerate(mine)]
+
+
+def inner_parallelisms(o, dims) -> dict:
+    """What runs inside the stages beyond FSDP2, as the run records it (native_config): tensor, expert and
+    context parallelism (None where off)."""
+    return {
+        "tensor_parallel": ("ddlbench.models.tensor_parallel plan on every stage" + (
+            ", sequence parallel (1/tp of the sequence between stages)" if o.sequence_parallel else "") + (
+            ", loss parallel (the head over the vocabulary)" if o.loss_parallel else "")) if dims.tp > 1 else None,
+        "expert_parallel": None if o.ep == 1 else {
+            "ep": o.ep, "over": "dp_shard (borrowed; FSDP2 of the experts over dp_shard / ep)" if dims.dp_shard > 1
+            else "the replicas (dp)", "dispatch": "all_to_all_single (ddlbench.models.moe)",
+            "experts_gradient": f"FSDP2 mean over the {dims.dp // o.ep} edp rank(s) holding the same experts, / ep "
+            f"{o.ep}" if dims.dp_shard > 1 else
+            f"summed over the {dims.dp // o.ep} replica(s) holding the same experts, / dp {dims.dp}"},
+        "context_parallel": None if o.cp == 1 else {
+            "cp": o.cp, "api": "torch.distributed.tensor.experimental.context_parallel around the schedule's step",
+            "load_balancer": "torch's head-tail (2 x cp chunks, causal)",
+            "gradients": "FSDP2 over dp_shard x cp (torchtitan's fold: the cp ranks always shard)"},
+    }

@@ -61,10 +61,14 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
     their gradients all-reduced (FSDP2: reduce-scattered) over the dp / ep ranks that hold the same experts, the
     rest over dp. A boundary's send: the activation in the run's dtype, 1/tp of it under sequence
     parallelism (each tp rank sends its part of the sequence). FSDP2 inside the stages gathers each stage's
-    parameters once a step, at its first micro-batch (counted, not exposed: every stage but the first waits
-    for its input then), and reduce-scatters the gradients after the last (exposed)."""
+    parameters once a schedule, at its first micro-batch (counted, not exposed: every stage but the first waits
+    for its input then), and reduce-scatters the gradients after the last (exposed). With fewer micro-batches a
+    schedule than a step has (framework.options.n_microbatches) the schedule runs several times a step, each
+    with its own fill and drain (gradient accumulation over the pipeline)."""
+    from ddlbench.adapters.stages import schedule_microbatches
     d, o = plan.dims, plan.options
     nb, pp = len(prof.pieces), d.pp
+    m, repeats = schedule_microbatches(o, d)     # the schedule's micro-batches, run `repeats` times a step
     step_rules = plan.variant.abilities().step
     extra = extra or [(0.0, 0.0)] * nb
     experts = experts or [0.0] * nb
@@ -100,13 +104,13 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
     else:
         reduced = [data_parallel_reduction(pricing, d, cost, grad_b, n) for n in stage_params]
     ar, label = [s for s, _ in reduced], reduced[0][1]
-    if sharded:     # FSDP2: each stage's parameters gathered once a step (the experts over their edp ranks)
+    if sharded:     # FSDP2: each stage's parameters gathered once a schedule (the experts over their edp ranks)
         gather = pricing.label("all_gather", cost.shard_ranks, d.tp)
-        comm[gather] = comm.get(gather, 0.0) + max(
+        comm[gather] = comm.get(gather, 0.0) + repeats * max(
             pricing.seconds("all_gather", DTYPE_BYTES[precision] * n, cost.shard_ranks, d.tp)
             + experts_s("all_gather", DTYPE_BYTES[precision] * e) for n, e in zip(dense, local_experts))
     send_label = pricing.label("send", pp, inner) if pp > 1 else "send"
-    comm[label] = comm.get(label, 0.0) + max(ar)
+    comm[label] = comm.get(label, 0.0) + max(ar) * (repeats if sharded else 1)     # FSDP2: once a schedule
     comm[send_label] = comm.get(send_label, 0.0) + 2 * send * d.grad_accum * v
     compute = slot * d.grad_accum
     tied = prof.stage_tied_params(d.tp) if pp > 1 else 0.0
@@ -127,7 +131,7 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
             whole = [(f / k, b / k) for f, b in whole]
             net = whole_link(pricing.network, send_label.partition("@")[2], k)
             send = collective_time("send", boundary, kind_spans(net, "send", spans(net, pp, inner)), pricing.algorithm)[0]
-        tasks = rules.pipeline(whole, d.grad_accum, send, schedule, send_label,
+        tasks = rules.pipeline(whole, m, send, schedule, send_label,
                                (tied_s, tied_label) if tied_s else None, [(a, label) for a in ar], replicas, v)
         dims = pricing.buckets(ranks_per_core)
 
@@ -138,10 +142,13 @@ def pipeline(plan, prof, pricing, times, cost, grad_b: int, comm: dict, ranks_pe
         after_tied = max((sched.end[t.name] for t in tasks if t.name.startswith("tied")), default=body)
         step = sched.step_s
     else:
-        body = pipeline_step(slot, d.grad_accum, pp, send)
+        body = pipeline_step(slot, m, pp, send)
         after_tied = body + tied_s
         step = after_tied + max(ar)
-    bubble = min((pp - 1) * slot / v, max(0.0, body - compute))    # the ideal bubble, never more than the schedule idled
+    # several schedules a step: each with its fill and drain; the tied weight's sum and the last reduction
+    # once after them (FSDP2's earlier reduce-scatters overlap the next schedule: counted above, not exposed)
+    body, after_tied, step = repeats * body, repeats * body + after_tied - body, repeats * body + step - body
+    bubble = min(repeats * (pp - 1) * slot / v, max(0.0, body - compute))    # the ideal bubble, never more than idled
     exposed = {"pipeline bubble": bubble, send_label: max(0.0, body - compute - bubble),
                tp_kind: tp_slot * d.grad_accum}
     if tied_label:
