@@ -423,11 +423,11 @@ def test_expert_parallelism_sends_four_all_to_alls_a_moe_block_and_shards_expert
     cost = fsdp.variant.cost_model(fsdp.dims, prof, "bf16")
     layer_experts = prof.experts_params / prof.moe_layers
     kinds = {t.what: t for t in cost.traffic}
-    gathered, scattered = kinds["stage experts (FSDP2, gathered once a step)"], kinds["expert gradients (FSDP2)"]
+    gathered, scattered = kinds["stage experts (FSDP2, gathered once a schedule)"], kinds["expert gradients (FSDP2)"]
     assert (gathered.ranks, gathered.stride, scattered.ranks, scattered.stride) == (2, 2, 2, 2)
     assert gathered.bytes * gathered.count == pytest.approx(2 * layer_experts / 2)
     assert scattered.bytes * scattered.count == pytest.approx(4 * layer_experts / 2)
-    dense = kinds["stage parameters (FSDP2, gathered once a step)"]
+    dense = kinds["stage parameters (FSDP2, gathered once a schedule)"]
     assert dense.ranks == 4 and dense.bytes * dense.count == pytest.approx(2 * (cost.piece - layer_experts))
     assert cost.shard_ranks == 4 and cost.piece == max(share.params for share, _, _ in rank_shares(prof, "1f1b", 2, 1, 1))
     r = spec_rows(("framework=pipeline_fsdp", "model=moe_tiny", "model.moe.aux_loss_coef=0", "framework.options.pp=2",
