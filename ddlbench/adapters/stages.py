@@ -231,9 +231,9 @@ def pipeline_cost(o, v: int, dims, model, precision: str):
     hold them; with FSDP2 (dp_shard, the ep ranks borrowed from it) the dense part is FSDP2's over dp_shard and the
     experts over the dp_shard / ep ranks holding them, a rank keeping 1/dp_shard of the stage's whole state. Context parallelism (cp) cuts every sequence over cp ranks: compute, activations, sends and TP's
     collectives 1/cp, the ring's k/v all-gathers (forward and backward) and fp32 gradient passes per block, and
-    FSDP2 over dp_shard x cp (torchtitan's fold). Data parallelism otherwise: data_parallel_traffic. Bubble: (pp - 1) micro-batch slots for
+    FSDP2 over dp_shard x cp (torchtitan's fold). Data parallelism otherwise: data_parallel_traffic. Bubble, each schedule of the step: (pp - 1) slots for
     GPipe and 1F1B, (pp - 1) / v interleaved (Narayanan et al. 2021); zero-bubble: the interleaved bound.
-    Activations in flight: GPipe all micro-batches, 1F1B pp - r on stage r (the last stage, whose head and
+    Activations in flight (of one schedule: schedule_microbatches): GPipe all its micro-batches, 1F1B pp - r on stage r (the last stage, whose head and
     loss save the most, one), interleaved 1F1B the peak along torch's order (interleaved_in_flight: rank 0 at
     pp 8, v 2: 11.5), the zero-bubble ones at most pp. Stages are cut as the adapter cuts them
     (models.pipeline.partition, stage_owners): the embedding joins the first stage, the head (GPT-2: a second
