@@ -63,13 +63,11 @@ def copies_crossing(sizes: list[int], experts: int, top_k: int, dispatcher: str,
 
 def seconds(token_bytes: float, spans: list, experts: int, top_k: int, dispatcher: str, routing: str) -> float:
     """One dispatch (or combine) of tokens totalling `token_bytes` (one copy each) from every rank over
-    the ep group's `spans` ([(members, network Dimension)], innermost first): p - 1 exchanges' latency and
-    the slowest dimension's copies at its links' rate, all dimensions at once (as
-    ddlbench/network/model.all_to_all, which this equals for all_to_all)."""
-    sizes = [n for n, _ in spans]
-    p = math.prod(sizes)
-    if p <= 1 or token_bytes <= 0:
+    the ep group's `spans` ([(members, network Dimension)], innermost first): the copies crossing each
+    dimension exchanged pairwise (ddlbench/network/model.exchange_time, as its all_to_all, which this
+    equals for all_to_all)."""
+    from ddlbench.network.model import exchange_time
+    if token_bytes <= 0:
         return 0.0
-    alpha = max(d.latency for n, d in spans if n > 1)
-    crossing = copies_crossing(sizes, experts, top_k, dispatcher, routing)
-    return (p - 1) * alpha + max(c * token_bytes / d.bandwidth for c, (_, d) in zip(crossing, spans))
+    crossing = copies_crossing([n for n, _ in spans], experts, top_k, dispatcher, routing)
+    return exchange_time([c * token_bytes for c in crossing], spans)

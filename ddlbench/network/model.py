@@ -252,16 +252,22 @@ def all_to_all(b: float, spans: list[tuple[int, Dimension]]) -> float:
     below dimension i cross dimension i's links, b (p - c) / p with c the ranks below it, all
     dimensions' links at once: the slowest of them bounds the time (NCCL's and gloo's pairwise
     all_to_all_single; a hierarchical all-to-all is not modelled)."""
+    p, below, crossing = math.prod(n for n, _ in spans), 1, []
+    for n, _ in spans:
+        crossing.append(b * (p - below) / p if n > 1 else 0.0)
+        below *= n
+    return exchange_time(crossing, spans)
+
+
+def exchange_time(crossing: list[float], spans: list[tuple[int, Dimension]]) -> float:
+    """A pairwise exchange among the ranks `spans` describes, `crossing[i]` bytes per rank leaving its group
+    below dimension i over that dimension's links: p - 1 latencies (the largest dimension's) and the slowest
+    dimension's bytes at its rate, all dimensions at once (all_to_all; expert dispatch, estimate/dispatch.py)."""
     p = math.prod(n for n, _ in spans)
     if p <= 1:
         return 0.0
     alpha = max(d.latency for n, d in spans if n > 1)
-    below, t = 1, 0.0
-    for n, d in spans:
-        if n > 1:
-            t = max(t, b * (p - below) / p / d.bandwidth)
-        below *= n
-    return (p - 1) * alpha + t
+    return (p - 1) * alpha + max(c / d.bandwidth for c, (_, d) in zip(crossing, spans))
 
 
 def backend_algorithm(backend: str | None) -> str:
