@@ -140,3 +140,40 @@ def test_dry_run_validates_without_launching(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert '"world_size": 2' in proc.stdout and "nothing launched" in proc.stdout
     assert not (tmp_path / "r").exists()
+
+
+# group choices, value overrides after them (in order: the later framework's options replace the earlier's),
+# additions, deletions, a dict value on a group's name, a Hydra node override (composed the plain way)
+@pytest.mark.parametrize("overrides", [
+    ["model=llama_8b", "framework=fsdp_full", "model.n_layer=4", "run.micro_batch=3"],
+    ["framework=ddp", "framework.options.bucket_cap_mb=50", "framework=fsdp_full"],
+    ["model=gpt2_tiny", "+run.newkey=[1,2]", "~run.seed"],
+    ["model=gpt2_tiny", "model.bogus=1"],
+    ["~logger"],
+    ["hydra.job.name=x", "model=gpt2_tiny"]])
+def test_two_part_composition_is_hydras(overrides):
+    """compose_raw composes a set of group choices once and applies the value overrides to a copy with
+    Hydra's own code: the same config (or the same error) as Hydra composing everything at once."""
+    from omegaconf import OmegaConf
+
+    from ddlbench.planning import config
+
+    def plain():
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+        try:
+            tree = config._compose_tree(tuple(overrides), config.CONF_DIR)
+            return OmegaConf.to_container(tree, resolve=True, throw_on_missing=True)
+        except (HydraException, OmegaConfBaseException) as exc:
+            return ConfigError(config._hydra_message(exc))
+
+    def two_part():
+        try:
+            config.compose_raw(overrides)
+            config._COMPOSED.clear()       # composed again from the group choices' tree, which the first left unchanged
+            return config.compose_raw(overrides)
+        except ConfigError as exc:
+            return exc
+
+    want, got = plain(), two_part()
+    assert type(got) is type(want) and (str(got) == str(want) if isinstance(want, ConfigError) else got == want)

@@ -93,18 +93,54 @@ def _conf_signature(conf_dir: Path) -> tuple[int, int]:
 
 
 def _compose(overrides: list[str], conf_dir: Path) -> dict[str, Any]:
-    from hydra import compose, initialize_config_dir
+    """Hydra's composition in two parts, as Hydra itself runs it: the defaults tree from the group choices
+    (`model=llama_8b`: composed once a process for each set of choices, the costly part), then the value
+    overrides (`model.n_layer=126`, `+key=v`, `~key`) applied to a copy by Hydra's own
+    ConfigLoaderImpl._apply_overrides_to_config, in their order. An override of Hydra's own node, or one that
+    deletes a group's choice (`~model`), composes everything the plain way."""
+    import copy
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     _precheck(overrides, conf_dir)
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir), job_name="bench"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+        if any(o.key_or_group.split("/")[0].split(".")[0] == "hydra"
+               or (o.is_delete() and (conf_dir / o.key_or_group).is_dir()) for o in parsed):
+            return OmegaConf.to_container(_compose_tree(tuple(overrides), conf_dir), resolve=True,
+                                          throw_on_missing=True)  # type: ignore[return-value]
+        groups = tuple(o.input_line for o in parsed if _is_group(o, conf_dir))
+        values = [o for o in parsed if not _is_group(o, conf_dir)]
+        key = (groups, str(conf_dir), _conf_signature(conf_dir), frozenset(os.environ.items()))
+        if key not in _TREES:
+            _TREES[key] = _compose_tree(groups, conf_dir)
+        if not values:
+            return OmegaConf.to_container(_TREES[key], resolve=True, throw_on_missing=True)  # type: ignore
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        cfg = copy.deepcopy(_TREES[key])
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_hydra_message(exc)) from None
+
+
+_TREES: dict[tuple, Any] = {}
+
+
+def _is_group(override, conf_dir: Path) -> bool:
+    """Hydra's own test (defaults_list.Overrides): a group override names a config group and sets no dict."""
+    return ((conf_dir / override.key_or_group).is_dir()
+            and not isinstance(override.value(), dict))
+
+
+def _compose_tree(overrides: tuple, conf_dir: Path):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir), job_name="bench"):
+        return compose(config_name="config", overrides=list(overrides))
 
 
 EP_HINT = (" (this framework has no expert parallelism: framework=expert_parallel, expert_parallel_tp or "
