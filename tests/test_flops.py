@@ -173,3 +173,29 @@ def test_both_attention_conventions_by_hand():
     assert out["causal_train_per_sample"] == 1_409_286_144
     assert out["mfu_causal"] == pytest.approx(0.5 * 1_409_286_144 / 1_811_939_328)
     assert causal_mfu({"flops": 1, "analytic": None}, 0.5) == {"attention_convention": out["attention_convention"]}
+
+
+def test_memory_traffic_counts_the_other_ops_bytes_by_hand():
+    """MemoryTraffic on meta: x (4 x 8) -> Linear(8, 16) -> GELU -> Linear(16, 8) -> the loss, fp32. Eager: GELU
+    reads 64 and writes 64 elements; the loss's log-softmax reads 32 and writes 32; its gather (nll_loss) reads the 4
+    int64 targets (not the 4 x 8 it is given) and writes one value and one weight total: (128 + 64) x 4 + 4 x 8 + 2 x 4
+    bytes.
+    Fused: each matmul's operands and result — addmm 1: bias 16, x 32, weight 128, out 64; addmm 2: bias 8, h 64,
+    weight 128, out 32: 472 x 4 bytes. Views (the weights' transposes) move nothing. A (T x T) score tensor of
+    a fused kernel's stand-in is left out: 4-D anywhere, 3-D in a batched matmul."""
+    import torch.nn.functional as F
+
+    from ddlbench.models.flops import MemoryTraffic
+    with torch.device("meta"):
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+        x, target = torch.empty(4, 8), torch.zeros(4, dtype=torch.long)
+        traffic = MemoryTraffic()
+        with traffic:
+            F.cross_entropy(net(x), target)
+        assert traffic.eager == (128 + 64) * 4 + 4 * 8 + 2 * 4 and traffic.fused == 472 * 4
+        scores = MemoryTraffic(seq_len=6)
+        with scores:
+            q = torch.empty(2, 6, 4)
+            p = torch.softmax(torch.bmm(q, q.transpose(1, 2)).view(1, 2, 6, 6), dim=-1)   # 4-D scores: not counted
+            torch.bmm(p.view(2, 6, 6), q)                                                # 3-D scores: not counted
+        assert scores.eager == 0 and scores.fused == (48 + 48 + 48 + 48) * 4      # q twice, q and the output

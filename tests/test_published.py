@@ -62,6 +62,7 @@ GOOD = {"source": "x", "common": ["hardware=H100"], "stacks": {"s": {"calibrate"
     (lambda d: d["rows"][0].update(extra=1), "a mapping of"),
     (lambda d: d.update(memory_is="peak"), "memory_is must be allocated or reserved"),
     (lambda d: d["stacks"]["s"].update(attention_as="s"), "attention_as must name a stack above it"),
+    (lambda d: d["stacks"]["s"].update(args="kernels=fused"), "args must be a list of bench project key=value"),
 ])
 def test_bad_suites_are_refused_with_the_reason(tmp_path, edit, message):
     doc = json.loads(json.dumps(GOOD))
@@ -126,9 +127,10 @@ def test_docs_table_is_the_committed_suites(path):
 
 def test_a_stack_prices_its_attention_at_an_earlier_stacks_efficiency(tmp_path):
     """attention_as: the earlier stack's calibrated efficiency passed as attention_efficiency= to the
-    later stack's calibration and to each of its rows."""
+    later stack's calibration and to each of its rows; the stack's args after it, to both alike."""
     doc = json.loads(json.dumps(GOOD))
-    doc["stacks"] = {"bf16": {"calibrate": "r1"}, "f8": {"calibrate": "r2", "attention_as": "bf16"}}
+    doc["stacks"] = {"bf16": {"calibrate": "r1"},
+                     "f8": {"calibrate": "r2", "attention_as": "bf16", "args": ["kernels=fused"]}}
     for r in doc["rows"]:
         r["stack"] = "bf16"
     doc["rows"][1]["stack"] = "f8"
@@ -141,8 +143,22 @@ def test_a_stack_prices_its_attention_at_an_earlier_stacks_efficiency(tmp_path):
         return {"efficiency": eff, "rows": [{"tokens_per_s_per_device": 90.0, "memory_per_rank_bytes": 2**30}]}
     rows = pub.predict(pub.load(_write(tmp_path, doc)), fake)
     assert calls[0][-1] == "calibrate=100@8"                                  # bf16: no attention argument
-    assert calls[1][-2:] == ["calibrate=90@64", "attention_efficiency=0.3"]   # f8's calibration
+    assert calls[1][-3:] == ["calibrate=90@64", "attention_efficiency=0.3", "kernels=fused"]   # f8's calibration
     r4 = next(c for c in calls if "world_sizes=[128]" in c)
-    assert r4[-2:] == ["mfu=0.5", "attention_efficiency=0.3"] and rows[-1]["efficiency"] == 0.5
+    assert r4[-3:] == ["mfu=0.5", "attention_efficiency=0.3", "kernels=fused"] and rows[-1]["efficiency"] == 0.5
+
+
+@pytest.mark.parametrize("args,message", [
+    (["memory_tbs=3.35", "hardware=H100"], "give kernels=eager or kernels=fused with it"),
+    (["kernels=fused", "peak_tflops=100"], "give memory_tbs= "),
+    (["kernels=fused", "hardware=cpu_probe"], "has no peak in conf/hardware/auto.yaml"),
+    (["kernels=fast", "hardware=H100"], "kernels"),
+])
+def test_the_other_ops_bytes_need_a_memory_rate(args, message):
+    """kernels=eager|fused prices the ops other than matmuls at the memory's rate: memory_tbs=, or the hardware's hbm
+    (gpu_table); memory_tbs= alone, or kernels= with no rate, is refused with the reason before anything is planned."""
+    from ddlbench.project import spec_command
+    with pytest.raises(ConfigError, match=message):
+        spec_command.run(["model=gpt2_tiny", "framework=ddp", "network=dgx_h100", *args])
 
 

@@ -732,6 +732,33 @@ def test_the_attention_matmuls_at_their_own_rate_and_backward_by_hand():
     assert all(b == pytest.approx(2 * f, rel=1e-12) for f, b in piece_times(eager, 1, 2, rate, "none"))
 
 
+def test_the_other_ops_bytes_at_the_memorys_rate_by_hand():
+    """kernels=eager|fused with a ridge r (peak FLOP/s over the memory's bytes/s): each piece's forward grows by
+    r x its moved bytes (the eager or fused count) x micro-batch over the compute rate, split by tp as its FLOPs
+    are; backward moves twice the forward's (and full checkpointing moves them again); none, or r = 0, is the
+    roofline without them. Every piece of llama_tiny moves bytes eagerly (its embedding's lookup, its blocks' norms
+    and activations, its head's loss); fused, the embedding none (it has no matmul: its output is the first
+    block's norm's input, counted there)."""
+    from ddlbench.estimate.profile import cached_profile
+    from ddlbench.estimate.scale import piece_times
+    from ddlbench.planning.config import plan_from_overrides
+    prof = cached_profile(plan_from_overrides(["model=llama_tiny", "framework=fsdp_full"]).cfg.model, "bf16", "cuda")[0]
+    rate, r, tp, mb = 1e12, 295.0, 2, 2
+    plain = piece_times(prof, tp, mb, rate, "none")
+    assert piece_times(prof, tp, mb, rate, "none", ridge=r, kernels="none") == plain
+    assert piece_times(prof, tp, mb, rate, "none", ridge=0.0, kernels="eager") == plain
+    for kernels in ("eager", "fused"):
+        moved = piece_times(prof, tp, mb, rate, "none", ridge=r, kernels=kernels)
+        full = piece_times(prof, tp, mb, rate, "full", ridge=r, kernels=kernels)
+        for i, (p, (f0, b0), (f1, b1), (_f2, b2)) in enumerate(zip(prof.pieces, plain, moved, full)):
+            share = p.executed_flops(tp, prof.causal_skip) / p.executed_flops(1, prof.causal_skip) if p.flops else 1.0
+            extra = r * p.moved_bytes(kernels) * share * mb / rate
+            assert (p.moved_bytes(kernels) > 0) == (kernels == "eager" or i > 0) and f1 == pytest.approx(f0 + extra, rel=1e-12)
+            assert b1 == pytest.approx(b0 + 2 * extra, rel=1e-12)
+            assert b2 == pytest.approx(b1 + (f1 if 0 < i < len(prof.pieces) - 1 else 0.0), rel=1e-12)
+    assert all(p.fused_bytes < p.memory_bytes for p in prof.pieces[1:-1])     # fusing a block's chains moves less
+
+
 def test_the_framework_step_on_a_gpu_starts_in_a_spawned_process():
     """time_step on CUDA spawns its process (one forked from the fork server could not use the GPU: an
     H200, 2026-11-30); elsewhere it forks from the server. The spawned path ran on CPU by hand."""

@@ -32,6 +32,14 @@ class Piece:
     # of `flops`, the (T x T) attention matmuls' (QK^T and the probabilities times V, full T x T)
     attention_flops: float = 0.0
     experts_params: int = 0      # of `params`, its MoE layer's experts' (0: a dense piece)
+    # bytes per sample its forward's ops other than matmuls read and write (ddlbench/models/flops.MemoryTraffic):
+    # as eager mode runs them, and with each chain of them between two matmuls fused into one kernel
+    memory_bytes: float = 0.0
+    fused_bytes: float = 0.0
+
+    def moved_bytes(self, kernels: str) -> float:
+        """Bytes per sample the other ops move, as `kernels` (eager, fused) runs them; none: 0 (folded in)."""
+        return {"eager": self.memory_bytes, "fused": self.fused_bytes, "none": 0.0}[kernels]
 
     def kept_params(self, tp: int) -> float:
         return self.params - self.split_params + self.split_params / tp

@@ -18,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddlbench.adapters.cost import ModelProfile, Piece
-from ddlbench.models.flops import ScoreFlops
+from ddlbench.models.flops import MemoryTraffic, ScoreFlops
 from ddlbench.record import rundir
 
 
@@ -105,13 +105,14 @@ def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int, flo
     for i, piece in enumerate(plist):
         saved: dict[int, int] = {}
         counter, scores = FlopCounterMode(display=False), ScoreFlops(spec.tokens_per_sample)
+        traffic = MemoryTraffic(_fused_len(spec))
         with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved, seen, _fused_len(spec), alive=alive),
-                                                      lambda t: t), counter, scores:
+                                                      lambda t: t), counter, scores, traffic:
             x = piece(x)
             if i == len(plist) - 1:
                 loss(x, batch["labels"])
         seen.update(saved)
-        out.append((float(counter.get_total_flops()), sum(saved.values()), scores.flops))
+        out.append((float(counter.get_total_flops()), sum(saved.values()), scores.flops, float(traffic.eager), float(traffic.fused)))
     return out, x.numel() * x.element_size()
 
 
@@ -132,7 +133,8 @@ def pieces_profile(spec, dtype=torch.float32) -> tuple[tuple[Piece, ...], int]:
     (two, out2), (four, out4) = _per_piece(spec, 2, dtype), _per_piece(spec, 4, dtype)
     return tuple(Piece(params=count_params(piece), split_params=split_param_count(piece), tied_params=tied[i],
                        flops=(four[i][0] - two[i][0]) / 2, activation_bytes=(four[i][1] - two[i][1]) // 2,
-                       attention_flops=(four[i][2] - two[i][2]) / 2, experts_params=_experts_in(piece, spec.family))
+                       attention_flops=(four[i][2] - two[i][2]) / 2, experts_params=_experts_in(piece, spec.family),
+                       memory_bytes=(four[i][3] - two[i][3]) / 2, fused_bytes=(four[i][4] - two[i][4]) / 2)
                  for i, piece in enumerate(plist)), (out4 - out2) // 2
 
 

@@ -103,13 +103,17 @@ class Pricing:
 
 def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str,
                 measured: list[tuple[float, float]] | None = None,
-                attention_flops_per_s: float | None = None) -> list[tuple[float, float]]:
+                attention_flops_per_s: float | None = None, ridge: float = 0.0,
+                kernels: str = "none") -> list[tuple[float, float]]:
     """(forward, backward) seconds per micro-batch of every piece (embedding, blocks, head): by the
     roofline (the forward FLOPs the rank's kernels compute / flops_per_s, backward by block_backward; a
     fused causal attention kernel computes half of the T x T scores: Piece.executed_flops; with
     `attention_flops_per_s` those T x T matmuls at their own rate: Float8 speeds only the linear
-    layers), or from `measured` seconds per sample of each piece (ddlbench/project/piece_timer.py)
-    times the layout's share of its FLOPs."""
+    layers; with `ridge`, the device's peak FLOP/s over its memory's bytes/s, the bytes the other ops move
+    as `kernels` runs them (Piece.moved_bytes: eager or fused) priced as `ridge` FLOPs each — at the memory's
+    rate x the same efficiency, split by tp like the piece's FLOPs, its backward moving twice its forward's
+    and recomputed with it, as the linear layers), or from `measured` seconds per sample of each piece
+    (ddlbench/project/piece_timer.py) times the layout's share of its FLOPs."""
     out = []
     n, skip = len(prof.pieces), prof.causal_skip
     for i, p in enumerate(prof.pieces):
@@ -122,7 +126,8 @@ def piece_times(prof, tp: int, micro_batch: int, flops_per_s: float, ac: str,
             executed = p.executed_flops(tp, skip)
             # the T x T matmuls of the executed FLOPs (a piece's share of them split by tp like the rest)
             attn = p.attention_flops * (1 - skip) * executed / p.executed_flops(1, skip) if p.attention_flops else 0.0
-            lin_s = (executed - attn) / flops_per_s * micro_batch
+            moved = ridge * p.moved_bytes(kernels) * (executed / p.executed_flops(1, skip) if p.flops else 1.0)
+            lin_s = (executed - attn + moved) / flops_per_s * micro_batch
             attn_s = attn / (attention_flops_per_s or flops_per_s) * micro_batch
             f, b = lin_s + attn_s, block_backward(lin_s, attn_s, prof.fused_attention, ac, i - 1 if block else -1)
         out.append((f, b))
@@ -147,14 +152,16 @@ def piece_params(prof, tp: int) -> list[float]:
 
 def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int,
             measured: list[tuple[float, float]] | None = None, optimizer_s_per_param: float | None = None,
-            ranks_per_core: int = 1, attention_flops_per_s: float | None = None) -> dict:
+            ranks_per_core: int = 1, attention_flops_per_s: float | None = None, ridge: float = 0.0,
+            kernels: str = "none") -> dict:
     """One step of the planned layout: {'step_s', 'compute_s', 'exposed': {kind: s}, 'comm_s': {kind: s}}; with a
     measured optimizer (seconds per parameter stepped: calibrate=pieces) its step after the schedule,
     `optimizer_s`, in step_s and compute_s (it waits for every gradient; nothing overlaps it).
     ranks_per_core > 1: a node's ranks share one processor (`bench cluster` on a small host), the
     compute given is each rank's with the processor shared; a pipeline's replicas on a node are then
     simulated side by side (ddlbench/estimate/pipeline.py)."""
-    out = _step(plan, prof, pricing, flops_per_s, ac, per_node, measured, ranks_per_core, attention_flops_per_s)
+    out = _step(plan, prof, pricing, flops_per_s, ac, per_node, measured, ranks_per_core, attention_flops_per_s, ridge,
+                kernels)
     if optimizer_s_per_param:
         from ddlbench.estimate.memcheck import cost_of_plan
         cost = cost_of_plan(plan, prof, per_node)
@@ -166,7 +173,7 @@ def step_of(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node:
 
 def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: int,
           measured: list[tuple[float, float]] | None = None, ranks_per_core: int = 1,
-          attention_flops_per_s: float | None = None) -> dict:
+          attention_flops_per_s: float | None = None, ridge: float = 0.0, kernels: str = "none") -> dict:
     from ddlbench.estimate.memcheck import cost_of_plan
     cfg, d = plan.cfg, plan.dims
     fw, o = cfg.framework.name, plan.options
@@ -181,7 +188,8 @@ def _step(plan, prof, pricing: Pricing, flops_per_s: float, ac: str, per_node: i
     grad_b = DTYPE_BYTES[plan.variant.grad_reduce_dtype(precision)]
     tp, mb, m, sp = d.tp, d.micro_batch, d.grad_accum, d.cp
     # Ulysses: each rank computes 1/sp of every sequence (its attention: the whole sequence, 1/sp of the heads)
-    times = [(f / sp, b / sp) for f, b in piece_times(prof, tp, mb, flops_per_s, ac, measured, attention_flops_per_s)]
+    times = [(f / sp, b / sp) for f, b in piece_times(prof, tp, mb, flops_per_s, ac, measured, attention_flops_per_s,
+                                                              ridge, kernels)]
     nb = len(prof.pieces)
     # a block's all-reduces among the tp ranks: its row-wise outputs in forward, column-wise inputs' gradients in
     # backward, at the activations' dtype (the profile's boundary is counted at 4 bytes an element)

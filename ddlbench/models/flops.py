@@ -107,3 +107,49 @@ def train_flops_per_sample(spec: ModelSpec, recompute_blocks: bool | str = False
 def palm_train_flops_per_token(params: int, n_layer: int, n_head: int, head_dim: int, seq: int) -> int:
     """PaLM appendix B: 6N + 12*L*H*Q*T training FLOPs per token."""
     return 6 * params + 12 * n_layer * n_head * head_dim * seq
+
+
+# the ops whose time is their FLOPs (counted by the flop counter): matrix products, convolutions, fused attention
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_grouped_mm", "_scaled_grouped_mm", "convolution",
+            "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward"}
+
+
+# ops that move nothing: views torch does not tag as views, allocations
+_NO_TRAFFIC = {"detach", "alias", "_unsafe_view", "_reshape_alias", "empty", "empty_like", "empty_strided", "lift_fresh"}
+
+
+class MemoryTraffic(TorchDispatchMode):
+    """Bytes the ops other than matrix products move in device memory — norms, activations, residual adds,
+    rotary embeddings, casts, a Mixture-of-Experts layer's copies of its tokens (routing, the top-k copies,
+    their weighted sum), the loss over the logits — the work a GPU does at its memory's rate, not its tensor
+    cores'. Two counts: `eager`, every tensor argument and output of each such op (neither a matrix product,
+    `_MATMULS`, nor a view) as eager mode runs them; `fused`, what is left when every chain of them between two
+    matrix products runs as one kernel (torch.compile, TransformerEngine's fused norms and activations): each
+    product's activations read and written once more — its operands and result, the weights cancelling in a
+    per-sample slope. With `seq_len` the (T x T) scores eager attention stands in with on meta are left out
+    (and GPT-OSS's with a sink column): a fused attention kernel keeps them on chip."""
+
+    def __init__(self, seq_len: int | None = None):
+        super().__init__()
+        self.seq_len, self.eager, self.fused = seq_len, 0, 0
+
+    def _scores(self, shape, dims: tuple) -> bool:
+        t = self.seq_len
+        return t is not None and len(shape) in dims and shape[-2] == t and shape[-1] in (t, t + 1)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in _MATMULS:     # a batched matmul's (T x T) operand is 3-D: (batch x heads, T, T)
+            self.fused += sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves((args, out))
+                              if isinstance(t, torch.Tensor) and not self._scores(t.shape, (3, 4)))
+            return out
+        if func.is_view or name in _NO_TRAFFIC:
+            return out
+        # the loss's gather reads one log-probability a position, not the (positions x vocabulary) it is given
+        read = args[1:] if name == "nll_loss_forward" else args
+        tensors = [t for t in torch.utils._pytree.tree_leaves((read, kwargs or {}, out)) if isinstance(t, torch.Tensor)]
+        if len(tensors) > 1:      # a factory (arange, zeros) reads nothing; its output is written by the op using it
+            self.eager += sum(t.numel() * t.element_size() for t in tensors if not self._scores(t.shape, (4,)))
+        return out

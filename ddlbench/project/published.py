@@ -8,7 +8,9 @@ it is calibrated on) and `rows`: each a `bench project` specification at one wor
 published tokens/s per GPU and memory (GiB) where given; `not_modelled` names what the row used that
 the predictor does not price; `unpriced` a row no specification can express yet (with why). A
 stack's `attention_as: OTHER` prices its T x T attention matmuls at OTHER's (earlier) calibrated
-efficiency, its calibration then solving the rest's (Float8 speeds only the linear layers).
+efficiency, its calibration then solving the rest's (Float8 speeds only the linear layers); its `args`,
+`bench project` arguments every row of the stack (its calibration too) is priced with: how the stack runs
+what the roofline prices apart (`kernels=eager|fused`, `attention_efficiency=` of its attention kernel).
 For each stack the calibration row solves the roofline's efficiency (`calibrate=RATE@WORLD`), every
 other row of the stack is predicted with it (`mfu=`); `pairs` are rows that change one knob within
 the source, their throughput ratios compared. The arithmetic (`errors`, `pair_ratios`, `summary`)
@@ -65,6 +67,10 @@ def load(path: Path) -> dict:
         row = next((r for r in doc["rows"] if r["id"] == cal), None)
         if row is None or row["stack"] != name or not row.get("spec"):
             raise ConfigError(f"published={path}: stack {name!r} calibrates on {cal!r}, which is not a priced row of it")
+        args = stack.get("args") or []
+        if not (isinstance(args, list) and all(isinstance(a, str) and "=" in a for a in args)):
+            raise ConfigError(f"published={path}: stack {name!r}: args must be a list of bench project key=value "
+                              f"arguments, got {args!r}")
         if stack.get("attention_as") is not None and stack["attention_as"] not in earlier:
             raise ConfigError(f"published={path}: stack {name!r}: attention_as must name a stack above it "
                               f"(its efficiency is the attention's here), got {stack['attention_as']!r}")
@@ -87,6 +93,7 @@ def predict(doc: dict, project=None) -> list[dict]:
         # attention_as: the T x T attention matmuls run at that (earlier) stack's efficiency: Float8
         # speeds the linear layers only, the calibration solves theirs
         attn[name] = [f"attention_efficiency={eff[stack['attention_as']]!r}"] if stack.get("attention_as") else []
+        attn[name] += list(stack.get("args") or [])     # how the stack runs what is priced apart
         got = project([*common, *cal["spec"], f"world_sizes=[{cal['world']}]",
                        f"calibrate={cal['tokens_per_s']}@{cal['world']}", *attn[name]])
         eff[name] = got["efficiency"]
@@ -177,7 +184,8 @@ def text(doc: dict, rows: list[dict], ratios: list[dict], summ: dict) -> str:
              + (" (predicted: the allocated estimate x RESERVED_OVER_ALLOCATED, ddlbench/estimate/memory.py)"
                 if doc.get("memory_is") == "reserved" else ""),
              "stacks: " + "; ".join(f"{n} calibrated on {s['calibrate']} (efficiency {eff[n]:.3f} of the peak"
-                                    + (f"; attention at {s['attention_as']}'s" if s.get("attention_as") else "") + ")"
+                                    + (f"; attention at {s['attention_as']}'s" if s.get("attention_as") else "")
+                                    + "".join(f"; {a}" for a in s.get("args") or []) + ")"
                                     for n, s in doc["stacks"].items()),
              "| row | table | world | published tok/s/GPU | predicted | error | published GiB | predicted | error | note |",
              "|---|---|---|---|---|---|---|---|---|---|"]

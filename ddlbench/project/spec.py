@@ -22,6 +22,8 @@ class Spec:
     keep: dict = field(default_factory=dict)   # with `config`: the run's model-parallel sizes {tp, pp, cp}
     ranks_per_core: int = 1         # a node's ranks sharing one processor (bench cluster on a small host)
     attention_efficiency: float | None = None   # the T x T attention matmuls' fraction of the peak (None: the rest's)
+    ridge: float = 0.0              # peak FLOP/s over the memory's bytes/s: the other ops' bytes priced (0: folded in)
+    kernels: str = "none"           # the other ops as eager mode runs them, fused between the matmuls, or folded in
 
     def attention_flops(self) -> float | None:
         return self.peak_flops * self.attention_efficiency if self.attention_efficiency else None
@@ -105,7 +107,8 @@ def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: i
 
     def rate(eff: float) -> float:
         s = step_of(plan, prof, pricing, spec.peak_flops * eff, plan.variant.ac_policy(), spec.per_node,
-                    ranks_per_core=spec.ranks_per_core, attention_flops_per_s=spec.attention_flops())
+                    ranks_per_core=spec.ranks_per_core, attention_flops_per_s=spec.attention_flops(),
+                    ridge=spec.ridge, kernels=spec.kernels)
         return tokens / s["step_s"] / world
     if rate(1.0) < tokens_per_s:
         raise ConfigError(f"calibrate: {tokens_per_s:g} tokens/s per device at {world} devices is faster than this "
@@ -187,7 +190,8 @@ def rows(spec: Spec, pricing: Pricing, world_sizes: list[int], efficiency: float
         prof = _profile(plan, spec.device)
         d = plan.dims
         s = step_of(plan, prof, pricing, spec.peak_flops * efficiency, plan.variant.ac_policy(), spec.per_node, measured,
-                    optimizer_s_per_param, spec.ranks_per_core, attention_flops_per_s=spec.attention_flops())
+                    optimizer_s_per_param, spec.ranks_per_core, attention_flops_per_s=spec.attention_flops(),
+                    ridge=spec.ridge, kernels=spec.kernels)
         tokens = d.global_batch * tokens_per_sample(plan)
         model_flops = 3 * sum(p.flops for p in prof.pieces) * d.global_batch   # per step, no recompute
         try:

@@ -12,7 +12,7 @@ from ddlbench.record.results import atomic_write_json
 
 KEYS = {"network", "world_sizes", "hardware", "peak_tflops", "local_batch", "ac", "mfu", "calibrate",
         "device_memory_gb", "per_node", "algorithm", "max_efficiency", "out", "replace", "attention_efficiency",
-        "dispatch", "routing"}
+        "dispatch", "routing", "memory_tbs", "kernels"}
 DEFAULT_WORLD_SIZES = [8, 128, 1024]
 DEFAULT_MFU = 0.4
 # the most of a dense datasheet peak a calibration may solve for: the best published bf16 training runs
@@ -22,7 +22,7 @@ MAX_EFFICIENCY = 0.85
 USAGE = ("usage: bench project model=NAME framework=NAME network=NAME hardware=H100 [world_sizes=[8,128,1024]] "
          "[local_batch=N] [ac=none|full|selective_layer:K|selective_op] [mfu=0.4 | calibrate=TOKENS_PER_S@DEVICES | "
          "calibrate=pieces] [attention_efficiency=F] [max_efficiency=0.85] "
-         "[device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical|gloo] [dispatch=all_to_all|deepep] "
+         "[kernels=none|eager|fused [memory_tbs=3.35]] [device_memory_gb=80] [per_node=8] [algorithm=best|ring|tree|hierarchical|gloo] [dispatch=all_to_all|deepep] "
          "[routing=uniform|balanced] [out=DIR] [any run override]")
 
 
@@ -31,19 +31,46 @@ def is_spec(args: list[str]) -> bool:
     return not any("=" not in a for a in args) and any(a.startswith(("model=", "framework=")) for a in args)
 
 
-def gpu_peak(name: str, precision: str) -> float:
-    """A device's dense peak at the precision from conf/hardware/auto.yaml's gpu_table (the key
-    matched case-insensitively: h100, H200, 'A100')."""
+def gpu_entry(name: str) -> dict:
+    """A device's row of conf/hardware/auto.yaml's gpu_table (the key matched case-insensitively: h100, H200,
+    'A100'): its dense peaks and its memory's bandwidth (hbm)."""
     import yaml
 
-    from ddlbench.machine.hardware import peak_dtype
     from ddlbench.planning.config import CONF_DIR
     table = yaml.safe_load((CONF_DIR / "hardware" / "auto.yaml").read_text())["gpu_table"]
     key = next((k for k in table if k.lower() == name.lower()), None)
     if key is None:
         raise ConfigError(f"bench project: hardware={name!r} has no peak in conf/hardware/auto.yaml's gpu_table "
                           f"(known: {', '.join(table)}); or give peak_tflops=")
-    return float(table[key][peak_dtype("cuda", precision)])
+    return table[key]
+
+
+def gpu_peak(name: str, precision: str) -> float:
+    """A device's dense peak at the precision from conf/hardware/auto.yaml's gpu_table."""
+    from ddlbench.machine.hardware import peak_dtype
+    return float(gpu_entry(name)[peak_dtype("cuda", precision)])
+
+
+KERNELS = ("none", "eager", "fused")
+
+
+def memory_rate(kv, kernels: str) -> tuple[float | None, str]:
+    """(the memory's bytes/s, where it came from) for pricing the ops other than matmuls (`kernels=` eager or
+    fused): memory_tbs=, else the hardware's gpu_table hbm; (None, '') with kernels=none (folded into the
+    efficiency, as the roofline had it)."""
+    if kernels == "none":
+        if kv.text("memory_tbs"):
+            raise ConfigError("bench project: memory_tbs= prices the ops other than matmuls: give kernels=eager or "
+                              "kernels=fused with it (how the stack runs them)")
+        return None, ""
+    if kv.text("memory_tbs"):
+        return kv.number("memory_tbs", positive=True) * 1e12, "memory_tbs="
+    hbm = gpu_entry(kv.text("hardware")).get("hbm") if kv.text("hardware") else None
+    if not hbm:
+        raise ConfigError(f"bench project: kernels={kernels} prices bytes at the memory's rate: give memory_tbs= (TB/s)"
+                          + (f" ({kv.text('hardware')} has no hbm in conf/hardware/auto.yaml's gpu_table)"
+                             if kv.text("hardware") else " or hardware= with an hbm in gpu_table"))
+    return float(hbm), f"{kv.text('hardware')} hbm (gpu_table)"
 
 
 def parse(args: list[str]):
@@ -76,7 +103,8 @@ def check_efficiency(spec, pricing, eff: float, world: int, bound: float, asked:
     from ddlbench.project.spec import _profile, plan_at
     plan = plan_at(spec, world)
     s = step_of(plan, _profile(plan, spec.device), pricing, spec.peak_flops * eff, plan.variant.ac_policy(),
-                spec.per_node, ranks_per_core=spec.ranks_per_core, attention_flops_per_s=spec.attention_flops())
+                spec.per_node, ranks_per_core=spec.ranks_per_core, attention_flops_per_s=spec.attention_flops(), ridge=spec.ridge,
+                kernels=spec.kernels)
     def ms(x: float) -> str:
         return f"{x * 1e3:,.1f} ms" if x >= 0.01 else f"{x * 1e3:.3g} ms"
     others = sorted(((k, v) for k, v in s["exposed"].items() if v > 0), key=lambda kv: -kv[1])
@@ -120,8 +148,14 @@ def run(args: list[str]) -> int:
     # the T x T attention matmuls at their own fraction of the peak (Float8 speeds only the linear layers):
     # an assumption the user states; mfu= / calibrate= then give the rest's
     attn = kv.number("attention_efficiency", low=1e-4, high=1.0) if kv.text("attention_efficiency") else None
+    # the ops other than matmuls (norms, activations, casts, a MoE layer's token copies, the loss) at the memory's
+    # rate, as the stack runs them: eager (every op), fused (the chains between matmuls one kernel each), or none
+    # (folded into the efficiency); ddlbench/models/flops.MemoryTraffic counts them
+    kernels = kv.choice("kernels", KERNELS, "none")
+    bandwidth, bandwidth_src = memory_rate(kv, kernels)
     spec = Spec(overrides, kv.integer("local_batch", 1), peak, ac,
-                kv.integer("per_node", net.dims[0].size), mem * 2**30 if mem else None, attention_efficiency=attn)
+                kv.integer("per_node", net.dims[0].size), mem * 2**30 if mem else None, attention_efficiency=attn,
+                ridge=peak / bandwidth if bandwidth else 0.0, kernels=kernels)
     # expert parallelism's dispatcher and routing as priced (ddlbench/estimate/dispatch.py): ours is an
     # all_to_all of every (token, expert) under the model's learned router; deepep / balanced price other stacks'
     from ddlbench.estimate.dispatch import DISPATCHERS, ROUTINGS
@@ -158,6 +192,9 @@ def run(args: list[str]) -> int:
             eff_src = "mfu= (an assumption)" if kv.text("mfu") else f"assumed {DEFAULT_MFU:g} of peak (no mfu= or calibrate=)"
         if attn:
             eff_src += f"; the T x T attention matmuls at {attn:g} of the peak (attention_efficiency=, an assumption)"
+        if bandwidth:
+            eff_src += (f"; the other ops' bytes ({kernels}) at {bandwidth / 1e12:g} TB/s ({bandwidth_src}) x the same "
+                        "efficiency")
         table = rows(spec, pricing, sizes, eff, measured, per_param and per_param * (factor or 1.0))
     except ConfigError:
         raise
@@ -167,6 +204,7 @@ def run(args: list[str]) -> int:
     out = claim_out(Path(kv.text("out") or f"projection_{name}_{net.name}"), kv)
     doc = {"specification": list(spec.overrides), "network": net.name, "network_file": net.source, "algorithm": algorithm,
            "dispatch": dispatch, "routing": routing, "peak_flops": peak, "peak_source": peak_src, "efficiency": eff, "efficiency_source": eff_src, "attention_efficiency": attn, "ac": ac,
+           "kernels": kernels, "memory_bytes_per_s": bandwidth,
            "local_batch": spec.local_batch, "per_node": spec.per_node, "method": (
                "planned per world size as a run (ddlbench.planning.config), pieces timed by the roofline, each unit's collectives "
                "priced on the network, the step simulated with the framework's rules (ddlbench/estimate/rules.py)"),

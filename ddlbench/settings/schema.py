@@ -261,6 +261,7 @@ class PeakFlops(Strict):
     tf32: Annotated[float, Field(gt=0)]
     bf16: Annotated[float, Field(gt=0)]
     fp16: Annotated[float, Field(gt=0)]
+    hbm: Optional[Annotated[float, Field(gt=0)]] = None     # the memory's datasheet bandwidth, bytes/s
 
 
 class HardwareCfg(Strict):
