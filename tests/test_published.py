@@ -21,7 +21,8 @@ def test_errors_pairs_and_summary_by_hand():
     rows = pub.errors([
         {"id": "a", "tokens_per_s": 100, "predicted_tokens_per_s": 100.0, "memory_gib": 80, "predicted_memory_gib": 60.0,
          "calibration": True},
-        {"id": "b", "tokens_per_s": 200, "predicted_tokens_per_s": 230.0, "memory_gib": None, "calibration": False},
+        {"id": "b", "tokens_per_s": 200, "predicted_tokens_per_s": 230.0, "memory_gib": None, "calibration": False,
+         "fits": False},
         {"id": "c", "tokens_per_s": 50, "predicted_tokens_per_s": 45.0, "memory_gib": 40, "predicted_memory_gib": 44.0,
          "calibration": False},
         {"id": "d", "tokens_per_s": 10, "unpriced": "no layout", "calibration": False}])
@@ -36,6 +37,11 @@ def test_errors_pairs_and_summary_by_hand():
     assert s["throughput"] == {"n": 2, "median": pytest.approx(0.125), "worst": pytest.approx(0.15)}
     assert s["memory"]["n"] == 2 and s["memory"]["worst"] == pytest.approx(0.25)
     assert s["pairs"]["n"] == 1 and s["unpriced"] == 1
+    # every published row ran: b, estimated over its device's memory, is named (a, c: fits unknown, not named)
+    assert s["not_fitting"] == ["b"]
+    table = pub.text({"stacks": {}}, [{**r, "stack": "s", "efficiency": 0.4, "table": 1, "world": 8} for r in rows],
+                     ratios, s)
+    assert table.endswith("predicted not to fit the device's memory, though they ran: b")
 
 
 def _write(tmp_path, doc) -> Path:
@@ -109,6 +115,8 @@ def test_the_committed_suite_is_held_to_todays_errors(path, tmp_path):
             if was.get(key) is not None:
                 assert abs(r[key]) <= abs(was[key]) + 0.005, (r["id"], key, r[key], was[key])
     assert "median |error|" in proc.stdout and now["summary"]["unpriced"] == committed["summary"]["unpriced"]
+    # no row that ran newly estimated not to fit its device's memory
+    assert set(now["summary"]["not_fitting"]) <= set(committed["summary"]["not_fitting"]), now["summary"]["not_fitting"]
 
 
 @pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)

@@ -115,7 +115,8 @@ def predict(doc: dict, project=None) -> list[dict]:
         r = got["rows"][0]
         mem = r["memory_reserved_per_rank_bytes" if doc.get("memory_is") == "reserved" else "memory_per_rank_bytes"]
         res.update({"predicted_tokens_per_s": r["tokens_per_s_per_device"],
-                    "predicted_memory_gib": mem / 2**30 if mem else None, "layout": r.get("layout")})
+                    "predicted_memory_gib": mem / 2**30 if mem else None, "layout": r.get("layout"),
+                    "fits": r.get("fits")})
         out.append(res)
     return errors(out)
 
@@ -163,7 +164,8 @@ def pair_ratios(rows: list[dict], pairs: list[list[str]]) -> list[dict]:
 
 def summary(rows: list[dict], ratios: list[dict]) -> dict:
     """Median and worst |error| over the predicted rows (calibration rows left out: they are exact
-    by construction), over memory where published, and over the pairs; how many rows are unpriced."""
+    by construction), over memory where published, and over the pairs; how many rows are unpriced; the rows
+    whose estimated memory exceeds the device's (`device_memory_gb=`) though they ran."""
     def stats(values):
         values = [abs(v) for v in values]
         return {"n": len(values), "median": statistics.median(values) if values else None,
@@ -172,7 +174,9 @@ def summary(rows: list[dict], ratios: list[dict]) -> dict:
     return {"throughput": stats(r["error"] for r in predicted),
             "memory": stats(r["memory_error"] for r in rows if r.get("memory_error") is not None),
             "pairs": stats(p["error"] for p in ratios if p["error"] is not None),
-            "unpriced": sum(1 for r in rows if r.get("unpriced"))}
+            "unpriced": sum(1 for r in rows if r.get("unpriced")),
+            # every published row ran: one the estimate says does not fit its device's memory is a wrong prediction
+            "not_fitting": [r["id"] for r in rows if r.get("fits") is False]}
 
 
 def text(doc: dict, rows: list[dict], ratios: list[dict], summ: dict) -> str:
@@ -206,6 +210,8 @@ def text(doc: dict, rows: list[dict], ratios: list[dict], summ: dict) -> str:
     lines.append(f"\nthroughput: median |error| {pct(t['median'])}, worst {pct(t['worst'])} over {t['n']} predicted rows; "
                  f"memory: median {pct(m['median'])}, worst {pct(m['worst'])} over {m['n']}; pairs: median "
                  f"{pct(q['median'])}, worst {pct(q['worst'])} over {q['n']}; unpriced rows: {summ['unpriced']}")
+    if summ.get("not_fitting"):
+        lines.append(f"predicted not to fit the device's memory, though they ran: {', '.join(summ['not_fitting'])}")
     return "\n".join(lines)
 
 
