@@ -3,9 +3,9 @@ compute, so XL presets cost nothing): parameters, the largest block, and the byt
 for backward per sample — counted by torch.autograd.graph.saved_tensors_hooks, with and without
 activation checkpointing, over two batch sizes so that the per-sample slope excludes what does
 not grow with the batch — and the same per pipeline piece (ddlbench/models/pipeline.py: embedding, each
-block, head with the loss), with the piece's forward FLOPs (torch.utils.flop_counter) and the
-parameters the tensor-parallel plan splits: what lets tensor and pipeline parallelism keep the
-embedding and head whole instead of dividing the whole model evenly.
+block, head with the loss), with the piece's forward FLOPs (torch.utils.flop_counter), the bytes its
+other ops move (models.flops.MemoryTraffic) and the parameters the tensor-parallel plan splits: what
+lets tensor and pipeline parallelism keep the embedding and head whole instead of dividing evenly.
 
 The model is profiled as it runs on the device (`device_type`: on CUDA GPT-2's one-kernel GELU, the
 padded vocabulary, SDPA). SDPA's flash and memory-efficient kernels save no (T x T) attention
@@ -88,11 +88,10 @@ def _saved_bytes(spec, batch_size: int, checkpointed: bool | str, dtype=torch.fl
     return sum(saved.values()), (boundary[0] if boundary else 0)
 
 
-def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int, float]], int]:
-    """[(forward FLOPs, bytes saved for backward, of the FLOPs the (T x T) attention matmuls')] of
-    each pipeline piece for one batch on meta, the pieces applied in order as the pipeline stages
-    apply them (the last one with the loss), and the bytes of the last piece's output (GPT-2: the
-    logits)."""
+def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple], int]:
+    """[(forward FLOPs, bytes saved for backward, of the FLOPs the (T x T) attention matmuls', bytes the other
+    ops move eagerly, fused)] of each pipeline piece for one batch on meta, the pieces applied in order as the
+    pipeline stages apply them (the last one with the loss), and the bytes of the last piece's output."""
     from ddlbench.models.pipeline import loss_function, pieces
     from ddlbench.models.spec import example_batch
 
@@ -104,21 +103,20 @@ def _per_piece(spec, batch_size: int, dtype) -> tuple[list[tuple[float, int, flo
     out, seen, alive = [], set(), []       # a tensor two pieces save (one's output, the next one's input) counts once
     for i, piece in enumerate(plist):
         saved: dict[int, int] = {}
-        counter, scores = FlopCounterMode(display=False), ScoreFlops(spec.tokens_per_sample)
-        traffic = MemoryTraffic(_fused_len(spec))
+        counter, scores, traffic = FlopCounterMode(display=False), ScoreFlops(spec.tokens_per_sample), MemoryTraffic(_fused_len(spec))
         with torch.autograd.graph.saved_tensors_hooks(_saver(params, saved, seen, _fused_len(spec), alive=alive),
                                                       lambda t: t), counter, scores, traffic:
             x = piece(x)
             if i == len(plist) - 1:
                 loss(x, batch["labels"])
         seen.update(saved)
-        out.append((float(counter.get_total_flops()), sum(saved.values()), scores.flops, float(traffic.eager), float(traffic.fused)))
+        out.append((float(counter.get_total_flops()), sum(saved.values()), scores.flops, traffic.eager, traffic.fused))
     return out, x.numel() * x.element_size()
 
 
 def pieces_profile(spec, dtype=torch.float32) -> tuple[tuple[Piece, ...], int]:
     """Piece of every pipeline piece: parameters (a tied weight in each piece that uses it), the
-    tensor-parallel plan's share of them, forward FLOPs and saved bytes per sample (slopes
+    tensor-parallel plan's share of them, forward FLOPs, saved and moved bytes per sample (slopes
     between batch 2 and 4); and the model's output bytes per sample."""
     from ddlbench.models.pipeline import pieces, tied_parameters
     from ddlbench.models.spec import count_params
