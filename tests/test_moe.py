@@ -53,6 +53,11 @@ def test_published_shape_counts_active_flops_and_parameters():
     from ddlbench.models.flops import palm_train_flops_per_token
     assert f["params"]["active"] < f["params"]["total"]
     assert f["palm_flops"] == 4096 * palm_train_flops_per_token(f["params"]["active"], 2, 32, 128, 4096)
+    # Qwen3-235B-A22B (Megatron-Bridge's published MoE row): 235.1B parameters, 22.2B active (the card: 235B, 22B)
+    spec = _spec("qwen3_moe_235b_a22b")
+    with torch.device("meta"):
+        counts = param_counts(spec.build(), spec.top_k)
+    assert counts["total"] == pytest.approx(235.09e9, rel=1e-3) and counts["active"] == pytest.approx(22.19e9, rel=1e-3)
 
 
 def test_a_shared_expert_family_counts_its_shared_expert():

@@ -114,7 +114,7 @@ def solve_efficiency(spec: Spec, pricing: Pricing, tokens_per_s: float, world: i
         raise ConfigError(f"calibrate: {tokens_per_s:g} tokens/s per device at {world} devices is faster than this "
                           f"model runs at 100% of the peak ({rate(1.0):,.0f}); check the peak or the figure")
     lo, hi = 1e-4, 1.0
-    for _ in range(60):
+    while hi - lo > 1e-9 * hi:      # ~30 halvings (each a simulated step: 1 s for a 128-micro-batch schedule)
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if rate(mid) < tokens_per_s else (lo, mid)
     return (lo + hi) / 2
