@@ -9,7 +9,9 @@ rules (ddlbench/estimate/rules.py, ddlbench/estimate/schedule.py). Memory per ra
 estimator's (ddlbench/estimate/memory.py) for the planned layout.
 
 Compute per piece (embedding, each block, the head with the loss) per micro-batch:
-    forward  = FLOPs(piece, tp-split) x micro_batch / (peak x efficiency)
+    forward  = (FLOPs(piece, tp-split) + ridge x bytes(piece, tp-split)) x micro_batch / (peak x efficiency)
+               (bytes: what its other ops move as the stack runs them, `kernels=eager|fused`, ridge = peak / the
+               memory's bytes/s; none by default; the attention's T x T matmuls at their kernel's rate where given)
     backward = 2 x forward + recompute x forward (blocks; ac: none 0, full 1, selective_layer:K 1
                on every K-th block, selective_op 0.5 — torchtitan's per-op policy recomputes every
                other matmul)
