@@ -77,9 +77,10 @@ def compose_raw(overrides: list[str], conf_dir: Path = CONF_DIR) -> dict[str, An
     costs ~0.13 CPU-s, and `bench project published=`, sweeps and advise compose the same cells again)."""
     import copy
 
-    key = (tuple(overrides), str(conf_dir), _conf_signature(conf_dir), frozenset(os.environ.items()))
+    where = (str(conf_dir), _conf_signature(conf_dir), frozenset(os.environ.items()))   # what a composition reads
+    key = (tuple(overrides), *where)
     if key not in _COMPOSED:
-        _COMPOSED[key] = _compose(list(overrides), conf_dir)
+        _COMPOSED[key] = _compose(list(overrides), conf_dir, where)
     return copy.deepcopy(_COMPOSED[key])
 
 
@@ -92,12 +93,13 @@ def _conf_signature(conf_dir: Path) -> tuple[int, int]:
     return len(stamps), max(stamps, default=0)
 
 
-def _compose(overrides: list[str], conf_dir: Path) -> dict[str, Any]:
+def _compose(overrides: list[str], conf_dir: Path, where: tuple) -> dict[str, Any]:
     """Hydra's composition in two parts, as Hydra itself runs it: the defaults tree from the group choices
     (`model=llama_8b`: composed once a process for each set of choices, the costly part), then the value
     overrides (`model.n_layer=126`, `+key=v`, `~key`) applied to a copy by Hydra's own
     ConfigLoaderImpl._apply_overrides_to_config, in their order. An override of Hydra's own node, or one that
-    deletes a group's choice (`~model`), composes everything the plain way."""
+    deletes a group's choice (`~model`), composes everything the plain way. `where`: the config tree and
+    environment the composition reads (compose_raw's key without the overrides)."""
     import copy
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -112,9 +114,10 @@ def _compose(overrides: list[str], conf_dir: Path) -> dict[str, Any]:
                or (o.is_delete() and (conf_dir / o.key_or_group).is_dir()) for o in parsed):
             return OmegaConf.to_container(_compose_tree(tuple(overrides), conf_dir), resolve=True,
                                           throw_on_missing=True)  # type: ignore[return-value]
-        groups = tuple(o.input_line for o in parsed if _is_group(o, conf_dir))
-        values = [o for o in parsed if not _is_group(o, conf_dir)]
-        key = (groups, str(conf_dir), _conf_signature(conf_dir), frozenset(os.environ.items()))
+        is_group = [_is_group(o, conf_dir) for o in parsed]
+        groups = tuple(o.input_line for o, g in zip(parsed, is_group) if g)
+        values = [o for o, g in zip(parsed, is_group) if not g]
+        key = (groups, *where)
         if key not in _TREES:
             _TREES[key] = _compose_tree(groups, conf_dir)
         if not values:

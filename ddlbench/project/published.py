@@ -87,15 +87,15 @@ def predict(doc: dict, project=None) -> list[dict]:
     A row the predictor refuses keeps the reason."""
     project = project or _project
     common = list(doc.get("common") or [])
-    out, eff, attn = [], {}, {}
+    out, eff, extra = [], {}, {}
     for name, stack in doc["stacks"].items():
         cal = next(r for r in doc["rows"] if r["id"] == stack["calibrate"])
         # attention_as: the T x T attention matmuls run at that (earlier) stack's efficiency: Float8
         # speeds the linear layers only, the calibration solves theirs
-        attn[name] = [f"attention_efficiency={eff[stack['attention_as']]!r}"] if stack.get("attention_as") else []
-        attn[name] += list(stack.get("args") or [])     # how the stack runs what is priced apart
+        extra[name] = [f"attention_efficiency={eff[stack['attention_as']]!r}"] if stack.get("attention_as") else []
+        extra[name] += list(stack.get("args") or [])     # how the stack runs what is priced apart
         got = project([*common, *cal["spec"], f"world_sizes=[{cal['world']}]",
-                       f"calibrate={cal['tokens_per_s']}@{cal['world']}", *attn[name]])
+                       f"calibrate={cal['tokens_per_s']}@{cal['world']}", *extra[name]])
         eff[name] = got["efficiency"]
     for row in doc["rows"]:
         res = {k: row.get(k) for k in ("id", "table", "stack", "world", "tokens_per_s", "memory_gib", "not_modelled")}
@@ -107,7 +107,7 @@ def predict(doc: dict, project=None) -> list[dict]:
             continue
         try:
             got = project([*common, *row["spec"], f"world_sizes=[{row['world']}]", f"mfu={eff[row['stack']]!r}",
-                           *attn[row["stack"]]])
+                           *extra[row["stack"]]])
         except ConfigError as exc:
             res["unpriced"] = f"refused: {exc}"
             out.append(res)
